@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Make sure the base image (default debian:bookworm-slim) exists on the local engine.
+# Order: already present -> pull -> debootstrap a minbase rootfs and `docker import` it.
+# The last step is what air-gapped hosts (and machines with no registry) rely on.
+set -euo pipefail
+
+TAG="${1:-debian:bookworm-slim}"
+SUITE="${SUITE:-bookworm}"
+MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+OFFLINE="${OFFLINE:-0}"
+
+if docker image inspect "$TAG" >/dev/null 2>&1; then
+  echo "base: $TAG present"
+  exit 0
+fi
+if [ "$OFFLINE" != 1 ] && timeout 60 docker pull "$TAG" >/dev/null 2>&1; then
+  echo "base: pulled $TAG"
+  exit 0
+fi
+echo "base: $TAG absent and not pullable; building it with debootstrap ($SUITE from $MIRROR)"
+if ! command -v debootstrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  else
+    echo "base: debootstrap is missing; install it (apt-get install debootstrap) and retry" >&2
+    exit 1
+  fi
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "base: debootstrap needs root" >&2
+  exit 1
+fi
+root=$(mktemp -d /tmp/sandbox-base.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR" >/tmp/sandbox-debootstrap.log 2>&1 || {
+  echo "base: debootstrap failed; see /tmp/sandbox-debootstrap.log" >&2; tail -20 /tmp/sandbox-debootstrap.log >&2; exit 1; }
+# Slim it the way the official -slim image is: no apt lists, docs or caches.
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/*
+tar -C "$root" -c . | docker import \
+  --change 'CMD ["bash"]' \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  - "$TAG" >/dev/null
+echo "base: imported $TAG from debootstrap"

@@ -1,0 +1,3 @@
+from sandbox.cli import main
+
+main(prog_name="sandbox")

@@ -1,0 +1,174 @@
+"""The `sandbox` command: thin over the library (parse, call, print)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from loguru import logger
+
+from sandbox.config import Config, load_config, load_config_text
+from sandbox.config.merge import default_agent_id
+from sandbox.errors import USAGE_EXIT_CODE, ConfigError, SandboxError, UsageError, exit_code_for
+from sandbox.policy import Identity, PolicyResolver, explain_data, explain_text
+from sandbox.policy.sessions import agent_of
+from sandbox.tools import BUILTIN_BY_NAME, render
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class State:
+    """What the top-level options set up for every command."""
+
+    def __init__(self, config_path: str | None) -> None:
+        self.config_path = config_path
+        self._config: Config | None = None
+
+    @property
+    def config(self) -> Config:
+        """The loaded config (loaded once, on first use)."""
+        if self._config is None:
+            if self.config_path:
+                self._config = load_config(self.config_path)
+            else:
+                self._config = load_config_text("{}", source="<defaults>", base_dir=Path.cwd())
+        return self._config
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+def handled(fn: F) -> F:
+    """Map library errors to messages on stderr and the exit code table (no tracebacks)."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            click.echo("config error:", err=True)
+            for problem in exc.problems:
+                click.echo(f"  {problem}", err=True)
+            sys.exit(USAGE_EXIT_CODE)
+        except UsageError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(USAGE_EXIT_CODE)
+        except SandboxError as exc:
+            click.echo(f"error [{exc.code}]: {exc.message}", err=True)
+            sys.exit(exit_code_for(exc.code))
+
+    return wrapper  # type: ignore[return-value]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+
+
+def _identity(state: State, agent: str | None, session: str, provider: str | None, model: str | None) -> Identity:
+    agent_id = agent or agent_of(session) or default_agent_id(state.config)
+    return Identity(agent=agent_id, session=session, provider=provider, model=model)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    envvar="SANDBOX_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="Config file (YAML or JSON). Default: $SANDBOX_CONFIG, else built-in defaults.",
+)
+@click.option("--log-level", default="WARNING", show_default=True, help="Log level on stderr.")
+@click.option("--log-json", is_flag=True, help="Log JSON lines on stderr.")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, log_level: str, log_json: bool) -> None:
+    """Decide which tools an AI agent may call, and run them in hardened Docker sandboxes."""
+    logger.remove()
+    logger.add(sys.stderr, level=log_level.upper(), serialize=log_json)
+    ctx.obj = State(config_path)
+
+
+@main.command()
+@click.option("--agent", help="Agent id (default: from the session key, else the default agent).")
+@click.option("--session", required=True, help="Session key, e.g. agent:main:main.")
+@click.option("--provider", help="Model provider, e.g. openai.")
+@click.option("--model", help="Model id, e.g. gpt-4o.")
+@json_option
+@click.pass_obj
+@handled
+def explain(
+    state: State, agent: str | None, session: str, provider: str | None, model: str | None, as_json: bool
+) -> None:
+    """Why each tool exists or not for a session, and whether it is sandboxed."""
+    resolver = PolicyResolver(state.config)
+    policy = resolver.resolve(_identity(state, agent, session, provider, model))
+    _emit(explain_data(policy), as_json, explain_text(policy))
+
+
+@main.command("tools")
+@click.option("--agent")
+@click.option("--session", required=True)
+@click.option("--provider")
+@click.option("--model")
+@click.option("--format", "fmt", type=click.Choice(["openai", "anthropic", "mcp"]), default="openai")
+@json_option
+@click.pass_obj
+@handled
+def tools_cmd(
+    state: State,
+    agent: str | None,
+    session: str,
+    provider: str | None,
+    model: str | None,
+    fmt: str,
+    as_json: bool,
+) -> None:
+    """The tool definitions the model would receive, in a vendor's shape."""
+    policy = PolicyResolver(state.config).resolve(_identity(state, agent, session, provider, model))
+    specs = [BUILTIN_BY_NAME[d.tool] for d in policy.decisions if d.allowed and d.tool in BUILTIN_BY_NAME]
+    data = render(specs, fmt)  # type: ignore[arg-type]
+    _emit(data, True, "")  # definitions are JSON either way; --json is accepted for symmetry
+    del as_json
+
+
+@main.group("config")
+def config_group() -> None:
+    """Validate and show the configuration."""
+
+
+@config_group.command("check")
+@json_option
+@click.pass_obj
+@handled
+def config_check(state: State, as_json: bool) -> None:
+    """Validate the config and print the effective merged config."""
+    from sandbox.config.merge import agent_ids, effective_agent
+
+    config = state.config
+    agents = {}
+    for agent_id in agent_ids(config):
+        eff = effective_agent(config, agent_id)
+        agents[agent_id] = {
+            "tenant": eff.tenant,
+            "workspace": str(eff.workspace),
+            "tools": eff.tools.model_dump(mode="json", exclude_none=True),
+            "sandbox": eff.sandbox.model_dump(mode="json"),
+        }
+    data = {"source": state.config_path or "<defaults>", "config": config.model_dump(mode="json"), "agents": agents}
+    if as_json:
+        _emit(data, True, "")
+        return
+    import yaml
+
+    click.echo(f"ok: {data['source']} is valid ({len(agents)} agent(s))")
+    click.echo(yaml.safe_dump({"effective_agents": agents}, sort_keys=False))
+
+
+def run() -> None:
+    """Entry point used by `python -m sandbox`."""
+    main(prog_name=os.path.basename(sys.argv[0]) if sys.argv else "sandbox")

@@ -1,0 +1,133 @@
+"""Load a config file into a validated :class:`Config`, or fail with located, precise errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandbox.config import keys, locate
+from sandbox.config.locate import Loc, Located, format_loc
+from sandbox.config.models import Config
+from sandbox.errors import ConfigError
+
+_PROVIDER_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.:-]*)?$")
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, normalise and validate a YAML or JSON config file.
+
+    Args:
+        path: the config file; relative paths inside it resolve against its folder.
+
+    Raises:
+        ConfigError: every problem found, each with `file:line:col`, key path and expectation.
+    """
+    file = Path(path).expanduser()
+    try:
+        located = locate.read(file)
+    except FileNotFoundError as exc:
+        raise ConfigError([f"{file}: config file not found"]) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{file}: cannot read config file: {exc}"]) from exc
+    except locate.YamlSyntaxError as exc:
+        raise ConfigError([str(exc)]) from exc
+    return validate(located, base_dir=file.resolve().parent)
+
+
+def load_config_text(text: str, *, source: str = "<config>", base_dir: Path | None = None) -> Config:
+    """Like :func:`load_config`, from text (tests, the HTTP service)."""
+    try:
+        located = locate.parse(text, source)
+    except locate.YamlSyntaxError as exc:
+        raise ConfigError([str(exc)]) from exc
+    return validate(located, base_dir=base_dir or Path.cwd())
+
+
+def validate(located: Located, *, base_dir: Path) -> Config:
+    """Validate parsed data; see :func:`load_config`."""
+    data = located.data if located.data is not None else {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{located.where(())}: the config must be a mapping of keys"])
+    data, unknown = keys.normalize(data, Config)
+    problems = [_line(located, loc, message) for loc, message in unknown]
+    try:
+        config = Config.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        problems.extend(_line(located, _loc(err["loc"]), _describe(err)) for err in exc.errors())
+        raise ConfigError(problems) from exc
+    problems.extend(_line(located, loc, message) for loc, message in semantic_problems(config))
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _loc(raw: tuple[Any, ...]) -> Loc:
+    # pydantic inserts the tag of a union member or a function name into loc; drop those
+    return tuple(p for p in raw if isinstance(p, int) or not str(p).startswith("function-"))
+
+
+def _describe(err: Any) -> str:
+    kind = err["type"]
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if kind == "missing":
+        return "required key is missing"
+    if kind in {"value_error", "assertion_error"}:
+        return message
+    got = err.get("input")
+    shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+    return f"{message[0].lower()}{message[1:]} (got {shown})"
+
+
+def _line(located: Located, loc: Loc, message: str) -> str:
+    return f"{located.where(loc)}: {format_loc(loc)}: {message}"
+
+
+def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
+    """Cross-key rules that one field's type cannot say."""
+    from sandbox.runtime.binds import bind_problems
+
+    problems: list[tuple[Loc, str]] = []
+    seen: dict[str, int] = {}
+    for index, agent in enumerate(config.agents.list):
+        if agent.id in seen:
+            problems.append(
+                (("agents", "list", index, "id"), f"agent id {agent.id!r} repeats agents.list[{seen[agent.id]}]")
+            )
+        seen.setdefault(agent.id, index)
+    defaults = [i for i, agent in enumerate(config.agents.list) if agent.default]
+    if len(defaults) > 1:
+        problems.append(
+            (("agents", "list", defaults[1], "default"), "only one agent may be `default: true`")
+        )
+    exec_cfg = config.tools.exec
+    if exec_cfg.default_timeout_s > exec_cfg.max_timeout_s:
+        problems.append(
+            (("tools", "exec", "default_timeout_s"), "must not exceed tools.exec.max_timeout_s")
+        )
+    loop = config.tools.loop_detection
+    if not loop.warn_threshold < loop.critical_threshold <= loop.global_circuit_breaker:
+        problems.append(
+            (
+                ("tools", "loop_detection"),
+                "thresholds must satisfy warn_threshold < critical_threshold <= global_circuit_breaker",
+            )
+        )
+    for key in config.tools.by_provider:
+        if not _PROVIDER_KEY.match(key):
+            problems.append(
+                (("tools", "by_provider", key), "expected `provider` or `provider/model` (lower-case provider)")
+            )
+    known_agents = set(seen) or {"main"}
+    for agent_id in config.tools.approvals.by_agent:
+        if agent_id not in known_agents:
+            problems.append(
+                (
+                    ("tools", "approvals", "by_agent", agent_id),
+                    f"unknown agent {agent_id!r} (known: {', '.join(sorted(known_agents))})",
+                )
+            )
+    problems.extend(bind_problems(config))
+    return problems

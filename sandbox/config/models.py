@@ -1,0 +1,277 @@
+"""Pydantic models of the whole YAML config.
+
+Keys are snake_case; the loader renames OpenClaw's camelCase spellings before validation, so
+these models only ever see snake_case. Models are frozen: a loaded config never changes, which
+is what lets the policy resolver cache on it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+
+
+
+class StrictModel(BaseModel):
+    """Base: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_tool_pattern(value: str, info: ValidationInfo) -> str:
+    # imported here: the policy package imports the config models
+    from sandbox.policy.groups import BUILTIN_TOOLS, check_pattern
+
+    extra = tuple((info.context or {}).get("extra_tools", ()))
+    problem = check_pattern(value, BUILTIN_TOOLS + extra)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    # Relative paths mean "next to the config file"; `~` means the user's home.
+    base = Path((info.context or {}).get("base_dir", Path.cwd()))
+    expanded = Path(os.path.expanduser(str(value)))
+    return expanded if expanded.is_absolute() else (base / expanded)
+
+
+ToolPattern = Annotated[str, AfterValidator(_check_tool_pattern)]
+ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
+Profile = Literal["minimal", "coding", "messaging", "full"]
+
+
+class ToolLists(StrictModel):
+    """allow / also_allow / deny lists; an absent or empty `allow` restricts nothing."""
+
+    allow: list[ToolPattern] | None = None
+    also_allow: list[ToolPattern] | None = None
+    deny: list[ToolPattern] | None = None
+
+
+class ProfiledToolLists(ToolLists):
+    """Tool lists with an optional base profile."""
+
+    profile: Profile | None = None
+
+
+class SandboxToolsSection(StrictModel):
+    """`tools.sandbox`: the extra layer applied only when a session is sandboxed."""
+
+    tools: ToolLists = ToolLists()
+
+
+class SubagentsSection(StrictModel):
+    """`tools.subagents`: the layer applied to sessions spawned by another session."""
+
+    tools: ToolLists = ToolLists()
+    max_spawn_depth: int = Field(1, ge=1, le=8)
+
+
+class FsSection(StrictModel):
+    """File-tool safety settings."""
+
+    workspace_only: bool = True
+    protected_paths: list[str] = [".git/hooks", ".git/config"]
+    deny_patterns: list[str] = [".env", "*.pem", "*.key"]
+    max_read_bytes: int = Field(10 * 1024 * 1024, gt=0)
+
+
+class ExecSection(StrictModel):
+    """Timeouts for `exec`, in seconds."""
+
+    default_timeout_s: float = Field(60.0, gt=0)
+    max_timeout_s: float = Field(1800.0, gt=0)
+
+
+class LoopDetectionSection(StrictModel):
+    """Loop detection (off by default)."""
+
+    enabled: bool = False
+    window: int = Field(30, ge=2)
+    warn_threshold: int = Field(10, ge=1)
+    critical_threshold: int = Field(20, ge=1)
+    global_circuit_breaker: int = Field(30, ge=1)
+
+
+class ApprovalsSection(StrictModel):
+    """Tools that suspend until a human approves them."""
+
+    require: list[ToolPattern] = []
+    timeout_s: float = Field(300.0, gt=0)
+    by_agent: dict[str, list[ToolPattern]] = {}
+
+
+class ProviderPolicy(ProfiledToolLists):
+    """One entry of `tools.by_provider` (key `provider` or `provider/model`)."""
+
+
+class ToolsConfig(ProfiledToolLists):
+    """The top-level `tools` section."""
+
+    by_provider: dict[str, ProviderPolicy] = {}
+    sandbox: SandboxToolsSection = SandboxToolsSection()
+    subagents: SubagentsSection = SubagentsSection()
+    fs: FsSection = FsSection()
+    exec: ExecSection = ExecSection()
+    loop_detection: LoopDetectionSection = LoopDetectionSection()
+    approvals: ApprovalsSection = ApprovalsSection()
+
+
+class AgentToolsConfig(ProfiledToolLists):
+    """An agent's own tool layer; its `sandbox.tools` overrides the global one list by list."""
+
+    sandbox: SandboxToolsSection | None = None
+
+
+class UlimitConfig(StrictModel):
+    """A soft/hard ulimit pair."""
+
+    soft: int = Field(ge=0)
+    hard: int = Field(ge=0)
+
+
+class DockerConfig(StrictModel):
+    """How the sandbox container is made. Every default is the hardened choice."""
+
+    image: str = "sandbox-exec:latest"
+    network: str = "none"
+    read_only_root: bool = True
+    user: str | None = None
+    cap_drop: list[str] = ["ALL"]
+    cap_add: list[str] = []
+    no_new_privileges: bool = True
+    init: bool = True
+    pids_limit: int = Field(256, ge=16)
+    memory: str = Field("1g", pattern=r"^\d+[bkmgBKMG]?$")
+    memory_swap: str | None = Field(None, pattern=r"^\d+[bkmgBKMG]?$")
+    cpus: float = Field(1.0, gt=0)
+    tmpfs: dict[str, str] = {
+        "/tmp": "rw,nosuid,nodev,size=256m",  # noqa: S108 - a path inside the container
+        "/var/tmp": "rw,nosuid,nodev,size=64m",
+        "/run": "rw,nosuid,nodev,size=16m",
+    }
+    env: dict[str, str] = {"LANG": "C.UTF-8"}
+    setup_command: str | None = None
+    setup_as_root: bool = False
+    binds: list[str] = []
+    runtime: str | None = None
+    dns: list[str] = []
+    extra_hosts: list[str] = []
+    ulimits: dict[str, UlimitConfig] = {}
+    seccomp_profile: str | None = None
+    apparmor_profile: str | None = None
+    allowed_bind_roots: list[ConfigPath] | None = None
+    dangerously_allow_system_paths: bool = False
+    dangerously_allow_credential_paths: bool = False
+    dangerously_allow_sockets: bool = False
+
+
+class BrowserConfig(StrictModel):
+    """The browser sandbox (own image, own network)."""
+
+    enabled: bool = False
+    image: str = "sandbox-browser:latest"
+    network: str = "sandbox-browser"
+    cdp_port: int = Field(9222, ge=1, le=65535)
+    startup_timeout_s: float = Field(30.0, gt=0)
+
+
+class PruneConfig(StrictModel):
+    """When idle or old sandboxes are removed; 0 disables a rule."""
+
+    idle_hours: float = Field(24.0, ge=0)
+    max_age_days: float = Field(7.0, ge=0)
+
+
+Mode = Literal["off", "non-main", "all"]
+Scope = Literal["session", "agent", "shared"]
+WorkspaceAccess = Literal["none", "ro", "rw"]
+
+
+class SandboxConfig(StrictModel):
+    """Whether and how an agent's sessions are sandboxed."""
+
+    mode: Mode = "non-main"
+    scope: Scope = "agent"
+    workspace_access: WorkspaceAccess = "none"
+    workspace_root: ConfigPath | None = None
+    docker: DockerConfig = DockerConfig()
+    browser: BrowserConfig = BrowserConfig()
+    prune: PruneConfig = PruneConfig()
+
+
+class AgentConfig(StrictModel):
+    """One entry of `agents.list`."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    default: bool = False
+    tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    workspace: ConfigPath | None = None
+    tools: AgentToolsConfig = AgentToolsConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+
+
+class AgentDefaults(StrictModel):
+    """`agents.defaults`: what every agent starts from."""
+
+    workspace: ConfigPath | None = None
+    sandbox: SandboxConfig = SandboxConfig()
+
+
+class AgentsSection(StrictModel):
+    """The `agents` section."""
+
+    defaults: AgentDefaults = AgentDefaults()
+    list: builtins.list[AgentConfig] = []
+
+
+class QueueConfig(StrictModel):
+    """The wait queue in front of the concurrency limits."""
+
+    max_depth: int = Field(100, ge=0)
+    max_wait_s: float = Field(30.0, gt=0)
+
+
+class LimitsConfig(StrictModel):
+    """Concurrency limits: global -> category -> tool."""
+
+    global_concurrency: int = Field(10, ge=1)
+    categories: dict[str, int] = {"file": 5, "network": 3, "exec": 2}
+    tools: dict[str, int] = {}
+    queue: QueueConfig = QueueConfig()
+
+
+class ResultsConfig(StrictModel):
+    """How tool output is shaped for the model."""
+
+    max_chars: int = Field(50_000, ge=100)
+
+
+class SkillsConfig(StrictModel):
+    """Where SKILL.md tools are found."""
+
+    dirs: list[ConfigPath] = []
+
+
+def default_state_dir() -> Path:
+    """The user's state dir for the orchestrator (XDG_STATE_HOME or ~/.local/state)."""
+    root = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(root) / "agent-sandbox"
+
+
+class Config(StrictModel):
+    """The whole configuration file."""
+
+    version: Literal[1] = 1
+    instance: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,23}$")
+    state_dir: ConfigPath = Field(default_factory=default_state_dir)
+    tools: ToolsConfig = ToolsConfig()
+    agents: AgentsSection = AgentsSection()
+    limits: LimitsConfig = LimitsConfig()
+    results: ResultsConfig = ResultsConfig()
+    skills: SkillsConfig = SkillsConfig()

@@ -1,0 +1,290 @@
+"""Bind-mount validation: what a sandbox may see of the host, decided before any container exists.
+
+Sources are resolved through symlinks (deepest existing ancestor) and then refused when the real
+path equals, lies under, or is an ancestor of a blocked path. The container gets the *resolved*
+path, so what Docker mounts is what was checked.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Literal
+
+from sandbox.errors import BindRefused
+
+if TYPE_CHECKING:
+    from sandbox.config.locate import Loc
+    from sandbox.config.models import Config, DockerConfig
+
+CONTAINER_WORKDIR = "/workspace"
+
+SYSTEM_PATHS: tuple[str, ...] = (
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+    "/root",
+    "/run",
+    "/var/run",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+    "/run/containerd",
+    "/var/lib/kubelet",
+    "/usr",
+    "/lib",
+)
+CREDENTIAL_DIRS: tuple[str, ...] = (
+    ".ssh",
+    ".aws",
+    ".kube",
+    ".docker",
+    ".gnupg",
+    ".config",
+    ".netrc",
+    ".npm",
+    ".cargo",
+)
+SHADOW_TARGETS: tuple[str, ...] = (
+    CONTAINER_WORKDIR,
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/usr",
+    "/bin",
+    "/lib",
+)
+
+Mode = Literal["ro", "rw"]
+
+
+@dataclass(frozen=True)
+class BindSpec:
+    """One parsed bind: `source` is the resolved host path given to Docker."""
+
+    source: str
+    target: str
+    mode: Mode
+    declared: str  # the text as written, for messages and audit
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the container sees it read-only."""
+        return self.mode == "ro"
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _relation(path: str, blocked: str) -> str | None:
+    if path == blocked:
+        return "is"
+    if _is_within(path, blocked):
+        return "lies under"
+    if _is_within(blocked, path):
+        return "is an ancestor of"
+    return None
+
+
+def home_dirs() -> list[str]:
+    """Homes whose credential folders are protected: $HOME, the passwd home, every /home/*."""
+    homes = {os.path.expanduser("~")}
+    try:
+        homes.add(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    try:
+        with os.scandir("/home") as entries:
+            homes.update(e.path for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        pass
+    return sorted(os.path.realpath(h) for h in homes if h and h != "/")
+
+
+def credential_paths() -> list[str]:
+    """Every protected credential directory (existing or not)."""
+    return [os.path.join(home, name) for home in home_dirs() for name in CREDENTIAL_DIRS]
+
+
+def parse_bind(text: str) -> tuple[str, str, Mode]:
+    """Split `host:container[:ro|rw]` (default ro).
+
+    Raises:
+        BindRefused: the text is not of that form.
+    """
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise BindRefused(
+            f"bind {text!r} is not `host:container[:ro|rw]`",
+            rule="bind-format",
+            path=text,
+            fix="write it as /host/path:/container/path:ro",
+        )
+    mode = parts[2] if len(parts) == 3 else "ro"
+    if mode not in ("ro", "rw"):
+        raise BindRefused(
+            f"bind {text!r} has mode {mode!r}; expected ro or rw",
+            rule="bind-format",
+            path=text,
+            fix="end the bind with :ro or :rw",
+        )
+    return parts[0], parts[1], "rw" if mode == "rw" else "ro"
+
+
+def check_source(source: str, docker: DockerConfig, *, what: str = "bind source") -> str:
+    """Resolve a host path and apply every source rule; return the resolved path.
+
+    Raises:
+        BindRefused: naming the rule, the path and how to fix it.
+    """
+    expanded = os.path.expanduser(source)
+    if not os.path.isabs(expanded):
+        raise BindRefused(
+            f"{what} {source!r} is not an absolute path",
+            rule="relative-source",
+            path=source,
+            fix="use an absolute host path",
+        )
+    real = os.path.realpath(expanded)
+    via = f" (resolved from {source!r})" if real != os.path.normpath(expanded) else ""
+    if not docker.dangerously_allow_system_paths:
+        if real == "/":
+            raise BindRefused(
+                f"{what} {real!r}{via} is the host root",
+                rule="system-path",
+                path=real,
+                fix="bind the one project directory the agent needs",
+            )
+        for blocked in SYSTEM_PATHS:
+            relation = _relation(real, blocked)
+            if relation:
+                raise BindRefused(
+                    f"{what} {real!r}{via} {relation} the system path {blocked}",
+                    rule="system-path",
+                    path=real,
+                    fix="bind a directory outside system paths, or set "
+                    "docker.dangerously_allow_system_paths (audited)",
+                )
+    if not docker.dangerously_allow_credential_paths:
+        for blocked in credential_paths():
+            relation = _relation(real, blocked)
+            if relation:
+                raise BindRefused(
+                    f"{what} {real!r}{via} {relation} the credentials path {blocked}",
+                    rule="credential-path",
+                    path=real,
+                    fix="bind a subdirectory that holds no credentials, or set "
+                    "docker.dangerously_allow_credential_paths (audited)",
+                )
+    if not docker.dangerously_allow_sockets and _is_socket(real):
+        raise BindRefused(
+            f"{what} {real!r}{via} is a socket; a socket in a sandbox is a door to its server",
+            rule="socket",
+            path=real,
+            fix="do not bind sockets, or set docker.dangerously_allow_sockets (audited)",
+        )
+    roots = docker.allowed_bind_roots
+    if roots is not None and not any(_is_within(real, os.path.realpath(r)) for r in roots):
+        raise BindRefused(
+            f"{what} {real!r}{via} is outside docker.allowed_bind_roots",
+            rule="outside-allowed-roots",
+            path=real,
+            fix=f"move it under one of {', '.join(str(r) for r in roots)} or extend the list",
+        )
+    return real
+
+
+def _is_socket(path: str) -> bool:
+    if path.endswith(".sock"):
+        return True
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def check_target(target: str, declared: str) -> str:
+    """Apply the container-side rules; return the normalised target.
+
+    Raises:
+        BindRefused: the target is relative or would shadow a path the sandbox relies on.
+    """
+    if not target.startswith("/"):
+        raise BindRefused(
+            f"bind {declared!r}: container path {target!r} is not absolute",
+            rule="target-relative",
+            path=target,
+            fix="use an absolute container path such as /mnt/data",
+        )
+    normal = str(PurePosixPath(os.path.normpath(target)))
+    if normal == "/" or any(_relation(normal, shadowed) for shadowed in SHADOW_TARGETS):
+        raise BindRefused(
+            f"bind {declared!r}: container path {normal!r} would shadow a path the sandbox "
+            f"relies on ({', '.join(('/', *SHADOW_TARGETS))})",
+            rule="target-shadows",
+            path=normal,
+            fix="mount it elsewhere, e.g. /mnt/<name> or /data/<name>",
+        )
+    return normal
+
+
+def validate_binds(binds: Iterable[str], docker: DockerConfig) -> list[BindSpec]:
+    """Parse and check every bind of a sandbox; targets must be unique.
+
+    Raises:
+        BindRefused: for the first bind that breaks a rule.
+    """
+    specs: list[BindSpec] = []
+    targets: set[str] = set()
+    for text in binds:
+        source, target, mode = parse_bind(text)
+        real = check_source(source, docker)
+        normal = check_target(target, text)
+        if normal in targets:
+            raise BindRefused(
+                f"bind {text!r}: container path {normal!r} is already mounted",
+                rule="target-duplicate",
+                path=normal,
+                fix="give each bind its own container path",
+            )
+        targets.add(normal)
+        specs.append(BindSpec(source=real, target=normal, mode=mode, declared=text))
+    return specs
+
+
+def bind_problems(config: Config) -> list[tuple[Loc, str]]:
+    """Check every configured bind and bound workspace at load time, with key paths."""
+    from sandbox.config.merge import effective_agent
+
+    problems: list[tuple[Loc, str]] = []
+    defaults = config.agents.defaults.sandbox
+    for index, text in enumerate(defaults.docker.binds):
+        loc: Loc = ("agents", "defaults", "sandbox", "docker", "binds", index)
+        problems.extend(_problem(loc, lambda t=text: validate_binds([t], defaults.docker)))
+    for a_index, agent in enumerate(config.agents.list or []):
+        merged = effective_agent(config, agent.id)
+        for index, text in enumerate(agent.sandbox.docker.binds):
+            loc = ("agents", "list", a_index, "sandbox", "docker", "binds", index)
+            problems.extend(_problem(loc, lambda t=text: validate_binds([t], merged.sandbox.docker)))
+        if merged.sandbox.mode != "off" and merged.sandbox.workspace_access != "none":
+            loc = ("agents", "list", a_index, "workspace")
+            ws = str(merged.workspace)
+            problems.extend(
+                _problem(loc, lambda w=ws: check_source(w, merged.sandbox.docker, what="workspace"))
+            )
+    return problems
+
+
+def _problem(loc: Loc, check: object) -> list[tuple[Loc, str]]:
+    try:
+        check()  # type: ignore[operator]
+    except BindRefused as exc:
+        return [(loc, f"{exc.message} [rule {exc.rule}]; fix: {exc.fix}")]
+    return []

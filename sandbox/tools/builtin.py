@@ -1,0 +1,163 @@
+"""Specs of the built-in tools: names, descriptions, argument schemas. Handlers live elsewhere."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sandbox.tools.spec import ToolArgs, ToolSpec
+
+
+class ExecArgs(ToolArgs):
+    command: str = Field(min_length=1, description="Shell command, run by /bin/sh -lc.")
+    workdir: str | None = Field(None, description="Directory relative to the workspace.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    timeout_s: float | None = Field(None, gt=0, description="Kill the command after this long.")
+    background: bool = Field(False, description="Start and return a process id at once.")
+    yield_ms: int | None = Field(None, ge=0, description="Run up to this long, then background.")
+    merge_output: bool = Field(True, description="Interleave stdout and stderr in order.")
+
+
+class ProcessArgs(ToolArgs):
+    action: Literal["list", "poll", "log", "write", "kill"]
+    id: str | None = Field(None, description="Process id returned by exec.")
+    offset: int = Field(0, ge=0)
+    limit: int | None = Field(None, ge=1)
+    data: str | None = Field(None, description="Text to send to stdin (action write).")
+    signal: Literal["TERM", "KILL", "INT", "HUP"] = "TERM"
+
+
+class ReadArgs(ToolArgs):
+    path: str = Field(min_length=1)
+    offset: int = Field(0, ge=0, description="First line, 0-based.")
+    limit: int | None = Field(None, ge=1, description="Number of lines.")
+    line_numbers: bool = False
+
+
+class WriteArgs(ToolArgs):
+    path: str = Field(min_length=1)
+    content: str
+
+
+class EditArgs(ToolArgs):
+    path: str = Field(min_length=1)
+    old_string: str = Field(min_length=1)
+    new_string: str
+    replace_all: bool = False
+
+
+class ApplyPatchArgs(ToolArgs):
+    input: str = Field(min_length=1, description="The patch: *** Begin Patch format or unified diff.")
+
+
+class BrowserArgs(ToolArgs):
+    action: Literal["navigate", "screenshot", "click", "type", "evaluate", "content", "close"]
+    url: str | None = None
+    selector: str | None = None
+    text: str | None = None
+    script: str | None = None
+    profile: str = Field("default", pattern=r"^[a-z0-9-]{1,64}$")
+
+
+class CanvasArgs(ToolArgs):
+    action: Literal["show", "hide", "update"]
+    content: str | None = None
+
+
+class WebFetchArgs(ToolArgs):
+    url: str = Field(min_length=1)
+    max_chars: int | None = Field(None, ge=1)
+
+
+class WebSearchArgs(ToolArgs):
+    query: str = Field(min_length=1)
+    count: int = Field(5, ge=1, le=20)
+
+
+class MemorySearchArgs(ToolArgs):
+    query: str = Field(min_length=1)
+    limit: int = Field(5, ge=1, le=50)
+
+
+class MemoryGetArgs(ToolArgs):
+    path: str = Field(min_length=1)
+
+
+class SessionsListArgs(ToolArgs):
+    limit: int = Field(20, ge=1, le=200)
+
+
+class SessionsHistoryArgs(ToolArgs):
+    session: str = Field(min_length=1)
+    limit: int = Field(20, ge=1, le=200)
+
+
+class SessionsSendArgs(ToolArgs):
+    session: str = Field(min_length=1)
+    message: str = Field(min_length=1)
+
+
+class SessionsSpawnArgs(ToolArgs):
+    task: str = Field(min_length=1)
+    agent: str | None = None
+
+
+class SessionStatusArgs(ToolArgs):
+    pass
+
+
+class CronArgs(ToolArgs):
+    action: Literal["list", "add", "remove"]
+    schedule: str | None = None
+    task: str | None = None
+    id: str | None = None
+
+
+class GatewayArgs(ToolArgs):
+    action: Literal["status", "restart", "config"]
+
+
+class MessageArgs(ToolArgs):
+    channel: str = Field(min_length=1)
+    to: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+
+
+class NodesArgs(ToolArgs):
+    action: Literal["list", "describe", "invoke"]
+    node: str | None = None
+    command: str | None = None
+
+
+def _spec(
+    name: str, description: str, params: type[ToolArgs], category: str, risk: str, timeout: float, sandboxed: bool
+) -> ToolSpec:
+    return ToolSpec(name, description, params, category, risk, timeout, sandboxed)  # type: ignore[arg-type]
+
+
+BUILTIN_SPECS: tuple[ToolSpec, ...] = (
+    _spec("exec", "Run a shell command in the workspace.", ExecArgs, "exec", "high", 60, True),
+    _spec("process", "Manage background processes started by exec.", ProcessArgs, "exec", "high", 30, True),
+    _spec("read", "Read a text file from the workspace.", ReadArgs, "file", "low", 30, True),
+    _spec("write", "Create or overwrite a file in the workspace.", WriteArgs, "file", "medium", 30, True),
+    _spec("edit", "Replace an exact string in a file.", EditArgs, "file", "medium", 30, True),
+    _spec("apply_patch", "Apply a multi-file patch, all or nothing.", ApplyPatchArgs, "file", "medium", 60, True),
+    _spec("browser", "Drive a headless browser over CDP.", BrowserArgs, "ui", "high", 120, True),
+    _spec("canvas", "Show content on the user's canvas.", CanvasArgs, "ui", "low", 30, False),
+    _spec("web_fetch", "Fetch a URL and return its text.", WebFetchArgs, "network", "medium", 60, False),
+    _spec("web_search", "Search the web.", WebSearchArgs, "network", "low", 60, False),
+    _spec("memory_search", "Search the agent's memory.", MemorySearchArgs, "memory", "low", 30, False),
+    _spec("memory_get", "Read one memory file.", MemoryGetArgs, "memory", "low", 30, False),
+    _spec("sessions_list", "List sessions this agent can see.", SessionsListArgs, "session", "low", 30, False),
+    _spec("sessions_history", "Read a session's history.", SessionsHistoryArgs, "session", "low", 30, False),
+    _spec("sessions_send", "Send a message to another session.", SessionsSendArgs, "session", "medium", 30, False),
+    _spec("sessions_spawn", "Spawn a sub-agent session.", SessionsSpawnArgs, "session", "medium", 30, False),
+    _spec("session_status", "Status of the current session.", SessionStatusArgs, "session", "low", 10, False),
+    _spec("cron", "Manage scheduled tasks.", CronArgs, "automation", "high", 30, False),
+    _spec("gateway", "Inspect or restart the gateway.", GatewayArgs, "automation", "high", 30, False),
+    _spec("message", "Send a message on a channel.", MessageArgs, "messaging", "medium", 30, False),
+    _spec("nodes", "Control paired device nodes.", NodesArgs, "automation", "high", 60, False),
+)
+
+BUILTIN_BY_NAME: dict[str, ToolSpec] = {spec.name: spec for spec in BUILTIN_SPECS}
