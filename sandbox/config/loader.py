@@ -52,16 +52,20 @@ def validate(located: Located, *, base_dir: Path) -> Config:
     if not isinstance(data, dict):
         raise ConfigError([f"{located.where(())}: the config must be a mapping of keys"])
     data, unknown = keys.normalize(data, Config)
-    problems = [_line(located, loc, message) for loc, message in unknown]
+    problems = [_line(located, loc, message, value=False) for loc, message in unknown]
     try:
         config = Config.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         problems.extend(_line(located, _loc(err["loc"]), _describe(err)) for err in exc.errors())
-        raise ConfigError(problems) from exc
+        raise ConfigError(_in_file_order(problems)) from exc
     problems.extend(_line(located, loc, message) for loc, message in semantic_problems(config))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_in_file_order(problems))
     return config
+
+
+def _in_file_order(problems: list[tuple[tuple[int, int], str]]) -> list[str]:
+    return [text for _, text in sorted(problems, key=lambda item: item[0])]
 
 
 def _loc(raw: tuple[Any, ...]) -> Loc:
@@ -81,8 +85,11 @@ def _describe(err: Any) -> str:
     return f"{message[0].lower()}{message[1:]} (got {shown})"
 
 
-def _line(located: Located, loc: Loc, message: str) -> str:
-    return f"{located.where(loc)}: {format_loc(loc)}: {message}"
+def _line(located: Located, loc: Loc, message: str, *, value: bool = True) -> tuple[tuple[int, int], str]:
+    # unknown keys point at the key; bad values point at the value
+    pos = located.position(loc, value=value)
+    order = (pos.line, pos.column) if pos else (0, 0)
+    return order, f"{located.where(loc, value=value)}: {format_loc(loc)}: {message}"
 
 
 def semantic_problems(config: Config) -> list[tuple[Loc, str]]:

@@ -24,16 +24,23 @@ class Located:
     """A parsed document and the position of every key path in it."""
 
     data: Any
-    positions: dict[Loc, Position]
+    positions: dict[Loc, Position]  # where each key is written
+    values: dict[Loc, Position]  # where each value starts
     source: str
 
-    def where(self, loc: Loc) -> str:
-        """Return `file:line:col` for the deepest known prefix of `loc`."""
+    def position(self, loc: Loc, *, value: bool = False) -> Position | None:
+        """The position of the deepest known prefix of `loc` (its value, or its key)."""
+        table = self.values if value else self.positions
         for cut in range(len(loc), -1, -1):
-            pos = self.positions.get(tuple(loc[:cut]))
+            pos = table.get(tuple(loc[:cut]))
             if pos is not None:
-                return f"{self.source}:{pos.line}:{pos.column}"
-        return self.source
+                return pos
+        return None
+
+    def where(self, loc: Loc, *, value: bool = False) -> str:
+        """Return `file:line:col` for `loc` (see :meth:`position`)."""
+        pos = self.position(loc, value=value)
+        return f"{self.source}:{pos.line}:{pos.column}" if pos else self.source
 
 
 class YamlSyntaxError(Exception):
@@ -56,24 +63,27 @@ def parse(text: str, source: str) -> Located:
         raise YamlSyntaxError(f"{where}: YAML syntax error: {exc.problem or exc}") from exc
     finally:
         loader.dispose()
-    positions: dict[Loc, Position] = {}
+    keys: dict[Loc, Position] = {}
+    values: dict[Loc, Position] = {}
     if node is not None:
-        _walk(node, (), positions)
-    return Located(data=data, positions=positions, source=source)
+        _walk(node, (), keys, values)
+    return Located(data=data, positions=keys, values=values, source=source)
 
 
-def _walk(node: yaml.Node, loc: Loc, out: dict[Loc, Position]) -> None:
-    out.setdefault(loc, Position(node.start_mark.line + 1, node.start_mark.column + 1))
+def _walk(node: yaml.Node, loc: Loc, keys: dict[Loc, Position], values: dict[Loc, Position]) -> None:
+    here = Position(node.start_mark.line + 1, node.start_mark.column + 1)
+    values[loc] = here
+    keys.setdefault(loc, here)  # list items have no key: point at the item
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 continue
             child = (*loc, str(key_node.value))
-            out[child] = Position(key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            _walk(value_node, child, out)
+            keys[child] = Position(key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            _walk(value_node, child, keys, values)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _walk(item, (*loc, index), out)
+            _walk(item, (*loc, index), keys, values)
 
 
 def read(path: Path) -> Located:
