@@ -1,0 +1,199 @@
+"""The public entry points: an Orchestrator owns config, policy and runtime; a Session calls tools."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio.to_thread
+
+from sandbox.config.merge import EffectiveAgent, default_agent_id
+from sandbox.config.models import Config
+from sandbox.engine.context import TaskContext
+from sandbox.engine.executor import execute
+from sandbox.fs.paths import WorkspacePath
+from sandbox.fs.safe import SafeRoot
+from sandbox.fs.states import FileStates
+from sandbox.fs.workspace import Root, WorkspaceFiles
+from sandbox.policy.resolver import Identity, PolicyResolver, ResolvedPolicy
+from sandbox.policy.sessions import agent_of
+from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.host_backend import HostShell
+from sandbox.runtime.manager import SandboxManager
+from sandbox.runtime.naming import short_hash, slug
+from sandbox.tools.builtin import BUILTIN_BY_NAME
+from sandbox.tools.context import ToolContext
+from sandbox.tools.handlers import builtin_handlers
+from sandbox.tools.spec import ToolResult, ToolSpec
+
+
+class Orchestrator:
+    """Decides which tools exist for a session and runs them in its sandbox.
+
+    Args:
+        config: a loaded config (see :func:`sandbox.load_config`).
+        backend: the container backend (default: Docker from the environment).
+
+    Use as `async with Orchestrator(config) as orch: session = orch.session(...)`.
+    """
+
+    def __init__(self, config: Config, backend: DockerBackend | None = None) -> None:
+        self.config = config
+        self.backend = backend or DockerBackend()
+        self.policy = PolicyResolver(config)
+        self.manager = SandboxManager(config, self.backend)
+        self.specs: dict[str, ToolSpec] = dict(BUILTIN_BY_NAME)
+        self.handlers = builtin_handlers()
+
+    async def __aenter__(self) -> Orchestrator:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release engine connections (sandboxes stay: the engine is the inventory)."""
+        await self.backend.aclose()
+
+    def session(
+        self,
+        key: str,
+        *,
+        agent: str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+        sender: str | None = None,
+    ) -> Session:
+        """A handle on one session; cheap, nothing is created until a tool needs it.
+
+        Raises:
+            UsageError: unknown agent, or a key that belongs to another agent.
+        """
+        agent_id = agent or agent_of(key) or default_agent_id(self.config)
+        policy = self.policy.resolve(Identity(agent_id, key, provider, model))
+        return Session(self, policy, sender)
+
+
+class Session:
+    """One agent session: the tools it may see, and calls to them."""
+
+    def __init__(self, orchestrator: Orchestrator, policy: ResolvedPolicy, sender: str | None) -> None:
+        self._orch = orchestrator
+        self.policy = policy
+        self.sender = sender
+        self._files: WorkspaceFiles | None = None
+
+    @property
+    def key(self) -> str:
+        """The full session key."""
+        return self.policy.session.raw
+
+    @property
+    def agent(self) -> EffectiveAgent:
+        """The merged agent config."""
+        return self.policy.agent
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether tools run in a sandbox for this session."""
+        return self.policy.sandbox.sandboxed
+
+    @property
+    def state_dir(self) -> Path:
+        """This session's folder in the orchestrator's state dir."""
+        return self._orch.config.state_dir / "sessions" / f"{slug(self.key, 40)}-{short_hash(self.key)}"
+
+    def tools(self) -> list[ToolSpec]:
+        """The tools the model may see (allowed by policy and runnable here)."""
+        return [s for name, s in self._orch.specs.items() if name in self.policy.allowed and name in self._orch.handlers]
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """name, description and JSON schema of each tool in :meth:`tools`."""
+        return [{"name": s.name, "description": s.description, "parameters": s.json_schema()} for s in self.tools()]
+
+    async def call(self, name: str, arguments: Any = None, *, trace_id: str | None = None) -> ToolResult:
+        """Run one tool call; every failure comes back as a ToolResult with an error code."""
+        return await execute(
+            name=name,
+            arguments=arguments,
+            policy=self.policy,
+            specs=self._orch.specs,
+            handlers=self._orch.handlers,
+            make_context=self._context,
+            spill=self._spill,
+            max_chars=self._orch.config.results.max_chars,
+            tenant=self.agent.tenant,
+            sender=self.sender,
+            trace_id=trace_id,
+        )
+
+    async def close(self) -> None:
+        """End the session: a session-scoped sandbox is removed; agent and shared ones stay."""
+        if self.sandboxed:
+            await self._orch.manager.close_session(self.agent, self.key)
+
+    async def sandbox(self) -> Any:
+        """The live sandbox of this session (created on first use); None when not sandboxed."""
+        if not self.sandboxed:
+            return None
+        return await self._orch.manager.sandbox_for(self.agent, self.key)
+
+    async def _context(self, task: TaskContext) -> ToolContext:
+        config = self._orch.config
+        if self.sandboxed:
+            box = await self._orch.manager.sandbox_for(self.agent, self.key)
+            shell: Any = box
+            workdir = CONTAINER_WORKDIR
+            if self._files is None:
+                spec = box.spec
+                roots = [
+                    Root(m.target, Path(m.source), m.read_only,
+                         f"the workspace (workspace_access {spec.workspace_access})" if i == 0 else f"the bind {m.target}")
+                    for i, m in enumerate(spec.mounts)
+                ]
+                uid, _, gid = spec.user.partition(":")
+                owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
+                self._files = self._make_files(roots, owner)
+        else:
+            workspace = self.agent.workspace
+            await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
+            shell = HostShell(workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env)
+            workdir = str(workspace)
+            if self._files is None:
+                self._files = self._make_files([Root(str(workspace), workspace, False, "the workspace")], None)
+        return ToolContext(
+            call_id=task.call_id,
+            trace_id=task.trace_id,
+            config=config,
+            agent=self.agent,
+            session=self.key,
+            sandboxed=self.sandboxed,
+            shell=shell,
+            files=self._files,
+            workdir=workdir,
+            state_dir=self.state_dir,
+        )
+
+    def _make_files(self, roots: list[Root], owner: tuple[int, int] | None) -> WorkspaceFiles:
+        config = self._orch.config
+        states = FileStates(self.state_dir / "file-states.json")
+        return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner)
+
+    async def _spill(self, ctx: ToolContext, text: str) -> str | None:
+        """Save a full output: in the workspace when writable, else in the state dir."""
+        name = f"{ctx.call_id}.txt"
+        root = ctx.files.roots[0]
+        data = text.encode("utf-8")
+        if not root.read_only:
+            safe = SafeRoot(root.host, ctx.files.safe_owner)
+            await anyio.to_thread.run_sync(safe.write_atomic, WorkspacePath((".sandbox", "outputs", name)), data)
+            return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
+        path = self._orch.config.state_dir / "outputs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        await anyio.to_thread.run_sync(path.write_bytes, data)
+        return os.fspath(path)

@@ -1,0 +1,201 @@
+"""Host-side file access that never follows a symlink: every component is opened with O_NOFOLLOW
+relative to the directory fd before it, so a link planted (or swapped in) by the sandbox cannot
+lead outside the root. Never realpath-then-open: that races.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.fs.paths import WorkspacePath
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What the tools need to know about a file."""
+
+    size: int
+    mtime_ns: int
+    mode: int
+
+    @property
+    def is_file(self) -> bool:
+        """A regular file."""
+        return stat.S_ISREG(self.mode)
+
+
+def _denied(rel: str, why: str) -> SandboxError:
+    return SandboxError(ErrorCode.PERMISSION_DENIED, f"{rel}: {why}", path=rel)
+
+
+def _map_os_error(exc: OSError, rel: str) -> SandboxError:
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        return _denied(rel, "a component is a symbolic link; links are not followed")
+    if exc.errno == errno.ENOTDIR:
+        return SandboxError(ErrorCode.FILE_NOT_FOUND, f"{rel}: a parent is not a directory", path=rel)
+    if exc.errno == errno.ENOENT:
+        return SandboxError(ErrorCode.FILE_NOT_FOUND, f"{rel}: no such file or directory", path=rel)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return _denied(rel, "permission denied")
+    if exc.errno == errno.EROFS:
+        return _denied(rel, "read-only file system")
+    if exc.errno == errno.EISDIR:
+        return SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
+    if exc.errno == errno.ENOSPC:
+        return SandboxError(ErrorCode.INTERNAL, f"{rel}: no space left", path=rel)
+    return SandboxError(ErrorCode.INTERNAL, f"{rel}: {os.strerror(exc.errno or 0)}", path=rel)
+
+
+class SafeRoot:
+    """A directory tree accessed without ever following a symlink.
+
+    Args:
+        root: the directory (itself trusted: it comes from the config).
+        owner: (uid, gid) given to files and directories this process creates, when it can.
+    """
+
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
+        self.root = root
+        self.owner = owner if os.geteuid() == 0 else None
+
+    @contextmanager
+    def _dir(self, parts: tuple[str, ...], rel: str, *, create: bool = False) -> Iterator[int]:
+        """An fd of the directory `parts`, walked component by component."""
+        try:
+            fd = os.open(self.root, _DIR_FLAGS)
+        except OSError as exc:
+            raise _map_os_error(exc, rel) from exc
+        try:
+            for part in parts:
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # made concurrently; opened (without following) just below
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    if self.owner:
+                        os.fchown(nxt, *self.owner)
+                os.close(fd)
+                fd = nxt
+            yield fd
+        except OSError as exc:
+            raise _map_os_error(exc, rel) from exc
+        finally:
+            os.close(fd)
+
+    def stat(self, path: WorkspacePath) -> FileStat | None:
+        """Stat without following; None when missing."""
+        try:
+            with self._dir(path.parts[:-1], path.relative) as dfd:
+                st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False) if path.parts else os.fstat(dfd)
+        except SandboxError as exc:
+            if exc.code == ErrorCode.FILE_NOT_FOUND:
+                return None
+            raise
+        except FileNotFoundError:
+            return None
+        return FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+
+    def read_bytes(self, path: WorkspacePath, max_bytes: int) -> tuple[bytes, FileStat]:
+        """Read a regular file (refusing links, fifos, devices and files over `max_bytes`)."""
+        rel = path.relative
+        with self._dir(path.parts[:-1], rel) as dfd:
+            try:
+                fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as exc:
+                raise _map_os_error(exc, rel) from exc
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                    raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is {kind}", path=rel)
+                if st.st_size > max_bytes:
+                    raise SandboxError(
+                        ErrorCode.INVALID_ARGUMENTS,
+                        f"{rel}: is {st.st_size} bytes, over the {max_bytes}-byte read limit; "
+                        "read a part with offset/limit via exec (e.g. head, sed -n)",
+                        path=rel,
+                        size=st.st_size,
+                    )
+                chunks = []
+                remaining = st.st_size + 1
+                while remaining > 0:
+                    chunk = os.read(fd, min(remaining, 1 << 20))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    remaining -= len(chunk)
+                return b"".join(chunks), FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+            finally:
+                os.close(fd)
+
+    def write_atomic(self, path: WorkspacePath, data: bytes) -> FileStat:
+        """Write via a temp file in the same directory and rename: readers see old or new, never a mix.
+
+        A symlink at the final name is replaced by the file, never written through.
+        """
+        rel = path.relative
+        if not path.parts:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "cannot write to the workspace root itself")
+        with self._dir(path.parts[:-1], rel, create=True) as dfd:
+            mode = 0o644
+            try:
+                old = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(old.st_mode):
+                    raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
+                if stat.S_ISREG(old.st_mode):
+                    mode = stat.S_IMODE(old.st_mode)
+            except FileNotFoundError:
+                old = None
+            tmp = f".{path.name[:200]}.{secrets.token_hex(4)}.sbx-tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+            except OSError as exc:
+                raise _map_os_error(exc, rel) from exc
+            try:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
+                    os.fchmod(fd, mode)
+                    if self.owner and old is None:
+                        os.fchown(fd, *self.owner)
+                    elif self.owner and old is not None:
+                        os.fchown(fd, old.st_uid, old.st_gid)
+                    os.fsync(fd)
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException as exc:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                if isinstance(exc, OSError):
+                    raise _map_os_error(exc, rel) from exc
+                raise
+            return FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+
+    def unlink(self, path: WorkspacePath) -> None:
+        """Remove a file (or a link itself, never its target)."""
+        with self._dir(path.parts[:-1], path.relative) as dfd:
+            try:
+                os.unlink(path.name, dir_fd=dfd)
+            except OSError as exc:
+                raise _map_os_error(exc, path.relative) from exc

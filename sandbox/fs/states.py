@@ -1,0 +1,56 @@
+"""File states: what each session last saw of each file (hash, mtime), kept in the state dir."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A file as a session last read or wrote it."""
+
+    sha256: str
+    mtime_ns: int
+
+
+def digest(data: bytes) -> str:
+    """sha256 hex of file content."""
+    return hashlib.sha256(data).hexdigest()
+
+
+class FileStates:
+    """Per-session memory of file versions, so `edit` can refuse to clobber a change it never saw.
+
+    Args:
+        path: the JSON file for one session.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: dict[str, Seen] | None = None
+
+    def _load(self) -> dict[str, Seen]:
+        if self._seen is None:
+            try:
+                raw = json.loads(self.path.read_text())
+                self._seen = {k: Seen(v["sha256"], int(v["mtime_ns"])) for k, v in raw.items()}
+            except (OSError, ValueError, KeyError, TypeError):
+                self._seen = {}
+        return self._seen
+
+    def get(self, key: str) -> Seen | None:
+        """What this session last saw of `key`."""
+        return self._load().get(key)
+
+    def record(self, key: str, data: bytes, mtime_ns: int) -> None:
+        """Remember `data` as the version this session knows."""
+        seen = self._load()
+        seen[key] = Seen(digest(data), mtime_ns)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({k: {"sha256": v.sha256, "mtime_ns": v.mtime_ns} for k, v in seen.items()}))
+        tmp.replace(self.path)

@@ -1,0 +1,140 @@
+"""The file view a tool gets: the workspace (and optionally bind mounts), with every rule applied."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+
+from sandbox.config.models import FsSection
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.fs.locks import file_lock
+from sandbox.fs.paths import WorkspacePath, split_path
+from sandbox.fs.safe import FileStat, SafeRoot
+from sandbox.fs.states import FileStates, digest
+
+
+@dataclass(frozen=True)
+class Root:
+    """One directory the tools may reach: where the sandbox sees it and where it is on the host."""
+
+    container_path: str
+    host: Path
+    read_only: bool
+    label: str  # says which mount it is, for refusals
+
+
+@dataclass(frozen=True)
+class Located:
+    """A resolved tool path."""
+
+    root: Root
+    path: WorkspacePath
+
+    @property
+    def display(self) -> str:
+        """The path as the sandbox sees it."""
+        rel = self.path.relative
+        return self.root.container_path if rel == "." else f"{self.root.container_path.rstrip('/')}/{rel}"
+
+    @property
+    def key(self) -> str:
+        """A stable key (host path) for locks and file states."""
+        return str(self.root.host / self.path.relative)
+
+
+class WorkspaceFiles:
+    """Safe file access for one session.
+
+    Args:
+        roots: the workspace first, then bind mounts (only reachable when workspace_only is off).
+        fs: the `tools.fs` settings.
+        states: this session's file states.
+        lock_dir: where cross-process file locks live.
+        owner: (uid, gid) for files this process creates (the sandbox user).
+    """
+
+    def __init__(
+        self,
+        roots: list[Root],
+        fs: FsSection,
+        states: FileStates,
+        lock_dir: Path,
+        owner: tuple[int, int] | None = None,
+    ) -> None:
+        self.roots = roots if not fs.workspace_only else roots[:1]
+        self.fs = fs
+        self.states = states
+        self.lock_dir = lock_dir
+        self.safe_owner = owner
+        self._safe = {r.container_path: SafeRoot(r.host, owner) for r in self.roots}
+
+    def locate(self, raw: str) -> Located:
+        """Resolve a tool's path argument; refuse escapes, deny patterns and malformed paths."""
+        prefixes: list[str] = []
+        by_prefix: dict[str, Root] = {}
+        for root in self.roots:
+            for prefix in (root.container_path, str(root.host)):
+                prefixes.append(prefix)
+                by_prefix[prefix] = root
+        prefix, parts = split_path(raw, tuple(prefixes))
+        located = Located(by_prefix[prefix], parts)
+        self._check_deny(located)
+        return located
+
+    def _check_deny(self, loc: Located) -> None:
+        rel = loc.path.relative
+        for pattern in self.fs.deny_patterns:
+            if fnmatch.fnmatchcase(rel, pattern) or any(fnmatch.fnmatchcase(p, pattern) for p in loc.path.parts):
+                raise SandboxError(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"{loc.display}: matches the deny pattern {pattern!r} (tools.fs.deny_patterns); "
+                    "file tools never read or write it",
+                    path=loc.display,
+                    pattern=pattern,
+                )
+
+    def check_writable(self, loc: Located) -> None:
+        """Refuse writes to read-only mounts and protected paths, naming which."""
+        if loc.root.read_only:
+            raise SandboxError(
+                ErrorCode.PERMISSION_DENIED,
+                f"{loc.display}: {loc.root.label} is mounted read-only; nothing can be written there",
+                path=loc.display,
+                mount=loc.root.container_path,
+            )
+        rel = loc.path.relative
+        for protected in self.fs.protected_paths:
+            clean = protected.strip("/")
+            if rel == clean or rel.startswith(clean + "/"):
+                raise SandboxError(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"{loc.display}: {protected} is a protected path (tools.fs.protected_paths); "
+                    "it stays read-only even in a writable workspace",
+                    path=loc.display,
+                )
+
+    def safe(self, loc: Located) -> SafeRoot:
+        """The symlink-proof accessor of a location's root."""
+        return self._safe[loc.root.container_path]
+
+    async def read(self, loc: Located) -> tuple[bytes, FileStat]:
+        """Read a file and remember the version this session saw."""
+        data, st = await anyio.to_thread.run_sync(self.safe(loc).read_bytes, loc.path, self.fs.max_read_bytes)
+        self.states.record(loc.key, data, st.mtime_ns)
+        return data, st
+
+    async def write(self, loc: Located, data: bytes) -> FileStat:
+        """Write atomically (after the write checks) and remember the version written."""
+        self.check_writable(loc)
+        async with file_lock(self.lock_dir, loc.key):
+            st = await anyio.to_thread.run_sync(self.safe(loc).write_atomic, loc.path, data)
+        self.states.record(loc.key, data, st.mtime_ns)
+        return st
+
+    def changed_since_seen(self, loc: Located, current: bytes) -> bool:
+        """Whether the file differs from what this session last read or wrote (False if never seen)."""
+        seen = self.states.get(loc.key)
+        return seen is not None and seen.sha256 != digest(current)

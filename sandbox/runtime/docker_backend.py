@@ -1,0 +1,413 @@
+"""The Docker backend: sandboxes as containers, through the docker SDK, off the event loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import docker
+import docker.errors
+from docker.types import Mount as DockerMount
+from docker.types import Ulimit
+from loguru import logger
+
+from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.runtime import shellwrap
+from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.naming import LABEL_PREFIX, Labels
+from sandbox.runtime.protocol import ExecResult, SandboxInfo
+from sandbox.runtime.spec import SandboxSpec, create_kwargs
+
+T = TypeVar("T")
+CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
+CREATOR_LABEL = f"{LABEL_PREFIX}.creator"
+CREATING_MARK = "-creating-"
+SETUP_TIMEOUT_S = 300.0
+
+
+def _key_hashes(hashed: Mapping[str, Any]) -> dict[str, str]:
+    import hashlib
+
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:8] for k, v in hashed.items()}
+
+
+def info_from_container(attrs: Mapping[str, Any]) -> SandboxInfo:
+    """Build a SandboxInfo from `docker inspect` / list attributes."""
+    labels = attrs.get("Config", {}).get("Labels") or attrs.get("Labels") or {}
+    name = (attrs.get("Name") or (attrs.get("Names") or ["?"])[0]).lstrip("/")
+    state = attrs.get("State")
+    status = state.get("Status", "?") if isinstance(state, dict) else str(state or "?")
+    return SandboxInfo(
+        id=attrs.get("Id", ""),
+        name=name,
+        kind=labels.get(Labels.KIND, ""),
+        instance=labels.get(Labels.INSTANCE, ""),
+        tenant=labels.get(Labels.TENANT, ""),
+        agent=labels.get(Labels.AGENT, ""),
+        scope=labels.get(Labels.SCOPE, ""),
+        scope_key=labels.get(Labels.SCOPE_KEY, ""),
+        session=labels.get(Labels.SESSION, ""),
+        config_hash=labels.get(Labels.CONFIG_HASH, ""),
+        created_at=labels.get(Labels.CREATED_AT, ""),
+        status=status,
+        image=attrs.get("Config", {}).get("Image") or attrs.get("Image", ""),
+        labels=dict(labels),
+    )
+
+
+class DockerSandbox:
+    """One running exec sandbox container."""
+
+    def __init__(self, backend: DockerBackend, container_id: str, spec: SandboxSpec) -> None:
+        self._backend = backend
+        self._id = container_id
+        self._spec = spec
+        self.gone = False  # set when the engine says the container is gone or stopped
+
+    @property
+    def id(self) -> str:
+        """The container id."""
+        return self._id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was made from."""
+        return self._spec
+
+    async def run(
+        self,
+        command: str,
+        *,
+        call_id: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
+        environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
+        argv = shellwrap.wrapped_argv(command, call_id)
+        result = await self._exec(argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s)
+        if result.timed_out:
+            with anyio.CancelScope(shield=True):
+                await self.kill(call_id, "TERM", user=user)
+                await anyio.sleep(0.2)
+                await self.kill(call_id, "KILL", user=user)
+        return result
+
+    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+        """Run an argv directly (helpers and probes)."""
+        return await self._exec(list(argv), user=user, timeout_s=timeout_s)
+
+    async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
+        try:
+            return await self._backend.exec_stream(self._id, argv, **kwargs)
+        except SandboxUnavailable:
+            self.gone = True
+            raise
+
+    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+        """Signal everything `call_id` started.
+
+        Runs as the user that ran the command: with every capability dropped, even root in
+        the container can neither signal nor inspect another uid's processes.
+        """
+        await self._exec(shellwrap.kill_argv(call_id, signal), user=user or self._spec.user, timeout_s=15)
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live (a tmpfs in the container)."""
+        return shellwrap.PID_DIR
+
+    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
+        """Pids still tagged with `call_id`."""
+        result = await self._exec(shellwrap.alive_argv(call_id), user=user or self._spec.user, timeout_s=15)
+        return [int(p) for p in result.stdout.split()]
+
+
+class DockerBackend:
+    """Sandboxes as Docker containers.
+
+    Args:
+        client: a docker SDK client; default `docker.from_env()` on first use.
+        max_threads: how many blocking SDK calls may run at once.
+    """
+
+    name = "docker"
+
+    def __init__(self, client: Any = None, *, max_threads: int = 32) -> None:
+        self._client = client
+        self._limiter = anyio.CapacityLimiter(max_threads)
+        self._stream_limiter = anyio.CapacityLimiter(256)
+        self._image_ids: dict[str, tuple[float, str]] = {}
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The docker SDK client (created lazily)."""
+        if self._client is None:
+            with mapped("connect"):
+                self._client = docker.from_env()
+        return self._client
+
+    async def call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one blocking SDK call in a worker thread, with errors mapped."""
+
+        def run() -> T:
+            with mapped(action):
+                return fn(*args, **kwargs)
+
+        return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+
+    async def ping(self) -> dict[str, Any]:
+        """Engine version info, or SandboxUnavailable."""
+        return await self.call("ping", lambda: self.client.version())  # type: ignore[no-any-return]
+
+    async def image_id(self, ref: str, *, max_age_s: float = 10.0) -> str:
+        """The id of a local image (cached briefly); SandboxUnavailable naming `images build`."""
+        cached = self._image_ids.get(ref)
+        now = time.monotonic()
+        if cached and now - cached[0] < max_age_s:
+            return cached[1]
+
+        def get() -> str:
+            try:
+                return str(self.client.images.get(ref).id)
+            except docker.errors.ImageNotFound as exc:
+                raise SandboxUnavailable(
+                    f"image {ref!r} is not on this engine; build it with `sandbox images build`",
+                    image=ref,
+                ) from exc
+
+        image = await self.call("inspect image", get)
+        self._image_ids[ref] = (now, image)
+        return image
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def find(self, name: str) -> dict[str, Any] | None:
+        """`docker inspect` of a container by name, or None."""
+
+        def get() -> dict[str, Any] | None:
+            try:
+                return dict(self.client.api.inspect_container(name))
+            except docker.errors.NotFound:
+                return None
+
+        return await self.call("inspect container", get)
+
+    async def ensure(self, spec: SandboxSpec) -> DockerSandbox:
+        """Adopt a matching container or create one; recreate on drift or death."""
+        attrs = await self.find(spec.name)
+        if attrs is not None:
+            labels = attrs["Config"].get("Labels") or {}
+            running = attrs["State"].get("Status") == "running"
+            if labels.get(Labels.CONFIG_HASH) == spec.config_hash and running:
+                return DockerSandbox(self, attrs["Id"], spec)
+            if labels.get(Labels.CONFIG_HASH) != spec.config_hash:
+                changed = self._changed_keys(labels, spec)
+                logger.bind(container=spec.name, changed=changed).info("sandbox_config_drift")
+            else:
+                logger.bind(container=spec.name, status=attrs["State"].get("Status")).info("sandbox_dead")
+            await self.remove(attrs["Id"])
+        return await self._create(spec)
+
+    @staticmethod
+    def _changed_keys(labels: Mapping[str, str], spec: SandboxSpec) -> list[str]:
+        try:
+            old = json.loads(labels.get(CONFIG_KEYS_LABEL, "{}"))
+        except json.JSONDecodeError:
+            old = {}
+        new = _key_hashes(spec.hashed)
+        return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+    def _prepare_workspace(self, spec: SandboxSpec) -> None:
+        path = spec.workspace_host
+        created = not path.exists()
+        path.mkdir(parents=True, exist_ok=True)
+        # A root orchestrator makes the dirs the non-root sandbox user must write to.
+        if os.geteuid() == 0 and (created or spec.workspace_access == "none"):
+            uid, gid = (int(x) for x in spec.user.split(":")) if ":" in spec.user else (int(spec.user), int(spec.user))
+            os.chown(path, uid, gid)
+
+    async def _create(self, spec: SandboxSpec) -> DockerSandbox:
+        # Created under a temporary name and renamed when ready: the final name existing
+        # means "fully set up", and a crash mid-way leaves only a `-creating-` orphan.
+        await self.image_id(spec.image, max_age_s=0)
+        await anyio.to_thread.run_sync(self._prepare_workspace, spec)
+        temp_name = f"{spec.name[:40]}{CREATING_MARK}{uuid.uuid4().hex[:8]}"
+        kwargs = create_kwargs(spec)
+        kwargs["name"] = temp_name
+        kwargs["labels"][CONFIG_KEYS_LABEL] = json.dumps(_key_hashes(spec.hashed), sort_keys=True)
+        kwargs["labels"][CREATOR_LABEL] = f"{socket.gethostname()}:{os.getpid()}"
+        kwargs["mounts"] = [
+            DockerMount(m.target, m.source, type="bind", read_only=m.read_only, propagation="rprivate")
+            for m in spec.mounts
+        ]
+        if spec.docker.ulimits:
+            kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
+
+        def create_and_start() -> str:
+            container = self.client.containers.create(**kwargs)
+            try:
+                container.start()
+            except Exception:
+                container.remove(force=True)
+                raise
+            return str(container.id)
+
+        container_id = await self.call("create sandbox", create_and_start)
+        try:
+            sandbox = DockerSandbox(self, container_id, spec)
+            if spec.docker.setup_command:
+                await self._setup(sandbox, spec)
+            await self.call("rename sandbox", lambda: self.client.api.rename(container_id, spec.name))
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self.remove(container_id)
+            if isinstance(exc, SandboxError) and exc.code == ErrorCode.CONFLICT:
+                # another process won the race for this name: use its container
+                attrs = await self.find(spec.name)
+                if attrs is not None:
+                    return DockerSandbox(self, attrs["Id"], spec)
+            raise
+        logger.bind(container=spec.name, agent=spec.agent, scope_key=spec.scope_key).info("sandbox_created")
+        return sandbox
+
+    async def _setup(self, sandbox: DockerSandbox, spec: SandboxSpec) -> None:
+        command = spec.docker.setup_command or ""
+        user = "0" if spec.docker.setup_as_root else spec.user
+        result = await sandbox.run(command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S)
+        if result.timed_out or result.exit_code != 0:
+            tail = result.output.decode(errors="replace")[-500:]
+            raise SandboxUnavailable(
+                f"setup_command failed (exit {result.exit_code}{', timed out' if result.timed_out else ''}); "
+                f"the container was removed. Output: {tail}",
+                container=spec.name,
+            )
+
+    async def list(self, *, instance: str | None, kind: str | None = None) -> list[SandboxInfo]:
+        """Managed containers (of one instance, or all)."""
+        filters = [f"{Labels.MANAGED}=true"]
+        if instance:
+            filters.append(f"{Labels.INSTANCE}={instance}")
+        if kind:
+            filters.append(f"{Labels.KIND}={kind}")
+
+        def get() -> list[dict[str, Any]]:
+            return list(self.client.api.containers(all=True, filters={"label": filters}))
+
+        return [info_from_container(c) for c in await self.call("list sandboxes", get)]
+
+    async def inspect(self, name_or_id: str) -> dict[str, Any] | None:
+        """Full `docker inspect`, or None."""
+        return await self.find(name_or_id)
+
+    async def remove(self, name_or_id: str) -> None:
+        """Force-remove a container and its anonymous volumes; missing is fine."""
+
+        def rm() -> None:
+            try:
+                self.client.api.remove_container(name_or_id, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if "already in progress" not in str(exc):
+                    raise
+
+        await self.call("remove sandbox", rm)
+
+    async def aclose(self) -> None:
+        """Close the SDK client's connections."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await anyio.to_thread.run_sync(client.close)
+
+    # -- exec -----------------------------------------------------------------------------
+
+    async def exec_stream(
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        environment: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        """Run argv in a container, streaming output; stop waiting after `timeout_s`.
+
+        Stopping the wait does not stop the process: callers that own a call id kill it.
+        """
+        api = self.client.api
+        start = time.perf_counter()
+        params: dict[str, Any] = {"stdout": True, "stderr": True, "environment": dict(environment or {})}
+        if workdir:
+            params["workdir"] = workdir
+        if user:
+            params["user"] = user
+
+        def create() -> str:
+            try:
+                return str(api.exec_create(container_id, argv, **params)["Id"])
+            except docker.errors.NotFound as exc:
+                raise SandboxUnavailable("the sandbox container is gone; it is recreated on next use") from exc
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # container stopped or paused
+                    raise SandboxUnavailable(
+                        f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
+                    ) from exc
+                raise
+
+        exec_id = await self.call("exec", create)
+        chunks: list[tuple[int, bytes]] = []
+        finished = threading.Event()
+
+        def pump() -> None:
+            with mapped("exec output"):
+                try:
+                    for out, err in api.exec_start(exec_id, stream=True, demux=True):
+                        if out:
+                            chunks.append((1, out))
+                        if err:
+                            chunks.append((2, err))
+                finally:
+                    finished.set()
+
+        timed_out = False
+        with anyio.move_on_after(timeout_s) as scope:
+            await anyio.to_thread.run_sync(pump, abandon_on_cancel=True, limiter=self._stream_limiter)
+        if scope.cancelled_caught:
+            timed_out = True
+        exit_code = None
+        if not timed_out:
+            inspected = await self.call("exec inspect", api.exec_inspect, exec_id)
+            exit_code = inspected.get("ExitCode")
+        captured = list(chunks)
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=b"".join(c for s, c in captured if s == 1),
+            stderr=b"".join(c for s, c in captured if s == 2),
+            output=b"".join(c for _, c in captured),
+            duration_ms=(time.perf_counter() - start) * 1000,
+            timed_out=timed_out,
+        )
+
+
+def workspace_owner(path: Path) -> tuple[int, int] | None:
+    """(uid, gid) of a path, or None if it does not exist."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_uid, st.st_gid

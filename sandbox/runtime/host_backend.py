@@ -1,0 +1,101 @@
+"""Mode `off`: the same Shell primitives on the host, for sessions that are not sandboxed."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import anyio
+from anyio.abc import ByteReceiveStream
+
+from sandbox.runtime import shellwrap
+from sandbox.runtime.protocol import ExecResult
+
+
+class HostShell:
+    """Runs commands on the host in the agent's workspace, killable like the sandboxed ones.
+
+    Args:
+        workspace: the working directory for commands.
+        pid_dir: where pid files and background output live.
+        env: environment added to every command.
+    """
+
+    def __init__(self, workspace: Path, pid_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.workspace = workspace
+        self._pid_dir = pid_dir
+        self._env = dict(env or {})
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live."""
+        return str(self._pid_dir)
+
+    async def run(
+        self,
+        command: str,
+        *,
+        call_id: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
+        del user  # the host runs as the orchestrator's user
+        environment = {**os.environ, **self._env, **(env or {}), shellwrap.TAG_VAR: call_id}
+        argv = shellwrap.wrapped_argv(command, call_id, self.pid_dir)
+        result = await self._exec(argv, environment, workdir, timeout_s)
+        if result.timed_out:
+            with anyio.CancelScope(shield=True):
+                await self.kill(call_id, "TERM")
+                await anyio.sleep(0.2)
+                await self.kill(call_id, "KILL")
+        return result
+
+    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+        """Run an argv directly."""
+        del user
+        return await self._exec(list(argv), {**os.environ, **self._env}, None, timeout_s)
+
+    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+        """Signal everything `call_id` started."""
+        del user
+        await self._exec(shellwrap.kill_argv(call_id, signal, self.pid_dir), dict(os.environ), None, 15)
+
+    async def _exec(
+        self, argv: list[str], env: Mapping[str, str], workdir: str | None, timeout_s: float | None
+    ) -> ExecResult:
+        self._pid_dir.mkdir(parents=True, exist_ok=True)
+        cwd = Path(workdir) if workdir and workdir.startswith("/") else self.workspace / (workdir or "")
+        start = time.perf_counter()
+        chunks: list[tuple[int, bytes]] = []
+        process = await anyio.open_process(argv, cwd=cwd, env=dict(env), start_new_session=False)
+
+        async def pump(stream: ByteReceiveStream | None, which: int) -> None:
+            if stream is None:
+                return
+            async for chunk in stream:
+                chunks.append((which, chunk))
+
+        timed_out = False
+        async with process:
+            with anyio.move_on_after(timeout_s) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump, process.stdout, 1)
+                    tg.start_soon(pump, process.stderr, 2)
+                await process.wait()
+            timed_out = scope.cancelled_caught
+            if timed_out and process.returncode is None:
+                process.kill()
+        captured = list(chunks)
+        return ExecResult(
+            exit_code=None if timed_out else process.returncode,
+            stdout=b"".join(c for s, c in captured if s == 1),
+            stderr=b"".join(c for s, c in captured if s == 2),
+            output=b"".join(c for _, c in captured),
+            duration_ms=(time.perf_counter() - start) * 1000,
+            timed_out=timed_out,
+        )

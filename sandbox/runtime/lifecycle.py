@@ -1,0 +1,102 @@
+"""Listing, recreating and pruning sandboxes: the operations behind the lifecycle CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.runtime.manager import SandboxManager
+from sandbox.runtime.naming import Labels
+from sandbox.runtime.protocol import SandboxInfo
+
+
+@dataclass(frozen=True)
+class SandboxRow:
+    """One line of `sandbox list`."""
+
+    info: SandboxInfo
+    age_s: float
+    idle_s: float
+    config_match: bool | None  # None when the agent is no longer configured
+
+
+def _seconds_since(iso: str | None) -> float:
+    if not iso:
+        return 0.0
+    try:
+        return max(0.0, (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds())
+    except ValueError:
+        return 0.0
+
+
+async def rows(manager: SandboxManager) -> list[SandboxRow]:
+    """Every sandbox of this instance with age, idle time and whether its config still matches."""
+    last_used = manager.last_used()
+    out = []
+    known = set(agent_ids(manager.config))
+    for info in await manager.list():
+        match: bool | None = None
+        if info.kind == "exec" and info.agent in known:
+            agent = effective_agent(manager.config, info.agent)
+            session = info.session or info.scope_key
+            try:
+                spec = manager.spec_for(agent, session if session.startswith("agent:") else agent.main_session_key)
+                image = await manager.backend.image_id(spec.image)
+                from sandbox.runtime.spec import build_spec
+
+                match = build_spec(agent, spec.session, manager.instance, image_id=image).config_hash == info.config_hash
+            except Exception:  # noqa: BLE001 - a row must still print when its config is broken
+                match = False
+        created = info.labels.get(Labels.CREATED_AT)
+        out.append(
+            SandboxRow(
+                info=info,
+                age_s=_seconds_since(created),
+                idle_s=_seconds_since(last_used.get(info.name) or created),
+                config_match=match,
+            )
+        )
+    return out
+
+
+async def recreate(
+    manager: SandboxManager, *, all_: bool = False, agent: str | None = None, session: str | None = None,
+    browser: bool = False,
+) -> list[str]:
+    """Remove the selected sandboxes; each is created afresh on next use."""
+    removed = []
+    for info in await manager.list():
+        if (info.kind == "browser") != browser:
+            continue
+        selected = all_ or (agent is not None and info.agent == agent) or (
+            session is not None and session in (info.session, info.scope_key)
+        )
+        if selected:
+            await manager.remove(info)
+            removed.append(info.name)
+    return removed
+
+
+async def prune(manager: SandboxManager, *, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Remove sandboxes idle longer than prune.idle_hours or older than prune.max_age_days.
+
+    Each agent's own prune settings apply; 0 disables a rule. Returns (name, reason) pairs.
+    """
+    config = manager.config
+    out = []
+    for row in await rows(manager):
+        agent_id = row.info.agent if row.info.agent in agent_ids(config) else None
+        prune_cfg = (
+            effective_agent(config, agent_id).sandbox.prune if agent_id else config.agents.defaults.sandbox.prune
+        )
+        reason = None
+        if prune_cfg.idle_hours and row.idle_s > prune_cfg.idle_hours * 3600:
+            reason = f"idle {row.idle_s / 3600:.1f} h > {prune_cfg.idle_hours} h"
+        elif prune_cfg.max_age_days and row.age_s > prune_cfg.max_age_days * 86400:
+            reason = f"age {row.age_s / 86400:.1f} d > {prune_cfg.max_age_days} d"
+        if reason:
+            if not dry_run:
+                await manager.remove(row.info)
+            out.append((row.info.name, reason))
+    return out

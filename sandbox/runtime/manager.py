@@ -1,0 +1,159 @@
+"""Sessions -> sandboxes: scopes, one creation per scope key, drift, adoption, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+from loguru import logger
+
+from sandbox.config.merge import EffectiveAgent
+from sandbox.config.models import Config
+from sandbox.runtime.docker_backend import CREATING_MARK, CREATOR_LABEL, DockerBackend, DockerSandbox
+from sandbox.runtime.naming import instance_id, scope_key
+from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.spec import SandboxSpec, build_spec
+
+REVALIDATE_AFTER_S = 30.0  # a cached sandbox is re-checked (drift, image) this often
+LAST_USED_EVERY_S = 30.0
+
+
+@dataclass
+class _Entry:
+    sandbox: DockerSandbox
+    checked_at: float
+
+
+class SandboxManager:
+    """Maps (agent, session) to a live sandbox, creating exactly one per scope key.
+
+    Args:
+        config: the loaded config.
+        backend: the container backend.
+    """
+
+    def __init__(self, config: Config, backend: DockerBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.instance = instance_id(config.state_dir, config.instance)
+        self._entries: dict[str, _Entry] = {}
+        self._specs: dict[tuple[str, str], SandboxSpec] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._last_used_path = config.state_dir / "last-used.json"
+        self._last_used_written: dict[str, float] = {}
+
+    def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:
+        """The spec a session maps to (cached; the config is immutable)."""
+        key = (agent.id, scope_key(agent.sandbox.scope, agent.id, session))
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = build_spec(agent, session, self.instance)
+            self._specs[key] = spec
+        return spec
+
+    async def sandbox_for(self, agent: EffectiveAgent, session: str) -> DockerSandbox:
+        """The live sandbox of a session: cached, adopted, or created (once per scope key)."""
+        spec = self.spec_for(agent, session)
+        entry = self._entries.get(spec.name)
+        now = time.monotonic()
+        if entry is not None and not entry.sandbox.gone and now - entry.checked_at < REVALIDATE_AFTER_S:
+            self._touch(spec.name, now)
+            return entry.sandbox
+        lock = self._locks.setdefault(spec.name, anyio.Lock())
+        async with lock:
+            entry = self._entries.get(spec.name)
+            if entry is not None and not entry.sandbox.gone and time.monotonic() - entry.checked_at < REVALIDATE_AFTER_S:
+                return entry.sandbox
+            image = await self.backend.image_id(spec.image)
+            full = build_spec(agent, session, self.instance, image_id=image)
+            sandbox = await self.backend.ensure(full)
+            self._entries[spec.name] = _Entry(sandbox, time.monotonic())
+            self._touch(spec.name, time.monotonic(), force=True)
+            return sandbox
+
+    async def close_session(self, agent: EffectiveAgent, session: str) -> bool:
+        """End a session: its session-scoped sandbox goes; agent and shared ones stay."""
+        if agent.sandbox.scope != "session":
+            return False
+        spec = self.spec_for(agent, session)
+        async with self._locks.setdefault(spec.name, anyio.Lock()):
+            self._entries.pop(spec.name, None)
+            await self.backend.remove(spec.name)
+        self._specs.pop((agent.id, spec.scope_key), None)
+        logger.bind(container=spec.name, session=session).info("sandbox_removed")
+        return True
+
+    async def remove(self, info: SandboxInfo) -> None:
+        """Remove one sandbox and forget it."""
+        self._entries.pop(info.name, None)
+        await self.backend.remove(info.id)
+
+    async def list(self) -> list[SandboxInfo]:
+        """This instance's sandboxes."""
+        return await self.backend.list(instance=self.instance)
+
+    async def cleanup_orphans(self) -> list[str]:
+        """Remove half-created containers whose creating process is gone (crash recovery)."""
+        removed = []
+        host = socket.gethostname()
+        for info in await self.list():
+            if CREATING_MARK not in info.name:
+                continue
+            creator = info.labels.get(CREATOR_LABEL, "")
+            c_host, _, c_pid = creator.partition(":")
+            if c_host == host and c_pid.isdigit() and _pid_alive(int(c_pid)):
+                continue
+            if c_host != host and _age_s(info.created_at) < 600:
+                continue  # another host may still be creating it
+            await self.backend.remove(info.id)
+            removed.append(info.name)
+            logger.bind(container=info.name).info("sandbox_orphan_removed")
+        return removed
+
+    def last_used(self) -> dict[str, str]:
+        """Container name -> ISO time of last use (kept in the state dir; labels are immutable)."""
+        try:
+            data = json.loads(self._last_used_path.read_text())
+            return {str(k): str(v) for k, v in data.items()}
+        except (OSError, ValueError):
+            return {}
+
+    def _touch(self, name: str, now: float, *, force: bool = False) -> None:
+        if not force and now - self._last_used_written.get(name, 0.0) < LAST_USED_EVERY_S:
+            return
+        self._last_used_written[name] = now
+        data = self.last_used()
+        data[name] = datetime.now(UTC).isoformat(timespec="seconds")
+        path = self._last_used_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _age_s(iso: str) -> float:
+    try:
+        return (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
+    except ValueError:
+        return float("inf")
+
+
+def state_path(config: Config, name: str) -> Path:
+    """A file in the orchestrator's state dir."""
+    return config.state_dir / name

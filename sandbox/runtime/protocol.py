@@ -1,0 +1,107 @@
+"""The narrow async protocol between tools and whatever runs them (Docker, the host, later k8s)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sandbox.runtime.spec import SandboxSpec
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command. A non-zero exit code is data, not an exception."""
+
+    exit_code: int | None  # None when the command was killed on timeout
+    stdout: bytes
+    stderr: bytes
+    output: bytes  # stdout and stderr interleaved in arrival order
+    duration_ms: float
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """One live sandbox as the engine reports it (from its labels and state)."""
+
+    id: str
+    name: str
+    kind: str
+    instance: str
+    tenant: str
+    agent: str
+    scope: str
+    scope_key: str
+    session: str
+    config_hash: str
+    created_at: str
+    status: str
+    image: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        """Whether the container is running."""
+        return self.status == "running"
+
+
+class Shell(Protocol):
+    """Run commands in one sandbox."""
+
+    async def run(
+        self,
+        command: str,
+        *,
+        call_id: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
+        ...
+
+    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+        """Run an argv directly (helpers, probes); no kill tracking."""
+        ...
+
+    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+        """Signal every process a call started (its group and anything tagged with its id)."""
+        ...
+
+
+class Sandbox(Shell, Protocol):
+    """A live sandbox: identity plus the primitives tools use."""
+
+    @property
+    def id(self) -> str:
+        """The engine's id of the container."""
+        ...
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was made from."""
+        ...
+
+
+class Backend(Protocol):
+    """Create, find and remove sandboxes."""
+
+    name: str
+
+    async def ensure(self, spec: SandboxSpec) -> Sandbox:
+        """Return the sandbox for `spec`, creating or recreating it when needed."""
+        ...
+
+    async def list(self, *, instance: str | None) -> list[SandboxInfo]:
+        """Sandboxes of one instance (None: every managed sandbox on the engine)."""
+        ...
+
+    async def remove(self, name_or_id: str) -> None:
+        """Remove a sandbox and its anonymous volumes; missing is not an error."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

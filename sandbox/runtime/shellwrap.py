@@ -1,0 +1,102 @@
+"""How a command is started so that a timeout can kill all of it, and how it is killed.
+
+Docker has no API to kill an exec'd process. Each command therefore starts as the leader of a
+new session (setsid), writes its pid (= its process group id) to a pid file, and carries an
+environment tag `SBX_CALL=<id>`. Killing signals the group, then every process whose environment
+still carries the tag, which also catches children that left the group with setsid themselves.
+Background commands keep their output, exit code and stdin fifo in the same directory, so a
+restarted orchestrator finds them again. The scripts need only sh, coreutils and grep.
+"""
+
+from __future__ import annotations
+
+import re
+
+PID_DIR = "/tmp/.sbx"  # noqa: S108 - a tmpfs inside the sandbox
+TAG_VAR = "SBX_CALL"
+
+_WRAP = 'mkdir -p "$3" && echo $$ > "$3/$1.pid" && exec /bin/sh -lc "$2"'
+
+_KILL = f"""
+id="$1"; sig="$2"; d="$3"
+pg=$(cat "$d/$id.pid" 2>/dev/null)
+[ -n "$pg" ] && kill -s "$sig" -- -"$pg" 2>/dev/null
+for p in /proc/[0-9]*; do
+  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then kill -s "$sig" "${{p#/proc/}}" 2>/dev/null; fi
+done
+true
+"""
+
+_ALIVE = f"""
+id="$1"
+for p in /proc/[0-9]*; do
+  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then echo "${{p#/proc/}}"; fi
+done
+true
+"""
+
+_START_BG = """
+id="$1"; cmd="$2"; d="$3"
+mkdir -p "$d" && rm -f "$d/$id.rc" "$d/$id.in" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
+setsid sh -c '
+  echo $$ > "$0/$1.pid"
+  exec 3<>"$0/$1.in"
+  /bin/sh -lc "$2" <&3 >>"$0/$1.out" 2>&1
+  echo $? > "$0/$1.rc.tmp" && mv "$0/$1.rc.tmp" "$0/$1.rc"
+' "$d" "$id" "$cmd" </dev/null >/dev/null 2>&1 &
+echo started
+"""
+
+_POLL = """
+id="$1"; off="$2"; lim="$3"; d="$4"
+if [ ! -f "$d/$id.out" ]; then echo gone; exit 0; fi
+if [ -f "$d/$id.rc" ]; then echo "exited $(cat "$d/$id.rc")"
+elif kill -0 "$(cat "$d/$id.pid" 2>/dev/null)" 2>/dev/null; then echo running
+else echo killed; fi
+stat -c %s "$d/$id.out"
+tail -c +"$((off + 1))" "$d/$id.out" | head -c "$lim"
+"""
+
+_WRITE = 'printf "%s" "$2" > "$3/$1.in"'
+
+_CALL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SIGNALS = frozenset({"TERM", "KILL", "INT", "HUP"})
+
+
+def check_call_id(call_id: str) -> str:
+    """Call ids end up in file names and patterns: keep them boring."""
+    if not _CALL_ID.match(call_id):
+        raise ValueError(f"bad call id {call_id!r}")
+    return call_id
+
+
+def wrapped_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str]:
+    """argv that runs `command` under /bin/sh -lc as a new session with a pid file."""
+    return ["setsid", "-w", "/bin/sh", "-c", _WRAP, "sbx", check_call_id(call_id), command, pid_dir]
+
+
+def kill_argv(call_id: str, signal: str, pid_dir: str = PID_DIR) -> list[str]:
+    """argv that signals everything `call_id` started."""
+    if signal not in SIGNALS:
+        raise ValueError(f"bad signal {signal!r}")
+    return ["/bin/sh", "-c", _KILL, "sbx", check_call_id(call_id), signal, pid_dir]
+
+
+def alive_argv(call_id: str) -> list[str]:
+    """argv that prints the pids still tagged with `call_id`."""
+    return ["/bin/sh", "-c", _ALIVE, "sbx", check_call_id(call_id)]
+
+
+def start_background_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str]:
+    """argv that starts `command` detached, output to a file, stdin from a fifo; prints `started`."""
+    return ["/bin/sh", "-c", _START_BG, "sbx", check_call_id(call_id), command, pid_dir]
+
+
+def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> list[str]:
+    """argv that prints status line, total size line, then output from `offset`."""
+    return ["/bin/sh", "-c", _POLL, "sbx", check_call_id(call_id), str(int(offset)), str(int(limit)), pid_dir]
+
+
+def write_stdin_argv(call_id: str, data: str, pid_dir: str = PID_DIR) -> list[str]:
+    """argv that writes `data` to a background command's stdin fifo."""
+    return ["/bin/sh", "-c", _WRITE, "sbx", check_call_id(call_id), data, pid_dir]

@@ -1,0 +1,211 @@
+"""From config and identity to a complete, hardened container spec (pure: no engine needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sandbox.config.merge import EffectiveAgent
+from sandbox.config.models import DockerConfig
+from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, validate_binds
+from sandbox.runtime.naming import (
+    MOUNT_LAYOUT_VERSION,
+    SCHEMA_VERSION,
+    Labels,
+    container_name,
+    scope_key,
+    short_hash,
+    slug,
+)
+
+DEFAULT_UID_GID = "1000:1000"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One bind mount as the container sees it; `origin` says which config key made it."""
+
+    source: str
+    target: str
+    read_only: bool
+    origin: str
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything needed to create (or recognise) one sandbox container."""
+
+    name: str
+    kind: str
+    instance: str
+    tenant: str
+    agent: str
+    scope: str
+    scope_key: str
+    session: str
+    image: str
+    user: str
+    workspace_access: str
+    workspace_host: Path  # the host directory mounted at /workspace
+    mounts: tuple[Mount, ...]
+    docker: DockerConfig
+    hashed: dict[str, Any] = field(hash=False, compare=False)
+
+    @property
+    def config_hash(self) -> str:
+        """Hash of every setting that, when it changes, requires a new container."""
+        return hashlib.sha256(json.dumps(self.hashed, sort_keys=True).encode()).hexdigest()[:16]
+
+    def labels(self) -> dict[str, str]:
+        """The labels the container is created with."""
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        return {
+            Labels.MANAGED: "true",
+            Labels.INSTANCE: self.instance,
+            Labels.KIND: self.kind,
+            Labels.TENANT: self.tenant,
+            Labels.AGENT: self.agent,
+            Labels.SCOPE: self.scope,
+            Labels.SCOPE_KEY: self.scope_key,
+            Labels.SESSION: self.session if self.scope == "session" else "",
+            Labels.CONFIG_HASH: self.config_hash,
+            Labels.CREATED_AT: now,
+            Labels.LAST_USED: now,
+            Labels.SCHEMA: SCHEMA_VERSION,
+        }
+
+
+def owner_user(path: Path) -> str:
+    """Default container user: the owner of the workspace, unless that is root."""
+    try:
+        info = path.stat()
+    except OSError:
+        return DEFAULT_UID_GID
+    if info.st_uid == 0:
+        return DEFAULT_UID_GID
+    return f"{info.st_uid}:{info.st_gid}"
+
+
+def scratch_workspace(agent: EffectiveAgent, key: str) -> Path:
+    """The per-scope workspace used when workspace_access is none."""
+    root = agent.sandbox.workspace_root
+    assert root is not None  # effective_agent always fills it
+    return Path(root) / f"{slug(key, 40)}-{short_hash(key)}"
+
+
+def build_spec(agent: EffectiveAgent, session: str, instance: str, image_id: str | None = None) -> SandboxSpec:
+    """The exec-sandbox spec for a session of `agent`.
+
+    Args:
+        agent: the merged agent config.
+        session: the full session key.
+        instance: this orchestrator's instance id.
+        image_id: the resolved image id (part of the drift hash) when known.
+
+    Raises:
+        BindRefused: a bind or the workspace breaks a bind rule (checked again at create time).
+    """
+    cfg = agent.sandbox
+    docker = cfg.docker
+    key = scope_key(cfg.scope, agent.id, session)
+    if cfg.scope == "shared":
+        key = "shared"
+    if cfg.workspace_access == "none":
+        workspace = scratch_workspace(agent, key)
+        ws_origin = f"{agent.key_path}.sandbox.workspace_root (scratch, workspace_access none)"
+        ws_source = str(workspace)
+    else:
+        workspace = agent.workspace
+        ws_origin = f"{agent.key_path}.workspace (workspace_access {cfg.workspace_access})"
+        ws_source = check_source(str(workspace), docker, what="workspace")
+    mounts = [Mount(ws_source, CONTAINER_WORKDIR, cfg.workspace_access == "ro", ws_origin)]
+    binds: list[BindSpec] = validate_binds(docker.binds, docker)
+    mounts += [Mount(b.source, b.target, b.read_only, f"docker.binds: {b.declared}") for b in binds]
+    user = docker.user or owner_user(workspace)
+    hashed = {
+        "image": image_id or docker.image,
+        "mounts": [[m.source, m.target, m.read_only] for m in mounts],
+        "env": docker.env,
+        "limits": [docker.pids_limit, docker.memory, docker.memory_swap, docker.cpus, docker.ulimits and {
+            k: v.model_dump() for k, v in docker.ulimits.items()
+        }],
+        "user": user,
+        "network": docker.network,
+        "runtime": docker.runtime,
+        "setup": [docker.setup_command, docker.setup_as_root],
+        "hardening": [docker.read_only_root, docker.cap_drop, docker.cap_add, docker.no_new_privileges,
+                      docker.init, docker.tmpfs, docker.seccomp_profile, docker.apparmor_profile],
+        "dns": [docker.dns, docker.extra_hosts],
+        "layout": MOUNT_LAYOUT_VERSION,
+    }
+    return SandboxSpec(
+        name=container_name(instance, "exec", key),
+        kind="exec",
+        instance=instance,
+        tenant=agent.tenant,
+        agent=agent.id if cfg.scope != "shared" else "*",
+        scope=cfg.scope,
+        scope_key=key,
+        session=session,
+        image=docker.image,
+        user=user,
+        workspace_access=cfg.workspace_access,
+        workspace_host=workspace,
+        mounts=tuple(mounts),
+        docker=docker,
+        hashed=hashed,
+    )
+
+
+def _bytes(size: str) -> int:
+    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    last = size[-1].lower()
+    return int(size[:-1]) * units[last] if last in units else int(size)
+
+
+def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
+    """docker-py `containers.create` keyword arguments: the hardened defaults, made explicit."""
+    d = spec.docker
+    security = []
+    if d.no_new_privileges:
+        security.append("no-new-privileges:true")
+    if d.seccomp_profile:
+        profile = d.seccomp_profile
+        if profile != "unconfined" and os.path.isfile(profile):
+            profile = Path(profile).read_text()
+        security.append(f"seccomp={profile}")
+    if d.apparmor_profile:
+        security.append(f"apparmor={d.apparmor_profile}")
+    memory = _bytes(d.memory)
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "name": spec.name,
+        "command": ["sleep", "infinity"],
+        "detach": True,
+        "hostname": "sandbox",
+        "user": spec.user,
+        "working_dir": CONTAINER_WORKDIR,
+        "environment": dict(d.env),
+        "labels": spec.labels(),
+        "network_mode": d.network,
+        "cap_drop": list(d.cap_drop),
+        "cap_add": list(d.cap_add) or None,
+        "security_opt": security,
+        "read_only": d.read_only_root,
+        "tmpfs": dict(d.tmpfs),
+        "pids_limit": d.pids_limit,
+        "mem_limit": memory,
+        "memswap_limit": _bytes(d.memory_swap) if d.memory_swap else memory,
+        "nano_cpus": int(d.cpus * 1e9),
+        "init": d.init,
+        "restart_policy": {"Name": "no"},
+        "dns": list(d.dns) or None,
+        "extra_hosts": dict(h.split(":", 1) for h in d.extra_hosts) or None,
+        "runtime": d.runtime,
+    }
+    return {k: v for k, v in kwargs.items() if v is not None}

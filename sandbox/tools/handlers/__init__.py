@@ -1,0 +1,27 @@
+"""Handlers of the built-in sandboxed tools, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sandbox.tools.context import ToolContext
+
+Handler = Callable[[ToolContext, Any], Awaitable[Any]]
+
+
+def builtin_handlers() -> dict[str, Handler]:
+    """name -> handler for every built-in tool this build runs."""
+    from sandbox.tools.handlers.execs import exec_tool
+    from sandbox.tools.handlers.files import edit_tool, read_tool, write_tool
+    from sandbox.tools.handlers.patch import apply_patch_tool
+    from sandbox.tools.handlers.processes import process_tool
+
+    return {
+        "exec": exec_tool,
+        "process": process_tool,
+        "read": read_tool,
+        "write": write_tool,
+        "edit": edit_tool,
+        "apply_patch": apply_patch_tool,
+    }

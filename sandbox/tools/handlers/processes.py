@@ -1,0 +1,143 @@
+"""Background processes of one session: started by exec, managed by the process tool.
+
+Output, exit status and stdin live next to the process (in the sandbox); the table of ids is in
+the session's state dir, so a restarted orchestrator finds every process again. Ids are per
+session: another session's table does not have them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import anyio
+
+from sandbox.engine.context import new_id
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.runtime import shellwrap
+from sandbox.tools.builtin import ProcessArgs
+from sandbox.tools.context import ToolContext
+
+POLL_CHUNK = 200_000
+KILL_GRACE_S = 2.0
+
+
+def _table_path(ctx: ToolContext) -> Any:
+    return ctx.state_dir / "processes.json"
+
+
+def _load(ctx: ToolContext) -> dict[str, dict[str, Any]]:
+    try:
+        return dict(json.loads(_table_path(ctx).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(ctx: ToolContext, table: dict[str, dict[str, Any]]) -> None:
+    path = _table_path(ctx)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1))
+    tmp.replace(path)
+
+
+def _entry(ctx: ToolContext, proc_id: str | None) -> dict[str, Any]:
+    table = _load(ctx)
+    if not proc_id or proc_id not in table:
+        known = ", ".join(sorted(table)) or "none"
+        raise SandboxError(
+            ErrorCode.INVALID_ARGUMENTS,
+            f"no process {proc_id!r} in this session (known: {known})",
+            process_id=proc_id,
+        )
+    return table[proc_id]
+
+
+async def start(ctx: ToolContext, command: str, *, workdir: str, env: dict[str, str]) -> str:
+    """Start `command` detached and record it; return its process id."""
+    proc_id = new_id("p").replace("-", "_")
+    argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir)
+    quoted_env = {**env, shellwrap.TAG_VAR: proc_id}
+    # the start helper runs with the tag so that the detached process inherits it
+    result = await ctx.shell.run_argv(
+        ["env", *(f"{k}={v}" for k, v in quoted_env.items()), "sh", "-c", f'cd "$0" && exec "$@"', workdir, *argv]
+    )
+    if result.exit_code != 0 or b"started" not in result.stdout:
+        raise SandboxError(ErrorCode.INTERNAL, f"could not start the process: {result.output.decode(errors='replace')[-300:]}")
+    table = _load(ctx)
+    table[proc_id] = {"command": command, "started_at": time.time(), "offset": 0, "workdir": workdir}
+    _save(ctx, table)
+    return proc_id
+
+
+async def _poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> tuple[str, int, bytes]:
+    result = await ctx.shell.run_argv(shellwrap.poll_argv(proc_id, offset, limit, ctx.shell.pid_dir))
+    head, _, rest = result.stdout.partition(b"\n")
+    size_line, _, data = rest.partition(b"\n")
+    status = head.decode().strip() or "gone"
+    size = int(size_line) if size_line.strip().isdigit() else 0
+    return status, size, data
+
+
+def _status(raw: str) -> dict[str, Any]:
+    if raw.startswith("exited"):
+        code = raw.split()[1] if len(raw.split()) > 1 else ""
+        return {"status": "exited", "exit_code": int(code) if code.lstrip("-").isdigit() else None}
+    if raw == "gone":
+        return {"status": "gone", "note": "its sandbox was recreated; the process and its output are gone"}
+    return {"status": raw}
+
+
+async def peek(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
+    """Status only."""
+    _entry(ctx, proc_id)
+    raw, _, _ = await _poll_raw(ctx, proc_id, 0, 0)
+    return _status(raw)
+
+
+async def poll(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
+    """New output since the last poll, and the exit status once done."""
+    entry = _entry(ctx, proc_id)
+    raw, size, data = await _poll_raw(ctx, proc_id, int(entry["offset"]), POLL_CHUNK)
+    table = _load(ctx)
+    table[proc_id]["offset"] = int(entry["offset"]) + len(data)
+    _save(ctx, table)
+    return {**_status(raw), "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
+
+
+async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
+    """list | poll | log | write | kill."""
+    if args.action == "list":
+        out = []
+        for proc_id, entry in _load(ctx).items():
+            raw, size, _ = await _poll_raw(ctx, proc_id, 0, 0)
+            out.append({"id": proc_id, "command": entry["command"], **_status(raw), "total_bytes": size,
+                        "age_s": round(time.time() - float(entry["started_at"]), 1)})
+        return {"processes": out}
+    if args.action == "poll":
+        return await poll(ctx, args.id or "")
+    _entry(ctx, args.id)
+    proc_id = args.id or ""
+    if args.action == "log":
+        limit = args.limit or POLL_CHUNK
+        raw, size, data = await _poll_raw(ctx, proc_id, args.offset, limit)
+        return {**_status(raw), "offset": args.offset, "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
+    if args.action == "write":
+        if args.data is None:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "action write needs `data`")
+        raw, _, _ = await _poll_raw(ctx, proc_id, 0, 0)
+        if raw != "running":
+            raise SandboxError(ErrorCode.CONFLICT, f"process {proc_id} is not running ({raw})")
+        with anyio.fail_after(10):
+            await ctx.shell.run_argv(shellwrap.write_stdin_argv(proc_id, args.data, ctx.shell.pid_dir))
+        return {"written": len(args.data.encode())}
+    # kill: the signal asked for, then KILL after a grace period if anything is left
+    await ctx.shell.kill(proc_id, args.signal)
+    if args.signal != "KILL":
+        with anyio.move_on_after(KILL_GRACE_S):
+            while (await peek(ctx, proc_id))["status"] == "running":
+                await anyio.sleep(0.1)
+        await ctx.shell.kill(proc_id, "KILL")
+    return await peek(ctx, proc_id)
