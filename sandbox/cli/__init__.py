@@ -30,6 +30,10 @@ class State:
         self.config_path = config_path
         self._config: Config | None = None
 
+    def resolver(self) -> PolicyResolver:
+        """A policy resolver over the config."""
+        return PolicyResolver(self.config)
+
     @property
     def config(self) -> Config:
         """The loaded config (loaded once, on first use)."""
@@ -172,3 +176,7 @@ def config_check(state: State, as_json: bool) -> None:
 def run() -> None:
     """Entry point used by `python -m sandbox`."""
     main(prog_name=os.path.basename(sys.argv[0]) if sys.argv else "sandbox")
+
+
+# Command modules register themselves on `main` (imported last: they import it).
+from sandbox.cli import runtime_cmds, tool_cmds  # noqa: E402, F401

@@ -1,0 +1,152 @@
+"""The README demo: one scripted agent session against real sandboxes with the given policy."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+import click
+
+from sandbox.config.merge import default_agent_id
+from sandbox.config.models import Config
+from sandbox.engine.orchestrator import Orchestrator, Session
+from sandbox.tools.display import describe
+from sandbox.tools.spec import ToolResult
+
+PATCH = """*** Begin Patch
+*** Update File: app/greet.py
+@@ def greet(name):
+-    return "Hello, " + name
++    return f"Hello, {name}!"
+*** Add File: app/test_greet.py
++from greet import greet
++assert greet("sandbox") == "Hello, sandbox!"
++print("test passed")
+*** End Patch
+"""
+
+# (tool, arguments, expected error code or None for success, what it shows)
+SCRIPT: list[tuple[str, dict[str, Any], str | None, str]] = [
+    ("write", {"path": "app/greet.py", "content": 'def greet(name):\n    return "Hello, " + name\n'},
+     None, "create a file (atomic: temp file + rename)"),
+    ("read", {"path": "app/greet.py", "line_numbers": True}, None, "read it back with line numbers"),
+    ("edit", {"path": "app/greet.py", "old_string": "def greet(name):", "new_string": "def greet(name: str) -> str:"},
+     None, "exact-string edit (must match once)"),
+    ("apply_patch", {"input": PATCH.replace("@@ def greet(name):", "@@ def greet(name: str) -> str:")},
+     None, "multi-file patch, all or nothing"),
+    ("exec", {"command": "cd app && python3 test_greet.py && id && ls -la"}, None, "run the test in the sandbox"),
+    ("exec", {"command": "for i in 1 2 3; do echo step $i; sleep 0.2; done", "background": True},
+     None, "start a background process"),
+    ("read", {"path": "../../etc/passwd"}, "PERMISSION_DENIED", "path traversal is refused"),
+    ("exec", {"command": "ln -sf /etc/passwd app/leak && echo planted"}, None, "the sandbox plants a symlink ..."),
+    ("read", {"path": "app/leak"}, "PERMISSION_DENIED", "... which file tools never follow"),
+    ("exec", {"command": "sleep 300 & sleep 300", "timeout_s": 1}, "TIMEOUT", "a timeout kills the whole process group"),
+    ("exec", {"command": "if pgrep -f '^sleep 300$'; then echo LEFT RUNNING; else echo none left; fi"},
+     None, "... nothing of it is left"),
+    ("browser", {"action": "navigate", "url": "https://example.com"}, "TOOL_NOT_FOUND",
+     "the default sandbox policy has no browser"),
+]
+
+
+def _summary(result: ToolResult) -> str:
+    if not result.ok:
+        assert result.error is not None
+        return f"{result.error.code}: {result.error.message}"
+    out = result.output
+    if isinstance(out, dict):
+        if "content" in out:
+            return out["content"].rstrip()
+        if "output" in out:
+            text = str(out["output"]).rstrip()
+            code = out.get("exit_code")
+            return (f"exit {code}\n" if code is not None else f"{out.get('status', '')}\n") + text
+        return json.dumps(out)
+    return str(out)
+
+
+def _indent(text: str, prefix: str = "     │ ") -> str:
+    lines = text.splitlines() or [""]
+    if len(lines) > 14:
+        lines = [*lines[:12], f"... ({len(lines) - 12} more lines)"]
+    return "\n".join(prefix + line for line in lines)
+
+
+async def _show_sandbox(session: Session, echo: Any) -> dict[str, Any]:
+    box = await session.sandbox()
+    attrs = await session._orch.backend.inspect(box.id)  # noqa: SLF001 - the demo shows the raw truth
+    assert attrs is not None
+    host = attrs["HostConfig"]
+    facts = {
+        "container": attrs["Name"].lstrip("/"),
+        "id": attrs["Id"][:12],
+        "image": attrs["Config"]["Image"],
+        "user": attrs["Config"]["User"],
+        "network": host["NetworkMode"],
+        "cap_drop": host["CapDrop"],
+        "security_opt": host["SecurityOpt"],
+        "read_only_root": host["ReadonlyRootfs"],
+        "pids_limit": host["PidsLimit"],
+        "memory": host["Memory"],
+        "nano_cpus": host["NanoCpus"],
+        "init": host["Init"],
+        "mounts": [f"{m['Source']} -> {m['Destination']} ({'rw' if m['RW'] else 'ro'})" for m in attrs["Mounts"]],
+    }
+    echo("sandbox  " + facts["container"] + f" ({facts['id']}, image {facts['image']})")
+    echo(f"         user {facts['user']}, network {facts['network']}, cap_drop {facts['cap_drop']}, "
+         f"{'read-only root' if facts['read_only_root'] else 'WRITABLE root'}")
+    echo(f"         {facts['security_opt']}, pids {facts['pids_limit']}, memory {facts['memory'] // 2**20} MiB, "
+         f"cpus {facts['nano_cpus'] / 1e9:g}, init {facts['init']}")
+    for mount in facts["mounts"]:
+        echo(f"         mount {mount}")
+    return facts
+
+
+async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool) -> bool:
+    """Drive the script; return whether every step did what it should."""
+    agent_id = agent or default_agent_id(config)
+    key = f"agent:{agent_id}:demo-{int(time.time())}"
+    echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    report: dict[str, Any] = {"session": key, "steps": []}
+    all_ok = True
+    async with Orchestrator(config) as orch:
+        session = orch.session(key, agent=agent_id)
+        status = session.policy.sandbox
+        echo(f"session  {key}")
+        echo(f"policy   {'sandboxed' if status.sandboxed else 'on the host'}: {status.reason}")
+        echo(f"tools    {', '.join(t.name for t in session.tools())}")
+        echo("")
+        for tool, args, expected, note in SCRIPT:
+            if tool == "process":
+                continue
+            result = await session.call(tool, args)
+            got = None if result.ok else result.error.code if result.error else "?"
+            good = got == expected and not (result.ok and "LEFT RUNNING" in json.dumps(result.output))
+            all_ok &= good
+            mark = "✓" if good else "✗ UNEXPECTED"
+            echo(f"{describe(tool, args)}")
+            echo(f"     {mark} {note} ({result.duration_ms:.0f} ms)")
+            echo(_indent(_summary(result)))
+            report["steps"].append({"tool": tool, "expected": expected, "got": got, "ok": good,
+                                    "duration_ms": result.duration_ms})
+            if tool == "exec" and args.get("background") and result.ok:
+                await anyio.sleep(1.0)
+                proc_args = {"action": "poll", "id": result.output["process_id"]}
+                polled = await session.call("process", proc_args)
+                echo(describe("process", proc_args))
+                echo(f"     {'✓' if polled.ok else '✗'} poll the background process")
+                echo(_indent(_summary(polled)))
+                all_ok &= polled.ok
+        echo("")
+        if session.sandboxed:
+            report["sandbox"] = await _show_sandbox(session, echo)
+            if not keep and session.agent.sandbox.scope == "session":
+                await session.close()
+                echo("         (session closed: its session-scoped sandbox was removed)")
+        echo("")
+        echo("demo: every step behaved as expected" if all_ok else "demo: SOME STEPS DID NOT BEHAVE AS EXPECTED")
+    if as_json:
+        report["ok"] = all_ok
+        click.echo(json.dumps(report, indent=2, default=str))
+    return all_ok

@@ -1,0 +1,164 @@
+"""Lifecycle commands: images build, list, recreate, prune, doctor."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import anyio
+import click
+
+from sandbox.cli import State, _emit, handled, json_option, main
+from sandbox.errors import UsageError
+from sandbox.runtime import lifecycle
+from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.manager import SandboxManager
+
+def _targets(state: State) -> list[Any]:
+    """images/sandbox and images/browser, tagged as the default agent config names them."""
+    from sandbox.runtime.images import ImageTarget
+
+    sandbox = state.config.agents.defaults.sandbox
+    return [ImageTarget("sandbox", sandbox.docker.image), ImageTarget("browser", sandbox.browser.image)]
+
+
+def _manager(state: State) -> SandboxManager:
+    return SandboxManager(state.config, DockerBackend())
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@main.group("images")
+def images_group() -> None:
+    """Build the sandbox images (no registry needed)."""
+
+
+@images_group.command("build")
+@click.option("--offline", is_flag=True, help="Never try to pull the base image; debootstrap it.")
+@click.option("--force", is_flag=True, help="Rebuild even when up to date.")
+@json_option
+@click.pass_obj
+@handled
+def images_build(state: State, offline: bool, force: bool, as_json: bool) -> None:
+    """Build the exec and browser images from images/ (idempotent)."""
+    from sandbox.runtime.images import build_all
+
+    backend = DockerBackend()
+
+    def log(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    built = build_all(backend.client, _targets(state), log, offline=offline, force=force)
+    if as_json:
+        _emit(built, True, "")
+
+
+@main.command("list")
+@json_option
+@click.pass_obj
+@handled
+def list_cmd(state: State, as_json: bool) -> None:
+    """This orchestrator's sandboxes: agent, scope key, age, idle time, config match, state."""
+
+    async def go() -> list[lifecycle.SandboxRow]:
+        manager = _manager(state)
+        try:
+            return await lifecycle.rows(manager)
+        finally:
+            await manager.backend.aclose()
+
+    found = anyio.run(go)
+    data = [
+        {
+            "name": r.info.name, "id": r.info.id[:12], "kind": r.info.kind, "agent": r.info.agent,
+            "tenant": r.info.tenant, "scope": r.info.scope, "scope_key": r.info.scope_key,
+            "age_s": round(r.age_s), "idle_s": round(r.idle_s), "config_match": r.config_match,
+            "status": r.info.status,
+        }
+        for r in found
+    ]
+    lines = [f"{'NAME':<44} {'AGENT':<10} {'SCOPE KEY':<28} {'AGE':>6} {'IDLE':>6} {'CONFIG':<7} STATE"]
+    for d in data:
+        match = {True: "match", False: "STALE", None: "?"}[d["config_match"]]
+        lines.append(f"{d['name']:<44} {d['agent']:<10} {d['scope_key'][:28]:<28} {_age(d['age_s']):>6} "
+                     f"{_age(d['idle_s']):>6} {match:<7} {d['status']}")
+    if not data:
+        lines = ["no sandboxes"]
+    _emit(data, as_json, "\n".join(lines))
+
+
+@main.command()
+@click.option("--all", "all_", is_flag=True, help="Every sandbox of this orchestrator.")
+@click.option("--agent", help="The sandboxes of one agent.")
+@click.option("--session", help="The sandbox of one session (or scope key).")
+@click.option("--browser", is_flag=True, help="Browser sandboxes instead of exec sandboxes.")
+@json_option
+@click.pass_obj
+@handled
+def recreate(state: State, all_: bool, agent: str | None, session: str | None, browser: bool, as_json: bool) -> None:
+    """Remove sandboxes so they are created afresh (with the current config) on next use."""
+    if sum(bool(x) for x in (all_, agent, session)) != 1:
+        raise UsageError("choose exactly one of --all, --agent ID, --session KEY")
+
+    async def go() -> list[str]:
+        manager = _manager(state)
+        try:
+            return await lifecycle.recreate(manager, all_=all_, agent=agent, session=session, browser=browser)
+        finally:
+            await manager.backend.aclose()
+
+    removed = anyio.run(go)
+    _emit({"removed": removed}, as_json, "\n".join(f"removed {n}" for n in removed) or "nothing matched")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Show what would be removed.")
+@json_option
+@click.pass_obj
+@handled
+def prune(state: State, dry_run: bool, as_json: bool) -> None:
+    """Remove sandboxes idle past prune.idle_hours or older than prune.max_age_days (0 disables)."""
+
+    async def go() -> tuple[list[tuple[str, str]], list[str]]:
+        manager = _manager(state)
+        try:
+            orphans = [] if dry_run else await manager.cleanup_orphans()
+            return await lifecycle.prune(manager, dry_run=dry_run), orphans
+        finally:
+            await manager.backend.aclose()
+
+    pruned, orphans = anyio.run(go)
+    verb = "would remove" if dry_run else "removed"
+    lines = [f"{verb} {name}: {why}" for name, why in pruned] + [f"removed half-created {n}" for n in orphans]
+    _emit({"pruned": [{"name": n, "reason": r} for n, r in pruned], "orphans": orphans, "dry_run": dry_run},
+          as_json, "\n".join(lines) or "nothing to prune")
+
+
+@main.command()
+@json_option
+@click.pass_obj
+@handled
+def doctor(state: State, as_json: bool) -> None:
+    """Check the engine, runtimes, images, cgroup limits and the state dir."""
+    from sandbox.runtime.doctor import run_checks
+
+    backend = DockerBackend()
+    try:
+        client = backend.client
+    except Exception as exc:  # noqa: BLE001 - reported as a failed check
+        from sandbox.runtime.doctor import Check
+
+        checks = [Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST")]
+    else:
+        checks = run_checks(client, state.config, _targets(state))
+    marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+    text = "\n".join(f"[{marks[c.status]}] {c.name:<16} {c.detail}" + (f"\n       fix: {c.fix}" if c.fix else "")
+                     for c in checks)
+    _emit([c.__dict__ for c in checks], as_json, text)
+    if any(c.status == "fail" for c in checks):
+        sys.exit(1)

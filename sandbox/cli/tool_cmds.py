@@ -1,0 +1,93 @@
+"""Tool-call commands: call (JSON in, ToolResult out), exec (for people), demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import anyio
+import click
+
+from sandbox.cli import State, handled, json_option, main
+from sandbox.config.merge import default_agent_id
+from sandbox.engine.orchestrator import Orchestrator
+from sandbox.errors import UsageError
+from sandbox.policy.sessions import agent_of
+from sandbox.tools.spec import ToolResult
+
+
+def _run_call(state: State, agent: str | None, session: str, tool: str, arguments: Any) -> ToolResult:
+    async def go() -> ToolResult:
+        async with Orchestrator(state.config) as orch:
+            sess = orch.session(session, agent=agent or agent_of(session) or default_agent_id(state.config))
+            return await sess.call(tool, arguments)
+
+    return anyio.run(go)
+
+
+@main.command()
+@click.option("--agent", help="Agent id (default: from the session key, else the default agent).")
+@click.option("--session", required=True, help="Session key.")
+@click.argument("tool")
+@click.argument("json_args", default="{}")
+@json_option
+@click.pass_obj
+@handled
+def call(state: State, agent: str | None, session: str, tool: str, json_args: str, as_json: bool) -> None:
+    """Run one tool call through the policy and the sandbox; print the ToolResult JSON.
+
+    Exit 0 when the result is ok, 1 when it is an error, 2 for usage or config errors.
+    """
+    del as_json  # the ToolResult is JSON either way
+    try:
+        arguments = json.loads(json_args)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from exc
+    result = _run_call(state, agent, session, tool, arguments)
+    click.echo(result.model_dump_json(indent=2))
+    sys.exit(0 if result.ok else 1)
+
+
+@main.command("exec", context_settings={"ignore_unknown_options": True})
+@click.option("--agent")
+@click.option("--session", required=True)
+@click.option("--timeout", "timeout_s", type=float, help="Seconds before the command is killed.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@json_option
+@click.pass_obj
+@handled
+def exec_cmd(state: State, agent: str | None, session: str, timeout_s: float | None, command: tuple[str, ...],
+             as_json: bool) -> None:
+    """Run a command as the session's exec tool would: `sandbox exec --session K -- ls -la`."""
+    import shlex
+
+    args: dict[str, Any] = {"command": shlex.join(command) if len(command) > 1 else command[0]}
+    if timeout_s:
+        args["timeout_s"] = timeout_s
+    result = _run_call(state, agent, session, "exec", args)
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    elif result.ok:
+        click.echo(result.output.get("output", ""), nl=False)
+    else:
+        assert result.error is not None
+        if isinstance(result.output, dict):
+            click.echo(result.output.get("output", ""), nl=False)
+        click.echo(f"error [{result.error.code}]: {result.error.message}", err=True)
+    code = result.output.get("exit_code") if result.ok and isinstance(result.output, dict) else 1
+    sys.exit(code if isinstance(code, int) else 1)
+
+
+@main.command()
+@click.option("--agent", help="Agent whose non-main session is driven (default: the default agent).")
+@click.option("--keep", is_flag=True, help="Keep the demo session's sandbox afterwards.")
+@json_option
+@click.pass_obj
+@handled
+def demo(state: State, agent: str | None, keep: bool, as_json: bool) -> None:
+    """A short scripted agent session against real sandboxes, printed as a person would read it."""
+    from sandbox.cli.demo import run_demo
+
+    ok = anyio.run(run_demo, state.config, agent, keep, as_json)
+    sys.exit(0 if ok else 1)
