@@ -136,5 +136,18 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
                     f"unknown agent {agent_id!r} (known: {', '.join(sorted(known_agents))})",
                 )
             )
+    problems.extend(_network_problems(config))
     problems.extend(bind_problems(config))
     return problems
+
+
+def _network_problems(config: Config) -> list[tuple[Loc, str]]:
+    """The exec sandbox is never attached to the browser's network."""
+    out: list[tuple[Loc, str]] = []
+    places: list[tuple[Loc, Any]] = [(("agents", "defaults", "sandbox"), config.agents.defaults.sandbox)]
+    places += [(("agents", "list", i, "sandbox"), a.sandbox) for i, a in enumerate(config.agents.list)]
+    for loc, sandbox in places:
+        if sandbox.docker.network == sandbox.browser.network:
+            out.append(((*loc, "docker", "network"),
+                        f"{sandbox.docker.network!r} is the browser network; the exec sandbox is never attached to it"))
+    return out

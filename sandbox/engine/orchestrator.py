@@ -20,6 +20,7 @@ from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import Identity, PolicyResolver, ResolvedPolicy
 from sandbox.policy.sessions import agent_of
 from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.browser import BrowserEndpoint, BrowserManager
 from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.manager import SandboxManager
@@ -142,6 +143,11 @@ class Session:
         if not self.sandboxed:
             return None
         return await self._orch.manager.sandbox_for(self.agent, self.key)
+
+    async def browser(self) -> BrowserEndpoint:
+        """Start (or find) this session's browser sandbox; only when policy and config allow it."""
+        manager = BrowserManager(self._orch.backend, self._orch.manager.instance)
+        return await manager.ensure(self.agent, self.key, browser_allowed="browser" in self.policy.allowed)
 
     async def _context(self, task: TaskContext) -> ToolContext:
         config = self._orch.config
