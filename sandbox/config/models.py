@@ -268,7 +268,7 @@ class Config(StrictModel):
     """The whole configuration file."""
 
     version: Literal[1] = 1
-    instance: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,23}$")
+    instance: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,15}$")
     state_dir: ConfigPath = Field(default_factory=default_state_dir)
     tools: ToolsConfig = ToolsConfig()
     agents: AgentsSection = AgentsSection()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ import anyio.to_thread
 import docker
 import docker.errors
 from docker.types import Mount as DockerMount
+from docker.utils.socket import frames_iter
 from docker.types import Ulimit
 from loguru import logger
 
@@ -30,6 +32,11 @@ from sandbox.runtime.spec import SandboxSpec, create_kwargs
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
 CREATOR_LABEL = f"{LABEL_PREFIX}.creator"
+
+
+class SandboxGone(SandboxUnavailable):
+    """The container disappeared or stopped before a command could start in it."""
+
 CREATING_MARK = "-creating-"
 SETUP_TIMEOUT_S = 300.0
 
@@ -67,16 +74,27 @@ def info_from_container(attrs: Mapping[str, Any]) -> SandboxInfo:
 class DockerSandbox:
     """One running exec sandbox container."""
 
-    def __init__(self, backend: DockerBackend, container_id: str, spec: SandboxSpec) -> None:
+    def __init__(
+        self,
+        backend: DockerBackend,
+        container_id: str,
+        spec: SandboxSpec,
+        revive: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
         self._backend = backend
         self._id = container_id
         self._spec = spec
+        self._revive = revive
         self.gone = False  # set when the engine says the container is gone or stopped
 
     @property
     def id(self) -> str:
         """The container id."""
         return self._id
+
+    def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
+        """How to get a fresh container when this one is found gone."""
+        self._revive = revive
 
     @property
     def spec(self) -> SandboxSpec:
@@ -110,6 +128,15 @@ class DockerSandbox:
 
     async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
         try:
+            return await self._backend.exec_stream(self._id, argv, **kwargs)
+        except SandboxGone:
+            # Nothing ran yet (the exec was never created), so trying once more in a fresh
+            # container cannot run the command twice.
+            self.gone = True
+            if self._revive is None:
+                raise
+            self._id = await self._revive()
+            self.gone = False
             return await self._backend.exec_stream(self._id, argv, **kwargs)
         except SandboxUnavailable:
             self.gone = True
@@ -361,39 +388,50 @@ class DockerBackend:
             try:
                 return str(api.exec_create(container_id, argv, **params)["Id"])
             except docker.errors.NotFound as exc:
-                raise SandboxUnavailable("the sandbox container is gone; it is recreated on next use") from exc
+                raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
             except docker.errors.APIError as exc:
                 if exc.status_code == 409:  # container stopped or paused
-                    raise SandboxUnavailable(
+                    raise SandboxGone(
                         f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
                     ) from exc
                 raise
 
         exec_id = await self.call("exec", create)
         chunks: list[tuple[int, bytes]] = []
-        finished = threading.Event()
+        streams: list[Any] = []
+        closed = threading.Event()
 
         def pump() -> None:
             with mapped("exec output"):
+                raw = api.exec_start(exec_id, socket=True)
+                streams.append(raw)
                 try:
-                    for out, err in api.exec_start(exec_id, stream=True, demux=True):
-                        if out:
-                            chunks.append((1, out))
-                        if err:
-                            chunks.append((2, err))
+                    for stream_id, data in frames_iter(raw, tty=False):
+                        chunks.append((stream_id, data))
+                except OSError:
+                    if not closed.is_set():
+                        raise
                 finally:
-                    finished.set()
+                    _close_exec_socket(raw)
 
         timed_out = False
         with anyio.move_on_after(timeout_s) as scope:
             await anyio.to_thread.run_sync(pump, abandon_on_cancel=True, limiter=self._stream_limiter)
         if scope.cancelled_caught:
             timed_out = True
+            closed.set()
+            for raw in streams:  # unblocks the reader thread; the caller kills the process
+                _shutdown_exec_socket(raw)
         exit_code = None
         if not timed_out:
             inspected = await self.call("exec inspect", api.exec_inspect, exec_id)
             exit_code = inspected.get("ExitCode")
         captured = list(chunks)
+        if exit_code == 126 and b"cannot exec in a stopped state" in b"".join(c for _, c in captured):
+            # the container stopped between exec create and start: the command never ran
+            attrs = await self.find(container_id)
+            if attrs is None or attrs["State"]["Status"] != "running":
+                raise SandboxGone("the sandbox container stopped; it is recreated on next use")
         return ExecResult(
             exit_code=exit_code,
             stdout=b"".join(c for s, c in captured if s == 1),
@@ -402,6 +440,27 @@ class DockerBackend:
             duration_ms=(time.perf_counter() - start) * 1000,
             timed_out=timed_out,
         )
+
+
+def _shutdown_exec_socket(raw: Any) -> None:
+    inner = getattr(raw, "_sock", raw)
+    with contextlib.suppress(OSError):
+        inner.shutdown(socket.SHUT_RDWR)
+
+
+def _close_exec_socket(raw: Any) -> None:
+    # docker-py hands out the SocketIO of the HTTP response; closing it leaves the real
+    # socket (and the response) open until garbage collection, so close all three.
+    inner = getattr(raw, "_sock", None)
+    response = getattr(raw, "_response", None)
+    with contextlib.suppress(OSError):
+        raw.close()
+    if inner is not None:
+        with contextlib.suppress(OSError):
+            inner.close()
+    if response is not None:
+        with contextlib.suppress(Exception):
+            response.close()
 
 
 def workspace_owner(path: Path) -> tuple[int, int] | None:

@@ -73,6 +73,13 @@ class SandboxManager:
             image = await self.backend.image_id(spec.image)
             full = build_spec(agent, session, self.instance, image_id=image)
             sandbox = await self.backend.ensure(full)
+
+            async def revive() -> str:
+                # the container died under us: make a new one (once, under the scope lock)
+                self._entries.pop(spec.name, None)
+                return (await self.sandbox_for(agent, session)).id
+
+            sandbox.set_reviver(revive)
             self._entries[spec.name] = _Entry(sandbox, time.monotonic())
             self._touch(spec.name, time.monotonic(), force=True)
             return sandbox

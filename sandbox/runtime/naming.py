@@ -57,7 +57,7 @@ def container_name(instance: str, kind: str, key: str) -> str:
     The hash of the full key keeps two long keys with one slug apart; the instance id keeps
     two orchestrators on one engine apart.
     """
-    name = f"sbx-{instance}-{kind}-{slug(key)}-{short_hash(f'{kind}|{key}')}"
+    name = f"sbx-{instance}-{kind}-{slug(key, 20)}-{short_hash(f'{kind}|{key}')}"
     assert len(name) <= 63, name
     return name
 
@@ -69,7 +69,7 @@ def instance_id(state_dir: Path, configured: str | None) -> str:
     path = state_dir / "instance-id"
     try:
         value = path.read_text().strip()
-        if re.fullmatch(r"[a-z0-9]{4,24}", value):
+        if re.fullmatch(r"[a-z0-9]{4,16}", value):
             return value
     except FileNotFoundError:
         pass

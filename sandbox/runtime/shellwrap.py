@@ -15,7 +15,8 @@ import re
 PID_DIR = "/tmp/.sbx"  # noqa: S108 - a tmpfs inside the sandbox
 TAG_VAR = "SBX_CALL"
 
-_WRAP = 'mkdir -p "$3" && echo $$ > "$3/$1.pid" && exec /bin/sh -lc "$2"'
+# 1777: setup commands may run as root first; the sandbox user must still write pid files.
+_WRAP = '{ [ -d "$3" ] || mkdir -p -m 1777 "$3"; } && echo $$ > "$3/$1.pid" && exec /bin/sh -lc "$2"'
 
 _KILL = f"""
 id="$1"; sig="$2"; d="$3"
@@ -37,7 +38,7 @@ true
 
 _START_BG = """
 id="$1"; cmd="$2"; d="$3"
-mkdir -p "$d" && rm -f "$d/$id.rc" "$d/$id.in" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
+{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; } && rm -f "$d/$id.rc" "$d/$id.in" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
 setsid sh -c '
   echo $$ > "$0/$1.pid"
   exec 3<>"$0/$1.in"

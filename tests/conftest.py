@@ -1,0 +1,85 @@
+"""Shared fixtures. Docker-marked tests use the real engine and the images built from images/.
+
+Every container a test run makes carries this run's instance id (or the test-run label), and a
+session fixture removes them all at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this test run
+TEST_LABEL = "io.agent-sandbox.test-run"
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    """This test run's instance id."""
+    return RUN_ID
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[object]:
+    """A docker SDK client to the real engine; all this run's containers are removed at the end."""
+    import docker
+
+    client = docker.from_env()
+    client.ping()
+    yield client
+    for container in client.containers.list(all=True, filters={"name": f"sbx-{RUN_ID}"}):
+        container.remove(force=True, v=True)
+    for container in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"}):
+        container.remove(force=True, v=True)
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def images(docker_client: object) -> None:
+    """Build (or confirm up to date) the exec and browser images from images/."""
+    from sandbox.runtime.images import ImageTarget, build_all
+
+    build_all(
+        docker_client,
+        [ImageTarget("sandbox", "sandbox-exec:latest"), ImageTarget("browser", "sandbox-browser:latest")],
+        lambda line: print(line, file=sys.stderr),
+    )
+
+
+_instances = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def instance(run_id: str) -> str:
+    """An instance id of this run, unique to the test (container names start `sbx-<run>-`)."""
+    return f"{run_id}-{next(_instances)}"
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, instance: str) -> Callable[..., object]:
+    """Load a YAML config with a fresh state dir and the test's instance id."""
+    from sandbox.config import load_config_text
+
+    def make(text: str = "{}", *, state: Path | None = None) -> object:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+        data.setdefault("state_dir", str(state or tmp_path / "state"))
+        data.setdefault("instance", instance)
+        return load_config_text(yaml.safe_dump(data), source="test.yaml", base_dir=tmp_path)
+
+    return make
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Tests run on asyncio."""
+    return "asyncio"

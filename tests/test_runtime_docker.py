@@ -1,0 +1,340 @@
+"""Sandboxes on the real engine: scopes, workspaces, hardening, drift, adoption, failures."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.naming import Labels
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+
+
+async def run(session: Any, command: str, **kw: Any) -> dict[str, Any]:
+    result = await session.call("exec", {"command": command, **kw})
+    assert result.ok or result.error.code == "TIMEOUT", result
+    return result.output
+
+
+@pytest.mark.parametrize(
+    ("scope", "mode"),
+    [("session", "non-main"), ("agent", "non-main"), ("shared", "non-main"), ("session", "all"), ("agent", "all")],
+)
+async def test_mode_and_scope_map_sessions_to_containers(make_config: Any, scope: str, mode: str) -> None:
+    """Each mode x scope maps sessions to the right containers; close removes only session scope."""
+    config = make_config(f"""
+agents:
+  defaults: {{sandbox: {{mode: {mode}, scope: {scope}}}}}
+  list: [{{id: a}}, {{id: b}}]
+""")
+    async with Orchestrator(config) as orch:
+        a1, a2, b1 = orch.session("agent:a:one"), orch.session("agent:a:two"), orch.session("agent:b:one")
+        main = orch.session("agent:a:main")
+        assert main.sandboxed == (mode == "all")
+        ids = {}
+        for name, sess in (("a1", a1), ("a2", a2), ("b1", b1)):
+            ids[name] = (await sess.sandbox()).id
+        if scope == "session":
+            assert len(set(ids.values())) == 3
+        elif scope == "agent":
+            assert ids["a1"] == ids["a2"] != ids["b1"]
+        else:
+            assert ids["a1"] == ids["a2"] == ids["b1"]
+        if mode == "non-main":
+            result = await main.call("exec", {"command": "echo host-$$"})
+            assert result.ok and result.output["output"].startswith("host-")
+            assert await main.sandbox() is None
+        await a1.close()
+        remaining = {c.id for c in await orch.manager.list()}
+        assert (ids["a1"] in remaining) == (scope != "session")
+        assert ids["b1"] in remaining
+
+
+async def test_workspace_access_ro_rw_none(make_config: Any, tmp_path: Path) -> None:
+    """ro: writes inside fail with EROFS; rw: the host sees the file; none: the workspace is invisible."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "secret.txt").write_text("agent workspace\n")
+    os.chown(ws, 1000, 1000)
+    for access in ("ro", "rw", "none"):
+        config = make_config(f"""
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session, workspace_access: {access}}}}}
+  list: [{{id: a, workspace: "{ws}"}}]
+""")
+        async with Orchestrator(config) as orch:
+            sess = orch.session(f"agent:a:{access}")
+            out = await run(sess, f"cat secret.txt; echo made-by-{access} > new-{access}.txt; echo rc=$?")
+            if access == "ro":
+                assert "agent workspace" in out["output"]
+                assert "Read-only file system" in out["output"]
+                assert not (ws / "new-ro.txt").exists()
+            elif access == "rw":
+                assert "agent workspace" in out["output"]
+                assert (ws / "new-rw.txt").read_text() == "made-by-rw\n"
+            else:
+                assert "agent workspace" not in out["output"]
+                assert "No such file" in out["output"]
+                assert not (ws / "new-none.txt").exists()
+            await sess.close()
+
+
+async def test_hardening_visible_in_inspect_and_inside(make_config: Any, docker_client: Any) -> None:
+    """Caps, no-new-privs, non-root, no network, read-only root, limits: in inspect and from inside."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:hard")
+        box = await sess.sandbox()
+        attrs = docker_client.api.inspect_container(box.id)
+        host = attrs["HostConfig"]
+        assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+        assert "no-new-privileges:true" in host["SecurityOpt"]
+        assert host["ReadonlyRootfs"] is True
+        assert host["NetworkMode"] == "none"
+        assert host["PidsLimit"] == 256
+        assert host["Memory"] == 1024**3 and host["MemorySwap"] == 1024**3
+        assert host["NanoCpus"] == 10**9
+        assert host["Init"] is True
+        assert host["RestartPolicy"]["Name"] == "no"
+        assert not host["PortBindings"]
+        assert set(host["Tmpfs"]) == {"/tmp", "/var/tmp", "/run"} and all("size=" in v for v in host["Tmpfs"].values())
+        assert attrs["Config"]["User"] == "1000:1000"
+        assert all(m["Propagation"] in ("rprivate", "") for m in attrs["Mounts"])
+        out = (await run(sess, "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; id -u; ls /sys/class/net; "
+                                "touch /etc/x 2>&1; touch /usr/x 2>&1; find / -xdev -perm /6000 -type f 2>/dev/null | wc -l"))["output"]
+        assert "CapEff:\t0000000000000000" in out
+        assert "NoNewPrivs:\t1" in out
+        lines = out.splitlines()
+        assert "1000" in lines
+        assert "lo" in lines and not any(x.startswith(("eth", "veth")) for x in lines)
+        assert out.count("Read-only file system") == 2
+        assert lines[-1].strip() == "0"  # no setuid/setgid binaries
+
+
+async def test_fork_bomb_hits_pids_limit_and_host_stays_responsive(make_config: Any) -> None:
+    """A fork bomb stops at the pids limit; the host keeps answering; the sandbox recovers."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session, docker: {pids_limit: 64}}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:bomb")
+        started = time.monotonic()
+        out = await run(sess, "bomb() { bomb | bomb & }; bomb; sleep 2; ps -e --no-headers | wc -l", timeout_s=10)
+        assert time.monotonic() - started < 60
+        host = subprocess.run(["true"], timeout=5)
+        assert host.returncode == 0
+        if out.get("exit_code") is not None:
+            assert int(out["output"].strip().splitlines()[-1]) <= 64
+        await sess.call("exec", {"command": "kill -9 -1", "timeout_s": 5})
+        after = await sess.call("exec", {"command": "echo alive"})
+        assert after.ok and "alive" in after.output["output"]
+
+
+async def test_memory_hog_is_oom_killed(make_config: Any) -> None:
+    """A process allocating past the memory limit is killed; the sandbox survives."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session, docker: {memory: 64m}}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:oom")
+        out = await run(sess, "python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'; echo rc=$?", timeout_s=60)
+        assert "rc=137" in out["output"]
+        assert "536870912" not in out["output"]
+        again = await run(sess, "echo still-here")
+        assert "still-here" in again["output"]
+
+
+async def test_allowed_bind_is_read_only_by_default(make_config: Any, tmp_path: Path) -> None:
+    """A valid extra bind is mounted read-only unless it says rw."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_text("shared data\n")
+    config = make_config(f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{binds: ['{data}:/mnt/data']}}}}}}}}")
+    async with Orchestrator(config) as orch:
+        out = await run(orch.session("agent:main:bind"), "cat /mnt/data/f.txt; echo x > /mnt/data/g 2>&1; echo rc=$?")
+        assert "shared data" in out["output"] and "Read-only file system" in out["output"]
+        assert not (data / "g").exists()
+
+
+async def test_drift_recreates_and_unchanged_reuses(make_config: Any, tmp_path: Path) -> None:
+    """Changing env or a bind recreates the container on next use; no change reuses it."""
+    data = tmp_path / "d"
+    data.mkdir()
+    base = "agents: {defaults: {sandbox: {mode: all, scope: agent%s}}}"
+    state = tmp_path / "state"
+
+    async def container_id(extra: str) -> str:
+        async with Orchestrator(make_config(base % extra, state=state)) as orch:
+            return (await orch.session("agent:main:x").sandbox()).id
+
+    first = await container_id("")
+    assert await container_id("") == first
+    with_env = await container_id(", docker: {env: {FOO: bar}}")
+    assert with_env != first
+    with_bind = await container_id(f", docker: {{env: {{FOO: bar}}, binds: ['{data}:/mnt/d']}}")
+    assert with_bind != with_env
+    assert await container_id(f", docker: {{env: {{FOO: bar}}, binds: ['{data}:/mnt/d']}}") == with_bind
+
+
+async def test_twenty_concurrent_first_calls_create_one_container(make_config: Any, docker_client: Any, instance: str) -> None:
+    """20 parallel first calls for one scope create exactly one container."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: agent}}}")
+    async with Orchestrator(config) as orch:
+        results: list[Any] = []
+
+        async def one(i: int) -> None:
+            results.append(await orch.session(f"agent:main:s{i}").call("exec", {"command": "hostname"}))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(one, i)
+        assert all(r.ok for r in results)
+        containers = docker_client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"})
+        assert len(containers) == 1
+
+
+RESTART_SCRIPT = """
+import anyio, sys
+from sandbox import Orchestrator, load_config
+async def main():
+    async with Orchestrator(load_config(sys.argv[1])) as orch:
+        box = await orch.session("agent:main:restart").sandbox()
+        print(box.id)
+anyio.run(main)
+"""
+
+
+def _write_config(path: Path, state: Path, instance: str, extra: str = "") -> Path:
+    path.write_text(f"state_dir: {state}\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent{extra}}}}}}}\n")
+    return path
+
+
+async def test_new_process_adopts_existing_container(tmp_path: Path, instance: str) -> None:
+    """A second orchestrator process finds the first one's container by label and adopts it."""
+    cfg = _write_config(tmp_path / "c.yaml", tmp_path / "state", instance)
+    ids = [subprocess.run([sys.executable, "-c", RESTART_SCRIPT, str(cfg)], capture_output=True, text=True,
+                          check=True, timeout=120).stdout.strip() for _ in range(2)]
+    assert ids[0] == ids[1] and len(ids[0]) == 64
+
+
+async def test_kill_during_creation_leaves_nothing_unadopted(tmp_path: Path, instance: str, docker_client: Any) -> None:
+    """kill -9 mid-creation (during a slow setup_command) leaves an orphan the next start removes."""
+    cfg = _write_config(tmp_path / "c.yaml", tmp_path / "state", instance, ", docker: {setup_command: 'sleep 30'}")
+    proc = subprocess.Popen([sys.executable, "-c", RESTART_SCRIPT, str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    label = {"label": f"{Labels.INSTANCE}={instance}"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not docker_client.containers.list(all=True, filters=label):
+        await anyio.sleep(0.1)
+    await anyio.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    leftovers = docker_client.containers.list(all=True, filters=label)
+    assert len(leftovers) == 1 and "-creating-" in leftovers[0].name
+    from sandbox import load_config
+    from sandbox.runtime.manager import SandboxManager
+
+    manager = SandboxManager(load_config(cfg), DockerBackend())
+    removed = await manager.cleanup_orphans()
+    await manager.backend.aclose()
+    assert removed == [leftovers[0].name]
+    assert docker_client.containers.list(all=True, filters=label) == []
+
+
+async def test_dead_container_is_recreated_on_next_use(make_config: Any, docker_client: Any) -> None:
+    """A container removed behind our back is replaced on the next call (nothing had started in it)."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: agent}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:dead")
+        first = (await sess.sandbox()).id
+        docker_client.containers.get(first).remove(force=True)
+        again = await sess.call("exec", {"command": "echo back"})
+        assert again.ok and "back" in again.output["output"]
+        assert (await sess.sandbox()).id != first
+
+
+async def test_setup_command_failure_removes_container(make_config: Any, docker_client: Any, instance: str) -> None:
+    """A failing setup_command removes the container and says why."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {setup_command: 'echo broken >&2; exit 3'}}}}")
+    async with Orchestrator(config) as orch:
+        result = await orch.session("agent:main:setup").call("exec", {"command": "true"})
+    assert result.error.code == "SANDBOX_UNAVAILABLE"
+    assert "setup_command failed (exit 3" in result.error.message and "broken" in result.error.message
+    assert docker_client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"}) == []
+
+
+async def test_setup_command_runs_once_as_root_only_when_asked(make_config: Any) -> None:
+    """setup_command runs once after create, as root only with setup_as_root."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {setup_command: 'id -u > /tmp/setup-uid', setup_as_root: true}}}}")
+    async with Orchestrator(config) as orch:
+        out = await run(orch.session("agent:main:setup2"), "cat /tmp/setup-uid")
+    assert out["output"].strip() == "0"
+
+
+async def test_engine_unreachable_is_sandbox_unavailable(make_config: Any, tmp_path: Path) -> None:
+    """A backend whose engine does not answer gives SANDBOX_UNAVAILABLE and creates nothing."""
+    import docker
+
+    client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-engine.sock", version="1.41")
+    config = make_config("agents: {defaults: {sandbox: {mode: all}}}")
+    with warnings.catch_warnings():
+        # docker-py's unix transport does not close a socket whose connect() failed
+        warnings.simplefilter("ignore", ResourceWarning)
+        async with Orchestrator(config, backend=DockerBackend(client)) as orch:
+            result = await orch.session("agent:main:x").call("exec", {"command": "true"})
+        gc.collect()
+    assert result.error.code == "SANDBOX_UNAVAILABLE"
+    assert not list(tmp_path.glob("state/sandboxes/*")), "nothing is prepared when the engine is down"
+    assert "unreachable" in result.error.message
+
+
+async def test_missing_image_names_images_build(make_config: Any) -> None:
+    """A missing image is an error that names `sandbox images build`."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {image: 'sandbox-nope:missing'}}}}")
+    async with Orchestrator(config) as orch:
+        result = await orch.session("agent:main:x").call("exec", {"command": "true"})
+    assert result.error.code == "SANDBOX_UNAVAILABLE"
+    assert "sandbox images build" in result.error.message
+
+
+async def test_browser_cdp_on_loopback_and_unreachable_from_exec(make_config: Any, docker_client: Any) -> None:
+    """CDP answers on 127.0.0.1 with a random port; an exec sandbox cannot reach the browser."""
+    import json
+    import urllib.request
+
+    config = make_config("""
+tools: {sandbox: {tools: {also_allow: [browser]}}}
+agents: {defaults: {sandbox: {mode: all, scope: agent, browser: {enabled: true}, docker: {network: bridge}}}}
+""")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:web")
+        endpoint = await sess.browser()
+        assert endpoint.cdp_url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{endpoint.cdp_url}/json/version", timeout=5) as response:
+            assert "Browser" in json.loads(response.read())
+        attrs = docker_client.api.inspect_container(endpoint.container_id)
+        bindings = attrs["NetworkSettings"]["Ports"]["9222/tcp"]
+        assert all(b["HostIp"] == "127.0.0.1" for b in bindings)
+        assert list(attrs["NetworkSettings"]["Networks"]) == ["sandbox-browser"]
+        ip = attrs["NetworkSettings"]["Networks"]["sandbox-browser"]["IPAddress"]
+        box = await sess.sandbox()
+        exec_nets = docker_client.api.inspect_container(box.id)["NetworkSettings"]["Networks"]
+        assert "sandbox-browser" not in exec_nets
+        out = await run(sess, f"curl -sS --max-time 3 http://{ip}:9222/json/version; echo rc=$?")
+        assert "rc=0" not in out["output"] and "Browser" not in out["output"]
+
+
+async def test_browser_refused_when_policy_denies(make_config: Any) -> None:
+    """The browser sandbox is not started when policy removes the browser tool."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, browser: {enabled: true}}}}")
+    async with Orchestrator(config) as orch:
+        with pytest.raises(SandboxError) as info:
+            await orch.session("agent:main:web").browser()
+    assert info.value.code == ErrorCode.PERMISSION_DENIED
