@@ -10,6 +10,8 @@ from sandbox.errors import ErrorCode, SandboxError
 
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
+# Slash look-alikes that NFKC leaves alone; a model (or an attacker) writing them means `/`.
+SLASH_LOOKALIKES = frozenset("\u2215\u2044\u29f8\u2571\u29f5\u29f9")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ def split_path(path: str, roots: tuple[str, ...]) -> tuple[str, WorkspacePath]:
             f"path {path!r} contains look-alike characters (it changes under Unicode NFKC); "
             "write it in plain characters"
         )
+    if any(ch in SLASH_LOOKALIKES for ch in path):
+        raise invalid(f"path {path!r} contains a look-alike of '/'; write it in plain characters")
     if "\\" in path:
         raise invalid(f"path {path!r} contains a backslash; use / as the separator")
     if path.startswith("/"):

@@ -79,6 +79,11 @@ class SafeRoot:
             for part in parts:
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except NotADirectoryError:
+                    # O_NOFOLLOW|O_DIRECTORY on a link says ENOTDIR: tell the two apart
+                    if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                        raise OSError(errno.ELOOP, "symlink") from None
+                    raise
                 except FileNotFoundError:
                     if not create:
                         raise

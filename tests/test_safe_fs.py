@@ -1,0 +1,98 @@
+"""The symlink-proof host-side walk, attacked with planted links to decoys (host only, fast)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.fs.paths import WorkspacePath
+from sandbox.fs.safe import SafeRoot
+
+
+def wp(rel: str) -> WorkspacePath:
+    return WorkspacePath(tuple(rel.split("/")))
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[SafeRoot, Path, Path]:
+    ws = tmp_path / "ws"
+    outside = tmp_path / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    (outside / "decoy.txt").write_text("DECOY\n")
+    (ws / "ok.txt").write_text("fine\n")
+    os.symlink(outside / "decoy.txt", ws / "file-link")
+    os.symlink(outside, ws / "dir-link")
+    os.symlink("/", ws / "d")
+    (ws / "real").mkdir()
+    return SafeRoot(ws), ws, outside
+
+
+@pytest.mark.parametrize("rel", ["file-link", "dir-link/decoy.txt", "d/etc/hostname", "d/etc/passwd"])
+def test_reads_through_links_refused(tree: tuple[SafeRoot, Path, Path], rel: str) -> None:
+    """Reading through a file link, a directory link or a link to / is refused."""
+    root, _, _ = tree
+    with pytest.raises(SandboxError) as info:
+        root.read_bytes(wp(rel), 1 << 20)
+    assert info.value.code == ErrorCode.PERMISSION_DENIED
+    assert "symbolic link" in info.value.message
+
+
+@pytest.mark.parametrize("rel", ["dir-link/decoy.txt", "dir-link/new.txt", "d/tmp/planted.txt"])
+def test_writes_through_parent_links_refused(tree: tuple[SafeRoot, Path, Path], rel: str) -> None:
+    """Writing below a symlinked directory is refused; nothing outside changes."""
+    root, _, outside = tree
+    before = sorted(p.name for p in outside.iterdir())
+    with pytest.raises(SandboxError) as info:
+        root.write_atomic(wp(rel), b"PWNED")
+    assert info.value.code == ErrorCode.PERMISSION_DENIED
+    assert (outside / "decoy.txt").read_text() == "DECOY\n"
+    assert sorted(p.name for p in outside.iterdir()) == before
+    assert not Path("/tmp/planted.txt").exists()
+
+
+def test_write_to_a_link_replaces_the_link_not_the_target(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """Writing at a link's own name replaces the link with a file; the target is untouched."""
+    root, ws, outside = tree
+    root.write_atomic(wp("file-link"), b"new content")
+    assert (outside / "decoy.txt").read_text() == "DECOY\n"
+    assert not (ws / "file-link").is_symlink()
+    assert (ws / "file-link").read_bytes() == b"new content"
+
+
+def test_unlink_removes_link_only(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """Deleting a link deletes the link, never its target."""
+    root, ws, outside = tree
+    root.unlink(wp("file-link"))
+    assert not (ws / "file-link").exists() and (outside / "decoy.txt").exists()
+
+
+def test_fifo_and_devices_refused(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """A fifo is not read (it would block): refused as not a regular file."""
+    root, ws, _ = tree
+    os.mkfifo(ws / "pipe")
+    with pytest.raises(SandboxError, match="not a regular file"):
+        root.read_bytes(wp("pipe"), 1 << 20)
+
+
+def test_size_cap(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """Files over the cap are refused with their size."""
+    root, ws, _ = tree
+    (ws / "big").write_bytes(b"x" * 2048)
+    with pytest.raises(SandboxError) as info:
+        root.read_bytes(wp("big"), 1024)
+    assert info.value.details["size"] == 2048 and "2048 bytes" in info.value.message
+
+
+def test_atomic_write_creates_parents_and_leaves_no_temp(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """Parents are created; no temp file is left behind; mode of an existing file is kept."""
+    root, ws, _ = tree
+    root.write_atomic(wp("a/b/c.txt"), b"1")
+    assert (ws / "a/b/c.txt").read_bytes() == b"1"
+    os.chmod(ws / "a/b/c.txt", 0o600)
+    root.write_atomic(wp("a/b/c.txt"), b"2")
+    assert (ws / "a/b/c.txt").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in (ws / "a/b").iterdir()] == ["c.txt"]
