@@ -111,7 +111,14 @@ def explain(
     """Why each tool exists or not for a session, and whether it is sandboxed."""
     resolver = PolicyResolver(state.config)
     policy = resolver.resolve(_identity(state, agent, session, provider, model))
-    _emit(explain_data(policy), as_json, explain_text(policy))
+    data = explain_data(policy)
+    text = explain_text(policy)
+    if policy.sandbox.sandboxed:
+        from sandbox.runtime.explain import container_facts, container_text
+
+        data["container"] = container_facts(state.config, policy)
+        text += "\n\n" + container_text(data["container"])
+    _emit(data, as_json, text)
 
 
 @main.command("tools")

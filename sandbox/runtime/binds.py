@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal
@@ -173,6 +173,13 @@ def check_source(source: str, docker: DockerConfig, *, what: str = "bind source"
                     "docker.dangerously_allow_system_paths (audited)",
                 )
     if not docker.dangerously_allow_credential_paths:
+        if real == "/home":  # holds every user's credentials, today's users and tomorrow's
+            raise BindRefused(
+                f"{what} {real!r}{via} is an ancestor of the credentials paths /home/*/.ssh (and .aws, .kube, ...)",
+                rule="credential-path",
+                path=real,
+                fix="bind one project directory inside a home, not the homes themselves",
+            )
         for blocked in credential_paths():
             relation = _relation(real, blocked)
             if relation:
@@ -282,9 +289,9 @@ def bind_problems(config: Config) -> list[tuple[Loc, str]]:
     return problems
 
 
-def _problem(loc: Loc, check: object) -> list[tuple[Loc, str]]:
+def _problem(loc: Loc, check: Callable[[], object]) -> list[tuple[Loc, str]]:
     try:
-        check()  # type: ignore[operator]
+        check()
     except BindRefused as exc:
         return [(loc, f"{exc.message} [rule {exc.rule}]; fix: {exc.fix}")]
     return []

@@ -1,0 +1,103 @@
+"""The runtime CLI end to end in subprocesses against the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", "--config", str(cfg), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path, instance: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
+                    "agents: {defaults: {sandbox: {mode: non-main, scope: session, prune: {idle_hours: 0.0001}}}}\n")
+    return path
+
+
+def test_call_exit_codes(cfg: Path) -> None:
+    """`call` prints the ToolResult JSON and exits 0 ok / 1 error / 2 usage."""
+    ok = cli(cfg, "call", "--session", "agent:main:c1", "exec", '{"command": "echo hi"}')
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert result["ok"] and result["output"]["output"] == "hi\n"
+    assert set(result) == {"ok", "tool", "call_id", "trace_id", "output", "error", "truncated", "full_output_path", "duration_ms"}
+    denied = cli(cfg, "call", "--session", "agent:main:c1", "browser", '{"action": "navigate"}')
+    assert denied.returncode == 1 and json.loads(denied.stdout)["error"]["code"] == "TOOL_NOT_FOUND"
+    bad = cli(cfg, "call", "--session", "agent:main:c1", "exec", "{not json")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+
+
+def test_exec_for_people(cfg: Path) -> None:
+    """`exec -- CMD` prints output and exits with the command's exit code."""
+    run = cli(cfg, "exec", "--session", "agent:main:e1", "--", "sh", "-c", "echo out; exit 3")
+    assert run.returncode == 3 and run.stdout == "out\n"
+
+
+def test_list_recreate_prune(cfg: Path) -> None:
+    """list shows the sandbox; prune --dry-run names it as idle; recreate removes it."""
+    assert cli(cfg, "call", "--session", "agent:main:l1", "exec", '{"command": "true"}').returncode == 0
+    listed = json.loads(cli(cfg, "list", "--json").stdout)
+    assert len(listed) == 1 and listed[0]["scope_key"] == "agent:main:l1" and listed[0]["config_match"] is True
+    import time
+
+    time.sleep(1.0)
+    dry = json.loads(cli(cfg, "prune", "--dry-run", "--json").stdout)
+    assert [p["name"] for p in dry["pruned"]] == [listed[0]["name"]] and "idle" in dry["pruned"][0]["reason"]
+    assert len(json.loads(cli(cfg, "list", "--json").stdout)) == 1
+    removed = json.loads(cli(cfg, "recreate", "--session", "agent:main:l1", "--json").stdout)
+    assert removed["removed"] == [listed[0]["name"]]
+    assert json.loads(cli(cfg, "list", "--json").stdout) == []
+    assert cli(cfg, "recreate").returncode == 2
+
+
+def test_list_marks_stale_config(cfg: Path, tmp_path: Path) -> None:
+    """A sandbox whose config changed since creation is listed as not matching."""
+    assert cli(cfg, "call", "--session", "agent:main:s1", "exec", '{"command": "true"}').returncode == 0
+    cfg.write_text(cfg.read_text().replace("prune:", "docker: {env: {NEW: '1'}}, prune:"))
+    listed = json.loads(cli(cfg, "list", "--json").stdout)
+    assert listed[0]["config_match"] is False
+
+
+def test_explain_shows_container_and_mounts(cfg: Path) -> None:
+    """explain of a sandboxed session names its container, hardening and mounts."""
+    data = json.loads(cli(cfg, "explain", "--session", "agent:main:x", "--json").stdout)
+    container = data["container"]
+    assert container["name"].startswith("sbx-") and container["user"] == "1000:1000"
+    assert container["hardening"]["network"] == "none" and container["hardening"]["cap_drop"] == ["ALL"]
+    assert container["mounts"][0]["container"] == "/workspace"
+
+
+def test_doctor_all_ok_and_images_idempotent(cfg: Path) -> None:
+    """doctor reports every check ok on this machine; images build twice skips the second time."""
+    doctor = cli(cfg, "doctor", "--json")
+    checks = json.loads(doctor.stdout)
+    assert doctor.returncode == 0, checks
+    assert {c["status"] for c in checks} == {"ok"}, checks
+    build = cli(cfg, "images", "build")
+    assert build.returncode == 0 and "up to date" in build.stderr + build.stdout
+
+
+def test_demo_runs_end_to_end() -> None:
+    """The README demo drives real sandboxes with the default policy and every step behaves."""
+    env = {**os.environ, "XDG_STATE_HOME": str(ROOT / ".state" / "demo-test")}
+    run = subprocess.run([sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "demo", "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] and all(step["ok"] for step in report["steps"])
+    assert report["sandbox"]["network"] == "none" and report["sandbox"]["read_only_root"] is True
+    subprocess.run([sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "recreate", "--all"],
+                   capture_output=True, timeout=120, cwd=ROOT, env=env)

@@ -1,0 +1,79 @@
+"""The container spec from config (pure): names, labels, hashes and hardened create arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandbox.config import effective_agent, load_config_text
+from sandbox.runtime.naming import Labels, container_name
+from sandbox.runtime.spec import build_spec, create_kwargs
+
+
+def spec_for(text: str, session: str = "agent:main:s", tmp: Path = Path("/tmp/sbx-spec")) -> Any:
+    config = load_config_text(f"state_dir: {tmp}\n{text}")
+    return build_spec(effective_agent(config, "main"), session, "inst1")
+
+
+@given(st.text(min_size=1, max_size=300), st.sampled_from(["exec", "browser"]), st.text(alphabet="abc0123-", min_size=1, max_size=16))
+def test_names_fit_and_differ(key: str, kind: str, instance: str) -> None:
+    """Names are <= 63 chars of [a-z0-9-] and differ across instance, kind and key."""
+    name = container_name(instance, kind, key)
+    assert len(name) <= 63
+    assert name != container_name(instance + "x", kind, key)
+    assert name != container_name(instance, kind, key + "x")
+
+
+def test_hardened_defaults_in_create_kwargs() -> None:
+    """The defaults are the hardened choices, spelled out for the engine."""
+    kwargs = create_kwargs(spec_for(""))
+    assert kwargs["network_mode"] == "none"
+    assert kwargs["cap_drop"] == ["ALL"] and "cap_add" not in kwargs
+    assert kwargs["security_opt"] == ["no-new-privileges:true"]
+    assert kwargs["read_only"] is True
+    assert kwargs["pids_limit"] == 256
+    assert kwargs["mem_limit"] == kwargs["memswap_limit"] == 1024**3
+    assert kwargs["nano_cpus"] == 10**9
+    assert kwargs["init"] is True
+    assert kwargs["restart_policy"] == {"Name": "no"}
+    assert kwargs["user"] == "1000:1000"
+    assert "ports" not in kwargs
+    assert all("size=" in v for v in kwargs["tmpfs"].values())
+
+
+def test_labels_carry_the_inventory() -> None:
+    """Labels name instance, tenant, agent, scope key, hash, times and schema."""
+    spec = spec_for("agents: {defaults: {sandbox: {scope: session}}}")
+    labels = spec.labels()
+    assert labels[Labels.INSTANCE] == "inst1" and labels[Labels.SCOPE_KEY] == "agent:main:s"
+    assert labels[Labels.SESSION] == "agent:main:s" and labels[Labels.CONFIG_HASH] == spec.config_hash
+    for key in (Labels.TENANT, Labels.AGENT, Labels.CREATED_AT, Labels.LAST_USED, Labels.SCHEMA):
+        assert labels[key]
+
+
+def test_scope_keys() -> None:
+    """session -> the session key; agent -> agent:<id>; shared -> shared."""
+    assert spec_for("agents: {defaults: {sandbox: {scope: session}}}").scope_key == "agent:main:s"
+    assert spec_for("agents: {defaults: {sandbox: {scope: agent}}}").scope_key == "agent:main"
+    assert spec_for("agents: {defaults: {sandbox: {scope: shared}}}").scope_key == "shared"
+
+
+def test_hash_changes_with_what_matters_only(tmp_path: Path) -> None:
+    """env, binds, limits, user, network, runtime, setup change the hash; a session key in agent scope does not."""
+    base = spec_for("", tmp=tmp_path).config_hash
+    assert spec_for("", session="agent:main:other", tmp=tmp_path).config_hash == base
+    (tmp_path / "d").mkdir()
+    for change in (
+        "agents: {defaults: {sandbox: {docker: {env: {A: b}}}}}",
+        f"agents: {{defaults: {{sandbox: {{docker: {{binds: ['{tmp_path}/d:/mnt/d']}}}}}}}}",
+        "agents: {defaults: {sandbox: {docker: {pids_limit: 100}}}}",
+        "agents: {defaults: {sandbox: {docker: {user: '2000:2000'}}}}",
+        "agents: {defaults: {sandbox: {docker: {network: bridge}}}}",
+        "agents: {defaults: {sandbox: {docker: {runtime: runsc}}}}",
+        "agents: {defaults: {sandbox: {docker: {setup_command: 'true'}}}}",
+        "agents: {defaults: {sandbox: {workspace_access: ro}}}",
+    ):
+        assert spec_for(change, tmp=tmp_path).config_hash != base, change
