@@ -49,7 +49,10 @@ def images(docker_client: object) -> None:
 
     build_all(
         docker_client,
-        [ImageTarget("sandbox", "sandbox-exec:latest"), ImageTarget("browser", "sandbox-browser:latest")],
+        [
+            ImageTarget("sandbox", "sandbox-exec:latest"),
+            ImageTarget("browser", "sandbox-browser:latest"),
+        ],
         lambda line: print(line, file=sys.stderr),
     )
 

@@ -27,7 +27,11 @@ def refused(bind: str, docker: DockerConfig = DEFAULT) -> BindRefused:
         ("/etc:/mnt/etc", "system-path", "is the system path /etc"),
         ("/etc/ssl:/mnt/ssl", "system-path", "lies under the system path /etc"),
         ("/var:/mnt/var", "system-path", "is an ancestor of the system path /var/run"),
-        ("/var/lib/docker/volumes:/mnt/v", "system-path", "lies under the system path /var/lib/docker"),
+        (
+            "/var/lib/docker/volumes:/mnt/v",
+            "system-path",
+            "lies under the system path /var/lib/docker",
+        ),
         ("/proc:/mnt/p", "system-path", "/proc"),
         ("/sys/fs:/mnt/s", "system-path", "/sys"),
         ("/dev:/mnt/d", "system-path", "/dev"),
@@ -64,7 +68,7 @@ def test_home_credentials_and_their_parents(tmp_path: Path) -> None:
         (f"{home}/.ssh:/mnt/s", "is the credentials path"),
         (f"{home}/.aws/config:/mnt/a", "lies under the credentials path"),
         (f"{home}:/mnt/home", "is an ancestor of the credentials path"),
-        (f"~/.kube:/mnt/k", "is the credentials path"),
+        ("~/.kube:/mnt/k", "is the credentials path"),
     ):
         error = refused(bind)
         assert error.rule in ("credential-path", "system-path"), error

@@ -17,7 +17,16 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_explain_json_shows_exec_denied_by_agent_layer() -> None:
     """The README's example: family's group session has exec denied by the family agent's deny list."""
-    run = cli("--config", str(MULTI), "explain", "--agent", "family", "--session", "agent:family:whatsapp:group:1", "--json")
+    run = cli(
+        "--config",
+        str(MULTI),
+        "explain",
+        "--agent",
+        "family",
+        "--session",
+        "agent:family:whatsapp:group:1",
+        "--json",
+    )
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert set(data) >= {"agent", "session", "sandboxed", "sandbox", "tools"}
@@ -58,7 +67,17 @@ def test_unknown_agent_exits_2_naming_known_ids() -> None:
 def test_tools_formats() -> None:
     """`tools` renders the allowed tools in the OpenAI, Anthropic and MCP shapes."""
     for fmt, key in (("openai", "function"), ("anthropic", "input_schema"), ("mcp", "inputSchema")):
-        run = cli("--config", str(MULTI), "tools", "--session", "agent:family:x", "--agent", "family", "--format", fmt)
+        run = cli(
+            "--config",
+            str(MULTI),
+            "tools",
+            "--session",
+            "agent:family:x",
+            "--agent",
+            "family",
+            "--format",
+            fmt,
+        )
         assert run.returncode == 0, run.stderr
         tools = json.loads(run.stdout)
         names = {t["function"]["name"] if fmt == "openai" else t["name"] for t in tools}

@@ -15,15 +15,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandbox", "--config", str(cfg), *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox", "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture
 def cfg(tmp_path: Path, instance: str) -> Path:
     path = tmp_path / "c.yaml"
-    path.write_text(f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
-                    "agents: {defaults: {sandbox: {mode: non-main, scope: session, prune: {idle_hours: 0.0001}}}}\n")
+    path.write_text(
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
+        "agents: {defaults: {sandbox: {mode: non-main, scope: session, prune: {idle_hours: 0.0001}}}}\n"
+    )
     return path
 
 
@@ -33,7 +40,17 @@ def test_call_exit_codes(cfg: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["ok"] and result["output"]["output"] == "hi\n"
-    assert set(result) == {"ok", "tool", "call_id", "trace_id", "output", "error", "truncated", "full_output_path", "duration_ms"}
+    assert set(result) == {
+        "ok",
+        "tool",
+        "call_id",
+        "trace_id",
+        "output",
+        "error",
+        "truncated",
+        "full_output_path",
+        "duration_ms",
+    }
     denied = cli(cfg, "call", "--session", "agent:main:c1", "browser", '{"action": "navigate"}')
     assert denied.returncode == 1 and json.loads(denied.stdout)["error"]["code"] == "TOOL_NOT_FOUND"
     bad = cli(cfg, "call", "--session", "agent:main:c1", "exec", "{not json")
@@ -93,11 +110,22 @@ def test_doctor_all_ok_and_images_idempotent(cfg: Path) -> None:
 def test_demo_runs_end_to_end() -> None:
     """The README demo drives real sandboxes with the default policy and every step behaves."""
     env = {**os.environ, "XDG_STATE_HOME": str(ROOT / ".state" / "demo-test")}
-    run = subprocess.run([sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "demo", "--json"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "demo", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["ok"] and all(step["ok"] for step in report["steps"])
     assert report["sandbox"]["network"] == "none" and report["sandbox"]["read_only_root"] is True
-    subprocess.run([sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "recreate", "--all"],
-                   capture_output=True, timeout=120, cwd=ROOT, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "recreate", "--all"],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )

@@ -9,5 +9,17 @@ def test_all_is_sorted_and_complete() -> None:
     for name in sandbox.__all__:
         assert hasattr(sandbox, name), name
     public = {n for n in dir(sandbox) if not n.startswith("_")}
-    modules = {"config", "engine", "errors", "tools", "policy", "runtime", "fs", "cli", "audit", "journal", "api"}
+    modules = {
+        "config",
+        "engine",
+        "errors",
+        "tools",
+        "policy",
+        "runtime",
+        "fs",
+        "cli",
+        "audit",
+        "journal",
+        "api",
+    }
     assert public - modules == set(sandbox.__all__)

@@ -37,7 +37,11 @@ UNIFIED = """--- a/src/app.py
 def test_parse_codex_format() -> None:
     """Add, Update with Move to and an anchor, and Delete are all parsed."""
     ops = parse(CODEX)
-    assert [(o.kind, o.path) for o in ops] == [("add", "new.txt"), ("update", "src/app.py"), ("delete", "old.txt")]
+    assert [(o.kind, o.path) for o in ops] == [
+        ("add", "new.txt"),
+        ("update", "src/app.py"),
+        ("delete", "old.txt"),
+    ]
     assert ops[0].content == "hello\nworld\n"
     assert ops[1].move_to == "src/main.py"
     assert ops[1].hunks[0].anchor == "def main():"
@@ -47,7 +51,9 @@ def test_apply_update_hunk() -> None:
     """A hunk replaces its old lines; the rest of the file is untouched."""
     ops = parse(CODEX)
     text = 'import os\n\ndef main():\n    print("hi")\n    return 0\n'
-    assert apply_hunks("src/app.py", text, ops[1].hunks) == 'import os\n\ndef main():\n    print("hello")\n    return 0\n'
+    assert (
+        apply_hunks("src/app.py", text, ops[1].hunks) == 'import os\n\ndef main():\n    print("hello")\n    return 0\n'
+    )
 
 
 def test_parse_and_apply_unified_diff() -> None:

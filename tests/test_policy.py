@@ -71,7 +71,15 @@ def test_mode_all_and_off() -> None:
 def test_groups_wildcards_alias_case() -> None:
     """group:, `*`, the bash alias and upper case all name the right tools."""
     policy = resolve("tools: {allow: [group:fs, 'WEB_*', BASH]}")
-    assert policy.allowed == {"read", "write", "edit", "apply_patch", "web_fetch", "web_search", "exec"}
+    assert policy.allowed == {
+        "read",
+        "write",
+        "edit",
+        "apply_patch",
+        "web_fetch",
+        "web_search",
+        "exec",
+    }
     assert policy.decision("exec").pattern == "BASH"
 
 
@@ -120,7 +128,11 @@ tools:
 """
     policy = resolve(yaml_text, provider="ACME", model="tiny-1")
     assert policy.allowed == {"read", "web_search"}
-    assert [t.layer.name for t in policy.trace][:3] == ["global", "provider:acme/tiny-1", "provider:acme"]
+    assert [t.layer.name for t in policy.trace][:3] == [
+        "global",
+        "provider:acme/tiny-1",
+        "provider:acme",
+    ]
     assert policy.decision("exec").layer == "provider:acme/tiny-1"
     other = resolve(yaml_text, provider="acme", model="big")
     assert "exec" in other.allowed and "web_fetch" not in other.allowed
@@ -138,7 +150,8 @@ def test_sandbox_allow_lifts_default_deny() -> None:
 def test_sandbox_explicit_deny_wins() -> None:
     """An explicit sandbox deny list replaces the default and always wins."""
     policy = resolve(
-        "tools: {sandbox: {tools: {also_allow: [browser], deny: [browser, exec]}}}", session="agent:main:s"
+        "tools: {sandbox: {tools: {also_allow: [browser], deny: [browser, exec]}}}",
+        session="agent:main:s",
     )
     assert "browser" not in policy.allowed and "exec" not in policy.allowed
     assert policy.decision("browser").key == "tools.sandbox.tools.deny"
@@ -162,13 +175,21 @@ agents: {list: [{id: main, tools: {sandbox: {tools: {deny: [read]}}}}]}
 def test_subagent_fixed_deny_and_leaf_rule() -> None:
     """Sub-agents never get gateway/cron/sessions_send; at max depth no spawn/list/history."""
     depth1 = resolve("tools: {profile: full}", session="agent:main:subagent:a")
-    for tool in ("gateway", "cron", "sessions_send", "sessions_spawn", "sessions_list", "sessions_history"):
+    for tool in (
+        "gateway",
+        "cron",
+        "sessions_send",
+        "sessions_spawn",
+        "sessions_list",
+        "sessions_history",
+    ):
         assert tool not in depth1.allowed, tool
-    deeper = resolve(
-        "tools: {profile: full, subagents: {max_spawn_depth: 2}}", session="agent:main:subagent:a"
-    )
+    deeper = resolve("tools: {profile: full, subagents: {max_spawn_depth: 2}}", session="agent:main:subagent:a")
     assert "sessions_spawn" in deeper.allowed
-    leaf = resolve("tools: {profile: full, subagents: {max_spawn_depth: 2}}", session="agent:main:subagent:a:subagent:b")
+    leaf = resolve(
+        "tools: {profile: full, subagents: {max_spawn_depth: 2}}",
+        session="agent:main:subagent:a:subagent:b",
+    )
     assert "sessions_spawn" not in leaf.allowed
     assert leaf.decision("sessions_spawn").fix == "raise tools.subagents.max_spawn_depth above 2"
 
@@ -207,7 +228,11 @@ def test_multi_agent_example_locks_family_exec() -> None:
     policy = PolicyResolver(config).resolve(Identity("family", "agent:family:whatsapp:group:1"))
     decision = policy.decision("exec")
     assert not decision.allowed
-    assert (decision.layer, decision.pattern, decision.key) == ("agent:family", "group:runtime", "agents.list[1].tools.deny")
+    assert (decision.layer, decision.pattern, decision.key) == (
+        "agent:family",
+        "group:runtime",
+        "agents.list[1].tools.deny",
+    )
     assert policy.sandbox.sandboxed
 
 

@@ -37,14 +37,19 @@ def scenarios(draw: Any) -> tuple[dict[str, Any], Identity]:
             **draw(lists()),
             "by_provider": {"acme": draw(lists()), "acme/m1": draw(lists())},
             "sandbox": {"tools": draw(lists(with_profile=False))},
-            "subagents": {"tools": draw(lists(with_profile=False)), "max_spawn_depth": draw(st.integers(1, 3))},
+            "subagents": {
+                "tools": draw(lists(with_profile=False)),
+                "max_spawn_depth": draw(st.integers(1, 3)),
+            },
         },
         "agents": {
             "defaults": {"sandbox": {"mode": draw(st.sampled_from(["off", "non-main", "all"]))}},
             "list": [{"id": "a", "tools": draw(lists())}],
         },
     }
-    session = draw(st.sampled_from(["agent:a:main", "agent:a:chat", "agent:a:subagent:x", "agent:a:subagent:x:subagent:y"]))
+    session = draw(
+        st.sampled_from(["agent:a:main", "agent:a:chat", "agent:a:subagent:x", "agent:a:subagent:x:subagent:y"])
+    )
     provider = draw(st.sampled_from([None, "acme", "other"]))
     model = draw(st.sampled_from([None, "m1", "m2"]))
     return config, Identity("a", session, provider, model)
@@ -92,7 +97,9 @@ def test_group_expansion_is_union_of_members(group: str) -> None:
 
 @SETTINGS
 @given(scenarios())
-def test_provenance_names_a_layer_that_holds_the_pattern(scenario: tuple[dict[str, Any], Identity]) -> None:
+def test_provenance_names_a_layer_that_holds_the_pattern(
+    scenario: tuple[dict[str, Any], Identity],
+) -> None:
     """Every decision's pattern is in a list of the layer it names, and that pattern covers the tool."""
     policy = _resolve(*scenario)
     layers = {step.layer.name: step.layer for step in policy.trace}

@@ -30,7 +30,13 @@ async def run(session: Any, command: str, **kw: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("scope", "mode"),
-    [("session", "non-main"), ("agent", "non-main"), ("shared", "non-main"), ("session", "all"), ("agent", "all")],
+    [
+        ("session", "non-main"),
+        ("agent", "non-main"),
+        ("shared", "non-main"),
+        ("session", "all"),
+        ("agent", "all"),
+    ],
 )
 async def test_mode_and_scope_map_sessions_to_containers(make_config: Any, scope: str, mode: str) -> None:
     """Each mode x scope maps sessions to the right containers; close removes only session scope."""
@@ -40,7 +46,11 @@ agents:
   list: [{{id: a}}, {{id: b}}]
 """)
     async with Orchestrator(config) as orch:
-        a1, a2, b1 = orch.session("agent:a:one"), orch.session("agent:a:two"), orch.session("agent:b:one")
+        a1, a2, b1 = (
+            orch.session("agent:a:one"),
+            orch.session("agent:a:two"),
+            orch.session("agent:b:one"),
+        )
         main = orch.session("agent:a:main")
         assert main.sandboxed == (mode == "all")
         ids = {}
@@ -112,8 +122,13 @@ async def test_hardening_visible_in_inspect_and_inside(make_config: Any, docker_
         assert set(host["Tmpfs"]) == {"/tmp", "/var/tmp", "/run"} and all("size=" in v for v in host["Tmpfs"].values())
         assert attrs["Config"]["User"] == "1000:1000"
         assert all(m["Propagation"] in ("rprivate", "") for m in attrs["Mounts"])
-        out = (await run(sess, "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; id -u; ls /sys/class/net; "
-                                "touch /etc/x 2>&1; touch /usr/x 2>&1; find / -xdev -perm /6000 -type f 2>/dev/null | wc -l"))["output"]
+        out = (
+            await run(
+                sess,
+                "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; id -u; ls /sys/class/net; "
+                "touch /etc/x 2>&1; touch /usr/x 2>&1; find / -xdev -perm /6000 -type f 2>/dev/null | wc -l",
+            )
+        )["output"]
         assert "CapEff:\t0000000000000000" in out
         assert "NoNewPrivs:\t1" in out
         lines = out.splitlines()
@@ -132,7 +147,9 @@ async def test_fork_bomb_hits_pids_limit_and_host_stays_responsive(make_config: 
         results: list[Any] = []
 
         async def bomb() -> None:
-            results.append(await sess.call("exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 60", "timeout_s": 6}))
+            results.append(
+                await sess.call("exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 60", "timeout_s": 6})
+            )
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(bomb)
@@ -144,7 +161,10 @@ async def test_fork_bomb_hits_pids_limit_and_host_stays_responsive(make_config: 
         assert peak <= 64, peak
         assert results[0].error.code == "TIMEOUT"
         after = await sess.call(
-            "exec", {"command": "echo alive; cat /sys/fs/cgroup/pids.events 2>/dev/null || cat /sys/fs/cgroup/pids/pids.events; ps -e --no-headers | wc -l"}
+            "exec",
+            {
+                "command": "echo alive; cat /sys/fs/cgroup/pids.events 2>/dev/null || cat /sys/fs/cgroup/pids/pids.events; ps -e --no-headers | wc -l"
+            },
         )
         assert after.ok and "alive" in after.output["output"]
         out = after.output["output"].split()
@@ -157,7 +177,11 @@ async def test_memory_hog_is_oom_killed(make_config: Any) -> None:
     config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session, docker: {memory: 64m}}}}")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:main:oom")
-        out = await run(sess, "python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'; echo rc=$?", timeout_s=60)
+        out = await run(
+            sess,
+            "python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'; echo rc=$?",
+            timeout_s=60,
+        )
         assert "rc=137" in out["output"]
         assert "536870912" not in out["output"]
         again = await run(sess, "echo still-here")
@@ -169,9 +193,14 @@ async def test_allowed_bind_is_read_only_by_default(make_config: Any, tmp_path: 
     data = tmp_path / "data"
     data.mkdir()
     (data / "f.txt").write_text("shared data\n")
-    config = make_config(f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{binds: ['{data}:/mnt/data']}}}}}}}}")
+    config = make_config(
+        f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{binds: ['{data}:/mnt/data']}}}}}}}}"
+    )
     async with Orchestrator(config) as orch:
-        out = await run(orch.session("agent:main:bind"), "cat /mnt/data/f.txt; echo x > /mnt/data/g 2>&1; echo rc=$?")
+        out = await run(
+            orch.session("agent:main:bind"),
+            "cat /mnt/data/f.txt; echo x > /mnt/data/g 2>&1; echo rc=$?",
+        )
         assert "shared data" in out["output"] and "Read-only file system" in out["output"]
         assert not (data / "g").exists()
 
@@ -196,7 +225,9 @@ async def test_drift_recreates_and_unchanged_reuses(make_config: Any, tmp_path: 
     assert await container_id(f", docker: {{env: {{FOO: bar}}, binds: ['{data}:/mnt/d']}}") == with_bind
 
 
-async def test_twenty_concurrent_first_calls_create_one_container(make_config: Any, docker_client: Any, instance: str) -> None:
+async def test_twenty_concurrent_first_calls_create_one_container(
+    make_config: Any, docker_client: Any, instance: str
+) -> None:
     """20 parallel first calls for one scope create exactly one container."""
     config = make_config("agents: {defaults: {sandbox: {mode: all, scope: agent}}}")
     async with Orchestrator(config) as orch:
@@ -225,22 +256,36 @@ anyio.run(main)
 
 
 def _write_config(path: Path, state: Path, instance: str, extra: str = "") -> Path:
-    path.write_text(f"state_dir: {state}\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent{extra}}}}}}}\n")
+    path.write_text(
+        f"state_dir: {state}\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent{extra}}}}}}}\n"
+    )
     return path
 
 
 async def test_new_process_adopts_existing_container(tmp_path: Path, instance: str) -> None:
     """A second orchestrator process finds the first one's container by label and adopts it."""
     cfg = _write_config(tmp_path / "c.yaml", tmp_path / "state", instance)
-    ids = [subprocess.run([sys.executable, "-c", RESTART_SCRIPT, str(cfg)], capture_output=True, text=True,
-                          check=True, timeout=120).stdout.strip() for _ in range(2)]
+    ids = [
+        subprocess.run(
+            [sys.executable, "-c", RESTART_SCRIPT, str(cfg)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout.strip()
+        for _ in range(2)
+    ]
     assert ids[0] == ids[1] and len(ids[0]) == 64
 
 
 async def test_kill_during_creation_leaves_nothing_unadopted(tmp_path: Path, instance: str, docker_client: Any) -> None:
     """kill -9 mid-creation (during a slow setup_command) leaves an orphan the next start removes."""
     cfg = _write_config(tmp_path / "c.yaml", tmp_path / "state", instance, ", docker: {setup_command: 'sleep 30'}")
-    proc = subprocess.Popen([sys.executable, "-c", RESTART_SCRIPT, str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESTART_SCRIPT, str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     label = {"label": f"{Labels.INSTANCE}={instance}"}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not docker_client.containers.list(all=True, filters=label):
@@ -274,7 +319,9 @@ async def test_dead_container_is_recreated_on_next_use(make_config: Any, docker_
 
 async def test_setup_command_failure_removes_container(make_config: Any, docker_client: Any, instance: str) -> None:
     """A failing setup_command removes the container and says why."""
-    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {setup_command: 'echo broken >&2; exit 3'}}}}")
+    config = make_config(
+        "agents: {defaults: {sandbox: {mode: all, docker: {setup_command: 'echo broken >&2; exit 3'}}}}"
+    )
     async with Orchestrator(config) as orch:
         result = await orch.session("agent:main:setup").call("exec", {"command": "true"})
     assert result.error.code == "SANDBOX_UNAVAILABLE"
@@ -284,7 +331,9 @@ async def test_setup_command_failure_removes_container(make_config: Any, docker_
 
 async def test_setup_command_runs_once_as_root_only_when_asked(make_config: Any) -> None:
     """setup_command runs once after create, as root only with setup_as_root."""
-    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {setup_command: 'id -u > /tmp/setup-uid', setup_as_root: true}}}}")
+    config = make_config(
+        "agents: {defaults: {sandbox: {mode: all, docker: {setup_command: 'id -u > /tmp/setup-uid', setup_as_root: true}}}}"
+    )
     async with Orchestrator(config) as orch:
         out = await run(orch.session("agent:main:setup2"), "cat /tmp/setup-uid")
     assert out["output"].strip() == "0"

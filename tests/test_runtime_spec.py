@@ -18,7 +18,11 @@ def spec_for(text: str, session: str = "agent:main:s", tmp: Path = Path("/tmp/sb
     return build_spec(effective_agent(config, "main"), session, "inst1")
 
 
-@given(st.text(min_size=1, max_size=300), st.sampled_from(["exec", "browser"]), st.text(alphabet="abc0123-", min_size=1, max_size=16))
+@given(
+    st.text(min_size=1, max_size=300),
+    st.sampled_from(["exec", "browser"]),
+    st.text(alphabet="abc0123-", min_size=1, max_size=16),
+)
 def test_names_fit_and_differ(key: str, kind: str, instance: str) -> None:
     """Names are <= 63 chars of [a-z0-9-] and differ across instance, kind and key."""
     name = container_name(instance, kind, key)

@@ -54,7 +54,9 @@ def test_writes_through_parent_links_refused(tree: tuple[SafeRoot, Path, Path], 
     assert not Path("/tmp/planted.txt").exists()
 
 
-def test_write_to_a_link_replaces_the_link_not_the_target(tree: tuple[SafeRoot, Path, Path]) -> None:
+def test_write_to_a_link_replaces_the_link_not_the_target(
+    tree: tuple[SafeRoot, Path, Path],
+) -> None:
     """Writing at a link's own name replaces the link with a file; the target is untouched."""
     root, ws, outside = tree
     root.write_atomic(wp("file-link"), b"new content")

@@ -48,11 +48,25 @@ ATTACKS = [
     ("read", lambda link: {"path": f"{link}"}),
     ("write", lambda link: {"path": f"{link}/x.txt", "content": "PWNED"}),
     ("write", lambda link: {"path": f"{link}/decoy.txt", "content": "PWNED"}),
-    ("edit", lambda link: {"path": f"{link}/decoy.txt", "old_string": "DECOY", "new_string": "PWNED"}),
+    (
+        "edit",
+        lambda link: {"path": f"{link}/decoy.txt", "old_string": "DECOY", "new_string": "PWNED"},
+    ),
     ("edit", lambda link: {"path": f"{link}", "old_string": "DECOY", "new_string": "PWNED"}),
-    ("apply_patch", lambda link: {"input": f"*** Begin Patch\n*** Update File: {link}/decoy.txt\n@@\n-DECOY\n+PWNED\n*** End Patch\n"}),
-    ("apply_patch", lambda link: {"input": f"*** Begin Patch\n*** Add File: {link}/new.txt\n+PWNED\n*** End Patch\n"}),
-    ("apply_patch", lambda link: {"input": f"*** Begin Patch\n*** Delete File: {link}/decoy.txt\n*** End Patch\n"}),
+    (
+        "apply_patch",
+        lambda link: {
+            "input": f"*** Begin Patch\n*** Update File: {link}/decoy.txt\n@@\n-DECOY\n+PWNED\n*** End Patch\n"
+        },
+    ),
+    (
+        "apply_patch",
+        lambda link: {"input": f"*** Begin Patch\n*** Add File: {link}/new.txt\n+PWNED\n*** End Patch\n"},
+    ),
+    (
+        "apply_patch",
+        lambda link: {"input": f"*** Begin Patch\n*** Delete File: {link}/decoy.txt\n*** End Patch\n"},
+    ),
     ("read", lambda link: {"path": f"{link}/decoy.txt"}),
 ]
 
@@ -80,7 +94,11 @@ async def test_symlinks_planted_inside_never_lead_outside(make_config: Any, tmp_
                 r = await victim.call(tool, args)
                 attempts += 1
                 assert not r.ok, (tool, args, r.output)
-                assert r.error.code in ("PERMISSION_DENIED", "FILE_NOT_FOUND", "INVALID_ARGUMENTS"), (tool, args, r.error)
+                assert r.error.code in (
+                    "PERMISSION_DENIED",
+                    "FILE_NOT_FOUND",
+                    "INVALID_ARGUMENTS",
+                ), (tool, args, r.error)
         assert attempts == 54
         assert decoy_state(decoy) == before
         assert (other_ws / "mine.txt").read_text() == "OTHER SESSION\n"
@@ -108,7 +126,15 @@ async def test_symlink_swap_race_never_lands_outside(make_config: Any, tmp_path:
 
 
 @pytest.mark.parametrize(
-    "path", ["../../etc/passwd", "/etc/passwd", "/workspace/../etc/shadow", "a\x00b", "x" * 5000, "\uff0e\uff0e/etc/passwd"]
+    "path",
+    [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "/workspace/../etc/shadow",
+        "a\x00b",
+        "x" * 5000,
+        "\uff0e\uff0e/etc/passwd",
+    ],
 )
 async def test_traversal_refused(make_config: Any, tmp_path: Path, path: str) -> None:
     """Traversal, absolute paths, NUL, long paths and look-alikes are refused by every file tool."""
@@ -140,7 +166,10 @@ agents:
             for tool, args in (
                 ("write", {"path": target, "content": "changed"}),
                 ("edit", {"path": target, "old_string": "o", "new_string": "X"}),
-                ("apply_patch", {"input": f"*** Begin Patch\n*** Delete File: {target}\n*** End Patch\n"}),
+                (
+                    "apply_patch",
+                    {"input": f"*** Begin Patch\n*** Delete File: {target}\n*** End Patch\n"},
+                ),
             ):
                 r = await sess.call(tool, args)
                 assert r.error.code == "PERMISSION_DENIED", (tool, r.error)
@@ -149,7 +178,12 @@ agents:
 
 
 @pytest.mark.parametrize(
-    "command", ["sleep 1000", "sh -c 'sleep 1000 & sleep 1000'", "setsid sleep 1000 & nohup sleep 1000 & sleep 1000"]
+    "command",
+    [
+        "sleep 1000",
+        "sh -c 'sleep 1000 & sleep 1000'",
+        "setsid sleep 1000 & nohup sleep 1000 & sleep 1000",
+    ],
 )
 async def test_timeout_kills_everything(make_config: Any, tmp_path: Path, command: str) -> None:
     """A timed-out command and every process it started (even a setsid'd one) are gone afterwards."""
@@ -171,7 +205,9 @@ async def test_concurrent_edits_lose_nothing(make_config: Any, tmp_path: Path) -
         results: dict[int, Any] = {}
 
         async def edit(i: int) -> None:
-            results[i] = await sess.call("edit", {"path": "f.txt", "old_string": f"line {i}\n", "new_string": f"LINE {i}\n"})
+            results[i] = await sess.call(
+                "edit", {"path": "f.txt", "old_string": f"line {i}\n", "new_string": f"LINE {i}\n"}
+            )
 
         async with anyio.create_task_group() as tg:
             for i in range(10):
@@ -208,8 +244,10 @@ async def test_apply_patch_with_one_bad_hunk_changes_nothing(make_config: Any, t
         sess = orch.session("agent:a:patch")
         await sess.call("write", {"path": "a.txt", "content": "alpha\n"})
         await sess.call("write", {"path": "b.txt", "content": "beta\n"})
-        patch = ("*** Begin Patch\n*** Update File: a.txt\n@@\n-alpha\n+ALPHA\n*** Add File: c.txt\n+new\n"
-                 "*** Delete File: a.txt\n*** Update File: b.txt\n@@\n-gamma\n+GAMMA\n*** End Patch\n")
+        patch = (
+            "*** Begin Patch\n*** Update File: a.txt\n@@\n-alpha\n+ALPHA\n*** Add File: c.txt\n+new\n"
+            "*** Delete File: a.txt\n*** Update File: b.txt\n@@\n-gamma\n+GAMMA\n*** End Patch\n"
+        )
         r = await sess.call("apply_patch", {"input": patch.replace("*** Delete File: a.txt\n", "")})
         assert r.error.code == "INVALID_ARGUMENTS"
         assert "/workspace/b.txt: hunk 1 does not apply" in r.error.message
@@ -226,7 +264,10 @@ async def test_five_megabytes_of_output_truncated_and_saved(make_config: Any, tm
         r = await sess.call("exec", {"command": "head -c 5000000 /dev/zero | tr '\\0' 'y'"})
     assert r.ok and r.truncated
     assert len(r.output["output"]) < 51_000
-    assert "[... truncated: 4,950,000 of 5,000,000 characters cut; full output in /workspace/.sandbox/outputs/" in r.output["output"]
+    assert (
+        "[... truncated: 4,950,000 of 5,000,000 characters cut; full output in /workspace/.sandbox/outputs/"
+        in r.output["output"]
+    )
     assert r.full_output_path == f"/workspace/.sandbox/outputs/{r.call_id}.txt"
     saved = ws / ".sandbox" / "outputs" / f"{r.call_id}.txt"
     assert saved.stat().st_size == 5_000_000
@@ -239,9 +280,12 @@ async def test_deny_patterns_and_protected_paths(make_config: Any, tmp_path: Pat
     (ws / ".env").write_text("SECRET=1\n")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:a:deny")
-        for tool, args in (("read", {"path": ".env"}), ("write", {"path": "keys/server.pem", "content": "x"}),
-                           ("write", {"path": ".git/hooks/pre-commit", "content": "evil"}),
-                           ("write", {"path": ".git/config", "content": "evil"})):
+        for tool, args in (
+            ("read", {"path": ".env"}),
+            ("write", {"path": "keys/server.pem", "content": "x"}),
+            ("write", {"path": ".git/hooks/pre-commit", "content": "evil"}),
+            ("write", {"path": ".git/config", "content": "evil"}),
+        ):
             r = await sess.call(tool, args)
             assert r.error.code == "PERMISSION_DENIED", (tool, r.error)
     assert not (ws / ".git").exists() and not (ws / "keys").exists()
@@ -252,7 +296,10 @@ async def test_process_tool_lifecycle_and_session_scoping(make_config: Any, tmp_
     config = sandbox_config(make_config, tmp_path / "ws", scope="agent")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:a:p1")
-        start = await sess.call("exec", {"command": "echo ready; while read line; do echo got:$line; done", "background": True})
+        start = await sess.call(
+            "exec",
+            {"command": "echo ready; while read line; do echo got:$line; done", "background": True},
+        )
         pid = start.output["process_id"]
         await anyio.sleep(0.5)
         assert (await sess.call("process", {"action": "write", "id": pid, "data": "hello\n"})).ok
@@ -308,10 +355,18 @@ async def test_process_survives_orchestrator_restart(tmp_path: Path, instance: s
     ws = tmp_path / "ws"
     ws.mkdir()
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"state_dir: {tmp_path}/state\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent}}}}, list: [{{id: a, workspace: {ws}}}]}}\n")
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent}}}}, list: [{{id: a, workspace: {ws}}}]}}\n"
+    )
 
     def run(*args: str) -> Any:
-        out = subprocess.run([sys.executable, "-c", PROC_SCRIPT, str(cfg), *args], capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PROC_SCRIPT, str(cfg), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         return json.loads(out.stdout)
 
     started = run("start")
@@ -342,12 +397,22 @@ async def test_kill_9_mid_write_leaves_old_or_new(tmp_path: Path, instance: str)
     ws = tmp_path / "ws"
     ws.mkdir()
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"state_dir: {tmp_path}/state\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent}}}}, list: [{{id: a, workspace: {ws}}}]}}\n")
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent}}}}, list: [{{id: a, workspace: {ws}}}]}}\n"
+    )
     for delay in (0.9, 1.3, 1.7, 2.1):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         data = (ws / "big.txt").read_bytes() if (ws / "big.txt").exists() else b""
         if data:
-            assert len(data) == 4_000_000 and len(set(data)) == 1, (delay, len(data), set(data[:10]))
+            assert len(data) == 4_000_000 and len(set(data)) == 1, (
+                delay,
+                len(data),
+                set(data[:10]),
+            )

@@ -47,8 +47,12 @@ async def test_host_symlink_and_traversal_refused(host_config: Any, tmp_path: Pa
     os.symlink(decoy, ws / "link")
     async with Orchestrator(host_config) as orch:
         sess = orch.session("agent:a:main")
-        for tool, args in (("read", {"path": "link"}), ("edit", {"path": "link", "old_string": "D", "new_string": "X"}),
-                           ("read", {"path": "../decoy.txt"}), ("write", {"path": str(decoy), "content": "X"})):
+        for tool, args in (
+            ("read", {"path": "link"}),
+            ("edit", {"path": "link", "old_string": "D", "new_string": "X"}),
+            ("read", {"path": "../decoy.txt"}),
+            ("write", {"path": str(decoy), "content": "X"}),
+        ):
             r = await sess.call(tool, args)
             assert r.error.code == "PERMISSION_DENIED", (tool, r.error)
     assert decoy.read_text() == "DECOY\n"

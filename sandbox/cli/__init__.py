@@ -106,7 +106,12 @@ def main(ctx: click.Context, config_path: str | None, log_level: str, log_json: 
 @click.pass_obj
 @handled
 def explain(
-    state: State, agent: str | None, session: str, provider: str | None, model: str | None, as_json: bool
+    state: State,
+    agent: str | None,
+    session: str,
+    provider: str | None,
+    model: str | None,
+    as_json: bool,
 ) -> None:
     """Why each tool exists or not for a session, and whether it is sandboxed."""
     resolver = PolicyResolver(state.config)
@@ -170,7 +175,11 @@ def config_check(state: State, as_json: bool) -> None:
             "tools": eff.tools.model_dump(mode="json", exclude_none=True),
             "sandbox": eff.sandbox.model_dump(mode="json"),
         }
-    data = {"source": state.config_path or "<defaults>", "config": config.model_dump(mode="json"), "agents": agents}
+    data = {
+        "source": state.config_path or "<defaults>",
+        "config": config.model_dump(mode="json"),
+        "agents": agents,
+    }
     if as_json:
         _emit(data, True, "")
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -27,26 +28,75 @@ PATCH = """*** Begin Patch
 *** End Patch
 """
 
-# (tool, arguments, expected error code or None for success, what it shows)
+# (tool, arguments, expected error code or None for success, what it shows); `app` is replaced
+# by a folder of its own for each run, so runs in one agent-scoped workspace never collide.
 SCRIPT: list[tuple[str, dict[str, Any], str | None, str]] = [
-    ("write", {"path": "app/greet.py", "content": 'def greet(name):\n    return "Hello, " + name\n'},
-     None, "create a file (atomic: temp file + rename)"),
-    ("read", {"path": "app/greet.py", "line_numbers": True}, None, "read it back with line numbers"),
-    ("edit", {"path": "app/greet.py", "old_string": "def greet(name):", "new_string": "def greet(name: str) -> str:"},
-     None, "exact-string edit (must match once)"),
-    ("apply_patch", {"input": PATCH.replace("@@ def greet(name):", "@@ def greet(name: str) -> str:")},
-     None, "multi-file patch, all or nothing"),
-    ("exec", {"command": "cd app && python3 test_greet.py && id && ls -la"}, None, "run the test in the sandbox"),
-    ("exec", {"command": "for i in 1 2 3; do echo step $i; sleep 0.2; done", "background": True},
-     None, "start a background process"),
+    (
+        "write",
+        {"path": "app/greet.py", "content": 'def greet(name):\n    return "Hello, " + name\n'},
+        None,
+        "create a file (atomic: temp file + rename)",
+    ),
+    (
+        "read",
+        {"path": "app/greet.py", "line_numbers": True},
+        None,
+        "read it back with line numbers",
+    ),
+    (
+        "edit",
+        {
+            "path": "app/greet.py",
+            "old_string": "def greet(name):",
+            "new_string": "def greet(name: str) -> str:",
+        },
+        None,
+        "exact-string edit (must match once)",
+    ),
+    (
+        "apply_patch",
+        {"input": PATCH.replace("@@ def greet(name):", "@@ def greet(name: str) -> str:")},
+        None,
+        "multi-file patch, all or nothing",
+    ),
+    (
+        "exec",
+        {"command": "cd app && python3 test_greet.py && id && ls -la"},
+        None,
+        "run the test in the sandbox",
+    ),
+    (
+        "exec",
+        {"command": "for i in 1 2 3; do echo step $i; sleep 0.2; done", "background": True},
+        None,
+        "start a background process",
+    ),
     ("read", {"path": "../../etc/passwd"}, "PERMISSION_DENIED", "path traversal is refused"),
-    ("exec", {"command": "ln -sf /etc/passwd app/leak && echo planted"}, None, "the sandbox plants a symlink ..."),
+    (
+        "exec",
+        {"command": "ln -sf /etc/passwd app/leak && echo planted"},
+        None,
+        "the sandbox plants a symlink ...",
+    ),
     ("read", {"path": "app/leak"}, "PERMISSION_DENIED", "... which file tools never follow"),
-    ("exec", {"command": "sleep 300 & sleep 300", "timeout_s": 1}, "TIMEOUT", "a timeout kills the whole process group"),
-    ("exec", {"command": "if pgrep -f '^sleep 300$'; then echo LEFT RUNNING; else echo none left; fi"},
-     None, "... nothing of it is left"),
-    ("browser", {"action": "navigate", "url": "https://example.com"}, "TOOL_NOT_FOUND",
-     "the default sandbox policy has no browser"),
+    (
+        "exec",
+        {"command": "sleep 300 & sleep 300", "timeout_s": 1},
+        "TIMEOUT",
+        "a timeout kills the whole process group",
+    ),
+    (
+        "exec",
+        {"command": "if pgrep -f '^sleep 300$'; then echo LEFT RUNNING; else echo none left; fi"},
+        None,
+        "... nothing of it is left",
+    ),
+    (
+        "browser",
+        {"action": "navigate", "url": "https://example.com"},
+        "TOOL_NOT_FOUND",
+        "the default sandbox policy has no browser",
+    ),
 ]
 
 
@@ -57,7 +107,7 @@ def _summary(result: ToolResult) -> str:
     out = result.output
     if isinstance(out, dict):
         if "content" in out:
-            return out["content"].rstrip()
+            return str(out["content"]).rstrip()
         if "output" in out:
             text = str(out["output"]).rstrip()
             code = out.get("exit_code")
@@ -73,9 +123,9 @@ def _indent(text: str, prefix: str = "     │ ") -> str:
     return "\n".join(prefix + line for line in lines)
 
 
-async def _show_sandbox(session: Session, echo: Any) -> dict[str, Any]:
+async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[str, Any]:
     box = await session.sandbox()
-    attrs = await session._orch.backend.inspect(box.id)  # noqa: SLF001 - the demo shows the raw truth
+    attrs = await session._orch.backend.inspect(box.id)
     assert attrs is not None
     host = attrs["HostConfig"]
     facts = {
@@ -94,10 +144,14 @@ async def _show_sandbox(session: Session, echo: Any) -> dict[str, Any]:
         "mounts": [f"{m['Source']} -> {m['Destination']} ({'rw' if m['RW'] else 'ro'})" for m in attrs["Mounts"]],
     }
     echo("sandbox  " + facts["container"] + f" ({facts['id']}, image {facts['image']})")
-    echo(f"         user {facts['user']}, network {facts['network']}, cap_drop {facts['cap_drop']}, "
-         f"{'read-only root' if facts['read_only_root'] else 'WRITABLE root'}")
-    echo(f"         {facts['security_opt']}, pids {facts['pids_limit']}, memory {facts['memory'] // 2**20} MiB, "
-         f"cpus {facts['nano_cpus'] / 1e9:g}, init {facts['init']}")
+    echo(
+        f"         user {facts['user']}, network {facts['network']}, cap_drop {facts['cap_drop']}, "
+        f"{'read-only root' if facts['read_only_root'] else 'WRITABLE root'}"
+    )
+    echo(
+        f"         {facts['security_opt']}, pids {facts['pids_limit']}, memory {facts['memory'] // 2**20} MiB, "
+        f"cpus {facts['nano_cpus'] / 1e9:g}, init {facts['init']}"
+    )
     for mount in facts["mounts"]:
         echo(f"         mount {mount}")
     return facts
@@ -107,7 +161,10 @@ async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool)
     """Drive the script; return whether every step did what it should."""
     agent_id = agent or default_agent_id(config)
     key = f"agent:{agent_id}:demo-{int(time.time())}"
-    echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+
+    def echo(text: str) -> None:
+        click.echo(text, err=as_json)  # with --json, the story goes to stderr and data to stdout
+
     report: dict[str, Any] = {"session": key, "steps": []}
     all_ok = True
     async with Orchestrator(config) as orch:
@@ -117,9 +174,9 @@ async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool)
         echo(f"policy   {'sandboxed' if status.sandboxed else 'on the host'}: {status.reason}")
         echo(f"tools    {', '.join(t.name for t in session.tools())}")
         echo("")
-        for tool, args, expected, note in SCRIPT:
-            if tool == "process":
-                continue
+        folder = f"demo-{int(time.time() * 1000)}"
+        for tool, raw_args, expected, note in SCRIPT:
+            args = json.loads(json.dumps(raw_args).replace("app/", f"{folder}/").replace("cd app", f"cd {folder}"))
             result = await session.call(tool, args)
             got = None if result.ok else result.error.code if result.error else "?"
             good = got == expected and not (result.ok and "LEFT RUNNING" in json.dumps(result.output))
@@ -128,8 +185,15 @@ async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool)
             echo(f"{describe(tool, args)}")
             echo(f"     {mark} {note} ({result.duration_ms:.0f} ms)")
             echo(_indent(_summary(result)))
-            report["steps"].append({"tool": tool, "expected": expected, "got": got, "ok": good,
-                                    "duration_ms": result.duration_ms})
+            report["steps"].append(
+                {
+                    "tool": tool,
+                    "expected": expected,
+                    "got": got,
+                    "ok": good,
+                    "duration_ms": result.duration_ms,
+                }
+            )
             if tool == "exec" and args.get("background") and result.ok:
                 await anyio.sleep(1.0)
                 proc_args = {"action": "poll", "id": result.output["process_id"]}

@@ -14,12 +14,16 @@ from sandbox.runtime import lifecycle
 from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.manager import SandboxManager
 
+
 def _targets(state: State) -> list[Any]:
     """images/sandbox and images/browser, tagged as the default agent config names them."""
     from sandbox.runtime.images import ImageTarget
 
     sandbox = state.config.agents.defaults.sandbox
-    return [ImageTarget("sandbox", sandbox.docker.image), ImageTarget("browser", sandbox.browser.image)]
+    return [
+        ImageTarget("sandbox", sandbox.docker.image),
+        ImageTarget("browser", sandbox.browser.image),
+    ]
 
 
 def _manager(state: State) -> SandboxManager:
@@ -73,11 +77,18 @@ def list_cmd(state: State, as_json: bool) -> None:
             await manager.backend.aclose()
 
     found = anyio.run(go)
-    data = [
+    data: list[dict[str, Any]] = [
         {
-            "name": r.info.name, "id": r.info.id[:12], "kind": r.info.kind, "agent": r.info.agent,
-            "tenant": r.info.tenant, "scope": r.info.scope, "scope_key": r.info.scope_key,
-            "age_s": round(r.age_s), "idle_s": round(r.idle_s), "config_match": r.config_match,
+            "name": r.info.name,
+            "id": r.info.id[:12],
+            "kind": r.info.kind,
+            "agent": r.info.agent,
+            "tenant": r.info.tenant,
+            "scope": r.info.scope,
+            "scope_key": r.info.scope_key,
+            "age_s": round(r.age_s),
+            "idle_s": round(r.idle_s),
+            "config_match": r.config_match,
             "status": r.info.status,
         }
         for r in found
@@ -85,8 +96,10 @@ def list_cmd(state: State, as_json: bool) -> None:
     lines = [f"{'NAME':<44} {'AGENT':<10} {'SCOPE KEY':<28} {'AGE':>6} {'IDLE':>6} {'CONFIG':<7} STATE"]
     for d in data:
         match = {True: "match", False: "STALE", None: "?"}[d["config_match"]]
-        lines.append(f"{d['name']:<44} {d['agent']:<10} {d['scope_key'][:28]:<28} {_age(d['age_s']):>6} "
-                     f"{_age(d['idle_s']):>6} {match:<7} {d['status']}")
+        lines.append(
+            f"{d['name']:<44} {d['agent']:<10} {d['scope_key'][:28]:<28} {_age(d['age_s']):>6} "
+            f"{_age(d['idle_s']):>6} {match:<7} {d['status']}"
+        )
     if not data:
         lines = ["no sandboxes"]
     _emit(data, as_json, "\n".join(lines))
@@ -113,7 +126,11 @@ def recreate(state: State, all_: bool, agent: str | None, session: str | None, b
             await manager.backend.aclose()
 
     removed = anyio.run(go)
-    _emit({"removed": removed}, as_json, "\n".join(f"removed {n}" for n in removed) or "nothing matched")
+    _emit(
+        {"removed": removed},
+        as_json,
+        "\n".join(f"removed {n}" for n in removed) or "nothing matched",
+    )
 
 
 @main.command()
@@ -135,8 +152,15 @@ def prune(state: State, dry_run: bool, as_json: bool) -> None:
     pruned, orphans = anyio.run(go)
     verb = "would remove" if dry_run else "removed"
     lines = [f"{verb} {name}: {why}" for name, why in pruned] + [f"removed half-created {n}" for n in orphans]
-    _emit({"pruned": [{"name": n, "reason": r} for n, r in pruned], "orphans": orphans, "dry_run": dry_run},
-          as_json, "\n".join(lines) or "nothing to prune")
+    _emit(
+        {
+            "pruned": [{"name": n, "reason": r} for n, r in pruned],
+            "orphans": orphans,
+            "dry_run": dry_run,
+        },
+        as_json,
+        "\n".join(lines) or "nothing to prune",
+    )
 
 
 @main.command()
@@ -150,15 +174,16 @@ def doctor(state: State, as_json: bool) -> None:
     backend = DockerBackend()
     try:
         client = backend.client
-    except Exception as exc:  # noqa: BLE001 - reported as a failed check
+    except Exception as exc:
         from sandbox.runtime.doctor import Check
 
         checks = [Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST")]
     else:
         checks = run_checks(client, state.config, _targets(state))
     marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
-    text = "\n".join(f"[{marks[c.status]}] {c.name:<16} {c.detail}" + (f"\n       fix: {c.fix}" if c.fix else "")
-                     for c in checks)
+    text = "\n".join(
+        f"[{marks[c.status]}] {c.name:<16} {c.detail}" + (f"\n       fix: {c.fix}" if c.fix else "") for c in checks
+    )
     _emit([c.__dict__ for c in checks], as_json, text)
     if any(c.status == "fail" for c in checks):
         sys.exit(1)

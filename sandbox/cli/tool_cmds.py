@@ -57,8 +57,14 @@ def call(state: State, agent: str | None, session: str, tool: str, json_args: st
 @json_option
 @click.pass_obj
 @handled
-def exec_cmd(state: State, agent: str | None, session: str, timeout_s: float | None, command: tuple[str, ...],
-             as_json: bool) -> None:
+def exec_cmd(
+    state: State,
+    agent: str | None,
+    session: str,
+    timeout_s: float | None,
+    command: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Run a command as the session's exec tool would: `sandbox exec --session K -- ls -la`."""
     import shlex
 

@@ -79,9 +79,7 @@ def normalize(data: Any, model: type[BaseModel], loc: Loc = ()) -> tuple[Any, li
     return out, problems
 
 
-def _normalize_value(
-    value: Any, schema: tuple[str, Any] | None, loc: Loc
-) -> tuple[Any, list[tuple[Loc, str]]]:
+def _normalize_value(value: Any, schema: tuple[str, Any] | None, loc: Loc) -> tuple[Any, list[tuple[Loc, str]]]:
     if schema is None:
         return value, []
     kind, inner = schema

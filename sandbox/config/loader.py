@@ -101,19 +101,18 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
     for index, agent in enumerate(config.agents.list):
         if agent.id in seen:
             problems.append(
-                (("agents", "list", index, "id"), f"agent id {agent.id!r} repeats agents.list[{seen[agent.id]}]")
+                (
+                    ("agents", "list", index, "id"),
+                    f"agent id {agent.id!r} repeats agents.list[{seen[agent.id]}]",
+                )
             )
         seen.setdefault(agent.id, index)
     defaults = [i for i, agent in enumerate(config.agents.list) if agent.default]
     if len(defaults) > 1:
-        problems.append(
-            (("agents", "list", defaults[1], "default"), "only one agent may be `default: true`")
-        )
+        problems.append((("agents", "list", defaults[1], "default"), "only one agent may be `default: true`"))
     exec_cfg = config.tools.exec
     if exec_cfg.default_timeout_s > exec_cfg.max_timeout_s:
-        problems.append(
-            (("tools", "exec", "default_timeout_s"), "must not exceed tools.exec.max_timeout_s")
-        )
+        problems.append((("tools", "exec", "default_timeout_s"), "must not exceed tools.exec.max_timeout_s"))
     loop = config.tools.loop_detection
     if not loop.warn_threshold < loop.critical_threshold <= loop.global_circuit_breaker:
         problems.append(
@@ -125,7 +124,10 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
     for key in config.tools.by_provider:
         if not _PROVIDER_KEY.match(key):
             problems.append(
-                (("tools", "by_provider", key), "expected `provider` or `provider/model` (lower-case provider)")
+                (
+                    ("tools", "by_provider", key),
+                    "expected `provider` or `provider/model` (lower-case provider)",
+                )
             )
     known_agents = set(seen) or {"main"}
     for agent_id in config.tools.approvals.by_agent:
@@ -148,6 +150,10 @@ def _network_problems(config: Config) -> list[tuple[Loc, str]]:
     places += [(("agents", "list", i, "sandbox"), a.sandbox) for i, a in enumerate(config.agents.list)]
     for loc, sandbox in places:
         if sandbox.docker.network == sandbox.browser.network:
-            out.append(((*loc, "docker", "network"),
-                        f"{sandbox.docker.network!r} is the browser network; the exec sandbox is never attached to it"))
+            out.append(
+                (
+                    (*loc, "docker", "network"),
+                    f"{sandbox.docker.network!r} is the browser network; the exec sandbox is never attached to it",
+                )
+            )
     return out

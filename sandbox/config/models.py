@@ -15,7 +15,6 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
 
-
 class StrictModel(BaseModel):
     """Base: unknown keys are errors, instances are immutable."""
 
@@ -151,7 +150,7 @@ class DockerConfig(StrictModel):
     memory_swap: str | None = Field(None, pattern=r"^\d+[bkmgBKMG]?$")
     cpus: float = Field(1.0, gt=0)
     tmpfs: dict[str, str] = {
-        "/tmp": "rw,nosuid,nodev,size=256m",  # noqa: S108 - a path inside the container
+        "/tmp": "rw,nosuid,nodev,size=256m",
         "/var/tmp": "rw,nosuid,nodev,size=64m",
         "/run": "rw,nosuid,nodev,size=16m",
     }

@@ -27,15 +27,19 @@ def validation_message(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]
     fields = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(arguments)"
-        reason = "is required" if err["type"] == "missing" else (
-            "is not a known field" if err["type"] == "extra_forbidden" else str(err["msg"]).lower()
+        reason = (
+            "is required"
+            if err["type"] == "missing"
+            else ("is not a known field" if err["type"] == "extra_forbidden" else str(err["msg"]).lower())
         )
         fields.append({"field": path, "reason": reason, "type": err["type"]})
     text = "; ".join(f"{f['field']} {f['reason']}" for f in fields)
     return text, fields
 
 
-def _error_result(tool: str, tctx: ctxvars.TaskContext, error: SandboxError, started: float, output: Any = None) -> ToolResult:
+def _error_result(
+    tool: str, tctx: ctxvars.TaskContext, error: SandboxError, started: float, output: Any = None
+) -> ToolResult:
     details = {k: v for k, v in error.details.items() if k != "output"}
     return ToolResult(
         ok=False,
@@ -83,9 +87,13 @@ async def execute(
             log.info("tool_call_denied")
             reason = "is not available to this session" if tool in specs else "does not exist"
             return _error_result(
-                tool, tctx,
-                SandboxError(ErrorCode.TOOL_NOT_FOUND, f"tool {name!r} {reason}; available tools: {', '.join(available)}",
-                             available=available),
+                tool,
+                tctx,
+                SandboxError(
+                    ErrorCode.TOOL_NOT_FOUND,
+                    f"tool {name!r} {reason}; available tools: {', '.join(available)}",
+                    available=available,
+                ),
                 started,
             )
         spec = specs[tool]
@@ -94,7 +102,13 @@ async def execute(
         except ValidationError as exc:
             text, fields = validation_message(exc)
             return _error_result(
-                tool, tctx, SandboxError(ErrorCode.INVALID_ARGUMENTS, f"invalid arguments for {tool}: {text}", fields=fields),
+                tool,
+                tctx,
+                SandboxError(
+                    ErrorCode.INVALID_ARGUMENTS,
+                    f"invalid arguments for {tool}: {text}",
+                    fields=fields,
+                ),
                 started,
             )
         log.debug("tool_call_started")
@@ -106,7 +120,12 @@ async def execute(
             with anyio.fail_after(limit):
                 output = await handlers[tool](tool_ctx, args)
         except TimeoutError:
-            return _error_result(tool, tctx, SandboxError(ErrorCode.TIMEOUT, f"{tool} did not finish within {limit:g}s"), started)
+            return _error_result(
+                tool,
+                tctx,
+                SandboxError(ErrorCode.TIMEOUT, f"{tool} did not finish within {limit:g}s"),
+                started,
+            )
         except SandboxError as exc:
             log.bind(code=exc.code.value).info("tool_call_failed")
             partial = exc.details.get("output")
@@ -130,8 +149,13 @@ async def execute(
             full_output_path=spill_path,
             duration_ms=round((time.perf_counter() - started) * 1000, 2),
         )
-    except Exception as exc:  # noqa: BLE001 - the model gets INTERNAL, the log gets the traceback
+    except Exception as exc:
         log.exception("tool_call_crashed")
-        return _error_result(tool, tctx, SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"), started)
+        return _error_result(
+            tool,
+            tctx,
+            SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"),
+            started,
+        )
     finally:
         ctxvars.current.reset(token)

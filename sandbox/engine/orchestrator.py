@@ -53,7 +53,10 @@ class Orchestrator:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.aclose()
 
@@ -111,7 +114,9 @@ class Session:
 
     def tools(self) -> list[ToolSpec]:
         """The tools the model may see (allowed by policy and runnable here)."""
-        return [s for name, s in self._orch.specs.items() if name in self.policy.allowed and name in self._orch.handlers]
+        return [
+            s for name, s in self._orch.specs.items() if name in self.policy.allowed and name in self._orch.handlers
+        ]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """name, description and JSON schema of each tool in :meth:`tools`."""
@@ -158,8 +163,14 @@ class Session:
             if self._files is None:
                 spec = box.spec
                 roots = [
-                    Root(m.target, Path(m.source), m.read_only,
-                         f"the workspace (workspace_access {spec.workspace_access})" if i == 0 else f"the bind {m.target}")
+                    Root(
+                        m.target,
+                        Path(m.source),
+                        m.read_only,
+                        f"the workspace (workspace_access {spec.workspace_access})"
+                        if i == 0
+                        else f"the bind {m.target}",
+                    )
                     for i, m in enumerate(spec.mounts)
                 ]
                 uid, _, gid = spec.user.partition(":")

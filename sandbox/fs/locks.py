@@ -10,10 +10,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from sandbox.errors import ErrorCode, SandboxError
 
 _local: dict[str, anyio.Lock] = {}
+
+
+def _open_lock_file(lock_dir: Path, name: str) -> int:
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    return os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 @asynccontextmanager
@@ -30,8 +36,7 @@ async def file_lock(lock_dir: Path, key: str, timeout_s: float = 10.0) -> AsyncI
     if scope.cancelled_caught:
         raise SandboxError(ErrorCode.CONFLICT, "another call is writing this file; try again", retryable=True)
     try:
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = await anyio.to_thread.run_sync(_open_lock_file, lock_dir, name)
         try:
             deadline = anyio.current_time() + timeout_s
             while True:
@@ -40,7 +45,9 @@ async def file_lock(lock_dir: Path, key: str, timeout_s: float = 10.0) -> AsyncI
                     break
                 except BlockingIOError:
                     if anyio.current_time() > deadline:
-                        raise SandboxError(ErrorCode.CONFLICT, "another process is writing this file; try again") from None
+                        raise SandboxError(
+                            ErrorCode.CONFLICT, "another process is writing this file; try again"
+                        ) from None
                     await anyio.sleep(0.01)
             try:
                 yield

@@ -146,7 +146,9 @@ def _parse_unified(lines: list[str]) -> list[FileOp]:
             op = FileOp("update", old_path, move_to=new_path if new_path != old_path else None)
         ops.append(op)
         hunk: Hunk | None = None
-        while i < len(lines) and not (lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")):
+        while i < len(lines) and not (
+            lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+        ):
             line = lines[i]
             i += 1
             if line.startswith("@@"):

@@ -5,12 +5,13 @@ lead outside the root. Never realpath-then-open: that races.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +88,9 @@ class SafeRoot:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    try:
+                    # made concurrently? then it is opened (without following) just below
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass  # made concurrently; opened (without following) just below
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                     if self.owner:
                         os.fchown(nxt, *self.owner)
@@ -120,7 +120,11 @@ class SafeRoot:
         rel = path.relative
         with self._dir(path.parts[:-1], rel) as dfd:
             try:
-                fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+                fd = os.open(
+                    path.name,
+                    os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                    dir_fd=dfd,
+                )
             except OSError as exc:
                 raise _map_os_error(exc, rel) from exc
             try:
@@ -168,7 +172,12 @@ class SafeRoot:
                 old = None
             tmp = f".{path.name[:200]}.{secrets.token_hex(4)}.sbx-tmp"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+                fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    mode,
+                    dir_fd=dfd,
+                )
             except OSError as exc:
                 raise _map_os_error(exc, rel) from exc
             try:
@@ -188,10 +197,8 @@ class SafeRoot:
                     os.close(fd)
                 os.rename(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException as exc:
-                try:
+                with suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
                 if isinstance(exc, OSError):
                     raise _map_os_error(exc, rel) from exc
                 raise

@@ -20,9 +20,7 @@ def explain_data(policy: ResolvedPolicy) -> dict[str, Any]:
             "workspace_access": status.workspace_access,
             "reason": status.reason,
         },
-        "layers": [
-            {"name": t.layer.name, "remaining": sorted(t.remaining)} for t in policy.trace
-        ],
+        "layers": [{"name": t.layer.name, "remaining": sorted(t.remaining)} for t in policy.trace],
         "tools": [
             {
                 "name": d.tool,

@@ -84,9 +84,7 @@ def list_layer(
     restrictions: list[Rule] = []
     members = PROFILES.get(profile) if profile else None
     if members is not None:
-        restrictions.append(
-            compile_rule("profile", f"{key_prefix}.profile={profile}", [*members, *extra], universe)
-        )
+        restrictions.append(compile_rule("profile", f"{key_prefix}.profile={profile}", [*members, *extra], universe))
     if allow:
         restrictions.append(compile_rule("allow", f"{key_prefix}.allow", [*allow, *extra], universe))
     denies = (compile_rule("deny", f"{key_prefix}.deny", deny, universe),) if deny else ()

@@ -14,7 +14,15 @@ from sandbox.policy.groups import (
     SUBAGENT_ALWAYS_DENY,
     SUBAGENT_LEAF_DENY,
 )
-from sandbox.policy.layers import Decision, Layer, Rule, apply_layer, compile_rule, first_refusal, list_layer
+from sandbox.policy.layers import (
+    Decision,
+    Layer,
+    Rule,
+    apply_layer,
+    compile_rule,
+    first_refusal,
+    list_layer,
+)
 from sandbox.policy.sessions import SessionKey, parse_session_key
 
 
@@ -223,7 +231,11 @@ class PolicyResolver:
             named = {t for rule in restrictions for t in rule.members if not rule.default}
             named |= set(compile_rule("allow", "", also or [], self.universe).members)
             default_deny = compile_rule(
-                "deny", "(default sandbox deny list)", DEFAULT_SANDBOX_DENY, self.universe, default=True
+                "deny",
+                "(default sandbox deny list)",
+                DEFAULT_SANDBOX_DENY,
+                self.universe,
+                default=True,
             )
             lifted = {t: p for t, p in default_deny.members.items() if t not in named}
             denies = (Rule("deny", default_deny.key, default_deny.patterns, lifted, default=True),)

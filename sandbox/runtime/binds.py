@@ -7,11 +7,13 @@ path, so what Docker mounts is what was checked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
@@ -96,10 +98,8 @@ def _relation(path: str, blocked: str) -> str | None:
 def home_dirs() -> list[str]:
     """Homes whose credential folders are protected: $HOME, the passwd home, every /home/*."""
     homes = {os.path.expanduser("~")}
-    try:
+    with contextlib.suppress(KeyError):
         homes.add(pwd.getpwuid(os.getuid()).pw_dir)
-    except KeyError:
-        pass
     try:
         with os.scandir("/home") as entries:
             homes.update(e.path for e in entries if e.is_dir(follow_symlinks=False))
@@ -169,8 +169,7 @@ def check_source(source: str, docker: DockerConfig, *, what: str = "bind source"
                     f"{what} {real!r}{via} {relation} the system path {blocked}",
                     rule="system-path",
                     path=real,
-                    fix="bind a directory outside system paths, or set "
-                    "docker.dangerously_allow_system_paths (audited)",
+                    fix="bind a directory outside system paths, or set docker.dangerously_allow_system_paths (audited)",
                 )
     if not docker.dangerously_allow_credential_paths:
         if real == "/home":  # holds every user's credentials, today's users and tomorrow's
@@ -274,18 +273,16 @@ def bind_problems(config: Config) -> list[tuple[Loc, str]]:
     defaults = config.agents.defaults.sandbox
     for index, text in enumerate(defaults.docker.binds):
         loc: Loc = ("agents", "defaults", "sandbox", "docker", "binds", index)
-        problems.extend(_problem(loc, lambda t=text: validate_binds([t], defaults.docker)))
+        problems.extend(_problem(loc, partial(validate_binds, [text], defaults.docker)))
     for a_index, agent in enumerate(config.agents.list or []):
         merged = effective_agent(config, agent.id)
         for index, text in enumerate(agent.sandbox.docker.binds):
             loc = ("agents", "list", a_index, "sandbox", "docker", "binds", index)
-            problems.extend(_problem(loc, lambda t=text: validate_binds([t], merged.sandbox.docker)))
+            problems.extend(_problem(loc, partial(validate_binds, [text], merged.sandbox.docker)))
         if merged.sandbox.mode != "off" and merged.sandbox.workspace_access != "none":
             loc = ("agents", "list", a_index, "workspace")
             ws = str(merged.workspace)
-            problems.extend(
-                _problem(loc, lambda w=ws: check_source(w, merged.sandbox.docker, what="workspace"))
-            )
+            problems.extend(_problem(loc, partial(check_source, ws, merged.sandbox.docker, what="workspace")))
     return problems
 
 

@@ -82,8 +82,10 @@ class BrowserManager:
             attrs = await self.backend.find(name)
             if attrs is not None and attrs["State"]["Status"] == "running":
                 endpoint = self._endpoint(attrs, cfg.cdp_port, cfg.network)
-                if endpoint is not None and await anyio.to_thread.run_sync(_cdp_version, endpoint.cdp_url):
-                    return endpoint
+                if endpoint is not None:
+                    version = await anyio.to_thread.run_sync(_cdp_version, endpoint.cdp_url)
+                    if version is not None:
+                        return endpoint
             if attrs is not None:
                 await self.backend.remove(attrs["Id"])
             await self.ensure_network(cfg.network)
@@ -103,10 +105,18 @@ class BrowserManager:
         docker_cfg = agent.sandbox.docker
         now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
         labels = {
-            Labels.MANAGED: "true", Labels.INSTANCE: self.instance, Labels.KIND: "browser",
-            Labels.TENANT: agent.tenant, Labels.AGENT: agent.id, Labels.SCOPE: agent.sandbox.scope,
-            Labels.SCOPE_KEY: key, Labels.SESSION: "", Labels.CONFIG_HASH: "", Labels.CREATED_AT: now,
-            Labels.LAST_USED: now, Labels.SCHEMA: SCHEMA_VERSION,
+            Labels.MANAGED: "true",
+            Labels.INSTANCE: self.instance,
+            Labels.KIND: "browser",
+            Labels.TENANT: agent.tenant,
+            Labels.AGENT: agent.id,
+            Labels.SCOPE: agent.sandbox.scope,
+            Labels.SCOPE_KEY: key,
+            Labels.SESSION: "",
+            Labels.CONFIG_HASH: "",
+            Labels.CREATED_AT: now,
+            Labels.LAST_USED: now,
+            Labels.SCHEMA: SCHEMA_VERSION,
         }
 
         def create() -> str:
@@ -122,7 +132,10 @@ class BrowserManager:
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges:true"],
                 read_only=True,
-                tmpfs={"/tmp": "rw,nosuid,nodev,size=512m", "/home/browser": "rw,nosuid,nodev,size=256m"},  # noqa: S108
+                tmpfs={
+                    "/tmp": "rw,nosuid,nodev,size=512m",
+                    "/home/browser": "rw,nosuid,nodev,size=256m",
+                },
                 pids_limit=max(docker_cfg.pids_limit, 512),
                 mem_limit=docker_cfg.memory,
                 memswap_limit=docker_cfg.memory,
@@ -147,8 +160,13 @@ class BrowserManager:
             version = await anyio.to_thread.run_sync(_cdp_version, endpoint.cdp_url) if endpoint else None
             if endpoint and version:
                 logger.bind(container=name, cdp=endpoint.cdp_url).info("browser_started")
-                return BrowserEndpoint(endpoint.container_id, endpoint.name, cfg.network, endpoint.cdp_url,
-                                       str(version.get("Browser", "")))
+                return BrowserEndpoint(
+                    endpoint.container_id,
+                    endpoint.name,
+                    cfg.network,
+                    endpoint.cdp_url,
+                    str(version.get("Browser", "")),
+                )
             await anyio.sleep(0.25)
         await self.backend.remove(container_id)
         raise SandboxUnavailable(

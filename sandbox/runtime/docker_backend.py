@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -18,8 +19,8 @@ import anyio.to_thread
 import docker
 import docker.errors
 from docker.types import Mount as DockerMount
-from docker.utils.socket import frames_iter
 from docker.types import Ulimit
+from docker.utils.socket import frames_iter
 from loguru import logger
 
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
@@ -36,6 +37,7 @@ CREATOR_LABEL = f"{LABEL_PREFIX}.creator"
 
 class SandboxGone(SandboxUnavailable):
     """The container disappeared or stopped before a command could start in it."""
+
 
 CREATING_MARK = "-creating-"
 SETUP_TIMEOUT_S = 300.0
@@ -198,7 +200,8 @@ class DockerBackend:
 
     async def ping(self) -> dict[str, Any]:
         """Engine version info, or SandboxUnavailable."""
-        return await self.call("ping", lambda: self.client.version())  # type: ignore[no-any-return]
+        version: dict[str, Any] = await self.call("ping", lambda: self.client.version())
+        return version
 
     async def image_id(self, ref: str, *, max_age_s: float = 10.0) -> str:
         """The id of a local image (cached briefly); SandboxUnavailable naming `images build`."""
@@ -314,7 +317,9 @@ class DockerBackend:
     async def _setup(self, sandbox: DockerSandbox, spec: SandboxSpec) -> None:
         command = spec.docker.setup_command or ""
         user = "0" if spec.docker.setup_as_root else spec.user
-        result = await sandbox.run(command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S)
+        result = await sandbox.run(
+            command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S
+        )
         if result.timed_out or result.exit_code != 0:
             tail = result.output.decode(errors="replace")[-500:]
             raise SandboxUnavailable(
@@ -323,7 +328,7 @@ class DockerBackend:
                 container=spec.name,
             )
 
-    async def list(self, *, instance: str | None, kind: str | None = None) -> list[SandboxInfo]:
+    async def list(self, *, instance: str | None, kind: str | None = None) -> builtins.list[SandboxInfo]:
         """Managed containers (of one instance, or all)."""
         filters = [f"{Labels.MANAGED}=true"]
         if instance:
@@ -331,8 +336,8 @@ class DockerBackend:
         if kind:
             filters.append(f"{Labels.KIND}={kind}")
 
-        def get() -> list[dict[str, Any]]:
-            return list(self.client.api.containers(all=True, filters={"label": filters}))
+        def get() -> builtins.list[dict[str, Any]]:
+            return builtins.list(self.client.api.containers(all=True, filters={"label": filters}))
 
         return [info_from_container(c) for c in await self.call("list sandboxes", get)]
 
@@ -365,7 +370,7 @@ class DockerBackend:
     async def exec_stream(
         self,
         container_id: str,
-        argv: list[str],
+        argv: builtins.list[str],
         *,
         environment: Mapping[str, str] | None = None,
         workdir: str | None = None,
@@ -378,7 +383,11 @@ class DockerBackend:
         """
         api = self.client.api
         start = time.perf_counter()
-        params: dict[str, Any] = {"stdout": True, "stderr": True, "environment": dict(environment or {})}
+        params: dict[str, Any] = {
+            "stdout": True,
+            "stderr": True,
+            "environment": dict(environment or {}),
+        }
         if workdir:
             params["workdir"] = workdir
         if user:
@@ -397,8 +406,8 @@ class DockerBackend:
                 raise
 
         exec_id = await self.call("exec", create)
-        chunks: list[tuple[int, bytes]] = []
-        streams: list[Any] = []
+        chunks: builtins.list[tuple[int, bytes]] = []
+        streams: builtins.list[Any] = []
         closed = threading.Event()
 
         def pump() -> None:

@@ -35,7 +35,11 @@ def mapped(action: str) -> Iterator[None]:
         if status >= 500 or status == 0:
             raise SandboxUnavailable(f"{action}: the Docker engine failed: {exc.explanation}") from exc
         raise SandboxError(ErrorCode.INTERNAL, f"{action}: the Docker engine refused: {exc.explanation}") from exc
-    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError) as exc:
+    except (
+        requests.exceptions.ConnectionError,
+        requests.exceptions.Timeout,
+        ConnectionError,
+    ) as exc:
         raise SandboxUnavailable(f"{action}: the Docker engine is unreachable ({exc.__class__.__name__})") from exc
     except docker.errors.DockerException as exc:
         raise SandboxUnavailable(f"{action}: the Docker engine is unreachable or misconfigured: {exc}") from exc

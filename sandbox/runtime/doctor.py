@@ -51,14 +51,36 @@ def _cgroup_probe(client: Any, image: str) -> Check:
             labels={Labels.MANAGED: "probe"},
         ).decode()
     except docker.errors.DockerException as exc:
-        return Check("fail", "cgroup limits", f"probe container failed: {exc}", "check the engine's cgroup setup")
+        return Check(
+            "fail",
+            "cgroup limits",
+            f"probe container failed: {exc}",
+            "check the engine's cgroup setup",
+        )
     parts = out.split()
-    if len(parts) >= 3 and parts[0] == str(64 * 1024 * 1024) and parts[1] == "32" and parts[2] in ("50000", "50000 100000"):
-        return Check("ok", "cgroup limits", "memory, pids and cpu limits are enforced (read back inside a probe)")
+    if (
+        len(parts) >= 3
+        and parts[0] == str(64 * 1024 * 1024)
+        and parts[1] == "32"
+        and parts[2] in ("50000", "50000 100000")
+    ):
+        return Check(
+            "ok",
+            "cgroup limits",
+            "memory, pids and cpu limits are enforced (read back inside a probe)",
+        )
     if len(parts) >= 2 and parts[0] == str(64 * 1024 * 1024) and parts[1] == "32":
-        return Check("ok", "cgroup limits", f"memory and pids limits enforced; cpu reads {' '.join(parts[2:])}")
-    return Check("fail", "cgroup limits", f"limits not enforced (read {out.strip()!r})",
-                 "run the engine with cgroup support (memory and pids controllers)")
+        return Check(
+            "ok",
+            "cgroup limits",
+            f"memory and pids limits enforced; cpu reads {' '.join(parts[2:])}",
+        )
+    return Check(
+        "fail",
+        "cgroup limits",
+        f"limits not enforced (read {out.strip()!r})",
+        "run the engine with cgroup support (memory and pids controllers)",
+    )
 
 
 def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[Check]:
@@ -69,22 +91,54 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
             version = client.version()
             info = client.info()
     except SandboxError as exc:
-        return [Check("fail", "engine", exc.message, "start the Docker engine (dockerd) or set DOCKER_HOST")]
-    checks.append(Check("ok", "engine", f"Docker {version.get('Version')} (API {version.get('ApiVersion')}), "
-                        f"{info.get('OperatingSystem')}, cgroup v{info.get('CgroupVersion', '?')}"))
+        return [
+            Check(
+                "fail",
+                "engine",
+                exc.message,
+                "start the Docker engine (dockerd) or set DOCKER_HOST",
+            )
+        ]
+    checks.append(
+        Check(
+            "ok",
+            "engine",
+            f"Docker {version.get('Version')} (API {version.get('ApiVersion')}), "
+            f"{info.get('OperatingSystem')}, cgroup v{info.get('CgroupVersion', '?')}",
+        )
+    )
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     has_runsc = "runsc" in runtimes
-    checks.append(Check("ok", "runtimes", f"{', '.join(runtimes)}" + ("" if has_runsc else
-                        " (gVisor runsc not installed: optional, see README to add it)")))
+    checks.append(
+        Check(
+            "ok",
+            "runtimes",
+            f"{', '.join(runtimes)}"
+            + ("" if has_runsc else " (gVisor runsc not installed: optional, see README to add it)"),
+        )
+    )
     for target in targets:
         ok, detail = image_current(client, target)
-        checks.append(Check("ok" if ok else "fail", f"image {target.name}", detail, "" if ok else "sandbox images build"))
+        checks.append(
+            Check(
+                "ok" if ok else "fail",
+                f"image {target.name}",
+                detail,
+                "" if ok else "sandbox images build",
+            )
+        )
     exec_target = targets[0]
     if image_current(client, exec_target)[0]:
         checks.append(_cgroup_probe(client, exec_target.tag))
     if info.get("SwapLimit") is False:
-        checks.append(Check("warn", "swap limit", "the engine cannot limit swap; memory_swap is not enforced",
-                            "enable swap accounting (cgroup v2, or swapaccount=1 on the kernel command line)"))
+        checks.append(
+            Check(
+                "warn",
+                "swap limit",
+                "the engine cannot limit swap; memory_swap is not enforced",
+                "enable swap accounting (cgroup v2, or swapaccount=1 on the kernel command line)",
+            )
+        )
     state = config.state_dir
     try:
         state.mkdir(parents=True, exist_ok=True)
@@ -92,7 +146,20 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
             pass
         checks.append(Check("ok", "state dir", f"{state} is writable"))
     except OSError as exc:
-        checks.append(Check("fail", "state dir", f"{state}: {exc.strerror}", "set state_dir to a writable folder"))
+        checks.append(
+            Check(
+                "fail",
+                "state dir",
+                f"{state}: {exc.strerror}",
+                "set state_dir to a writable folder",
+            )
+        )
     if os.geteuid() == 0:
-        checks.append(Check("ok", "privileges", "orchestrator runs as root; created workspace files are given to the sandbox user"))
+        checks.append(
+            Check(
+                "ok",
+                "privileges",
+                "orchestrator runs as root; created workspace files are given to the sandbox user",
+            )
+        )
     return checks

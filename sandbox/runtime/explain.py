@@ -38,11 +38,23 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
             "runtime": docker.runtime or "runc (engine default)",
         },
         "mounts": [
-            {"host": m.source, "container": m.target, "mode": "ro" if m.read_only else "rw", "from": m.origin}
+            {
+                "host": m.source,
+                "container": m.target,
+                "mode": "ro" if m.read_only else "rw",
+                "from": m.origin,
+            }
             for m in spec.mounts
         ],
-        "escape_hatches": [k for k in ("dangerously_allow_system_paths", "dangerously_allow_credential_paths",
-                                       "dangerously_allow_sockets") if getattr(docker, k)],
+        "escape_hatches": [
+            k
+            for k in (
+                "dangerously_allow_system_paths",
+                "dangerously_allow_credential_paths",
+                "dangerously_allow_sockets",
+            )
+            if getattr(docker, k)
+        ],
         "state": _live_state(spec.name),
     }
     return facts
@@ -60,7 +72,7 @@ def _live_state(name: str) -> str:
             return "not created yet (created on first use)"
         finally:
             client.close()
-    except Exception as exc:  # noqa: BLE001 - explain must work without an engine
+    except Exception as exc:
         return f"unknown (engine unreachable: {exc.__class__.__name__})"
 
 

@@ -72,7 +72,12 @@ def build_image(client: Any, target: ImageTarget, log: Callable[[str], None], *,
         log(f"{target.tag}: building from {folder}")
         image_id = ""
         for chunk in client.api.build(
-            path=str(folder), tag=target.tag, labels={CONTEXT_LABEL: wanted}, rm=True, forcerm=True, decode=True
+            path=str(folder),
+            tag=target.tag,
+            labels={CONTEXT_LABEL: wanted},
+            rm=True,
+            forcerm=True,
+            decode=True,
         ):
             text = str(chunk.get("stream", "")).rstrip()
             if text.startswith("Step "):
@@ -86,8 +91,14 @@ def build_image(client: Any, target: ImageTarget, log: Callable[[str], None], *,
         return image_id
 
 
-def build_all(client: Any, targets: list[ImageTarget], log: Callable[[str], None], *, offline: bool = False,
-              force: bool = False) -> dict[str, str]:
+def build_all(
+    client: Any,
+    targets: list[ImageTarget],
+    log: Callable[[str], None],
+    *,
+    offline: bool = False,
+    force: bool = False,
+) -> dict[str, str]:
     """Provide the base, then build every target; return tag -> image id."""
     ensure_base(offline, log)
     return {t.tag: build_image(client, t, log, force=force) for t in targets}

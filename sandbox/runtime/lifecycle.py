@@ -45,8 +45,10 @@ async def rows(manager: SandboxManager) -> list[SandboxRow]:
                 image = await manager.backend.image_id(spec.image)
                 from sandbox.runtime.spec import build_spec
 
-                match = build_spec(agent, spec.session, manager.instance, image_id=image).config_hash == info.config_hash
-            except Exception:  # noqa: BLE001 - a row must still print when its config is broken
+                match = (
+                    build_spec(agent, spec.session, manager.instance, image_id=image).config_hash == info.config_hash
+                )
+            except Exception:
                 match = False
         created = info.labels.get(Labels.CREATED_AT)
         out.append(
@@ -61,7 +63,11 @@ async def rows(manager: SandboxManager) -> list[SandboxRow]:
 
 
 async def recreate(
-    manager: SandboxManager, *, all_: bool = False, agent: str | None = None, session: str | None = None,
+    manager: SandboxManager,
+    *,
+    all_: bool = False,
+    agent: str | None = None,
+    session: str | None = None,
     browser: bool = False,
 ) -> list[str]:
     """Remove the selected sandboxes; each is created afresh on next use."""
@@ -69,8 +75,10 @@ async def recreate(
     for info in await manager.list():
         if (info.kind == "browser") != browser:
             continue
-        selected = all_ or (agent is not None and info.agent == agent) or (
-            session is not None and session in (info.session, info.scope_key)
+        selected = (
+            all_
+            or (agent is not None and info.agent == agent)
+            or (session is not None and session in (info.session, info.scope_key))
         )
         if selected:
             await manager.remove(info)

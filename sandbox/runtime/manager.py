@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import socket
@@ -15,7 +16,12 @@ from loguru import logger
 
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
-from sandbox.runtime.docker_backend import CREATING_MARK, CREATOR_LABEL, DockerBackend, DockerSandbox
+from sandbox.runtime.docker_backend import (
+    CREATING_MARK,
+    CREATOR_LABEL,
+    DockerBackend,
+    DockerSandbox,
+)
 from sandbox.runtime.naming import instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, build_spec
@@ -68,7 +74,11 @@ class SandboxManager:
         lock = self._locks.setdefault(spec.name, anyio.Lock())
         async with lock:
             entry = self._entries.get(spec.name)
-            if entry is not None and not entry.sandbox.gone and time.monotonic() - entry.checked_at < REVALIDATE_AFTER_S:
+            if (
+                entry is not None
+                and not entry.sandbox.gone
+                and time.monotonic() - entry.checked_at < REVALIDATE_AFTER_S
+            ):
                 return entry.sandbox
             image = await self.backend.image_id(spec.image)
             full = build_spec(agent, session, self.instance, image_id=image)
@@ -101,11 +111,11 @@ class SandboxManager:
         self._entries.pop(info.name, None)
         await self.backend.remove(info.id)
 
-    async def list(self) -> list[SandboxInfo]:
+    async def list(self) -> builtins.list[SandboxInfo]:
         """This instance's sandboxes."""
         return await self.backend.list(instance=self.instance)
 
-    async def cleanup_orphans(self) -> list[str]:
+    async def cleanup_orphans(self) -> builtins.list[str]:
         """Remove half-created containers whose creating process is gone (crash recovery)."""
         removed = []
         host = socket.gethostname()

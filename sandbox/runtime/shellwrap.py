@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-PID_DIR = "/tmp/.sbx"  # noqa: S108 - a tmpfs inside the sandbox
+PID_DIR = "/tmp/.sbx"
 TAG_VAR = "SBX_CALL"
 
 # 1777: setup commands may run as root first; the sandbox user must still write pid files.
@@ -23,7 +23,9 @@ id="$1"; sig="$2"; d="$3"
 pg=$(cat "$d/$id.pid" 2>/dev/null)
 [ -n "$pg" ] && kill -s "$sig" -- -"$pg" 2>/dev/null
 for p in /proc/[0-9]*; do
-  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then kill -s "$sig" "${{p#/proc/}}" 2>/dev/null; fi
+  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then
+    kill -s "$sig" "${{p#/proc/}}" 2>/dev/null
+  fi
 done
 true
 """
@@ -38,7 +40,8 @@ true
 
 _START_BG = """
 id="$1"; cmd="$2"; d="$3"
-{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; } && rm -f "$d/$id.rc" "$d/$id.in" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
+{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; } || exit 97
+rm -f "$d/$id.rc" "$d/$id.in" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
 setsid sh -c '
   echo $$ > "$0/$1.pid"
   exec 3<>"$0/$1.in"
@@ -95,7 +98,16 @@ def start_background_argv(command: str, call_id: str, pid_dir: str = PID_DIR) ->
 
 def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> list[str]:
     """argv that prints status line, total size line, then output from `offset`."""
-    return ["/bin/sh", "-c", _POLL, "sbx", check_call_id(call_id), str(int(offset)), str(int(limit)), pid_dir]
+    return [
+        "/bin/sh",
+        "-c",
+        _POLL,
+        "sbx",
+        check_call_id(call_id),
+        str(int(offset)),
+        str(int(limit)),
+        pid_dir,
+    ]
 
 
 def write_stdin_argv(call_id: str, data: str, pid_dir: str = PID_DIR) -> list[str]:

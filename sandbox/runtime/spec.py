@@ -127,19 +127,26 @@ def build_spec(agent: EffectiveAgent, session: str, instance: str, image_id: str
     binds: list[BindSpec] = validate_binds(docker.binds, docker)
     mounts += [Mount(b.source, b.target, b.read_only, f"docker.binds: {b.declared}") for b in binds]
     user = docker.user or owner_user(workspace)
+    ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
     hashed = {
         "image": image_id or docker.image,
         "mounts": [[m.source, m.target, m.read_only] for m in mounts],
         "env": docker.env,
-        "limits": [docker.pids_limit, docker.memory, docker.memory_swap, docker.cpus, docker.ulimits and {
-            k: v.model_dump() for k, v in docker.ulimits.items()
-        }],
+        "limits": [docker.pids_limit, docker.memory, docker.memory_swap, docker.cpus, ulimits],
         "user": user,
         "network": docker.network,
         "runtime": docker.runtime,
         "setup": [docker.setup_command, docker.setup_as_root],
-        "hardening": [docker.read_only_root, docker.cap_drop, docker.cap_add, docker.no_new_privileges,
-                      docker.init, docker.tmpfs, docker.seccomp_profile, docker.apparmor_profile],
+        "hardening": [
+            docker.read_only_root,
+            docker.cap_drop,
+            docker.cap_add,
+            docker.no_new_privileges,
+            docker.init,
+            docker.tmpfs,
+            docker.seccomp_profile,
+            docker.apparmor_profile,
+        ],
         "dns": [docker.dns, docker.extra_hosts],
         "layout": MOUNT_LAYOUT_VERSION,
     }

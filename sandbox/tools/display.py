@@ -38,7 +38,9 @@ def describe(tool: str, args: Any, width: int = 80) -> str:
         if field and field in args:
             detail = str(args[field])
         elif tool == "apply_patch" and isinstance(args.get("input"), str):
-            files = [ln.split(":", 1)[1].strip() for ln in args["input"].splitlines() if ln.startswith("*** ") and ": " in ln]
+            files = [
+                ln.split(":", 1)[1].strip() for ln in args["input"].splitlines() if ln.startswith("*** ") and ": " in ln
+            ]
             detail = ", ".join(files)
         elif tool == "process" and "id" in args:
             detail = f"{args.get('action', '')} {args['id']}"

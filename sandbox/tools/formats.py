@@ -19,7 +19,11 @@ def render(specs: Iterable[ToolSpec], fmt: Format) -> list[dict[str, Any]]:
             out.append(
                 {
                     "type": "function",
-                    "function": {"name": spec.name, "description": spec.description, "parameters": schema},
+                    "function": {
+                        "name": spec.name,
+                        "description": spec.description,
+                        "parameters": schema,
+                    },
                 }
             )
         elif fmt == "anthropic":

@@ -19,7 +19,7 @@ def resolve_workdir(ctx: ToolContext, workdir: str | None) -> str:
     if not workdir:
         return ctx.workdir
     roots = (ctx.workdir, "/workspace") if ctx.workdir != "/workspace" else (ctx.workdir,)
-    root, parts = split_path(workdir, roots)
+    _root, parts = split_path(workdir, roots)
     return posixpath.join(ctx.workdir, parts.relative) if parts.parts else ctx.workdir
 
 
@@ -41,18 +41,29 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
     if args.background or args.yield_ms is not None:
         proc_id = await processes.start(ctx, args.command, workdir=workdir, env=args.env)
         if args.background:
-            return {"status": "running", "process_id": proc_id, "hint": "use the process tool to poll, log, write or kill"}
+            return {
+                "status": "running",
+                "process_id": proc_id,
+                "hint": "use the process tool to poll, log, write or kill",
+            }
         with anyio.move_on_after((args.yield_ms or 0) / 1000):
             while True:
                 state = await processes.peek(ctx, proc_id)
                 if state["status"] != "running":
-                    result = await processes.poll(ctx, proc_id)
-                    result["process_id"] = proc_id
-                    return result
+                    finished = await processes.poll(ctx, proc_id)
+                    finished["process_id"] = proc_id
+                    return finished
                 await anyio.sleep(0.05)
-        return {"status": "running", "process_id": proc_id, "hint": "still running; use the process tool to poll"}
+        return {
+            "status": "running",
+            "process_id": proc_id,
+            "hint": "still running; use the process tool to poll",
+        }
     result = await ctx.shell.run(args.command, call_id=ctx.call_id, env=args.env, workdir=workdir, timeout_s=timeout)
-    body: dict[str, Any] = {"exit_code": result.exit_code, "duration_ms": round(result.duration_ms, 1)}
+    body: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "duration_ms": round(result.duration_ms, 1),
+    }
     if args.merge_output:
         body["output"] = text(result.output)
     else:

@@ -89,13 +89,14 @@ async def edit_tool(ctx: ToolContext, args: EditArgs) -> dict[str, Any]:
         if count > 1 and not args.replace_all:
             raise SandboxError(
                 ErrorCode.INVALID_ARGUMENTS,
-                f"{loc.display}: old_string occurs {count} times; add context to make it unique, "
-                "or set replace_all",
+                f"{loc.display}: old_string occurs {count} times; add context to make it unique, or set replace_all",
                 path=loc.display,
                 occurrences=count,
             )
-        new_text = text.replace(args.old_string, args.new_string) if args.replace_all else text.replace(
-            args.old_string, args.new_string, 1
+        new_text = (
+            text.replace(args.old_string, args.new_string)
+            if args.replace_all
+            else text.replace(args.old_string, args.new_string, 1)
         )
         new_data = new_text.encode("utf-8")
         st = await anyio.to_thread.run_sync(safe.write_atomic, loc.path, new_data)

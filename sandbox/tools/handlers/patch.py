@@ -44,7 +44,10 @@ async def apply_patch_tool(ctx: ToolContext, args: ApplyPatchArgs) -> dict[str, 
             exists = await anyio.to_thread.run_sync(safe.stat, loc.path)
             if op.kind == "add":
                 if exists is not None:
-                    raise SandboxError(ErrorCode.CONFLICT, f"{loc.display}: Add File, but it already exists; use Update File")
+                    raise SandboxError(
+                        ErrorCode.CONFLICT,
+                        f"{loc.display}: Add File, but it already exists; use Update File",
+                    )
                 plan.append((loc, op.content.encode("utf-8")))
                 summary.append(f"A {loc.display}")
                 continue
@@ -59,7 +62,9 @@ async def apply_patch_tool(ctx: ToolContext, args: ApplyPatchArgs) -> dict[str, 
             try:
                 new_text = apply_hunks(loc.display, decode_text(data, loc.display), op.hunks)
             except PatchError as exc:
-                raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"patch does not apply, nothing changed: {exc}") from exc
+                raise SandboxError(
+                    ErrorCode.INVALID_ARGUMENTS, f"patch does not apply, nothing changed: {exc}"
+                ) from exc
             if op.move_to:
                 dest = files.locate(op.move_to)
                 plan += [(dest, new_text.encode("utf-8")), (loc, None)]
@@ -71,7 +76,9 @@ async def apply_patch_tool(ctx: ToolContext, args: ApplyPatchArgs) -> dict[str, 
     return {"applied": summary}
 
 
-async def _commit(ctx: ToolContext, plan: list[tuple[Located, bytes | None]], originals: dict[str, bytes | None]) -> None:
+async def _commit(
+    ctx: ToolContext, plan: list[tuple[Located, bytes | None]], originals: dict[str, bytes | None]
+) -> None:
     # Each file is replaced atomically; if the disk fails half-way, put back what was written.
     done: list[Located] = []
     try:

@@ -62,12 +62,28 @@ async def start(ctx: ToolContext, command: str, *, workdir: str, env: dict[str, 
     quoted_env = {**env, shellwrap.TAG_VAR: proc_id}
     # the start helper runs with the tag so that the detached process inherits it
     result = await ctx.shell.run_argv(
-        ["env", *(f"{k}={v}" for k, v in quoted_env.items()), "sh", "-c", f'cd "$0" && exec "$@"', workdir, *argv]
+        [
+            "env",
+            *(f"{k}={v}" for k, v in quoted_env.items()),
+            "sh",
+            "-c",
+            'cd "$0" && exec "$@"',
+            workdir,
+            *argv,
+        ]
     )
     if result.exit_code != 0 or b"started" not in result.stdout:
-        raise SandboxError(ErrorCode.INTERNAL, f"could not start the process: {result.output.decode(errors='replace')[-300:]}")
+        raise SandboxError(
+            ErrorCode.INTERNAL,
+            f"could not start the process: {result.output.decode(errors='replace')[-300:]}",
+        )
     table = _load(ctx)
-    table[proc_id] = {"command": command, "started_at": time.time(), "offset": 0, "workdir": workdir}
+    table[proc_id] = {
+        "command": command,
+        "started_at": time.time(),
+        "offset": 0,
+        "workdir": workdir,
+    }
     _save(ctx, table)
     return proc_id
 
@@ -86,7 +102,10 @@ def _status(raw: str) -> dict[str, Any]:
         code = raw.split()[1] if len(raw.split()) > 1 else ""
         return {"status": "exited", "exit_code": int(code) if code.lstrip("-").isdigit() else None}
     if raw == "gone":
-        return {"status": "gone", "note": "its sandbox was recreated; the process and its output are gone"}
+        return {
+            "status": "gone",
+            "note": "its sandbox was recreated; the process and its output are gone",
+        }
     return {"status": raw}
 
 
@@ -113,8 +132,15 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
         out = []
         for proc_id, entry in _load(ctx).items():
             raw, size, _ = await _poll_raw(ctx, proc_id, 0, 0)
-            out.append({"id": proc_id, "command": entry["command"], **_status(raw), "total_bytes": size,
-                        "age_s": round(time.time() - float(entry["started_at"]), 1)})
+            out.append(
+                {
+                    "id": proc_id,
+                    "command": entry["command"],
+                    **_status(raw),
+                    "total_bytes": size,
+                    "age_s": round(time.time() - float(entry["started_at"]), 1),
+                }
+            )
         return {"processes": out}
     if args.action == "poll":
         return await poll(ctx, args.id or "")
@@ -123,7 +149,12 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
     if args.action == "log":
         limit = args.limit or POLL_CHUNK
         raw, size, data = await _poll_raw(ctx, proc_id, args.offset, limit)
-        return {**_status(raw), "offset": args.offset, "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
+        return {
+            **_status(raw),
+            "offset": args.offset,
+            "output": data.decode("utf-8", errors="replace"),
+            "total_bytes": size,
+        }
     if args.action == "write":
         if args.data is None:
             raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "action write needs `data`")
@@ -137,7 +168,7 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
     await ctx.shell.kill(proc_id, args.signal)
     if args.signal != "KILL":
         with anyio.move_on_after(KILL_GRACE_S):
-            while (await peek(ctx, proc_id))["status"] == "running":
+            while (await peek(ctx, proc_id))["status"] == "running":  # noqa: ASYNC110 - polls another process
                 await anyio.sleep(0.1)
         await ctx.shell.kill(proc_id, "KILL")
     return await peek(ctx, proc_id)
