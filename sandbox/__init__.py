@@ -3,6 +3,8 @@
 The public surface, and nothing else: everything behind it is private.
 """
 
+from loguru import logger as _logger
+
 from sandbox.config import Config, load_config, load_config_text
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import ConfigError, ErrorCode, SandboxError
@@ -19,3 +21,6 @@ __all__ = [
     "load_config",
     "load_config_text",
 ]
+
+# A library stays quiet until the application (our CLI, or yours) enables its logs.
+_logger.disable("sandbox")

@@ -159,7 +159,9 @@ async def test_fork_bomb_hits_pids_limit_and_host_stays_responsive(make_config: 
                 peak = max(peak, len(docker_client.api.top(box.id)["Processes"]))
             assert subprocess.run(["true"], timeout=5).returncode == 0  # the host still answers
         assert peak <= 64, peak
-        assert results[0].error.code == "TIMEOUT"
+        # the bomb either runs into the timeout (and is killed) or collapses on its own
+        # when a fork fails; either way nothing of it may be left afterwards
+        assert (results[0].error and results[0].error.code == "TIMEOUT") or results[0].output["exit_code"] != 0
         after = await sess.call(
             "exec",
             {

@@ -94,6 +94,7 @@ def main(ctx: click.Context, config_path: str | None, log_level: str, log_json: 
     """Decide which tools an AI agent may call, and run them in hardened Docker sandboxes."""
     logger.remove()
     logger.add(sys.stderr, level=log_level.upper(), serialize=log_json)
+    logger.enable("sandbox")
     ctx.obj = State(config_path)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -72,7 +74,7 @@ class HostShell:
         cwd = Path(workdir) if workdir and workdir.startswith("/") else self.workspace / (workdir or "")
         start = time.perf_counter()
         chunks: list[tuple[int, bytes]] = []
-        process = await anyio.open_process(argv, cwd=cwd, env=dict(env), start_new_session=False)
+        process = await anyio.open_process(argv, cwd=cwd, env=dict(env), start_new_session=True)
 
         async def pump(stream: ByteReceiveStream | None, which: int) -> None:
             if stream is None:
@@ -89,7 +91,8 @@ class HostShell:
                 await process.wait()
             timed_out = scope.cancelled_caught
             if timed_out and process.returncode is None:
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
         captured = list(chunks)
         return ExecResult(
             exit_code=None if timed_out else process.returncode,

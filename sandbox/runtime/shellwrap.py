@@ -1,8 +1,9 @@
 """How a command is started so that a timeout can kill all of it, and how it is killed.
 
-Docker has no API to kill an exec'd process. Each command therefore starts as the leader of a
-new session (setsid), writes its pid (= its process group id) to a pid file, and carries an
-environment tag `SBX_CALL=<id>`. Killing signals the group, then every process whose environment
+Docker has no API to kill an exec'd process. Each command therefore runs in a shell that is the
+leader of its own process group (docker exec starts every process as a session leader; on the
+host we ask for a new session), writes its pid (= its process group id) to a pid file, and
+carries an environment tag `SBX_CALL=<id>`. Killing signals the group, then every process whose environment
 still carries the tag, which also catches children that left the group with setsid themselves.
 Background commands keep their output, exit code and stdin fifo in the same directory, so a
 restarted orchestrator finds them again. The scripts need only sh, coreutils and grep.
@@ -15,8 +16,14 @@ import re
 PID_DIR = "/tmp/.sbx"
 TAG_VAR = "SBX_CALL"
 
-# 1777: setup commands may run as root first; the sandbox user must still write pid files.
-_WRAP = '{ [ -d "$3" ] || mkdir -p -m 1777 "$3"; } && echo $$ > "$3/$1.pid" && exec /bin/sh -lc "$2"'
+# One shell, no extra exec: write the pid (builtins only on the fast path), then eval the
+# command in the same process. 1777: setup commands may run as root first; the sandbox user
+# must still write pid files.
+_WRAP = (
+    '__sbx_c=$1; __sbx_p=$0; set --; '
+    'echo $$ 2>/dev/null > "$__sbx_p" || { mkdir -p -m 1777 "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; } || exit 126; '
+    'unset __sbx_p; eval "$__sbx_c"'
+)
 
 _KILL = f"""
 id="$1"; sig="$2"; d="$3"
@@ -75,8 +82,12 @@ def check_call_id(call_id: str) -> str:
 
 
 def wrapped_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str]:
-    """argv that runs `command` under /bin/sh -lc as a new session with a pid file."""
-    return ["setsid", "-w", "/bin/sh", "-c", _WRAP, "sbx", check_call_id(call_id), command, pid_dir]
+    """argv that runs `command` in /bin/sh -lc, its pid (= process group) in a pid file.
+
+    The caller must start it as a process group leader (docker exec does; on the host use a
+    new session).
+    """
+    return ["/bin/sh", "-lc", _WRAP, f"{pid_dir}/{check_call_id(call_id)}.pid", command]
 
 
 def kill_argv(call_id: str, signal: str, pid_dir: str = PID_DIR) -> list[str]:
