@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import builtins
-import contextlib
+import hashlib
 import json
 import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -20,12 +18,12 @@ import docker
 import docker.errors
 from docker.types import Mount as DockerMount
 from docker.types import Ulimit
-from docker.utils.socket import frames_iter
 from loguru import logger
 
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
-from sandbox.runtime import shellwrap
 from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.docker_exec import exec_stream
+from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.naming import LABEL_PREFIX, Labels
 from sandbox.runtime.protocol import ExecResult, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, create_kwargs
@@ -33,19 +31,13 @@ from sandbox.runtime.spec import SandboxSpec, create_kwargs
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
 CREATOR_LABEL = f"{LABEL_PREFIX}.creator"
-
-
-class SandboxGone(SandboxUnavailable):
-    """The container disappeared or stopped before a command could start in it."""
-
-
-CREATING_MARK = "-creating-"
+CREATING_MARK = "-creating-"  # in the name of a container whose setup is not finished
 SETUP_TIMEOUT_S = 300.0
+
+__all__ = ["CREATING_MARK", "CREATOR_LABEL", "DockerBackend", "DockerSandbox", "info_from_container"]
 
 
 def _key_hashes(hashed: Mapping[str, Any]) -> dict[str, str]:
-    import hashlib
-
     return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:8] for k, v in hashed.items()}
 
 
@@ -73,96 +65,6 @@ def info_from_container(attrs: Mapping[str, Any]) -> SandboxInfo:
     )
 
 
-class DockerSandbox:
-    """One running exec sandbox container."""
-
-    def __init__(
-        self,
-        backend: DockerBackend,
-        container_id: str,
-        spec: SandboxSpec,
-        revive: Callable[[], Awaitable[str]] | None = None,
-    ) -> None:
-        self._backend = backend
-        self._id = container_id
-        self._spec = spec
-        self._revive = revive
-        self.gone = False  # set when the engine says the container is gone or stopped
-
-    @property
-    def id(self) -> str:
-        """The container id."""
-        return self._id
-
-    def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
-        """How to get a fresh container when this one is found gone."""
-        self._revive = revive
-
-    @property
-    def spec(self) -> SandboxSpec:
-        """The spec it was made from."""
-        return self._spec
-
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
-        environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
-        argv = shellwrap.wrapped_argv(command, call_id)
-        result = await self._exec(argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s)
-        if result.timed_out:
-            with anyio.CancelScope(shield=True):
-                await self.kill(call_id, "TERM", user=user)
-                await anyio.sleep(0.2)
-                await self.kill(call_id, "KILL", user=user)
-        return result
-
-    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
-        """Run an argv directly (helpers and probes)."""
-        return await self._exec(list(argv), user=user, timeout_s=timeout_s)
-
-    async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
-        try:
-            return await self._backend.exec_stream(self._id, argv, **kwargs)
-        except SandboxGone:
-            # Nothing ran yet (the exec was never created), so trying once more in a fresh
-            # container cannot run the command twice.
-            self.gone = True
-            if self._revive is None:
-                raise
-            self._id = await self._revive()
-            self.gone = False
-            return await self._backend.exec_stream(self._id, argv, **kwargs)
-        except SandboxUnavailable:
-            self.gone = True
-            raise
-
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
-        """Signal everything `call_id` started.
-
-        Runs as the user that ran the command: with every capability dropped, even root in
-        the container can neither signal nor inspect another uid's processes.
-        """
-        await self._exec(shellwrap.kill_argv(call_id, signal), user=user or self._spec.user, timeout_s=15)
-
-    @property
-    def pid_dir(self) -> str:
-        """Where pid files and background output live (a tmpfs in the container)."""
-        return shellwrap.PID_DIR
-
-    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
-        """Pids still tagged with `call_id`."""
-        result = await self._exec(shellwrap.alive_argv(call_id), user=user or self._spec.user, timeout_s=15)
-        return [int(p) for p in result.stdout.split()]
-
-
 class DockerBackend:
     """Sandboxes as Docker containers.
 
@@ -176,7 +78,7 @@ class DockerBackend:
     def __init__(self, client: Any = None, *, max_threads: int = 32) -> None:
         self._client = client
         self._limiter = anyio.CapacityLimiter(max_threads)
-        self._stream_limiter = anyio.CapacityLimiter(256)
+        self.stream_limiter = anyio.CapacityLimiter(256)  # long-running output readers
         self._image_ids: dict[str, tuple[float, str]] = {}
 
     # -- plumbing -------------------------------------------------------------------------
@@ -377,105 +279,7 @@ class DockerBackend:
         user: str | None = None,
         timeout_s: float | None = None,
     ) -> ExecResult:
-        """Run argv in a container, streaming output; stop waiting after `timeout_s`.
-
-        Stopping the wait does not stop the process: callers that own a call id kill it.
-        """
-        api = self.client.api
-        start = time.perf_counter()
-        params: dict[str, Any] = {
-            "stdout": True,
-            "stderr": True,
-            "environment": dict(environment or {}),
-        }
-        if workdir:
-            params["workdir"] = workdir
-        if user:
-            params["user"] = user
-
-        def create() -> str:
-            try:
-                return str(api.exec_create(container_id, argv, **params)["Id"])
-            except docker.errors.NotFound as exc:
-                raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
-            except docker.errors.APIError as exc:
-                if exc.status_code == 409:  # container stopped or paused
-                    raise SandboxGone(
-                        f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
-                    ) from exc
-                raise
-
-        exec_id = await self.call("exec", create)
-        chunks: builtins.list[tuple[int, bytes]] = []
-        streams: builtins.list[Any] = []
-        closed = threading.Event()
-
-        def pump() -> None:
-            with mapped("exec output"):
-                raw = api.exec_start(exec_id, socket=True)
-                streams.append(raw)
-                try:
-                    for stream_id, data in frames_iter(raw, tty=False):
-                        chunks.append((stream_id, data))
-                except OSError:
-                    if not closed.is_set():
-                        raise
-                finally:
-                    _close_exec_socket(raw)
-
-        timed_out = False
-        with anyio.move_on_after(timeout_s) as scope:
-            await anyio.to_thread.run_sync(pump, abandon_on_cancel=True, limiter=self._stream_limiter)
-        if scope.cancelled_caught:
-            timed_out = True
-            closed.set()
-            for raw in streams:  # unblocks the reader thread; the caller kills the process
-                _shutdown_exec_socket(raw)
-        exit_code = None
-        if not timed_out:
-            inspected = await self.call("exec inspect", api.exec_inspect, exec_id)
-            exit_code = inspected.get("ExitCode")
-        captured = list(chunks)
-        if exit_code == 126 and b"cannot exec in a stopped state" in b"".join(c for _, c in captured):
-            # the container stopped between exec create and start: the command never ran
-            attrs = await self.find(container_id)
-            if attrs is None or attrs["State"]["Status"] != "running":
-                raise SandboxGone("the sandbox container stopped; it is recreated on next use")
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=b"".join(c for s, c in captured if s == 1),
-            stderr=b"".join(c for s, c in captured if s == 2),
-            output=b"".join(c for _, c in captured),
-            duration_ms=(time.perf_counter() - start) * 1000,
-            timed_out=timed_out,
+        """Run argv in a container (see :func:`sandbox.runtime.docker_exec.exec_stream`)."""
+        return await exec_stream(
+            self, container_id, argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s
         )
-
-
-def _shutdown_exec_socket(raw: Any) -> None:
-    inner = getattr(raw, "_sock", raw)
-    with contextlib.suppress(OSError):
-        inner.shutdown(socket.SHUT_RDWR)
-
-
-def _close_exec_socket(raw: Any) -> None:
-    # docker-py hands out the SocketIO of the HTTP response; closing it leaves the real
-    # socket (and the response) open until garbage collection, so close all three.
-    inner = getattr(raw, "_sock", None)
-    response = getattr(raw, "_response", None)
-    with contextlib.suppress(OSError):
-        raw.close()
-    if inner is not None:
-        with contextlib.suppress(OSError):
-            inner.close()
-    if response is not None:
-        with contextlib.suppress(Exception):
-            response.close()
-
-
-def workspace_owner(path: Path) -> tuple[int, int] | None:
-    """(uid, gid) of a path, or None if it does not exist."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_uid, st.st_gid

@@ -20,7 +20,7 @@ TAG_VAR = "SBX_CALL"
 # command in the same process. 1777: setup commands may run as root first; the sandbox user
 # must still write pid files.
 _WRAP = (
-    '__sbx_c=$1; __sbx_p=$0; set --; '
+    "__sbx_c=$1; __sbx_p=$0; set --; "
     'echo $$ 2>/dev/null > "$__sbx_p" || { mkdir -p -m 1777 "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; } || exit 126; '
     'unset __sbx_p; eval "$__sbx_c"'
 )

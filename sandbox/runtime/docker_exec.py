@@ -1,0 +1,136 @@
+"""Running one argv in a container through the docker SDK, streaming its output.
+
+docker-py's streaming exec leaves sockets open and offers no cancellation; this module reads the
+raw socket itself, closes every layer of it, and shuts it down to stop a wait on timeout.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+import docker.errors
+from docker.utils.socket import frames_iter
+
+from sandbox.errors import SandboxUnavailable
+from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.protocol import ExecResult
+
+if TYPE_CHECKING:
+    from sandbox.runtime.docker_backend import DockerBackend
+
+
+class SandboxGone(SandboxUnavailable):
+    """The container disappeared or stopped before a command could start in it."""
+
+
+async def exec_stream(
+    backend: DockerBackend,
+    container_id: str,
+    argv: builtins.list[str],
+    *,
+    environment: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    user: str | None = None,
+    timeout_s: float | None = None,
+) -> ExecResult:
+    """Run argv in a container, streaming output; stop waiting after `timeout_s`.
+
+    Stopping the wait does not stop the process: callers that own a call id kill it.
+    """
+    api = backend.client.api
+    start = time.perf_counter()
+    params: dict[str, Any] = {
+        "stdout": True,
+        "stderr": True,
+        "environment": dict(environment or {}),
+    }
+    if workdir:
+        params["workdir"] = workdir
+    if user:
+        params["user"] = user
+
+    def create() -> str:
+        try:
+            return str(api.exec_create(container_id, argv, **params)["Id"])
+        except docker.errors.NotFound as exc:
+            raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # container stopped or paused
+                raise SandboxGone(
+                    f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
+                ) from exc
+            raise
+
+    exec_id = await backend.call("exec", create)
+    chunks: builtins.list[tuple[int, bytes]] = []
+    streams: builtins.list[Any] = []
+    closed = threading.Event()
+
+    def pump() -> None:
+        with mapped("exec output"):
+            raw = api.exec_start(exec_id, socket=True)
+            streams.append(raw)
+            try:
+                for stream_id, data in frames_iter(raw, tty=False):
+                    chunks.append((stream_id, data))
+            except OSError:
+                if not closed.is_set():
+                    raise
+            finally:
+                _close_exec_socket(raw)
+
+    timed_out = False
+    with anyio.move_on_after(timeout_s) as scope:
+        await anyio.to_thread.run_sync(pump, abandon_on_cancel=True, limiter=backend.stream_limiter)
+    if scope.cancelled_caught:
+        timed_out = True
+        closed.set()
+        for raw in streams:  # unblocks the reader thread; the caller kills the process
+            _shutdown_exec_socket(raw)
+    exit_code = None
+    if not timed_out:
+        inspected = await backend.call("exec inspect", api.exec_inspect, exec_id)
+        exit_code = inspected.get("ExitCode")
+    captured = list(chunks)
+    if exit_code == 126 and b"cannot exec in a stopped state" in b"".join(c for _, c in captured):
+        # the container stopped between exec create and start: the command never ran
+        attrs = await backend.find(container_id)
+        if attrs is None or attrs["State"]["Status"] != "running":
+            raise SandboxGone("the sandbox container stopped; it is recreated on next use")
+    return ExecResult(
+        exit_code=exit_code,
+        stdout=b"".join(c for s, c in captured if s == 1),
+        stderr=b"".join(c for s, c in captured if s == 2),
+        output=b"".join(c for _, c in captured),
+        duration_ms=(time.perf_counter() - start) * 1000,
+        timed_out=timed_out,
+    )
+
+
+def _shutdown_exec_socket(raw: Any) -> None:
+    inner = getattr(raw, "_sock", raw)
+    with contextlib.suppress(OSError):
+        inner.shutdown(socket.SHUT_RDWR)
+
+
+def _close_exec_socket(raw: Any) -> None:
+    # docker-py hands out the SocketIO of the HTTP response; closing it leaves the real
+    # socket (and the response) open until garbage collection, so close all three.
+    inner = getattr(raw, "_sock", None)
+    response = getattr(raw, "_response", None)
+    with contextlib.suppress(OSError):
+        raw.close()
+    if inner is not None:
+        with contextlib.suppress(OSError):
+            inner.close()
+    if response is not None:
+        with contextlib.suppress(Exception):
+            response.close()

@@ -1,0 +1,107 @@
+"""One live exec sandbox: the Shell primitives the tools use, bound to a container."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox.errors import SandboxUnavailable
+from sandbox.runtime import shellwrap
+from sandbox.runtime.docker_exec import SandboxGone
+from sandbox.runtime.protocol import ExecResult
+from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.runtime.docker_backend import DockerBackend
+
+
+class DockerSandbox:
+    """One running exec sandbox container."""
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        container_id: str,
+        spec: SandboxSpec,
+        revive: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        self._backend = backend
+        self._id = container_id
+        self._spec = spec
+        self._revive = revive
+        self.gone = False  # set when the engine says the container is gone or stopped
+
+    @property
+    def id(self) -> str:
+        """The container id."""
+        return self._id
+
+    def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
+        """How to get a fresh container when this one is found gone."""
+        self._revive = revive
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was made from."""
+        return self._spec
+
+    async def run(
+        self,
+        command: str,
+        *,
+        call_id: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
+        environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
+        argv = shellwrap.wrapped_argv(command, call_id)
+        result = await self._exec(argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s)
+        if result.timed_out:
+            with anyio.CancelScope(shield=True):
+                await self.kill(call_id, "TERM", user=user)
+                await anyio.sleep(0.2)
+                await self.kill(call_id, "KILL", user=user)
+        return result
+
+    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+        """Run an argv directly (helpers and probes)."""
+        return await self._exec(list(argv), user=user, timeout_s=timeout_s)
+
+    async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
+        try:
+            return await self._backend.exec_stream(self._id, argv, **kwargs)
+        except SandboxGone:
+            # Nothing ran yet (the exec was never created), so trying once more in a fresh
+            # container cannot run the command twice.
+            self.gone = True
+            if self._revive is None:
+                raise
+            self._id = await self._revive()
+            self.gone = False
+            return await self._backend.exec_stream(self._id, argv, **kwargs)
+        except SandboxUnavailable:
+            self.gone = True
+            raise
+
+    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+        """Signal everything `call_id` started.
+
+        Runs as the user that ran the command: with every capability dropped, even root in
+        the container can neither signal nor inspect another uid's processes.
+        """
+        await self._exec(shellwrap.kill_argv(call_id, signal), user=user or self._spec.user, timeout_s=15)
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live (a tmpfs in the container)."""
+        return shellwrap.PID_DIR
+
+    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
+        """Pids still tagged with `call_id`."""
+        result = await self._exec(shellwrap.alive_argv(call_id), user=user or self._spec.user, timeout_s=15)
+        return [int(p) for p in result.stdout.split()]
