@@ -401,3 +401,35 @@ async def test_browser_refused_when_policy_denies(make_config: Any) -> None:
         with pytest.raises(SandboxError) as info:
             await orch.session("agent:main:web").browser()
     assert info.value.code == ErrorCode.PERMISSION_DENIED
+
+
+async def test_drift_log_names_changed_keys(make_config: Any, tmp_path: Path) -> None:
+    """Recreation on drift is logged with the config keys that changed."""
+    from loguru import logger
+
+    lines: list[str] = []
+    logger.enable("sandbox")
+    sink = logger.add(lambda m: lines.append(f"{m.record['message']} {m.record['extra']}"), level="INFO")
+    try:
+        state = tmp_path / "state"
+        for extra in ("", ", docker: {env: {X: '1'}, pids_limit: 100}"):
+            config = make_config(f"agents: {{defaults: {{sandbox: {{mode: all{extra}}}}}}}", state=state)
+            async with Orchestrator(config) as orch:
+                await orch.session("agent:main:d").sandbox()
+    finally:
+        logger.remove(sink)
+        logger.disable("sandbox")
+    drift = [line for line in lines if line.startswith("sandbox_config_drift")]
+    assert len(drift) == 1 and "'env'" in drift[0] and "'limits'" in drift[0]
+
+
+async def test_runtime_is_selectable(make_config: Any, docker_client: Any) -> None:
+    """docker.runtime picks the OCI runtime (visible in inspect); an unknown one is a clear error."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {runtime: runc}}}}")
+    async with Orchestrator(config) as orch:
+        box = await orch.session("agent:main:rt").sandbox()
+        assert docker_client.api.inspect_container(box.id)["HostConfig"]["Runtime"] == "runc"
+    config = make_config("agents: {defaults: {sandbox: {mode: all, docker: {runtime: no-such-runtime}}}}")
+    async with Orchestrator(config) as orch:
+        result = await orch.session("agent:main:rt2").call("exec", {"command": "true"})
+    assert not result.ok and "no-such-runtime" in result.error.message

@@ -416,3 +416,39 @@ async def test_kill_9_mid_write_leaves_old_or_new(tmp_path: Path, instance: str)
                 len(data),
                 set(data[:10]),
             )
+
+
+async def test_read_refuses_binary_and_big_files_and_pages_lines(make_config: Any, tmp_path: Path) -> None:
+    """read refuses binary files and files over the cap (saying the size), and pages by lines."""
+    ws = tmp_path / "ws"
+    config = sandbox_config(make_config, ws)
+    (ws / "bin.dat").write_bytes(b"\x7fELF\x00\x01" * 100)
+    (ws / "big.txt").write_bytes(b"a" * (10 * 1024 * 1024 + 1))
+    (ws / "lines.txt").write_text("".join(f"l{i}\n" for i in range(10)))
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:read")
+        binary = await sess.call("read", {"path": "bin.dat"})
+        assert binary.error.code == "INVALID_ARGUMENTS" and "binary file (600 bytes)" in binary.error.message
+        big = await sess.call("read", {"path": "big.txt"})
+        assert big.error.code == "INVALID_ARGUMENTS" and big.error.details["size"] == 10 * 1024 * 1024 + 1
+        page = await sess.call("read", {"path": "lines.txt", "offset": 3, "limit": 2, "line_numbers": True})
+        assert page.output["content"] == "4\tl3\n5\tl4\n" and page.output["total_lines"] == 10
+        missing = await sess.call("read", {"path": "nope.txt"})
+        assert missing.error.code == "FILE_NOT_FOUND"
+
+
+async def test_exec_separate_streams_env_and_workdir(make_config: Any, tmp_path: Path) -> None:
+    """stdout/stderr come separately on request; env merges over the config; workdir is relative."""
+    config = sandbox_config(make_config, tmp_path / "ws", extra=", docker: {env: {A: from-config, B: kept}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:streams")
+        await sess.call("write", {"path": "sub/x.txt", "content": "x"})
+        r = await sess.call(
+            "exec",
+            {"command": "echo out; echo err >&2; echo $A $B; pwd", "merge_output": False, "env": {"A": "from-call"}, "workdir": "sub"},
+        )
+        assert r.output["stdout"] == "out\nfrom-call kept\n/workspace/sub\n" and r.output["stderr"] == "err\n"
+        outside = await sess.call("exec", {"command": "pwd", "workdir": "../../etc"})
+        assert outside.error.code == "PERMISSION_DENIED"
+        capped = await sess.call("exec", {"command": "true", "timeout_s": 99999})
+        assert capped.ok and "lowered to the configured maximum" in capped.output["note"]

@@ -208,7 +208,7 @@ class PolicyResolver:
             return None, ""
 
         allow, allow_key = pick("allow")
-        also, _ = pick("also_allow")
+        also, also_key = pick("also_allow")
         deny, deny_key = pick("deny")
         fix_hint = f"{agent_key if own is not None else 'tools.sandbox.tools'}.also_allow"
         restrictions: tuple[Rule, ...]
@@ -216,7 +216,7 @@ class PolicyResolver:
             restrictions = (
                 compile_rule(
                     "allow",
-                    "(default sandbox allow list)",
+                    "(default sandbox allow list)" + (f" + {also_key}" if also else ""),
                     [*DEFAULT_SANDBOX_ALLOW, *(also or [])],
                     self.universe,
                     default=True,
