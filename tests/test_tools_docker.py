@@ -445,7 +445,12 @@ async def test_exec_separate_streams_env_and_workdir(make_config: Any, tmp_path:
         await sess.call("write", {"path": "sub/x.txt", "content": "x"})
         r = await sess.call(
             "exec",
-            {"command": "echo out; echo err >&2; echo $A $B; pwd", "merge_output": False, "env": {"A": "from-call"}, "workdir": "sub"},
+            {
+                "command": "echo out; echo err >&2; echo $A $B; pwd",
+                "merge_output": False,
+                "env": {"A": "from-call"},
+                "workdir": "sub",
+            },
         )
         assert r.output["stdout"] == "out\nfrom-call kept\n/workspace/sub\n" and r.output["stderr"] == "err\n"
         outside = await sess.call("exec", {"command": "pwd", "workdir": "../../etc"})
