@@ -47,7 +47,12 @@ class SandboxInfo:
 
 
 class Shell(Protocol):
-    """Run commands in one sandbox."""
+    """Run commands in one sandbox (or on the host): all the tools need to run things."""
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live."""
+        ...
 
     async def run(
         self,
