@@ -240,6 +240,7 @@ class LimitsConfig(StrictModel):
     """Concurrency limits: global -> category -> tool."""
 
     global_concurrency: int = Field(10, ge=1)
+    tenant_concurrency: int | None = Field(None, ge=1)  # default: half of global_concurrency
     categories: dict[str, int] = {"file": 5, "network": 3, "exec": 2}
     tools: dict[str, int] = {}
     queue: QueueConfig = QueueConfig()

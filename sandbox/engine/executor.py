@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -11,12 +12,15 @@ from loguru import logger
 from pydantic import ValidationError
 
 from sandbox.engine import context as ctxvars
+from sandbox.engine.limits import Limiter
+from sandbox.engine.progress import Kind, ProgressBus, ProgressEvent
 from sandbox.engine.results import shape
+from sandbox.engine.retry import with_retries
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.context import ToolContext
-from sandbox.tools.handlers import Handler
-from sandbox.tools.spec import ErrorInfo, ToolResult, ToolSpec
+from sandbox.tools.registry import ToolRegistry
+from sandbox.tools.spec import ErrorInfo, ToolResult
 
 Spill = Callable[[ToolContext, str], Awaitable[str | None]]
 TIMEOUT_MARGIN_S = 15.0  # handlers with their own timeout (exec) get to report it themselves
@@ -52,21 +56,29 @@ def _error_result(
     )
 
 
+@dataclass
+class Engine:
+    """What every call goes through: the registry, the limits and the progress bus."""
+
+    registry: ToolRegistry
+    limiter: Limiter
+    progress: ProgressBus
+    max_chars: int
+
+
 async def execute(
+    engine: Engine,
     *,
     name: str,
     arguments: Any,
     policy: ResolvedPolicy,
-    specs: dict[str, ToolSpec],
-    handlers: dict[str, Handler],
     make_context: Callable[[ctxvars.TaskContext], Awaitable[ToolContext]],
     spill: Spill,
-    max_chars: int,
     tenant: str,
     sender: str | None = None,
     trace_id: str | None = None,
 ) -> ToolResult:
-    """Run one tool call through policy, validation, the runtime and result shaping."""
+    """Run one tool call: context, policy, validation, limits, runtime (with retries), shaping."""
     started = time.perf_counter()
     tool = name.strip().lower() if isinstance(name, str) else str(name)
     tool = "exec" if tool == "bash" else tool
@@ -81,11 +93,19 @@ async def execute(
     )
     token = ctxvars.current.set(tctx)
     log = logger.bind(trace_id=tctx.trace_id, call_id=tctx.call_id, tool=tool, session=tctx.session)
+    registry = engine.registry
+
+    def event(kind: Kind, **detail: Any) -> None:
+        engine.progress.emit(
+            ProgressEvent(kind, tctx.call_id, tctx.trace_id, tool, tctx.session, time.perf_counter() - started, detail)
+        )
+
     try:
-        available = sorted(t for t in policy.allowed if t in handlers)
-        if tool not in policy.allowed or tool not in handlers or tool not in specs:
+        runnable = registry.runnable()
+        available = sorted(t for t in policy.allowed if t in runnable)
+        if tool not in policy.allowed or tool not in runnable:
             log.info("tool_call_denied")
-            reason = "is not available to this session" if tool in specs else "does not exist"
+            reason = "is not available to this session" if tool in registry else "does not exist"
             return _error_result(
                 tool,
                 tctx,
@@ -96,7 +116,9 @@ async def execute(
                 ),
                 started,
             )
-        spec = specs[tool]
+        spec = registry.get(tool)
+        handler = registry.handler(tool)
+        assert handler is not None
         try:
             args = spec.parameters.model_validate(arguments if arguments is not None else {})
         except ValidationError as exc:
@@ -104,41 +126,53 @@ async def execute(
             return _error_result(
                 tool,
                 tctx,
-                SandboxError(
-                    ErrorCode.INVALID_ARGUMENTS,
-                    f"invalid arguments for {tool}: {text}",
-                    fields=fields,
-                ),
+                SandboxError(ErrorCode.INVALID_ARGUMENTS, f"invalid arguments for {tool}: {text}", fields=fields),
                 started,
             )
-        log.debug("tool_call_started")
+
+        async def attempt() -> Any:
+            event("queued")
+            async with engine.limiter.permit(tenant=tenant, category=spec.category, tool=tool) as waited:
+                event("started", waited_s=round(waited, 3))
+                log.bind(waited_s=round(waited, 3)).debug("tool_call_started")
+                tool_ctx = await make_context(tctx)
+                limit = spec.timeout_s
+                if tool == "exec":
+                    limit = tool_ctx.config.tools.exec.max_timeout_s + TIMEOUT_MARGIN_S
+                failure: Exception | None = None
+                output: Any = None
+                # errors are carried out of the task group, which would wrap them in a group
+                async with anyio.create_task_group() as heartbeat:
+                    heartbeat.start_soon(_heartbeat, engine.progress.heartbeat_s, event)
+                    try:
+                        with anyio.fail_after(limit):
+                            output = await handler(tool_ctx, args)
+                    except TimeoutError:
+                        failure = SandboxError(ErrorCode.TIMEOUT, f"{tool} did not finish within {limit:g}s")
+                    except Exception as exc:
+                        failure = exc
+                    finally:
+                        heartbeat.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
+                return tool_ctx, output
+
         try:
-            tool_ctx = await make_context(tctx)
-            limit = spec.timeout_s
-            if tool == "exec":
-                limit = tool_ctx.config.tools.exec.max_timeout_s + TIMEOUT_MARGIN_S
-            with anyio.fail_after(limit):
-                output = await handlers[tool](tool_ctx, args)
-        except TimeoutError:
-            return _error_result(
-                tool,
-                tctx,
-                SandboxError(ErrorCode.TIMEOUT, f"{tool} did not finish within {limit:g}s"),
-                started,
-            )
+            tool_ctx, output = await with_retries(attempt, spec.retry, tool=tool)
         except SandboxError as exc:
             log.bind(code=exc.code.value).info("tool_call_failed")
+            event("finished", ok=False, code=exc.code.value)
             partial = exc.details.get("output")
-            if partial is not None:
-                shaped_partial = shape(partial, max_chars, None).output
-                return _error_result(tool, tctx, exc, started, output=shaped_partial)
-            return _error_result(tool, tctx, exc, started)
+            shaped_partial = shape(partial, engine.max_chars, None).output if partial is not None else None
+            return _error_result(tool, tctx, exc, started, output=shaped_partial)
         spill_path = None
-        shaped = shape(output, max_chars, f"/.sandbox/outputs/{tctx.call_id}.txt")
+        shaped = shape(output, engine.max_chars, f"/.sandbox/outputs/{tctx.call_id}.txt")
         if shaped.truncated and shaped.full_text is not None:
             spill_path = await spill(tool_ctx, shaped.full_text)
-            shaped = shape(output, max_chars, spill_path)
-        log.bind(duration_ms=round((time.perf_counter() - started) * 1000, 2)).info("tool_call_finished")
+            shaped = shape(output, engine.max_chars, spill_path)
+        duration = round((time.perf_counter() - started) * 1000, 2)
+        log.bind(duration_ms=duration).info("tool_call_finished")
+        event("finished", ok=True)
         return ToolResult(
             ok=True,
             tool=tool,
@@ -147,15 +181,18 @@ async def execute(
             output=shaped.output,
             truncated=shaped.truncated,
             full_output_path=spill_path,
-            duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            duration_ms=duration,
         )
     except Exception as exc:
         log.exception("tool_call_crashed")
         return _error_result(
-            tool,
-            tctx,
-            SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"),
-            started,
+            tool, tctx, SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"), started
         )
     finally:
         ctxvars.current.reset(token)
+
+
+async def _heartbeat(every_s: float, event: Callable[..., None]) -> None:
+    while True:
+        await anyio.sleep(every_s)
+        event("running")

@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio.to_thread
 
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
+from sandbox.engine.batch import BatchCall, BatchResult, run_batch
 from sandbox.engine.context import TaskContext
-from sandbox.engine.executor import execute
+from sandbox.engine.executor import Engine, execute
+from sandbox.engine.limits import Limiter
+from sandbox.engine.progress import ProgressBus
 from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.safe import SafeRoot
 from sandbox.fs.states import FileStates
@@ -25,9 +28,10 @@ from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import short_hash, slug
-from sandbox.tools.builtin import BUILTIN_BY_NAME
+from sandbox.tools.builtin import BUILTIN_BY_NAME, BUILTIN_SPECS
 from sandbox.tools.context import ToolContext
 from sandbox.tools.handlers import builtin_handlers
+from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.spec import ToolResult, ToolSpec
 
 
@@ -41,13 +45,26 @@ class Orchestrator:
     Use as `async with Orchestrator(config) as orch: session = orch.session(...)`.
     """
 
-    def __init__(self, config: Config, backend: DockerBackend | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        backend: DockerBackend | None = None,
+        *,
+        registry: ToolRegistry | None = None,
+        progress: ProgressBus | None = None,
+    ) -> None:
         self.config = config
         self.backend = backend or DockerBackend()
-        self.policy = PolicyResolver(config)
         self.manager = SandboxManager(config, self.backend)
-        self.specs: dict[str, ToolSpec] = dict(BUILTIN_BY_NAME)
-        self.handlers = builtin_handlers()
+        handlers = builtin_handlers()
+        self.registry = registry or ToolRegistry((spec, handlers.get(spec.name)) for spec in BUILTIN_SPECS)
+        extra = tuple(name for name in self.registry.names() if name not in BUILTIN_BY_NAME)
+        self.policy = PolicyResolver(config, extra_tools=extra)
+        self.limiter = Limiter(config.limits)
+        for spec in (self.registry.get(n) for n in self.registry.names()):
+            self.limiter.declare_tool(spec.name, spec.max_concurrency)
+        self.progress = progress or ProgressBus()
+        self.engine = Engine(self.registry, self.limiter, self.progress, config.results.max_chars)
 
     async def __aenter__(self) -> Orchestrator:
         return self
@@ -114,9 +131,9 @@ class Session:
 
     def tools(self) -> list[ToolSpec]:
         """The tools the model may see (allowed by policy and runnable here)."""
-        return [
-            s for name, s in self._orch.specs.items() if name in self.policy.allowed and name in self._orch.handlers
-        ]
+        registry = self._orch.registry
+        runnable = registry.runnable()
+        return [registry.get(n) for n in registry.names() if n in self.policy.allowed and n in runnable]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """name, description and JSON schema of each tool in :meth:`tools`."""
@@ -125,18 +142,22 @@ class Session:
     async def call(self, name: str, arguments: Any = None, *, trace_id: str | None = None) -> ToolResult:
         """Run one tool call; every failure comes back as a ToolResult with an error code."""
         return await execute(
+            self._orch.engine,
             name=name,
             arguments=arguments,
             policy=self.policy,
-            specs=self._orch.specs,
-            handlers=self._orch.handlers,
             make_context=self._context,
             spill=self._spill,
-            max_chars=self._orch.config.results.max_chars,
             tenant=self.agent.tenant,
             sender=self.sender,
             trace_id=trace_id,
         )
+
+    async def call_many(
+        self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
+    ) -> BatchResult:
+        """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
+        return await run_batch(self.call, calls, mode=mode)
 
     async def close(self) -> None:
         """End the session: a session-scoped sandbox is removed; agent and shared ones stay."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sandbox.tools.spec import ToolArgs, ToolSpec
+from sandbox.tools.spec import SIDE_EFFECTS, RetryPolicy, ToolArgs, ToolSpec
 
 
 class ExecArgs(ToolArgs):
@@ -130,6 +130,26 @@ class NodesArgs(ToolArgs):
     command: str | None = None
 
 
+# Tools that change something are never retried automatically: running them twice is not safe.
+_CHANGES_THINGS = frozenset(
+    {
+        "exec",
+        "process",
+        "write",
+        "edit",
+        "apply_patch",
+        "browser",
+        "canvas",
+        "sessions_send",
+        "sessions_spawn",
+        "cron",
+        "gateway",
+        "message",
+        "nodes",
+    }
+)
+
+
 def _spec(
     name: str,
     description: str,
@@ -139,7 +159,8 @@ def _spec(
     timeout: float,
     sandboxed: bool,
 ) -> ToolSpec:
-    return ToolSpec(name, description, params, category, risk, timeout, sandboxed)  # type: ignore[arg-type]
+    retry = SIDE_EFFECTS if name in _CHANGES_THINGS else RetryPolicy()
+    return ToolSpec(name, description, params, category, risk, timeout, sandboxed, retry=retry)  # type: ignore[arg-type]
 
 
 BUILTIN_SPECS: tuple[ToolSpec, ...] = (

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -18,16 +19,38 @@ class ToolArgs(BaseModel):
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """How a tool is retried. Tools with side effects are retried only when idempotent."""
+
+    max_attempts: int = 3
+    base_s: float = 0.2
+    cap_s: float = 5.0
+    idempotent: bool = True
+
+    @property
+    def attempts(self) -> int:
+        """Attempts actually made: one for tools that are not idempotent."""
+        return self.max_attempts if self.idempotent else 1
+
+
+SIDE_EFFECTS = RetryPolicy(idempotent=False)
+
+
+@dataclass(frozen=True)
 class ToolSpec:
-    """A tool as the policy, the engine and the model see it (handlers are attached elsewhere)."""
+    """A tool as the policy, the engine and the model see it (the handler is kept by the registry)."""
 
     name: str
     description: str
     parameters: type[ToolArgs]
-    category: Category
+    category: str
     risk: Risk
     timeout_s: float
     sandboxed: bool  # runs inside the sandbox when the session is sandboxed
+    max_concurrency: int | None = None
+    retry: RetryPolicy = RetryPolicy()
+    permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    version: str = "1"
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, without pydantic's title noise."""

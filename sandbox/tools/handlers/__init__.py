@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from sandbox.tools.context import ToolContext
-
-Handler = Callable[[ToolContext, Any], Awaitable[Any]]
+from sandbox.tools.registry import Handler
 
 
 def builtin_handlers() -> dict[str, Handler]:

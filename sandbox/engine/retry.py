@@ -1,0 +1,60 @@
+"""Retries of the failures worth retrying, with exponential backoff and jitter (tenacity)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.tools.spec import RetryPolicy
+
+__all__ = ["RETRIED_CODES", "RetryPolicy", "with_retries"]
+
+T = TypeVar("T")
+
+# Only these are retried: a timeout, the network, rate limits, an unavailable service or sandbox.
+RETRIED_CODES = frozenset(
+    {
+        ErrorCode.TIMEOUT,
+        ErrorCode.NETWORK_ERROR,
+        ErrorCode.RATE_LIMITED,
+        ErrorCode.SERVICE_UNAVAILABLE,
+        ErrorCode.SANDBOX_UNAVAILABLE,
+    }
+)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, SandboxError) and exc.code in RETRIED_CODES
+
+
+async def with_retries(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *, tool: str) -> T:
+    """Call `fn`, retrying retryable SandboxErrors per `policy`.
+
+    Raises:
+        SandboxError: the error itself when it is not retryable or there is one attempt;
+            RETRY_EXHAUSTED, with the last error in its details, when every attempt failed.
+    """
+    if policy.attempts <= 1:
+        return await fn()
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(_retryable),
+        stop=stop_after_attempt(policy.attempts),
+        wait=wait_random_exponential(multiplier=policy.base_s, max=policy.cap_s),
+        sleep=anyio.sleep,
+        reraise=False,
+    )
+    try:
+        return await retrying(fn)
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        assert isinstance(last, SandboxError)
+        raise SandboxError(
+            ErrorCode.RETRY_EXHAUSTED,
+            f"{tool} failed {policy.attempts} times; last error {last.code}: {last.message}",
+            attempts=policy.attempts,
+            last_error={"code": last.code.value, "message": last.message, "details": last.details},
+        ) from last
