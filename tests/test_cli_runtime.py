@@ -129,3 +129,21 @@ def test_demo_runs_end_to_end() -> None:
         cwd=ROOT,
         env=env,
     )
+
+
+def test_call_runs_a_skill_in_the_sandbox(tmp_path: Path, instance: str) -> None:
+    """`sandbox call` on a skill runs it in the session's sandbox."""
+    cfg = tmp_path / "skills.yaml"
+    cfg.write_text(
+        (ROOT / "policies" / "examples" / "skills.yaml")
+        .read_text()
+        .replace("state_dir: ./.state/skills", f"state_dir: {tmp_path}/state\ninstance: {instance}")
+        .replace("../../skills", str(ROOT / "skills"))
+    )
+    assert (
+        cli(cfg, "call", "--session", "agent:main:sk", "write", '{"path": "f.txt", "content": "1\\n2\\n"}').returncode
+        == 0
+    )
+    run = cli(cfg, "call", "--session", "agent:main:sk", "line_count", '{"pattern": "*.txt"}')
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["output"]["lines"] == 2

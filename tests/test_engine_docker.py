@@ -43,3 +43,36 @@ async def test_sixty_execs_never_exceed_the_exec_limit(make_config: Any, max_dep
         peak = await sess.call("exec", {"command": "sort -n /tmp/peak | tail -1; wc -l < /tmp/peak"})
         top, count = peak.output["output"].split()
         assert int(top) == 2 and int(count) == 60 - expect_full
+
+
+async def test_skills_run_inside_the_sandbox(make_config: Any, tmp_path: Any) -> None:
+    """Skill handlers run in the session's sandbox (not in this process); their code is read-only there."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    config = make_config(
+        f"skills: {{dirs: ['{root}/skills']}}\n"
+        "tools: {also_allow: [line_count, json_query], profile: coding, sandbox: {tools: {also_allow: [line_count, json_query]}}}\n"
+        "agents: {defaults: {sandbox: {mode: all, scope: agent}}}"
+    )
+    async with Orchestrator(config) as orch:
+        assert orch.skill_problems == []
+        sess = orch.session("agent:main:skills")
+        await sess.call("write", {"path": "src/a.py", "content": "a\nb\nc\n"})
+        await sess.call("write", {"path": "src/b.py", "content": "x\n"})
+        await sess.call("write", {"path": "data.json", "content": '{"users": [{"name": "ada"}, {"name": "bob"}]}'})
+        counted = await sess.call("line_count", {"pattern": "src/*.py"})
+        assert counted.ok, counted.error
+        assert counted.output["files"] == 2 and counted.output["lines"] == 4
+        assert counted.output["longest"][0]["path"] == "src/a.py"
+        queried = await sess.call("json_query", {"path": "data.json", "query": "users.1.name"})
+        assert queried.output == {"query": "users.1.name", "value": "bob"}
+        missing = await sess.call("json_query", {"path": "data.json", "query": "users.7"})
+        assert missing.error.code == "INTERNAL" and "no 'users.7'" in missing.error.message
+        bad = await sess.call("line_count", {"top": 3})
+        assert bad.error.code == "INVALID_ARGUMENTS"
+        where = await sess.call(
+            "exec", {"command": "ls /opt/skills/0; touch /opt/skills/0/line_count/x 2>&1; hostname"}
+        )
+        assert "line_count" in where.output["output"] and "Read-only file system" in where.output["output"]
+        assert where.output["output"].split()[-1] == "sandbox"  # handlers ran where this runs

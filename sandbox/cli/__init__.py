@@ -19,6 +19,8 @@ from sandbox.errors import USAGE_EXIT_CODE, ConfigError, SandboxError, UsageErro
 from sandbox.policy import Identity, PolicyResolver, explain_data, explain_text
 from sandbox.policy.sessions import agent_of
 from sandbox.tools import BUILTIN_BY_NAME, render
+from sandbox.tools.catalog import build_registry
+from sandbox.tools.registry import ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,10 +31,20 @@ class State:
     def __init__(self, config_path: str | None) -> None:
         self.config_path = config_path
         self._config: Config | None = None
+        self._registry: ToolRegistry | None = None
+
+    def registry(self) -> ToolRegistry:
+        """Built-in tools plus the config's skills; refused skills are reported on stderr once."""
+        if self._registry is None:
+            self._registry, problems = build_registry(self.config)
+            for problem in problems:
+                click.echo(f"warning: skill {problem.file}: {problem.message}", err=True)
+        return self._registry
 
     def resolver(self) -> PolicyResolver:
-        """A policy resolver over the config."""
-        return PolicyResolver(self.config)
+        """A policy resolver over the config and every registered tool."""
+        extra = tuple(n for n in self.registry().names() if n not in BUILTIN_BY_NAME)
+        return PolicyResolver(self.config, extra_tools=extra)
 
     @property
     def config(self) -> Config:
@@ -115,8 +127,7 @@ def explain(
     as_json: bool,
 ) -> None:
     """Why each tool exists or not for a session, and whether it is sandboxed."""
-    resolver = PolicyResolver(state.config)
-    policy = resolver.resolve(_identity(state, agent, session, provider, model))
+    policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
     data = explain_data(policy)
     text = explain_text(policy)
     if policy.sandbox.sandboxed:
@@ -146,8 +157,9 @@ def tools_cmd(
     as_json: bool,
 ) -> None:
     """The tool definitions the model would receive, in a vendor's shape."""
-    policy = PolicyResolver(state.config).resolve(_identity(state, agent, session, provider, model))
-    specs = [BUILTIN_BY_NAME[d.tool] for d in policy.decisions if d.allowed and d.tool in BUILTIN_BY_NAME]
+    registry = state.registry()
+    policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
+    specs = [registry.get(d.tool) for d in policy.decisions if d.allowed and d.tool in registry]
     data = render(specs, fmt)  # type: ignore[arg-type]
     _emit(data, True, "")  # definitions are JSON either way; --json is accepted for symmetry
     del as_json

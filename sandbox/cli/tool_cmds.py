@@ -12,14 +12,40 @@ import click
 from sandbox.cli import State, handled, json_option, main
 from sandbox.config.merge import default_agent_id
 from sandbox.engine.orchestrator import Orchestrator
+from sandbox.engine.progress import ProgressBus, ProgressEvent
 from sandbox.errors import UsageError
 from sandbox.policy.sessions import agent_of
 from sandbox.tools.spec import ToolResult
 
 
+class Spinner:
+    """Shows `⠋ exec 2.1s` on a terminal's stderr for calls that take longer than a second."""
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._frame = 0
+        self._shown = False
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if not self.enabled:
+            return
+        if event.kind == "running" and event.elapsed_s >= 1.0:
+            self._frame = (self._frame + 1) % len(self.FRAMES)
+            sys.stderr.write(f"\r{self.FRAMES[self._frame]} {event.tool} {event.elapsed_s:.1f}s ")
+            sys.stderr.flush()
+            self._shown = True
+        elif event.kind == "finished" and self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 def _run_call(state: State, agent: str | None, session: str, tool: str, arguments: Any) -> ToolResult:
     async def go() -> ToolResult:
-        async with Orchestrator(state.config) as orch:
+        bus = ProgressBus(heartbeat_s=0.2)
+        bus.subscribe(Spinner())
+        async with Orchestrator(state.config, registry=state.registry(), progress=bus) as orch:
             sess = orch.session(session, agent=agent or agent_of(session) or default_agent_id(state.config))
             return await sess.call(tool, arguments)
 

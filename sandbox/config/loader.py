@@ -54,7 +54,8 @@ def validate(located: Located, *, base_dir: Path) -> Config:
     data, unknown = keys.normalize(data, Config)
     problems = [_line(located, loc, message, value=False) for loc, message in unknown]
     try:
-        config = Config.model_validate(data, context={"base_dir": base_dir})
+        context = {"base_dir": base_dir, "extra_tools": _skill_names(data, base_dir)}
+        config = Config.model_validate(data, context=context)
     except ValidationError as exc:
         problems.extend(_line(located, _loc(err["loc"]), _describe(err)) for err in exc.errors())
         raise ConfigError(_in_file_order(problems)) from exc
@@ -66,6 +67,17 @@ def validate(located: Located, *, base_dir: Path) -> Config:
 
 def _in_file_order(problems: list[tuple[tuple[int, int], str]]) -> list[str]:
     return [text for _, text in sorted(problems, key=lambda item: item[0])]
+
+
+def _skill_names(data: dict[str, Any], base_dir: Path) -> tuple[str, ...]:
+    """Names of the SKILL.md tools the config points at, so policies may name them."""
+    from sandbox.tools.skills import skill_names
+
+    dirs = (data.get("skills") or {}).get("dirs") if isinstance(data.get("skills"), dict) else None
+    if not isinstance(dirs, list):
+        return ()
+    paths = [base_dir / Path(str(d)).expanduser() for d in dirs if isinstance(d, str)]
+    return tuple(skill_names(paths))
 
 
 def _loc(raw: tuple[Any, ...]) -> Loc:

@@ -252,10 +252,27 @@ class ResultsConfig(StrictModel):
     max_chars: int = Field(50_000, ge=100)
 
 
+class FilesystemPermissions(StrictModel):
+    """Path globs (inside the sandbox) a skill may read or write."""
+
+    read: list[str] = []
+    write: list[str] = []
+
+
+class SkillPermissions(StrictModel):
+    """What a skill declares it needs, and (under `skills.allowed`) what policy grants."""
+
+    filesystem: FilesystemPermissions = FilesystemPermissions()
+    network: list[str] = []  # domains
+
+
 class SkillsConfig(StrictModel):
-    """Where SKILL.md tools are found."""
+    """Where SKILL.md tools are found, and the most any skill may be granted."""
 
     dirs: list[ConfigPath] = []
+    allowed: SkillPermissions = SkillPermissions(
+        filesystem=FilesystemPermissions(read=["/workspace/**"], write=["/workspace/**"]), network=[]
+    )
 
 
 def default_state_dir() -> Path:

@@ -143,7 +143,8 @@ async def execute(
                 output: Any = None
                 # errors are carried out of the task group, which would wrap them in a group
                 async with anyio.create_task_group() as heartbeat:
-                    heartbeat.start_soon(_heartbeat, engine.progress.heartbeat_s, event)
+                    if engine.progress.has_subscribers:  # no task per call when nobody listens
+                        heartbeat.start_soon(_heartbeat, engine.progress.heartbeat_s, event)
                     try:
                         with anyio.fail_after(limit):
                             output = await handler(tool_ctx, args)

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import anyio.to_thread
+from loguru import logger
 
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
@@ -28,10 +29,11 @@ from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import short_hash, slug
-from sandbox.tools.builtin import BUILTIN_BY_NAME, BUILTIN_SPECS
+from sandbox.tools.builtin import BUILTIN_BY_NAME
+from sandbox.tools.catalog import build_registry
 from sandbox.tools.context import ToolContext
-from sandbox.tools.handlers import builtin_handlers
 from sandbox.tools.registry import ToolRegistry
+from sandbox.tools.skills import SkillProblem
 from sandbox.tools.spec import ToolResult, ToolSpec
 
 
@@ -56,8 +58,12 @@ class Orchestrator:
         self.config = config
         self.backend = backend or DockerBackend()
         self.manager = SandboxManager(config, self.backend)
-        handlers = builtin_handlers()
-        self.registry = registry or ToolRegistry((spec, handlers.get(spec.name)) for spec in BUILTIN_SPECS)
+        self.skill_problems: list[SkillProblem] = []
+        if registry is None:
+            registry, self.skill_problems = build_registry(config)
+            for problem in self.skill_problems:
+                logger.bind(file=str(problem.file), reason=problem.message).warning("skill_refused")
+        self.registry = registry
         extra = tuple(name for name in self.registry.names() if name not in BUILTIN_BY_NAME)
         self.policy = PolicyResolver(config, extra_tools=extra)
         self.limiter = Limiter(config.limits)
@@ -108,6 +114,7 @@ class Session:
         self.policy = policy
         self.sender = sender
         self._files: WorkspaceFiles | None = None
+        self._host_shell: HostShell | None = None
 
     @property
     def key(self) -> str:
@@ -199,8 +206,12 @@ class Session:
                 self._files = self._make_files(roots, owner)
         else:
             workspace = self.agent.workspace
-            await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
-            shell = HostShell(workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env)
+            if self._host_shell is None:
+                await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
+                self._host_shell = HostShell(
+                    workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env
+                )
+            shell = self._host_shell
             workdir = str(workspace)
             if self._files is None:
                 self._files = self._make_files([Root(str(workspace), workspace, False, "the workspace")], None)

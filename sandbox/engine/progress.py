@@ -39,6 +39,11 @@ class ProgressBus:
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback)
 
+    @property
+    def has_subscribers(self) -> bool:
+        """Whether anybody listens (events are skipped otherwise)."""
+        return bool(self._subscribers)
+
     def emit(self, event: ProgressEvent) -> None:
         """Deliver an event to every subscriber."""
         for callback in list(self._subscribers):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -27,6 +27,15 @@ RETRIED_CODES = frozenset(
 )
 
 
+def _wait_first(policy: RetryPolicy) -> Any:
+    # the first failure happened outside tenacity: back off before its first attempt too
+    async def before(state: Any) -> None:
+        if state.attempt_number == 1:
+            await anyio.sleep(wait_random_exponential(multiplier=policy.base_s, max=policy.cap_s)(state))
+
+    return before
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, SandboxError) and exc.code in RETRIED_CODES
 
@@ -40,9 +49,16 @@ async def with_retries(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *, t
     """
     if policy.attempts <= 1:
         return await fn()
+    try:
+        return await fn()  # the common case costs nothing: tenacity only after a retryable failure
+    except SandboxError as exc:
+        if not _retryable(exc):
+            raise
+        first = exc
     retrying = AsyncRetrying(
         retry=retry_if_exception(_retryable),
-        stop=stop_after_attempt(policy.attempts),
+        stop=stop_after_attempt(policy.attempts - 1),
+        before=_wait_first(policy),
         wait=wait_random_exponential(multiplier=policy.base_s, max=policy.cap_s),
         sleep=anyio.sleep,
         reraise=False,
@@ -50,7 +66,7 @@ async def with_retries(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *, t
     try:
         return await retrying(fn)
     except RetryError as exc:
-        last = exc.last_attempt.exception()
+        last = exc.last_attempt.exception() or first
         assert isinstance(last, SandboxError)
         raise SandboxError(
             ErrorCode.RETRY_EXHAUSTED,

@@ -14,7 +14,12 @@ from sandbox.runtime.spec import build_spec, create_kwargs
 def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
     """The container's name, hardening and mounts (from config), and whether it exists now."""
     try:
-        spec = build_spec(policy.agent, policy.session.raw, instance_id(config.state_dir, config.instance))
+        spec = build_spec(
+            policy.agent,
+            policy.session.raw,
+            instance_id(config.state_dir, config.instance),
+            skill_dirs=config.skills.dirs,
+        )
     except SandboxError as exc:
         return {"error": exc.message}
     kwargs = create_kwargs(spec)

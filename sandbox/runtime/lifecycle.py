@@ -46,7 +46,10 @@ async def rows(manager: SandboxManager) -> list[SandboxRow]:
                 from sandbox.runtime.spec import build_spec
 
                 match = (
-                    build_spec(agent, spec.session, manager.instance, image_id=image).config_hash == info.config_hash
+                    build_spec(
+                        agent, spec.session, manager.instance, image_id=image, skill_dirs=manager.config.skills.dirs
+                    ).config_hash
+                    == info.config_hash
                 )
             except Exception:
                 match = False

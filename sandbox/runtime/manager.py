@@ -59,7 +59,7 @@ class SandboxManager:
         key = (agent.id, scope_key(agent.sandbox.scope, agent.id, session))
         spec = self._specs.get(key)
         if spec is None:
-            spec = build_spec(agent, session, self.instance)
+            spec = build_spec(agent, session, self.instance, skill_dirs=self.config.skills.dirs)
             self._specs[key] = spec
         return spec
 
@@ -81,7 +81,7 @@ class SandboxManager:
             ):
                 return entry.sandbox
             image = await self.backend.image_id(spec.image)
-            full = build_spec(agent, session, self.instance, image_id=image)
+            full = build_spec(agent, session, self.instance, image_id=image, skill_dirs=self.config.skills.dirs)
             sandbox = await self.backend.ensure(full)
 
             async def revive() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from sandbox.runtime.naming import (
 )
 
 DEFAULT_UID_GID = "1000:1000"
+SKILLS_MOUNT = "/opt/skills"
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,13 @@ def scratch_workspace(agent: EffectiveAgent, key: str) -> Path:
     return Path(root) / f"{slug(key, 40)}-{short_hash(key)}"
 
 
-def build_spec(agent: EffectiveAgent, session: str, instance: str, image_id: str | None = None) -> SandboxSpec:
+def build_spec(
+    agent: EffectiveAgent,
+    session: str,
+    instance: str,
+    image_id: str | None = None,
+    skill_dirs: Sequence[Path] = (),
+) -> SandboxSpec:
     """The exec-sandbox spec for a session of `agent`.
 
     Args:
@@ -126,6 +134,10 @@ def build_spec(agent: EffectiveAgent, session: str, instance: str, image_id: str
     mounts = [Mount(ws_source, CONTAINER_WORKDIR, cfg.workspace_access == "ro", ws_origin)]
     binds: list[BindSpec] = validate_binds(docker.binds, docker)
     mounts += [Mount(b.source, b.target, b.read_only, f"docker.binds: {b.declared}") for b in binds]
+    for index, folder in enumerate(skill_dirs):
+        # skill handlers run in the sandbox; their code is mounted read-only
+        source = check_source(str(folder), docker, what="skills dir")
+        mounts.append(Mount(source, f"{SKILLS_MOUNT}/{index}", True, f"skills.dirs[{index}]"))
     user = docker.user or owner_user(workspace)
     ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
     hashed = {

@@ -1,0 +1,238 @@
+"""SKILL.md tools: a folder with YAML front matter (the spec) and handler.py (run in the sandbox).
+
+A skill is refused at load time, with the reason, when its front matter is invalid or it asks
+for permissions the global policy (`skills.allowed`) does not grant; the other skills still load.
+Handlers never run in the orchestrator process: inside the session's sandbox, where the skills
+folder is bind-mounted read-only, or as a host subprocess in mode `off`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from sandbox.config.models import SkillPermissions, SkillsConfig
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.runtime.spec import SKILLS_MOUNT  # skills dir i is mounted read-only there, at <i>
+from sandbox.tools.spec import RetryPolicy, ToolArgs, ToolSpec
+
+_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+
+
+class SkillParameter(BaseModel):
+    """One parameter in SKILL.md."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["string", "integer", "number", "boolean", "array", "object"]
+    description: str = ""
+    required: bool = False
+    default: Any = None
+    enum: list[Any] | None = None
+
+
+class SkillManifest(BaseModel):
+    """The front matter of SKILL.md."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}(\.[a-z][a-z0-9_]{0,63})?$")
+    description: str = Field(min_length=1)
+    parameters: dict[str, SkillParameter] = {}
+    permissions: SkillPermissions = SkillPermissions()
+    timeout: float = Field(30.0, gt=0, le=3600)
+    max_concurrency: int | None = Field(None, ge=1)
+    requires_approval: bool = False
+    version: str = "1"
+
+
+@dataclass(frozen=True)
+class Skill:
+    """A loaded skill."""
+
+    manifest: SkillManifest
+    folder: Path
+    mount_index: int  # which skills dir it came from
+
+    @property
+    def container_handler(self) -> str:
+        """Where handler.py is inside the sandbox."""
+        return f"{SKILLS_MOUNT}/{self.mount_index}/{self.folder.name}/handler.py"
+
+
+@dataclass(frozen=True)
+class SkillProblem:
+    """Why one skill was refused."""
+
+    file: Path
+    message: str
+
+
+def _front_matter(text: str, file: Path) -> dict[str, Any]:
+    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
+    if not match:
+        raise ValueError("SKILL.md must start with YAML front matter between '---' lines")
+    try:
+        data = yaml.safe_load(match.group(1))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f":{mark.line + 2}:{mark.column + 1}" if mark else ""
+        raise ValueError(f"YAML error{where}: {exc.problem}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("the front matter must be a mapping")
+    return data
+
+
+def _glob_within(pattern: str, allowed: list[str]) -> bool:
+    """Whether every path `pattern` can match is also matched by one of `allowed`."""
+    if ".." in pattern.split("/"):
+        return False
+    fixed = pattern.split("*", 1)[0]  # the part before the first wildcard
+    for grant in allowed:
+        if pattern == grant or ("*" not in pattern and fnmatch.fnmatchcase(pattern, grant)):
+            return True
+        base = grant.removesuffix("**")
+        if grant.endswith("/**") and (fixed.startswith(base) or fixed == base.rstrip("/")):
+            return True
+    return False
+
+
+def permission_problems(declared: SkillPermissions, allowed: SkillPermissions) -> list[str]:
+    """Each declared permission the policy does not grant, as a sentence."""
+    out = []
+    for kind in ("read", "write"):
+        granted = getattr(allowed.filesystem, kind)
+        for pattern in getattr(declared.filesystem, kind):
+            if not _glob_within(pattern, granted):
+                out.append(
+                    f"permissions.filesystem.{kind} {pattern!r} is not within skills.allowed.filesystem.{kind} "
+                    f"({', '.join(granted) or 'nothing'})"
+                )
+    for domain in declared.network:
+        if not any(fnmatch.fnmatchcase(domain, a) for a in allowed.network):
+            out.append(
+                f"permissions.network {domain!r} is not in skills.allowed.network "
+                f"({', '.join(allowed.network) or 'no network'})"
+            )
+    return out
+
+
+def load_skills(config: SkillsConfig) -> tuple[list[Skill], list[SkillProblem]]:
+    """Scan every skills dir for */SKILL.md; return the skills that load and why others did not."""
+    skills: list[Skill] = []
+    problems: list[SkillProblem] = []
+    seen: dict[str, Path] = {}
+    for index, root in enumerate(config.dirs):
+        for file in sorted(Path(root).glob("*/SKILL.md")):
+            try:
+                manifest = SkillManifest.model_validate(_front_matter(file.read_text(encoding="utf-8"), file))
+            except ValidationError as exc:
+                for err in exc.errors():
+                    key = ".".join(str(p) for p in err["loc"]) or "(front matter)"
+                    problems.append(SkillProblem(file, f"{key}: {str(err['msg']).lower()}"))
+                continue
+            except (ValueError, OSError) as exc:
+                problems.append(SkillProblem(file, str(exc)))
+                continue
+            if not (file.parent / "handler.py").is_file():
+                problems.append(SkillProblem(file, "handler.py is missing next to SKILL.md"))
+                continue
+            refused = permission_problems(manifest.permissions, config.allowed)
+            if refused:
+                problems.extend(SkillProblem(file, f"refused: {r}") for r in refused)
+                continue
+            if manifest.name in seen:
+                problems.append(SkillProblem(file, f"name {manifest.name!r} is already taken by {seen[manifest.name]}"))
+                continue
+            seen[manifest.name] = file
+            skills.append(Skill(manifest, file.parent, index))
+    return skills, problems
+
+
+def skill_names(dirs: list[Path]) -> list[str]:
+    """Names declared by SKILL.md files (for checking tool names in the config; no validation)."""
+    names = []
+    for root in dirs:
+        for file in sorted(Path(root).glob("*/SKILL.md")):
+            try:
+                name = _front_matter(file.read_text(encoding="utf-8"), file).get("name")
+            except (ValueError, OSError):
+                continue
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+def skill_spec(skill: Skill) -> ToolSpec:
+    """The ToolSpec of a skill, its arguments model built from the declared parameters."""
+    m = skill.manifest
+    fields: dict[str, Any] = {}
+    for pname, param in m.parameters.items():
+        annotation: Any = _TYPES[param.type]
+        if param.enum:
+            annotation = Literal[tuple(param.enum)]
+        if not param.required:
+            annotation = annotation | None
+        default = ... if param.required else param.default
+        fields[pname] = (annotation, Field(default, description=param.description or None))
+    params: type[ToolArgs] = create_model(f"skill_{m.name.replace('.', '_')}_args", __base__=ToolArgs, **fields)
+    return ToolSpec(
+        name=m.name,
+        description=m.description,
+        parameters=params,
+        category="skill",
+        risk="medium",
+        timeout_s=m.timeout,
+        sandboxed=True,
+        max_concurrency=m.max_concurrency,
+        retry=RetryPolicy(idempotent=False),
+        permissions={
+            "filesystem.read": tuple(m.permissions.filesystem.read),
+            "filesystem.write": tuple(m.permissions.filesystem.write),
+            "network": tuple(m.permissions.network),
+        },
+        version=m.version,
+    )
+
+
+def skill_handler(skill: Skill) -> Any:
+    """A handler that runs handler.py with the arguments as JSON in $SKILL_ARGS."""
+
+    async def handler(ctx: Any, args: ToolArgs) -> Any:
+        payload = json.dumps(args.model_dump(mode="json"))
+        script = skill.container_handler if ctx.sandboxed else str(skill.folder / "handler.py")
+        result = await ctx.shell.run(
+            f'exec python3 "{script}"',
+            call_id=ctx.call_id,
+            env={"SKILL_ARGS": payload, "SKILL_NAME": skill.manifest.name},
+            workdir=ctx.workdir,
+            timeout_s=skill.manifest.timeout,
+        )
+        out = result.stdout.decode("utf-8", errors="replace")
+        if result.timed_out:
+            raise SandboxError(
+                ErrorCode.TIMEOUT, f"skill {skill.manifest.name} timed out after {skill.manifest.timeout:g}s"
+            )
+        if result.exit_code != 0:
+            err = result.stderr.decode("utf-8", errors="replace")[-800:]
+            raise SandboxError(
+                ErrorCode.INTERNAL, f"skill {skill.manifest.name} failed (exit {result.exit_code}): {err.strip()}"
+            )
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            return out
+
+    return handler
