@@ -178,3 +178,34 @@ async def test_progress_events(config: Any) -> None:
     kinds = [e.kind for e in events]
     assert kinds[0] == "queued" and kinds[1] == "started" and kinds[-1] == "finished"
     assert kinds.count("running") >= 2 and all(e.call_id == r.call_id for e in events)
+
+
+async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
+    """A tool's timeout is clamped to limits.timeouts; every log line carries the call context."""
+    from loguru import logger
+
+    from sandbox.engine.executor import tool_timeout
+
+    clamped = config.model_copy(update={"limits": config.limits.model_copy(update={"timeouts": config.limits.timeouts.model_copy(update={"min_s": 0.1, "max_s": 0.3, "tools": {"slowpoke": 100}})})})
+    assert tool_timeout(clamped, "slowpoke", 5) == 0.3 and tool_timeout(clamped, "other", 0.01) == 0.1
+    reg = make_registry()
+
+    @reg.tool(category="custom", timeout_s=50)
+    async def slowpoke(ctx: Any) -> None:
+        """Sleeps."""
+        logger.info("handler_says_hi")
+        await anyio.sleep(5)
+
+    lines: list[dict[str, Any]] = []
+    logger.enable("sandbox")
+    sink = logger.add(lambda m: lines.append({"msg": m.record["message"], **m.record["extra"]}), level="INFO")
+    try:
+        async with Orchestrator(clamped, registry=reg) as orch:
+            result = await orch.session("agent:a:main").call("slowpoke", {})
+    finally:
+        logger.remove(sink)
+        logger.disable("sandbox")
+    assert result.error.code in ("TIMEOUT", "RETRY_EXHAUSTED")
+    hi = next(line for line in lines if line["msg"] == "handler_says_hi")
+    assert hi["call_id"] == result.call_id and hi["tool"] == "slowpoke" and hi["agent"] == "a"
+    assert any(line["msg"] == "tool_call_failed" and line["call_id"] == result.call_id for line in lines)

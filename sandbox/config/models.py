@@ -236,6 +236,14 @@ class QueueConfig(StrictModel):
     max_wait_s: float = Field(30.0, gt=0)
 
 
+class TimeoutsConfig(StrictModel):
+    """Per-tool timeouts (seconds), always clamped to [min_s, max_s]."""
+
+    min_s: float = Field(1.0, gt=0)
+    max_s: float = Field(3600.0, gt=0)
+    tools: dict[str, float] = {}
+
+
 class LimitsConfig(StrictModel):
     """Concurrency limits: global -> category -> tool."""
 
@@ -244,6 +252,7 @@ class LimitsConfig(StrictModel):
     categories: dict[str, int] = {"file": 5, "network": 3, "exec": 2}
     tools: dict[str, int] = {}
     queue: QueueConfig = QueueConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
 
 
 class ResultsConfig(StrictModel):

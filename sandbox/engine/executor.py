@@ -11,6 +11,7 @@ import anyio
 from loguru import logger
 from pydantic import ValidationError
 
+from sandbox.config.models import Config
 from sandbox.engine import context as ctxvars
 from sandbox.engine.limits import Limiter
 from sandbox.engine.progress import Kind, ProgressBus, ProgressEvent
@@ -39,6 +40,18 @@ def validation_message(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]
         fields.append({"field": path, "reason": reason, "type": err["type"]})
     text = "; ".join(f"{f['field']} {f['reason']}" for f in fields)
     return text, fields
+
+
+def tool_timeout(config: Config, tool: str, declared: float) -> float:
+    """The outer timeout of a call: configured or declared, clamped to limits.timeouts [min, max].
+
+    exec enforces its own timeout (and kills on expiry); its outer limit only backs that up.
+    """
+    bounds = config.limits.timeouts
+    if tool == "exec":
+        return config.tools.exec.max_timeout_s + TIMEOUT_MARGIN_S
+    wanted = bounds.tools.get(tool, declared)
+    return min(max(wanted, bounds.min_s), bounds.max_s)
 
 
 def _error_result(
@@ -92,7 +105,12 @@ async def execute(
         sender=sender,
     )
     token = ctxvars.current.set(tctx)
-    log = logger.bind(trace_id=tctx.trace_id, call_id=tctx.call_id, tool=tool, session=tctx.session)
+    # every log line of this call, the handler's included, carries the call's context
+    scope = logger.contextualize(
+        trace_id=tctx.trace_id, call_id=tctx.call_id, tool=tool, session=tctx.session, agent=tctx.agent, tenant=tenant
+    )
+    scope.__enter__()
+    log = logger
     registry = engine.registry
 
     def event(kind: Kind, **detail: Any) -> None:
@@ -123,6 +141,7 @@ async def execute(
             args = spec.parameters.model_validate(arguments if arguments is not None else {})
         except ValidationError as exc:
             text, fields = validation_message(exc)
+            log.info("tool_call_invalid")
             return _error_result(
                 tool,
                 tctx,
@@ -136,9 +155,7 @@ async def execute(
                 event("started", waited_s=round(waited, 3))
                 log.bind(waited_s=round(waited, 3)).debug("tool_call_started")
                 tool_ctx = await make_context(tctx)
-                limit = spec.timeout_s
-                if tool == "exec":
-                    limit = tool_ctx.config.tools.exec.max_timeout_s + TIMEOUT_MARGIN_S
+                limit = tool_timeout(tool_ctx.config, tool, spec.timeout_s)
                 failure: Exception | None = None
                 output: Any = None
                 # errors are carried out of the task group, which would wrap them in a group
@@ -190,6 +207,7 @@ async def execute(
             tool, tctx, SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"), started
         )
     finally:
+        scope.__exit__(None, None, None)
         ctxvars.current.reset(token)
 
 
