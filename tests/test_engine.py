@@ -173,9 +173,11 @@ async def test_progress_events(config: Any) -> None:
     bus.subscribe(events.append)
     bus.subscribe(lambda e: 1 / 0)  # a broken subscriber does not break the call
     async with Orchestrator(config, registry=make_registry(), progress=bus) as orch:
-        r = await orch.session("agent:a:main").call("exec", {"command": "sleep 0.35"})
+        r = await orch.session("agent:a:main").call("exec", {"command": "echo one; sleep 0.35; echo two"})
     assert r.ok
-    kinds = [e.kind for e in events]
+    chunks = "".join(e.detail["chunk"] for e in events if e.kind == "output")
+    assert chunks == "one\ntwo\n"
+    kinds = [e.kind for e in events if e.kind != "output"]
     assert kinds[0] == "queued" and kinds[1] == "started" and kinds[-1] == "finished"
     assert kinds.count("running") >= 2 and all(e.call_id == r.call_id for e in events)
 
@@ -186,7 +188,17 @@ async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
 
     from sandbox.engine.executor import tool_timeout
 
-    clamped = config.model_copy(update={"limits": config.limits.model_copy(update={"timeouts": config.limits.timeouts.model_copy(update={"min_s": 0.1, "max_s": 0.3, "tools": {"slowpoke": 100}})})})
+    clamped = config.model_copy(
+        update={
+            "limits": config.limits.model_copy(
+                update={
+                    "timeouts": config.limits.timeouts.model_copy(
+                        update={"min_s": 0.1, "max_s": 0.3, "tools": {"slowpoke": 100}}
+                    )
+                }
+            )
+        }
+    )
     assert tool_timeout(clamped, "slowpoke", 5) == 0.3 and tool_timeout(clamped, "other", 0.01) == 0.1
     reg = make_registry()
 

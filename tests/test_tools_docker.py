@@ -457,3 +457,15 @@ async def test_exec_separate_streams_env_and_workdir(make_config: Any, tmp_path:
         assert outside.error.code == "PERMISSION_DENIED"
         capped = await sess.call("exec", {"command": "true", "timeout_s": 99999})
         assert capped.ok and "lowered to the configured maximum" in capped.output["note"]
+
+
+async def test_cancelled_call_kills_the_command_in_the_sandbox(make_config: Any, tmp_path: Path) -> None:
+    """A call cancelled by its caller leaves nothing running in the container."""
+    config = sandbox_config(make_config, tmp_path / "ws", scope="agent")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:cancel")
+        await sess.call("exec", {"command": "true"})
+        with anyio.move_on_after(1.0):
+            await sess.call("exec", {"command": "sleep 978 & setsid sleep 978 & sleep 978"})
+        ps = await sess.call("exec", {"command": "ps -eo args --no-headers"})
+        assert "sleep 978" not in ps.output["output"], ps.output["output"]

@@ -78,3 +78,16 @@ async def test_host_background_process(host_config: Any) -> None:
         await anyio.sleep(0.5)
         polled = await sess.call("process", {"action": "poll", "id": start.output["process_id"]})
         assert polled.output["status"] == "exited" and polled.output["output"] == "bg-out\n"
+
+
+async def test_cancelled_call_kills_the_command(host_config: Any) -> None:
+    """When the caller gives up (task cancelled), the command and its children are killed too."""
+    import anyio
+
+    async with Orchestrator(host_config) as orch:
+        sess = orch.session("agent:a:main")
+        with anyio.move_on_after(0.5):
+            await sess.call("exec", {"command": "sleep 979 & sleep 979"})
+        await anyio.sleep(0.3)
+    left = subprocess.run(["pgrep", "-f", "sleep 97[9]"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""

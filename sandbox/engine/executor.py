@@ -155,6 +155,8 @@ async def execute(
                 event("started", waited_s=round(waited, 3))
                 log.bind(waited_s=round(waited, 3)).debug("tool_call_started")
                 tool_ctx = await make_context(tctx)
+                if engine.progress.has_subscribers:
+                    tool_ctx.emit = event
                 limit = tool_timeout(tool_ctx.config, tool, spec.timeout_s)
                 failure: Exception | None = None
                 output: Any = None

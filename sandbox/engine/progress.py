@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from loguru import logger
 
-Kind = Literal["queued", "started", "running", "finished"]
+Kind = Literal["queued", "started", "running", "output", "finished"]
 
 
 @dataclass(frozen=True)

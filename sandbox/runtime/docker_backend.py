@@ -278,8 +278,16 @@ class DockerBackend:
         workdir: str | None = None,
         user: str | None = None,
         timeout_s: float | None = None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         """Run argv in a container (see :func:`sandbox.runtime.docker_exec.exec_stream`)."""
         return await exec_stream(
-            self, container_id, argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s
+            self,
+            container_id,
+            argv,
+            environment=environment,
+            workdir=workdir,
+            user=user,
+            timeout_s=timeout_s,
+            on_output=on_output,
         )

@@ -11,10 +11,11 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 import docker.errors
 from docker.utils.socket import frames_iter
@@ -40,6 +41,7 @@ async def exec_stream(
     workdir: str | None = None,
     user: str | None = None,
     timeout_s: float | None = None,
+    on_output: Callable[[bytes], None] | None = None,
 ) -> ExecResult:
     """Run argv in a container, streaming output; stop waiting after `timeout_s`.
 
@@ -81,6 +83,8 @@ async def exec_stream(
             try:
                 for stream_id, data in frames_iter(raw, tty=False):
                     chunks.append((stream_id, data))
+                    if on_output is not None:
+                        _deliver(on_output, data)
             except OSError:
                 if not closed.is_set():
                     raise
@@ -113,6 +117,12 @@ async def exec_stream(
         duration_ms=(time.perf_counter() - start) * 1000,
         timed_out=timed_out,
     )
+
+
+def _deliver(on_output: Callable[[bytes], None], data: bytes) -> None:
+    # called in the reader thread: hand the chunk to the event loop; a gone loop drops it
+    with contextlib.suppress(Exception):
+        anyio.from_thread.run_sync(on_output, data)
 
 
 def _shutdown_exec_socket(raw: Any) -> None:

@@ -56,17 +56,29 @@ class DockerSandbox:
         workdir: str | None = None,
         timeout_s: float | None = None,
         user: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
         environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
         argv = shellwrap.wrapped_argv(command, call_id)
-        result = await self._exec(argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s)
+        try:
+            result = await self._exec(
+                argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s, on_output=on_output
+            )
+        except anyio.get_cancelled_exc_class():
+            # the caller gave up (an outer timeout, a cancelled task): the work still dies
+            with anyio.CancelScope(shield=True):
+                await self._stop(call_id, user)
+            raise
         if result.timed_out:
             with anyio.CancelScope(shield=True):
-                await self.kill(call_id, "TERM", user=user)
-                await anyio.sleep(0.2)
-                await self.kill(call_id, "KILL", user=user)
+                await self._stop(call_id, user)
         return result
+
+    async def _stop(self, call_id: str, user: str | None) -> None:
+        await self.kill(call_id, "TERM", user=user)
+        await anyio.sleep(0.2)
+        await self.kill(call_id, "KILL", user=user)
 
     async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
         """Run an argv directly (helpers and probes)."""

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -44,12 +44,18 @@ class HostShell:
         workdir: str | None = None,
         timeout_s: float | None = None,
         user: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
         del user  # the host runs as the orchestrator's user
         environment = {**os.environ, **self._env, **(env or {}), shellwrap.TAG_VAR: call_id}
         argv = shellwrap.wrapped_argv(command, call_id, self.pid_dir)
-        result = await self._exec(argv, environment, workdir, timeout_s)
+        try:
+            result = await self._exec(argv, environment, workdir, timeout_s, on_output)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self.kill(call_id, "KILL")
+            raise
         if result.timed_out:
             with anyio.CancelScope(shield=True):
                 await self.kill(call_id, "TERM")
@@ -68,7 +74,12 @@ class HostShell:
         await self._exec(shellwrap.kill_argv(call_id, signal, self.pid_dir), dict(os.environ), None, 15)
 
     async def _exec(
-        self, argv: list[str], env: Mapping[str, str], workdir: str | None, timeout_s: float | None
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float | None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
         self._pid_dir.mkdir(parents=True, exist_ok=True)
         cwd = Path(workdir) if workdir and workdir.startswith("/") else self.workspace / (workdir or "")
@@ -81,6 +92,8 @@ class HostShell:
                 return
             async for chunk in stream:
                 chunks.append((which, chunk))
+                if on_output is not None:
+                    on_output(chunk)
 
         timed_out = False
         async with process:

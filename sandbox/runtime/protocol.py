@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,8 +63,12 @@ class Shell(Protocol):
         workdir: str | None = None,
         timeout_s: float | None = None,
         user: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> ExecResult:
-        """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
+        """Run `command` with /bin/sh -lc; on timeout (or cancellation) kill its whole process group.
+
+        `on_output` gets each chunk of output as it arrives (for progress events).
+        """
         ...
 
     async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:

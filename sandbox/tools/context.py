@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,10 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.fs.workspace import WorkspaceFiles
 from sandbox.runtime.protocol import Shell
+
+
+def _no_progress(kind: str, **detail: object) -> None:
+    del kind, detail
 
 
 @dataclass
@@ -25,3 +30,4 @@ class ToolContext:
     files: WorkspaceFiles
     workdir: str  # where commands start: /workspace in a sandbox, the workspace on the host
     state_dir: Path  # this session's state folder
+    emit: Callable[..., None] = _no_progress  # emit(kind, **detail): progress events for UIs

@@ -59,7 +59,14 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             "process_id": proc_id,
             "hint": "still running; use the process tool to poll",
         }
-    result = await ctx.shell.run(args.command, call_id=ctx.call_id, env=args.env, workdir=workdir, timeout_s=timeout)
+    result = await ctx.shell.run(
+        args.command,
+        call_id=ctx.call_id,
+        env=args.env,
+        workdir=workdir,
+        timeout_s=timeout,
+        on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),
+    )
     body: dict[str, Any] = {
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 1),
