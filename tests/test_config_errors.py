@@ -134,3 +134,15 @@ def test_blocked_bind_is_a_config_error_with_rule() -> None:
         "[rule system-path]; fix: bind a directory outside system paths, or set "
         "docker.dangerously_allow_system_paths (audited)"
     ]
+
+
+def test_json_config_loads_and_errors_are_located(tmp_path: Path) -> None:
+    """A JSON config loads like YAML, and its errors carry line and column too."""
+    good = tmp_path / "c.json"
+    good.write_text('{"tools": {"deny": ["exec"]}, "agents": {"list": [{"id": "a"}]}}')
+    assert load_config(good).tools.deny == ["exec"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "tools": {\n    "dney": ["exec"]\n  }\n}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert info.value.problems == [f"{bad}:3:5: tools.dney: unknown key 'dney'; did you mean 'deny'?"]

@@ -394,28 +394,32 @@ anyio.run(main)
 
 async def test_kill_9_mid_write_leaves_old_or_new(tmp_path: Path, instance: str) -> None:
     """SIGKILL of the orchestrator while it writes leaves the file all-old or all-new, never mixed."""
+    import random
+
     ws = tmp_path / "ws"
     ws.mkdir()
+    os.chown(ws, 1000, 1000)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        f"state_dir: {tmp_path}/state\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: all, scope: agent}}}}, list: [{{id: a, workspace: {ws}}}]}}\n"
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: all, scope: agent, workspace_access: rw}}}}, list: [{{id: a, workspace: {ws}}}]}}\n"
     )
-    for delay in (0.9, 1.3, 1.7, 2.1):
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(5):
         proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(cfg)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            [sys.executable, "-c", WRITER, str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
-        time.sleep(delay)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "1"  # one whole write done: now writes follow back to back
+        time.sleep(rng.uniform(0.0, 0.2))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        data = (ws / "big.txt").read_bytes() if (ws / "big.txt").exists() else b""
-        if data:
-            assert len(data) == 4_000_000 and len(set(data)) == 1, (
-                delay,
-                len(data),
-                set(data[:10]),
-            )
+        proc.stdout.close()
+        kills += 1
+        data = (ws / "big.txt").read_bytes()
+        assert len(data) == 4_000_000 and len(set(data)) == 1, (len(data), set(data[:10]))
+    assert kills == 5
 
 
 async def test_read_refuses_binary_and_big_files_and_pages_lines(make_config: Any, tmp_path: Path) -> None:
