@@ -73,17 +73,18 @@ ATTACKS = [
 
 async def test_symlinks_planted_inside_never_lead_outside(make_config: Any, tmp_path: Path, decoy: Path) -> None:
     """Links planted by the sandbox (file, dir, `/`, parent dir, other session's ws) are never followed."""
-    config = sandbox_config(make_config, tmp_path / "ws")
+    # workspace none + session scope: each session has its own scratch workspace
+    config = sandbox_config(make_config, tmp_path / "ws", access="none")
     async with Orchestrator(config) as orch:
         victim = orch.session("agent:a:victim")
         other = orch.session("agent:a:other")
         await other.call("write", {"path": "mine.txt", "content": "OTHER SESSION\n"})
         other_ws = (await other.sandbox()).spec.workspace_host
+        assert other_ws != (await victim.sandbox()).spec.workspace_host
         plant = (
             f"ln -s {decoy}/decoy.txt flink && ln -s {decoy} dlink && ln -s / d && "
             f"mkdir -p real && ln -s {decoy} real/parent && ln -s {other_ws} otherws && echo planted"
         )
-        # the workspace is shared by the sessions of agent a (rw, one agent workspace)
         result = await victim.call("exec", {"command": plant})
         assert "planted" in result.output["output"], result
         before = decoy_state(decoy)
