@@ -10,6 +10,8 @@ from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import ConfigError, ErrorCode, SandboxError
 from sandbox.tools.spec import ToolResult
 
+__version__ = "0.1.0"
+
 __all__ = [
     "Config",
     "ConfigError",

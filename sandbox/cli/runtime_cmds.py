@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -187,3 +188,52 @@ def doctor(state: State, as_json: bool) -> None:
     _emit([c.__dict__ for c in checks], as_json, text)
     if any(c.status == "fail" for c in checks):
         sys.exit(1)
+
+
+@main.group("audit", invoke_without_command=True)
+@click.option("--all-containers", is_flag=True, help="Audit every container on the engine, not only ours.")
+@click.option(
+    "--fail-on",
+    type=click.Choice(["critical", "high", "medium", "low", "info"]),
+    default="high",
+    show_default=True,
+    help="Exit 1 when a finding is at or above this severity.",
+)
+@click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0.")
+@click.option("--no-engine", is_flag=True, help="Audit the config only.")
+@json_option
+@click.pass_context
+@handled
+def audit(ctx: click.Context, all_containers: bool, fail_on: str, sarif: bool, no_engine: bool, as_json: bool) -> None:
+    """What every sandbox can reach, checked against CIS Docker 5.x and Pod Security rules."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from sandbox import __version__
+    from sandbox.audit.findings import at_or_above
+    from sandbox.audit.report import to_json, to_sarif, to_text
+    from sandbox.audit.run import run_audit
+
+    state: State = ctx.obj
+    client = None if no_engine else DockerBackend().client
+    result = run_audit(state.config, client, all_containers=all_containers)
+    if sarif:
+        click.echo(json.dumps(to_sarif(result.findings, __version__), indent=2))
+    else:
+        _emit(to_json(result.findings, result.mounts), as_json, to_text(result.findings, result.mounts))
+    sys.exit(1 if at_or_above(result.findings, fail_on) else 0)
+
+
+@audit.command("mounts")
+@json_option
+@click.pass_obj
+@handled
+def audit_mounts(state: State, as_json: bool) -> None:
+    """Every host path each agent's sandboxes can read or write, the mode, and the config key."""
+    from sandbox.audit.run import mount_map
+
+    table = mount_map(state.config)
+    lines = []
+    for target, rows in table.items():
+        lines.append(f"== {target}")
+        lines += [f"   {r['host']:<52} -> {r['container']:<18} {r['mode']:<3}  from {r['from']}" for r in rows]
+    _emit(table, as_json, "\n".join(lines))

@@ -1,0 +1,140 @@
+"""Rules over the config: every agent's effective sandbox (as the container it would make),
+its tool policy, and the escape hatches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sandbox.audit.container_rules import audit_container
+from sandbox.audit.findings import Finding
+from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.config.models import Config
+from sandbox.errors import SandboxError
+from sandbox.policy.resolver import Identity, PolicyResolver
+from sandbox.runtime.spec import build_spec, create_kwargs
+
+HOST_SIDE_DANGEROUS = ("gateway", "cron", "nodes", "message", "canvas")
+
+
+def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
+    """The `docker inspect` a sandbox of this agent would have (so container rules apply to config)."""
+    agent = effective_agent(config, agent_id)
+    spec = build_spec(agent, session, "audit", skill_dirs=config.skills.dirs)
+    kw = create_kwargs(spec)
+    return {
+        "Name": "/" + spec.name,
+        "Config": {"User": kw["user"], "Image": kw["image"], "Labels": spec.labels()},
+        "HostConfig": {
+            "Privileged": False,
+            "CapDrop": kw["cap_drop"],
+            "CapAdd": kw.get("cap_add"),
+            "SecurityOpt": kw["security_opt"],
+            "NetworkMode": kw["network_mode"],
+            "Memory": kw["mem_limit"],
+            "MemorySwap": kw["memswap_limit"],
+            "NanoCpus": kw["nano_cpus"],
+            "PidsLimit": kw["pids_limit"],
+            "ReadonlyRootfs": kw["read_only"],
+            "Tmpfs": kw["tmpfs"],
+            "RestartPolicy": kw["restart_policy"],
+            "PortBindings": {},
+        },
+        "Mounts": [
+            {
+                "Type": "bind",
+                "Source": m.source,
+                "Destination": m.target,
+                "RW": not m.read_only,
+                "Propagation": "rprivate",
+                "Origin": m.origin,
+            }
+            for m in spec.mounts
+        ],
+    }
+
+
+def audit_config(config: Config, scratch_roots: Sequence[str] = ()) -> list[Finding]:
+    """Every config rule for every agent."""
+    findings: list[Finding] = []
+    resolver = PolicyResolver(config)
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        target = f"agent {agent_id} (config)"
+        sandbox = agent.sandbox
+        docker = sandbox.docker
+        for flag in (
+            "dangerously_allow_system_paths",
+            "dangerously_allow_credential_paths",
+            "dangerously_allow_sockets",
+        ):
+            if getattr(docker, flag):
+                findings.append(
+                    Finding(
+                        "SBX-P001",
+                        "high",
+                        "escape hatch enabled",
+                        f"{agent.key_path}.sandbox.docker.{flag}",
+                        f"remove {flag}",
+                        target,
+                    )
+                )
+        if sandbox.mode == "off":
+            runtime_tools = sorted(
+                t
+                for t in resolver.resolve(Identity(agent_id, f"agent:{agent_id}:audit")).allowed
+                if t in ("exec", "process", "write", "edit", "apply_patch")
+            )
+            if runtime_tools:
+                findings.append(
+                    Finding(
+                        "SBX-P002",
+                        "high",
+                        "runtime or fs tools on the host",
+                        f"sandbox.mode off and the policy allows {runtime_tools}: every session runs them on the host",
+                        "set sandbox.mode non-main or all, or deny group:runtime and group:fs",
+                        target,
+                    )
+                )
+            continue
+        session = f"agent:{agent_id}:audit-non-main"
+        policy = resolver.resolve(Identity(agent_id, session))
+        host_side = sorted(t for t in policy.allowed if t in HOST_SIDE_DANGEROUS)
+        if host_side:
+            findings.append(
+                Finding(
+                    "SBX-P003",
+                    "high",
+                    "sandboxed session can call host-side tools",
+                    f"{session} may call {host_side}, which act outside its sandbox",
+                    "deny them in tools.sandbox.tools.deny",
+                    target,
+                )
+            )
+        if policy.sandbox.sandboxed and docker.network == sandbox.browser.network:
+            findings.append(
+                Finding(
+                    "SBX-B002",
+                    "high",
+                    "exec sandbox on the browser network",
+                    f"docker.network is {docker.network}",
+                    "use docker.network: none",
+                    target,
+                )
+            )
+        try:
+            doc = inspect_of(config, agent_id, session)
+        except SandboxError as exc:
+            findings.append(
+                Finding(
+                    "SBX-M005",
+                    "critical",
+                    "configured bind refused",
+                    exc.message,
+                    str(exc.details.get("fix", "")),
+                    target,
+                )
+            )
+            continue
+        findings += audit_container(doc, target, scratch_roots)
+    return findings

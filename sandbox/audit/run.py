@@ -1,0 +1,135 @@
+"""One audit: the config, this orchestrator's live sandboxes (or every container), the engine."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox.audit.config_rules import audit_config, inspect_of
+from sandbox.audit.container_rules import audit_container
+from sandbox.audit.engine_rules import audit_engine
+from sandbox.audit.findings import Finding
+from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.config.models import Config
+from sandbox.errors import SandboxError
+from sandbox.runtime.naming import Labels, instance_id
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Findings and the mount table per target."""
+
+    findings: list[Finding]
+    mounts: dict[str, list[dict[str, Any]]]
+
+
+def _mount_rows(doc: dict[str, Any], findings: list[Finding]) -> list[dict[str, Any]]:
+    rows = []
+    for m in doc.get("Mounts") or []:
+        source = str(m.get("Source") or "")
+        hits = sorted({f.rule for f in findings if f.rule.startswith("SBX-M") and source and source in f.evidence})
+        rows.append(
+            {
+                "host": source,
+                "container": m.get("Destination"),
+                "mode": "rw" if m.get("RW") else "ro",
+                "from": m.get("Origin", ""),
+                "verdict": ", ".join(hits) or "ok",
+            }
+        )
+    return rows
+
+
+def scratch_roots(config: Config) -> list[str]:
+    """Where the orchestrator makes scratch workspaces (their mounts are its own, not the host's)."""
+    return sorted({os.path.realpath(str(effective_agent(config, a).sandbox.workspace_root)) for a in agent_ids(config)})
+
+
+def mount_map(config: Config) -> dict[str, list[dict[str, Any]]]:
+    """For every agent: each host path its sandboxes reach, the mode, and the config key behind it."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        target = f"agent {agent_id} (config)"
+        if agent.sandbox.mode == "off":
+            out[target] = [
+                {
+                    "host": str(agent.workspace),
+                    "container": "(host)",
+                    "mode": "rw",
+                    "from": f"{agent.key_path}.workspace (mode off: tools run on the host)",
+                    "verdict": "host",
+                }
+            ]
+            continue
+        try:
+            doc = inspect_of(config, agent_id, f"agent:{agent_id}:audit-non-main")
+        except SandboxError as exc:
+            out[target] = [{"host": "?", "container": "?", "mode": "?", "from": exc.message, "verdict": "refused"}]
+            continue
+        out[target] = _mount_rows(doc, [])
+    return out
+
+
+def run_audit(config: Config, client: Any | None, *, all_containers: bool = False) -> AuditResult:
+    """Audit the config, and with an engine client its live containers and the engine itself."""
+    scratch = scratch_roots(config)
+    findings = audit_config(config, scratch)
+    mounts = mount_map(config)
+    if client is None:
+        return AuditResult(findings, mounts)
+    info = dict(client.info())
+    for component in client.version().get("Components") or []:
+        if str(component.get("Name", "")).lower() == "runc":
+            info["_runc_version"] = component.get("Version", "")
+    findings += audit_engine(info)
+    filters: dict[str, Any] = (
+        {}
+        if all_containers
+        else {
+            "label": [f"{Labels.MANAGED}=true", f"{Labels.INSTANCE}={instance_id(config.state_dir, config.instance)}"]
+        }
+    )
+    tenants_by_source: dict[str, set[str]] = {}
+    for summary in client.api.containers(all=True, filters=filters):
+        doc = client.api.inspect_container(summary["Id"])
+        labels = doc.get("Config", {}).get("Labels") or {}
+        kind = labels.get(Labels.KIND, "")
+        target = f"container {doc['Name'].lstrip('/')}" + (
+            f" (agent {labels.get(Labels.AGENT)}, {kind})" if kind else ""
+        )
+        found = audit_container(doc, target, scratch)
+        if kind == "browser":
+            found = [f for f in found if f.rule != "SBX-C025"]  # CDP on loopback is the design
+            for port, bindings in (doc.get("HostConfig", {}).get("PortBindings") or {}).items():
+                for b in bindings or []:
+                    if (b.get("HostIp") or "0.0.0.0") != "127.0.0.1":  # noqa: S104
+                        found.append(
+                            Finding(
+                                "SBX-B001",
+                                "high",
+                                "browser CDP/VNC published beyond loopback",
+                                f"{port} -> {b.get('HostIp') or 'all interfaces'}",
+                                "publish on 127.0.0.1 only",
+                                target,
+                            )
+                        )
+        findings += found
+        mounts[target] = _mount_rows(doc, found)
+        for m in doc.get("Mounts") or []:
+            if m.get("Type") == "bind":
+                tenants_by_source.setdefault(str(m.get("Source")), set()).add(labels.get(Labels.TENANT, "?"))
+    for source, tenants in sorted(tenants_by_source.items()):
+        if len(tenants) > 1:
+            findings.append(
+                Finding(
+                    "SBX-M006",
+                    "high",
+                    "bind shared by agents of different tenants",
+                    f"{source} is mounted by tenants {sorted(tenants)}",
+                    "give each tenant its own directories",
+                    "engine",
+                )
+            )
+    return AuditResult(findings, mounts)
