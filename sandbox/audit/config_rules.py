@@ -57,6 +57,7 @@ def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
 def audit_config(config: Config, scratch_roots: Sequence[str] = ()) -> list[Finding]:
     """Every config rule for every agent."""
     findings: list[Finding] = []
+    tenants_by_source: dict[str, set[str]] = {}
     resolver = PolicyResolver(config)
     for agent_id in agent_ids(config):
         agent = effective_agent(config, agent_id)
@@ -137,4 +138,18 @@ def audit_config(config: Config, scratch_roots: Sequence[str] = ()) -> list[Find
             )
             continue
         findings += audit_container(doc, target, scratch_roots)
+        for mount in doc["Mounts"]:
+            tenants_by_source.setdefault(str(mount["Source"]), set()).add(agent.tenant)
+    for source, tenants in sorted(tenants_by_source.items()):
+        if len(tenants) > 1 and not any(source.startswith(r.rstrip("/") + "/") for r in scratch_roots):
+            findings.append(
+                Finding(
+                    "SBX-M006",
+                    "high",
+                    "bind shared by agents of different tenants",
+                    f"{source} is mounted for tenants {sorted(tenants)}",
+                    "give each tenant its own directories",
+                    "config",
+                )
+            )
     return findings

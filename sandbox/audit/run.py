@@ -115,6 +115,19 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
                                 target,
                             )
                         )
+        networks = set((doc.get("NetworkSettings") or {}).get("Networks") or {})
+        browser_net = config.agents.defaults.sandbox.browser.network
+        if kind == "exec" and browser_net in networks:
+            found.append(
+                Finding(
+                    "SBX-B002",
+                    "high",
+                    "exec sandbox on the browser network",
+                    f"attached to {sorted(networks)}",
+                    "disconnect it; the exec sandbox never joins the browser network",
+                    target,
+                )
+            )
         findings += found
         mounts[target] = _mount_rows(doc, found)
         for m in doc.get("Mounts") or []:
