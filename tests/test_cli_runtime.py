@@ -40,17 +40,7 @@ def test_call_exit_codes(cfg: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["ok"] and result["output"]["output"] == "hi\n"
-    assert set(result) == {
-        "ok",
-        "tool",
-        "call_id",
-        "trace_id",
-        "output",
-        "error",
-        "truncated",
-        "full_output_path",
-        "duration_ms",
-    }
+    assert set(result) == {"ok", "tool", "call_id", "trace_id", "output", "error", "truncated", "full_output_path", "duration_ms", "warnings"}
     denied = cli(cfg, "call", "--session", "agent:main:c1", "browser", '{"action": "navigate"}')
     assert denied.returncode == 1 and json.loads(denied.stdout)["error"]["code"] == "TOOL_NOT_FOUND"
     bad = cli(cfg, "call", "--session", "agent:main:c1", "exec", "{not json")

@@ -103,6 +103,7 @@ class ApprovalsSection(StrictModel):
     require: list[ToolPattern] = []
     timeout_s: float = Field(300.0, gt=0)
     by_agent: dict[str, list[ToolPattern]] = {}
+    by_sender: dict[str, list[ToolPattern]] = {}
 
 
 class ProviderPolicy(ProfiledToolLists):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -13,11 +13,15 @@ from pydantic import ValidationError
 
 from sandbox.config.models import Config
 from sandbox.engine import context as ctxvars
+from sandbox.engine.approvals import ApprovalGate
+from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
+from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import Kind, ProgressBus, ProgressEvent
 from sandbox.engine.results import shape
 from sandbox.engine.retry import with_retries
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.store import Journal
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.context import ToolContext
 from sandbox.tools.registry import ToolRegistry
@@ -71,12 +75,16 @@ def _error_result(
 
 @dataclass
 class Engine:
-    """What every call goes through: the registry, the limits and the progress bus."""
+    """What every call goes through: registry, limits, progress, hooks, loops, approvals, journal."""
 
     registry: ToolRegistry
     limiter: Limiter
     progress: ProgressBus
     max_chars: int
+    hooks: Hooks = field(default_factory=Hooks)
+    loops: LoopDetector | None = None
+    approvals: ApprovalGate | None = None
+    journal: Journal | None = None
 
 
 async def execute(
@@ -91,7 +99,8 @@ async def execute(
     sender: str | None = None,
     trace_id: str | None = None,
 ) -> ToolResult:
-    """Run one tool call: context, policy, validation, limits, runtime (with retries), shaping."""
+    """Run one tool call, each stage journaled: proposed, policy, validation, hooks and loop
+    detection, approval, limits, the runtime (with retries), shaping, after hooks."""
     started = time.perf_counter()
     tool = name.strip().lower() if isinstance(name, str) else str(name)
     tool = "exec" if tool == "bash" else tool
@@ -118,22 +127,40 @@ async def execute(
             ProgressEvent(kind, tctx.call_id, tctx.trace_id, tool, tctx.session, time.perf_counter() - started, detail)
         )
 
+    def journal(stage: str, **data: Any) -> None:
+        if engine.journal is not None:
+            engine.journal.append(
+                trace_id=tctx.trace_id,
+                call_id=tctx.call_id,
+                session=tctx.session,
+                tenant=tenant,
+                agent=tctx.agent,
+                tool=tool,
+                stage=stage,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                data=data,
+            )
+
+    def refuse(stage: str, error: SandboxError) -> ToolResult:
+        journal(stage, code=error.code.value, message=error.message)
+        return _error_result(tool, tctx, error, started)
+
     try:
+        journal("proposed", arguments=arguments, sender=sender)
         runnable = registry.runnable()
         available = sorted(t for t in policy.allowed if t in runnable)
         if tool not in policy.allowed or tool not in runnable:
             log.info("tool_call_denied")
             reason = "is not available to this session" if tool in registry else "does not exist"
-            return _error_result(
-                tool,
-                tctx,
+            return refuse(
+                "not_found",
                 SandboxError(
                     ErrorCode.TOOL_NOT_FOUND,
                     f"tool {name!r} {reason}; available tools: {', '.join(available)}",
                     available=available,
                 ),
-                started,
             )
+        journal("policy_checked")
         spec = registry.get(tool)
         handler = registry.handler(tool)
         assert handler is not None
@@ -142,16 +169,56 @@ async def execute(
         except ValidationError as exc:
             text, fields = validation_message(exc)
             log.info("tool_call_invalid")
-            return _error_result(
-                tool,
-                tctx,
+            return refuse(
+                "invalid",
                 SandboxError(ErrorCode.INVALID_ARGUMENTS, f"invalid arguments for {tool}: {text}", fields=fields),
-                started,
             )
+        params = args.model_dump(mode="json")
+        rewritten, blocked, hook_name = await engine.hooks.run_before(tctx, tool, params)
+        if blocked is not None:
+            if engine.loops:
+                engine.loops.record(tctx.session, tool, params, "blocked")
+            return refuse("blocked", SandboxError(ErrorCode.BLOCKED, blocked, hook=hook_name))
+        if rewritten != params:
+            try:
+                args = spec.parameters.model_validate(rewritten)
+            except ValidationError as exc:
+                text, fields = validation_message(exc)
+                return refuse(
+                    "invalid",
+                    SandboxError(
+                        ErrorCode.INVALID_ARGUMENTS,
+                        f"hook {hook_name} rewrote the arguments of {tool} into an invalid call: {text}",
+                        fields=fields,
+                    ),
+                )
+            params = args.model_dump(mode="json")
+        journal("validated", arguments=params)
+        warnings: list[str] = []
+        if engine.loops is not None:
+            verdict = engine.loops.check(tctx.session, tool, params)
+            if verdict.level in ("critical", "breaker"):
+                engine.loops.record(tctx.session, tool, params, "blocked")
+                return refuse(
+                    "blocked",
+                    SandboxError(ErrorCode.BLOCKED, verdict.message(), pattern=verdict.pattern, count=verdict.count),
+                )
+            if verdict.level == "warn":
+                warnings.append(verdict.message())
+        if engine.approvals is not None and engine.approvals.required(spec, tctx.agent, sender):
+            journal("awaiting_approval")
+            event("queued", awaiting_approval=True)
+            try:
+                approval = await engine.approvals.wait(tctx, params)
+            except SandboxError as exc:
+                return refuse("denied" if exc.code == ErrorCode.APPROVAL_DENIED else "failed", exc)
+            journal("approved", approval_id=approval.id, reason=approval.reason)
 
         async def attempt() -> Any:
             event("queued")
+            journal("queued")
             async with engine.limiter.permit(tenant=tenant, category=spec.category, tool=tool) as waited:
+                journal("running", waited_s=round(waited, 3))
                 event("started", waited_s=round(waited, 3))
                 log.bind(waited_s=round(waited, 3)).debug("tool_call_started")
                 tool_ctx = await make_context(tctx)
@@ -184,16 +251,19 @@ async def execute(
             event("finished", ok=False, code=exc.code.value)
             partial = exc.details.get("output")
             shaped_partial = shape(partial, engine.max_chars, None).output if partial is not None else None
-            return _error_result(tool, tctx, exc, started, output=shaped_partial)
+            failed = _error_result(tool, tctx, exc, started, output=shaped_partial)
+            failed = await engine.hooks.run_after(tctx, tool, params, failed)
+            if engine.loops:
+                engine.loops.record(tctx.session, tool, params, failed.error.model_dump() if failed.error else None)
+            journal("failed", code=exc.code.value, message=exc.message, output=shaped_partial)
+            return failed
         spill_path = None
         shaped = shape(output, engine.max_chars, f"/.sandbox/outputs/{tctx.call_id}.txt")
         if shaped.truncated and shaped.full_text is not None:
             spill_path = await spill(tool_ctx, shaped.full_text)
             shaped = shape(output, engine.max_chars, spill_path)
         duration = round((time.perf_counter() - started) * 1000, 2)
-        log.bind(duration_ms=duration).info("tool_call_finished")
-        event("finished", ok=True)
-        return ToolResult(
+        result = ToolResult(
             ok=True,
             tool=tool,
             call_id=tctx.call_id,
@@ -202,7 +272,24 @@ async def execute(
             truncated=shaped.truncated,
             full_output_path=spill_path,
             duration_ms=duration,
+            warnings=warnings,
         )
+        result = await engine.hooks.run_after(tctx, tool, params, result)
+        if engine.loops:
+            engine.loops.record(tctx.session, tool, params, result.output)
+        log.bind(duration_ms=duration).info("tool_call_finished")
+        event("finished", ok=True)
+        journal("finished", output=result.output)
+        if (
+            isinstance(result.output, dict)
+            and result.output.get("process_id")
+            and result.output.get("status") == "running"
+        ):
+            journal("process_started", process_id=result.output["process_id"])  # a long call: tracked on
+        return result
+    except SandboxError as exc:  # the journal could not be written: nothing ran unrecorded
+        log.bind(code=exc.code.value).error("tool_call_not_journaled")
+        return _error_result(tool, tctx, exc, started)
     except Exception as exc:
         log.exception("tool_call_crashed")
         return _error_result(

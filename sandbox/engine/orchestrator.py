@@ -12,15 +12,19 @@ from loguru import logger
 
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
+from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.batch import BatchCall, BatchResult, run_batch
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import Engine, execute
+from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
+from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import ProgressBus
 from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.safe import SafeRoot
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
+from sandbox.journal.store import Approval, Journal
 from sandbox.policy.resolver import Identity, PolicyResolver, ResolvedPolicy
 from sandbox.policy.sessions import agent_of
 from sandbox.runtime.binds import CONTAINER_WORKDIR
@@ -54,6 +58,8 @@ class Orchestrator:
         *,
         registry: ToolRegistry | None = None,
         progress: ProgressBus | None = None,
+        hooks: Hooks | None = None,
+        journal: Journal | bool | None = True,
     ) -> None:
         self.config = config
         self.backend = backend or DockerBackend()
@@ -70,7 +76,23 @@ class Orchestrator:
         for spec in (self.registry.get(n) for n in self.registry.names()):
             self.limiter.declare_tool(spec.name, spec.max_concurrency)
         self.progress = progress or ProgressBus()
-        self.engine = Engine(self.registry, self.limiter, self.progress, config.results.max_chars)
+        # the journal is opened now: a state dir that cannot hold it fails loudly, before any call
+        if journal is True:
+            journal = Journal(config.state_dir / "journal.sqlite3")
+        self.journal: Journal | None = journal or None
+        self.hooks = hooks or Hooks()
+        self.loops = LoopDetector(config.tools.loop_detection)
+        gate = ApprovalGate(config, self.journal, self.policy.universe) if self.journal is not None else None
+        self.engine = Engine(
+            self.registry,
+            self.limiter,
+            self.progress,
+            config.results.max_chars,
+            hooks=self.hooks,
+            loops=self.loops,
+            approvals=gate,
+            journal=self.journal,
+        )
 
     async def __aenter__(self) -> Orchestrator:
         return self
@@ -86,6 +108,28 @@ class Orchestrator:
     async def aclose(self) -> None:
         """Release engine connections (sandboxes stay: the engine is the inventory)."""
         await self.backend.aclose()
+        if self.journal is not None:
+            self.journal.close()
+
+    def pending_approvals(self) -> list[Approval]:
+        """Calls waiting for a human."""
+        return self.journal.approvals("pending") if self.journal else []
+
+    def approve(self, approval_id: str, reason: str = "") -> Approval:
+        """Let a waiting call run."""
+        assert self.journal is not None, "approvals need the journal"
+        return self.journal.decide(approval_id, "approved", reason)
+
+    def deny(self, approval_id: str, reason: str = "") -> Approval:
+        """Refuse a waiting call (the model gets APPROVAL_DENIED with the reason)."""
+        assert self.journal is not None, "approvals need the journal"
+        return self.journal.decide(approval_id, "denied", reason)
+
+    async def recover(self) -> list[dict[str, Any]]:
+        """After a restart: settle every call the journal shows unfinished (see engine/recovery.py)."""
+        from sandbox.engine.recovery import recover
+
+        return await recover(self)
 
     def session(
         self,
@@ -166,10 +210,25 @@ class Session:
         """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
         return await run_batch(self.call, calls, mode=mode)
 
+    def reset_loops(self) -> None:
+        """Clear this session's loop history and its circuit breaker."""
+        self._orch.loops.reset(self.key)
+
     async def close(self) -> None:
         """End the session: a session-scoped sandbox is removed; agent and shared ones stay."""
         if self.sandboxed:
             await self._orch.manager.close_session(self.agent, self.key)
+
+    async def shell(self, *, create: bool = True) -> Any:
+        """The Shell this session's tools use (its sandbox, or the host); None if absent and not created."""
+        if not self.sandboxed:
+            env = self.agent.sandbox.docker.env
+            return HostShell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
+        if not create:
+            spec = self._orch.manager.spec_for(self.agent, self.key)
+            if await self._orch.backend.find(spec.name) is None:
+                return None
+        return await self._orch.manager.sandbox_for(self.agent, self.key)
 
     async def sandbox(self) -> Any:
         """The live sandbox of this session (created on first use); None when not sandboxed."""

@@ -204,6 +204,7 @@ def skill_spec(skill: Skill) -> ToolSpec:
             "network": tuple(m.permissions.network),
         },
         version=m.version,
+        requires_approval=m.requires_approval,
     )
 
 

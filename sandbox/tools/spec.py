@@ -51,6 +51,7 @@ class ToolSpec:
     retry: RetryPolicy = RetryPolicy()
     permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     version: str = "1"
+    requires_approval: bool = False
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, without pydantic's title noise."""
@@ -82,3 +83,4 @@ class ToolResult(BaseModel):
     truncated: bool = False
     full_output_path: str | None = None
     duration_ms: float = 0.0
+    warnings: list[str] = []  # notes for the model (e.g. a loop warning); empty when all is well

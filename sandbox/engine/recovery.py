@@ -1,0 +1,90 @@
+"""Recovery after a restart: every call the journal shows unfinished is settled, none is re-run.
+
+- awaiting_approval: still pending -> left waiting (listed by `sandbox approvals list`); decided
+  while nobody waited -> `abandoned` (the caller is gone; the call is not run).
+- process_started (a background exec): its process is polled where it runs -> still running:
+  `process_reattached`; exited: `process_exited` with its code; container or process gone:
+  `process_gone`.
+- any other stage (the orchestrator died mid-call): whatever the call started in its sandbox is
+  killed, and the call is `abandoned` with that reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sandbox.errors import SandboxError
+from sandbox.journal.store import Event
+from sandbox.runtime import shellwrap
+
+if TYPE_CHECKING:
+    from sandbox.engine.orchestrator import Orchestrator
+
+
+async def recover(orch: Orchestrator) -> list[dict[str, Any]]:
+    """Settle unfinished calls; return what was decided for each."""
+    journal = orch.journal
+    if journal is None:
+        return []
+    outcomes = []
+    for last in journal.unfinished_calls():
+        outcome = await _settle(orch, last)
+        outcomes.append(
+            {"call_id": last.call_id, "tool": last.tool, "session": last.session, "was": last.stage, "now": outcome}
+        )
+    return outcomes
+
+
+def _note(orch: Orchestrator, last: Event, stage: str, **data: Any) -> None:
+    assert orch.journal is not None
+    orch.journal.append(
+        trace_id=last.trace_id,
+        call_id=last.call_id,
+        session=last.session,
+        tenant=last.tenant,
+        agent=last.agent,
+        tool=last.tool,
+        stage=stage,
+        data=data,
+    )
+
+
+async def _settle(orch: Orchestrator, last: Event) -> str:
+    assert orch.journal is not None
+    if last.stage == "awaiting_approval":
+        pending = [a for a in orch.journal.approvals(None) if a.call_id == last.call_id]
+        if pending and pending[-1].status == "pending":
+            return "awaiting_approval"
+        _note(orch, last, "abandoned", reason="decided after the orchestrator restarted; the caller is gone, not run")
+        return "abandoned"
+    try:
+        session = orch.session(last.session, agent=last.agent)
+    except Exception:
+        _note(orch, last, "abandoned", reason="its agent is no longer configured")
+        return "abandoned"
+    if last.stage in ("process_started", "process_reattached"):
+        proc_id = str(last.data.get("process_id", ""))
+        try:
+            shell = await session.shell()
+            result = await shell.run_argv(shellwrap.poll_argv(proc_id, 0, 0, shell.pid_dir))
+            status = result.stdout.decode().split("\n", 1)[0].strip()
+        except SandboxError as exc:
+            status = f"gone ({exc.message})"
+        if status == "running":
+            if last.stage != "process_reattached":
+                _note(orch, last, "process_reattached", process_id=proc_id)
+            return "process_reattached"
+        if status.startswith("exited"):
+            _note(orch, last, "process_exited", process_id=proc_id, status=status)
+            return "process_exited"
+        _note(orch, last, "process_gone", process_id=proc_id, reason=f"its sandbox or process is gone: {status}")
+        return "process_gone"
+    # died mid-call: make sure nothing of it keeps running, and never run it again
+    try:
+        shell = await session.shell(create=False)
+        if shell is not None:
+            await shell.kill(last.call_id, "KILL")
+    except SandboxError:
+        pass
+    _note(orch, last, "abandoned", reason=f"the orchestrator stopped during stage {last.stage}; not re-run")
+    return "abandoned"

@@ -1,0 +1,258 @@
+"""The journal: an append-only SQLite log (WAL) of every stage of every call, and the approvals.
+
+Each event is committed before the call moves on, so a crash (kill -9) loses no event that was
+written; a journal that cannot be written fails the call instead of letting it run unrecorded.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.redact import redact
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    trace_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    session TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    duration_ms REAL,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_call ON events(call_id);
+CREATE INDEX IF NOT EXISTS events_trace ON events(trace_id);
+CREATE INDEX IF NOT EXISTS events_session ON events(session);
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY,
+    call_id TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    session TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    decided REAL
+);
+"""
+TERMINAL = frozenset({"finished", "failed", "blocked", "denied", "invalid", "not_found", "abandoned"})
+
+
+@dataclass(frozen=True)
+class Event:
+    """One journaled stage of one call."""
+
+    id: int
+    ts: float
+    trace_id: str
+    call_id: str
+    session: str
+    tenant: str
+    agent: str
+    tool: str
+    stage: str
+    duration_ms: float | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A call waiting for (or decided by) a human."""
+
+    id: str
+    call_id: str
+    trace_id: str
+    session: str
+    agent: str
+    tool: str
+    arguments: dict[str, Any]  # redacted
+    status: str  # pending | approved | denied | expired
+    reason: str
+    created: float
+    decided: float | None
+
+
+class Journal:
+    """SQLite journal in the state dir (WAL mode; one connection, serialized).
+
+    Args:
+        path: the database file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
+            self._db.executescript(SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {path} cannot be opened: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()
+
+    def _write(self, sql: str, args: tuple[Any, ...]) -> None:
+        try:
+            with self._lock:
+                self._db.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise SandboxError(
+                ErrorCode.INTERNAL,
+                f"the journal at {self.path} cannot be written ({exc}); the call was not run",
+            ) from exc
+
+    def append(
+        self,
+        *,
+        trace_id: str,
+        call_id: str,
+        session: str,
+        tenant: str,
+        agent: str,
+        tool: str,
+        stage: str,
+        duration_ms: float | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """Commit one event (data is redacted first).
+
+        Raises:
+            SandboxError: INTERNAL when the journal cannot be written.
+        """
+        payload = json.dumps(redact(data or {}), default=str)
+        self._write(
+            "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (time.time(), trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, payload),
+        )
+
+    def events(
+        self,
+        *,
+        trace_id: str | None = None,
+        session: str | None = None,
+        call_id: str | None = None,
+        after_id: int = 0,
+        limit: int = 10_000,
+    ) -> list[Event]:
+        """Events in order, filtered."""
+        where, args = ["id > ?"], [after_id]
+        for column, value in (("trace_id", trace_id), ("session", session), ("call_id", call_id)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)  # type: ignore[arg-type]
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",  # noqa: S608 - fixed columns
+                (*args, limit),
+            ).fetchall()
+        return [_event(row) for row in rows]
+
+    def unfinished_calls(self) -> list[Event]:
+        """The last event of every call whose last stage is not terminal."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) ORDER BY id"
+            ).fetchall()
+        events = [_event(row) for row in rows]
+        return [e for e in events if e.stage not in TERMINAL]
+
+    # -- approvals ---------------------------------------------------------------------
+
+    def add_approval(self, approval: Approval) -> None:
+        """Record a pending approval."""
+        self._write(
+            "INSERT INTO approvals VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                approval.id,
+                approval.call_id,
+                approval.trace_id,
+                approval.session,
+                approval.agent,
+                approval.tool,
+                json.dumps(redact(approval.arguments), default=str),
+                approval.status,
+                approval.reason,
+                approval.created,
+                approval.decided,
+            ),
+        )
+
+    def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
+        """Approve, deny or expire a pending approval.
+
+        Raises:
+            SandboxError: INVALID_ARGUMENTS for an unknown id; CONFLICT when already decided.
+        """
+        current = self.approval(approval_id)
+        if current is None:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"no approval {approval_id!r}")
+        if current.status != "pending":
+            raise SandboxError(ErrorCode.CONFLICT, f"approval {approval_id} is already {current.status}")
+        self._write(
+            "UPDATE approvals SET status = ?, reason = ?, decided = ? WHERE id = ? AND status = 'pending'",
+            (status, reason, time.time(), approval_id),
+        )
+        decided = self.approval(approval_id)
+        assert decided is not None
+        return decided
+
+    def approval(self, approval_id: str) -> Approval | None:
+        """One approval, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
+        return _approval(row) if row else None
+
+    def approvals(self, status: str | None = "pending") -> list[Approval]:
+        """Approvals (pending by default), oldest first."""
+        with self._lock:
+            if status:
+                rows = self._db.execute(
+                    "SELECT * FROM approvals WHERE status = ? ORDER BY created", (status,)
+                ).fetchall()
+            else:
+                rows = self._db.execute("SELECT * FROM approvals ORDER BY created").fetchall()
+        return [_approval(r) for r in rows]
+
+    def health(self) -> dict[str, Any]:
+        """Integrity, size and counts, for `sandbox status --deep`."""
+        with self._lock:
+            integrity = self._db.execute("PRAGMA integrity_check").fetchone()[0]
+            events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            pending = self._db.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
+            mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+        size = self.path.stat().st_size if self.path.exists() else 0
+        return {
+            "path": str(self.path),
+            "integrity": integrity,
+            "journal_mode": mode,
+            "events": events,
+            "pending_approvals": pending,
+            "bytes": size,
+        }
+
+
+def _approval(row: tuple[Any, ...]) -> Approval:
+    return Approval(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7], row[8], row[9], row[10])
+
+
+def _event(row: tuple[Any, ...]) -> Event:
+    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], json.loads(row[10]))
