@@ -40,7 +40,18 @@ def test_call_exit_codes(cfg: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
     assert result["ok"] and result["output"]["output"] == "hi\n"
-    assert set(result) == {"ok", "tool", "call_id", "trace_id", "output", "error", "truncated", "full_output_path", "duration_ms", "warnings"}
+    assert set(result) == {
+        "ok",
+        "tool",
+        "call_id",
+        "trace_id",
+        "output",
+        "error",
+        "truncated",
+        "full_output_path",
+        "duration_ms",
+        "warnings",
+    }
     denied = cli(cfg, "call", "--session", "agent:main:c1", "browser", '{"action": "navigate"}')
     assert denied.returncode == 1 and json.loads(denied.stdout)["error"]["code"] == "TOOL_NOT_FOUND"
     bad = cli(cfg, "call", "--session", "agent:main:c1", "exec", "{not json")
@@ -111,6 +122,7 @@ def test_demo_runs_end_to_end() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["ok"] and all(step["ok"] for step in report["steps"])
+    assert report["control"] == {"approval_ok": True, "loop_stopped": True}
     assert report["sandbox"]["network"] == "none" and report["sandbox"]["read_only_root"] is True
     subprocess.run(
         [sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "recreate", "--all"],

@@ -157,6 +157,55 @@ async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[s
     return facts
 
 
+async def _control_part(
+    config: Config, agent_id: str, key: str, echo: Callable[[str], None], report: dict[str, Any]
+) -> bool:
+    """Approvals and loop detection, switched on for this part (the default policy has neither)."""
+    tools = config.tools.model_copy(
+        update={
+            "approvals": config.tools.approvals.model_copy(update={"require": ["apply_patch"], "timeout_s": 30}),
+            "loop_detection": config.tools.loop_detection.model_copy(
+                update={"enabled": True, "warn_threshold": 2, "critical_threshold": 3, "global_circuit_breaker": 6}
+            ),
+        }
+    )
+    echo("with approvals on apply_patch and loop detection switched on:")
+    ok = True
+    async with Orchestrator(config.model_copy(update={"tools": tools})) as orch:
+        session = orch.session(key + "-control", agent=agent_id)
+        name = f"approved-{int(time.time() * 1000)}.txt"
+        patch = {"input": f"*** Begin Patch\n*** Add File: {name}\n+a human said yes\n*** End Patch\n"}
+
+        async def human() -> None:
+            while not orch.pending_approvals():  # noqa: ASYNC110 - the decision arrives through the journal
+                await anyio.sleep(0.05)
+            pending = orch.pending_approvals()[0]
+            echo(f"     ⏸ waiting for approval {pending.id} (sandbox approvals approve {pending.id})")
+            orch.approve(pending.id, "looks fine")
+            echo(f"     👤 approved {pending.id}")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(human)
+            result = await session.call("apply_patch", patch)
+        echo(describe("apply_patch", patch))
+        echo(f"     {'✓' if result.ok else '✗ UNEXPECTED'} ran after the approval ({result.duration_ms:.0f} ms)")
+        ok &= result.ok
+        for attempt in range(1, 4):
+            args = {"command": "ls"}
+            looped = await session.call("exec", args)
+            echo(describe("exec", args) + f"   (attempt {attempt})")
+            if looped.ok:
+                note = f" — note for the model: {looped.warnings[0]}" if looped.warnings else ""
+                echo(f"     ✓ ran{note}")
+            else:
+                assert looped.error is not None
+                echo(f"     ✓ stopped: {looped.error.code}: {looped.error.message}")
+        ok &= not looped.ok and looped.error is not None and looped.error.code == "BLOCKED"
+        report["control"] = {"approval_ok": result.ok, "loop_stopped": not looped.ok}
+        echo(f"     (the journal has the whole story: sandbox logs --session {session.key})")
+    return ok
+
+
 async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool) -> bool:
     """Drive the script; return whether every step did what it should."""
     agent_id = agent or default_agent_id(config)
@@ -209,7 +258,9 @@ async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool)
                 await session.close()
                 echo("         (session closed: its session-scoped sandbox was removed)")
         echo("")
-        echo("demo: every step behaved as expected" if all_ok else "demo: SOME STEPS DID NOT BEHAVE AS EXPECTED")
+    all_ok &= await _control_part(config, agent_id, key, echo, report)
+    echo("")
+    echo("demo: every step behaved as expected" if all_ok else "demo: SOME STEPS DID NOT BEHAVE AS EXPECTED")
     if as_json:
         report["ok"] = all_ok
         click.echo(json.dumps(report, indent=2, default=str))

@@ -28,7 +28,11 @@ from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.spec import ErrorInfo, ToolResult
 
 Spill = Callable[[ToolContext, str], Awaitable[str | None]]
-TIMEOUT_MARGIN_S = 15.0  # handlers with their own timeout (exec) get to report it themselves
+TIMEOUT_MARGIN_S = 15.0
+# stages written together with the next committed one of the same call (see Journal.append)
+BUFFERED_STAGES = frozenset(
+    {"proposed", "policy_checked", "validated", "approved", "queued"}
+)  # handlers with their own timeout (exec) get to report it themselves
 
 
 def validation_message(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]:
@@ -128,6 +132,7 @@ async def execute(
         )
 
     def journal(stage: str, **data: Any) -> None:
+        # committed: before anything runs or waits, and at the end; the stages between ride along
         if engine.journal is not None:
             engine.journal.append(
                 trace_id=tctx.trace_id,
@@ -139,6 +144,7 @@ async def execute(
                 stage=stage,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
                 data=data,
+                commit=stage not in BUFFERED_STAGES,
             )
 
     def refuse(stage: str, error: SandboxError) -> ToolResult:
@@ -296,6 +302,8 @@ async def execute(
             tool, tctx, SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"), started
         )
     finally:
+        if engine.journal is not None:
+            engine.journal.forget_pending(tctx.call_id)
         scope.__exit__(None, None, None)
         ctxvars.current.reset(token)
 

@@ -66,12 +66,14 @@ class Hooks:
         self, ctx: TaskContext, tool: str, params: dict[str, Any]
     ) -> tuple[dict[str, Any], str | None, str]:
         """Run the before chain: (params, block reason or None, name of the deciding hook)."""
+        rewriter = ""
         for name, hook in self.before:
             decision = _decision(await hook(ctx, tool, params))
             if decision.blocked:
                 logger.bind(hook=name).info("tool_call_blocked")
                 return params, decision.reason or f"blocked by hook {name}", name
             if decision.params is not None and decision.params != params:
+                rewriter = name
                 self.rewrites.append(
                     {
                         "ts": time.time(),
@@ -84,7 +86,7 @@ class Hooks:
                 )
                 logger.bind(hook=name).info("tool_call_rewritten")
                 params = decision.params
-        return params, None, ""
+        return params, None, rewriter
 
     async def run_after(self, ctx: TaskContext, tool: str, params: dict[str, Any], result: ToolResult) -> ToolResult:
         """Run the after chain; a hook may return a replacement result (redaction)."""

@@ -6,6 +6,7 @@ written; a journal that cannot be written fails the call instead of letting it r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -95,6 +96,7 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._pending: dict[str, list[tuple[Any, ...]]] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -131,18 +133,44 @@ class Journal:
         stage: str,
         duration_ms: float | None = None,
         data: dict[str, Any] | None = None,
+        commit: bool = True,
     ) -> None:
-        """Commit one event (data is redacted first).
+        """Record one event (data is redacted first).
+
+        With `commit=False` the event waits for the next committed one of the same call and is
+        written in the same transaction: a call commits before it runs and when it ends, and its
+        intermediate stages are never lost once a later one is committed.
 
         Raises:
             SandboxError: INTERNAL when the journal cannot be written.
         """
-        payload = json.dumps(redact(data or {}), default=str)
-        self._write(
-            "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (time.time(), trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, payload),
-        )
+        payload = json.dumps(redact(data), default=str) if data else "{}"
+        row = (time.time(), trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, payload)
+        pending = self._pending.setdefault(call_id, [])
+        pending.append(row)
+        if not commit:
+            return
+        rows = self._pending.pop(call_id)
+        try:
+            with self._lock:
+                self._db.execute("BEGIN")
+                self._db.executemany(
+                    "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    rows,
+                )
+                self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            raise SandboxError(
+                ErrorCode.INTERNAL,
+                f"the journal at {self.path} cannot be written ({exc}); the call was not run",
+            ) from exc
+
+    def forget_pending(self, call_id: str) -> None:
+        """Drop events of a call that will never commit (it crashed inside the orchestrator)."""
+        self._pending.pop(call_id, None)
 
     def events(
         self,

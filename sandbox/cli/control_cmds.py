@@ -1,0 +1,157 @@
+"""Control commands: approvals, logs (the timeline of calls), status --deep."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import click
+
+from sandbox.cli import State, _emit, handled, json_option, main
+from sandbox.journal.store import Event, Journal
+from sandbox.policy import Identity
+
+
+def _journal(state: State) -> Journal:
+    return Journal(state.config.state_dir / "journal.sqlite3")
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+@main.group("approvals")
+def approvals_group() -> None:
+    """Calls waiting for a human: list, approve, deny."""
+
+
+@approvals_group.command("list")
+@click.option("--all", "all_", is_flag=True, help="Decided ones too.")
+@json_option
+@click.pass_obj
+@handled
+def approvals_list(state: State, all_: bool, as_json: bool) -> None:
+    """Pending approvals (oldest first)."""
+    journal = _journal(state)
+    items = journal.approvals(None if all_ else "pending")
+    journal.close()
+    data = [a.__dict__ for a in items]
+    lines = [f"{a.id}  {a.status:<8} {a.tool:<12} {a.session}  {json.dumps(a.arguments)[:80]}" for a in items]
+    _emit(data, as_json, "\n".join(lines) or "no pending approvals")
+
+
+def _decide(state: State, approval_id: str, status: str, reason: str, as_json: bool) -> None:
+    journal = _journal(state)
+    try:
+        decided = journal.decide(approval_id, status, reason)
+    finally:
+        journal.close()
+    _emit(decided.__dict__, as_json, f"{decided.id}: {decided.status}" + (f" ({reason})" if reason else ""))
+
+
+@approvals_group.command("approve")
+@click.argument("approval_id")
+@click.option("--reason", default="", help="Recorded with the decision.")
+@json_option
+@click.pass_obj
+@handled
+def approvals_approve(state: State, approval_id: str, reason: str, as_json: bool) -> None:
+    """Let a waiting call run."""
+    _decide(state, approval_id, "approved", reason, as_json)
+
+
+@approvals_group.command("deny")
+@click.argument("approval_id")
+@click.option("--reason", default="", help="Told to the model (APPROVAL_DENIED).")
+@json_option
+@click.pass_obj
+@handled
+def approvals_deny(state: State, approval_id: str, reason: str, as_json: bool) -> None:
+    """Refuse a waiting call."""
+    _decide(state, approval_id, "denied", reason, as_json)
+
+
+def _event_line(e: Event) -> str:
+    detail = {
+        k: v for k, v in e.data.items() if k in ("code", "message", "reason", "approval_id", "process_id", "waited_s")
+    }
+    extra = " " + json.dumps(detail) if detail else ""
+    took = f" +{e.duration_ms:.1f}ms" if e.duration_ms is not None else ""
+    return f"{_when(e.ts)}  {e.trace_id}  {e.call_id}  {e.tool:<12} {e.stage:<18}{took}{extra}"
+
+
+@main.command()
+@click.option("--trace", "trace_id", help="Only this trace.")
+@click.option("--session", help="Only this session key.")
+@click.option("--follow", is_flag=True, help="Keep printing new events.")
+@click.option("--limit", default=1000, show_default=True, help="At most this many events (before following).")
+@json_option
+@click.pass_obj
+@handled
+def logs(state: State, trace_id: str | None, session: str | None, follow: bool, limit: int, as_json: bool) -> None:
+    """The timeline of calls from the journal."""
+    journal = _journal(state)
+    last = 0
+    try:
+        events = journal.events(trace_id=trace_id, session=session, limit=10**9)[-limit:]
+        while True:
+            for e in events:
+                click.echo(json.dumps(e.__dict__, default=str) if as_json else _event_line(e))
+                last = max(last, e.id)
+            if not follow:
+                break
+            time.sleep(0.5)
+            events = journal.events(trace_id=trace_id, session=session, after_id=last)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        journal.close()
+
+
+@main.command()
+@click.option("--deep", is_flag=True, help="Also policy, skills, sandboxes, approvals and journal health.")
+@json_option
+@click.pass_obj
+@handled
+def status(state: State, deep: bool, as_json: bool) -> None:
+    """Where things stand: the journal, and with --deep everything else."""
+    journal = _journal(state)
+    data: dict[str, Any] = {"journal": journal.health()}
+    if deep:
+        from sandbox.config.merge import agent_ids, effective_agent
+        from sandbox.runtime import lifecycle
+        from sandbox.runtime.docker_backend import DockerBackend
+        from sandbox.runtime.manager import SandboxManager
+        from sandbox.tools.catalog import build_registry
+
+        registry, problems = build_registry(state.config)
+        data["skills"] = {
+            "loaded": [n for n in registry.names() if registry.get(n).category == "skill"],
+            "refused": [{"file": str(p.file), "reason": p.message} for p in problems],
+        }
+        resolver = state.resolver()
+        data["agents"] = {}
+        for agent_id in agent_ids(state.config):
+            sandbox = effective_agent(state.config, agent_id).sandbox
+            main_tools = resolver.resolve(Identity(agent_id, f"agent:{agent_id}:main")).allowed
+            data["agents"][agent_id] = {"mode": sandbox.mode, "scope": sandbox.scope, "tools_main": sorted(main_tools)}
+        data["pending_approvals"] = [a.__dict__ for a in journal.approvals("pending")]
+
+        async def sandboxes() -> list[dict[str, Any]]:
+            manager = SandboxManager(state.config, DockerBackend())
+            try:
+                return [
+                    {"name": r.info.name, "agent": r.info.agent, "state": r.info.status, "config_match": r.config_match}
+                    for r in await lifecycle.rows(manager)
+                ]
+            except Exception as exc:
+                return [{"error": str(exc)}]
+            finally:
+                await manager.backend.aclose()
+
+        data["sandboxes"] = anyio.run(sandboxes)
+    journal.close()
+    _emit(data, as_json, json.dumps(data, indent=2, default=str))
