@@ -62,7 +62,9 @@ async def main() -> None:
     print(f"{'measure':<34} {'p50 us':>9} {'p99 us':>9}")
     print(f"{'without journal':<34} {pct(without, 50):9.1f} {pct(without, 99):9.1f}")
     print(f"{'with journal':<34} {pct(with_journal, 50):9.1f} {pct(with_journal, 99):9.1f}")
-    print(f"\nadded by the journal at p50: {added:.1f} us (goal <= 300 us); ratio {pct(with_journal, 50) / pct(without, 50):.2f}x")
+    print(
+        f"\nadded by the journal at p50: {added:.1f} us (goal <= 300 us); ratio {pct(with_journal, 50) / pct(without, 50):.2f}x"
+    )
     per_call = events / (N + 200)
     print(f"{events} events written, {per_call:.1f} per call; {events / (sum(with_journal) / 1e6):,.0f} events/s")
 

@@ -80,7 +80,10 @@ class Orchestrator:
         if journal is True:
             journal = Journal(config.state_dir / "journal.sqlite3")
         self.journal: Journal | None = journal or None
-        self.hooks = hooks or Hooks()
+        if hooks is None:
+            hooks = Hooks()
+            hooks.load_entry_points()  # plugins register theirs (entry point group agent_sandbox.hooks)
+        self.hooks = hooks
         self.loops = LoopDetector(config.tools.loop_detection)
         gate = ApprovalGate(config, self.journal, self.policy.universe) if self.journal is not None else None
         self.engine = Engine(
