@@ -42,7 +42,7 @@ async def main() -> None:
             f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{tmp}/ws'}}]}}\n"
             "limits: {global_concurrency: 100, tenant_concurrency: 100, queue: {max_depth: 1000}}\n"
         )
-        async with Orchestrator(config, registry=registry) as orch:
+        async with Orchestrator(config, registry=registry, journal=False) as orch:  # journal: bench/journal.py
             sess = orch.session("agent:a:main")
             for _ in range(200):
                 await sess.call("noop", {"n": 1})
