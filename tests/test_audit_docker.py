@@ -121,3 +121,36 @@ def test_browser_sandbox_audits_clean(tmp_path: Path, instance: str) -> None:
     report = json.loads(run.stdout)
     assert any("browser" in t for t in report["mounts"]), report["mounts"].keys()
     assert run.returncode == 0, [f for f in report["findings"] if f["severity"] != "info"]
+
+
+def test_browser_exposure_and_exec_on_browser_network(default_cfg: Path, docker_client: Any) -> None:
+    """A browser container publishing CDP beyond loopback (SBX-B001) and an exec sandbox on the
+    browser network (SBX-B002) are both reported (containers created, not started)."""
+    from sandbox.runtime.naming import Labels
+
+    if not docker_client.networks.list(names=["sandbox-browser"]):
+        docker_client.networks.create("sandbox-browser", driver="bridge")
+    made = [
+        docker_client.containers.create(
+            "sandbox-exec:latest",
+            ["sleep", "300"],
+            name=f"sbx-{RUN_ID}-exposedcdp",
+            labels={TEST_LABEL: RUN_ID, Labels.KIND: "browser", Labels.MANAGED: "true"},
+            ports={"9222/tcp": ("0.0.0.0", None)},
+        ),
+        docker_client.containers.create(
+            "sandbox-exec:latest",
+            ["sleep", "300"],
+            name=f"sbx-{RUN_ID}-execonbrowsernet",
+            labels={TEST_LABEL: RUN_ID, Labels.KIND: "exec", Labels.MANAGED: "true"},
+            network="sandbox-browser",
+        ),
+    ]
+    try:
+        findings = json.loads(cli(default_cfg, "audit", "--all-containers", "--json").stdout)["findings"]
+        by_target = {(f["rule"], ([*f["target"].split(), ""])[1]) for f in findings}
+        assert ("SBX-B001", f"sbx-{RUN_ID}-exposedcdp") in by_target
+        assert ("SBX-B002", f"sbx-{RUN_ID}-execonbrowsernet") in by_target
+    finally:
+        for container in made:
+            container.remove(force=True)
