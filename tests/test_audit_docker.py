@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib.resources
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
+from tests.cli_helpers import run_cli
 from tests.conftest import RUN_ID, TEST_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
@@ -19,13 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sandbox", "--config", str(cfg), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return run_cli(*args, config=cfg)
 
 
 @pytest.fixture

@@ -10,18 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import run_cli
+
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sandbox", "--config", str(cfg), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return run_cli(*args, config=cfg)
 
 
 @pytest.fixture
