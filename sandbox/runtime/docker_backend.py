@@ -22,10 +22,9 @@ from loguru import logger
 
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime.docker_errors import mapped
-from sandbox.runtime.docker_exec import exec_stream
 from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.naming import LABEL_PREFIX, Labels
-from sandbox.runtime.protocol import ExecResult, SandboxInfo
+from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, create_kwargs
 
 T = TypeVar("T")
@@ -266,28 +265,3 @@ class DockerBackend:
         if self._client is not None:
             client, self._client = self._client, None
             await anyio.to_thread.run_sync(client.close)
-
-    # -- exec -----------------------------------------------------------------------------
-
-    async def exec_stream(
-        self,
-        container_id: str,
-        argv: builtins.list[str],
-        *,
-        environment: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        user: str | None = None,
-        timeout_s: float | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-    ) -> ExecResult:
-        """Run argv in a container (see :func:`sandbox.runtime.docker_exec.exec_stream`)."""
-        return await exec_stream(
-            self,
-            container_id,
-            argv,
-            environment=environment,
-            workdir=workdir,
-            user=user,
-            timeout_s=timeout_s,
-            on_output=on_output,
-        )

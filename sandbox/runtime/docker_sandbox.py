@@ -9,7 +9,7 @@ import anyio
 
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import shellwrap
-from sandbox.runtime.docker_exec import SandboxGone
+from sandbox.runtime.docker_exec import SandboxGone, exec_stream
 from sandbox.runtime.protocol import ExecResult
 from sandbox.runtime.spec import SandboxSpec
 
@@ -86,7 +86,7 @@ class DockerSandbox:
 
     async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
         try:
-            return await self._backend.exec_stream(self._id, argv, **kwargs)
+            return await exec_stream(self._backend, self._id, argv, **kwargs)
         except SandboxGone:
             # Nothing ran yet (the exec was never created), so trying once more in a fresh
             # container cannot run the command twice.
@@ -95,7 +95,7 @@ class DockerSandbox:
                 raise
             self._id = await self._revive()
             self.gone = False
-            return await self._backend.exec_stream(self._id, argv, **kwargs)
+            return await exec_stream(self._backend, self._id, argv, **kwargs)
         except SandboxUnavailable:
             self.gone = True
             raise
