@@ -78,6 +78,8 @@ class FsSection(StrictModel):
     protected_paths: list[str] = [".git/hooks", ".git/config"]
     deny_patterns: list[str] = [".env", "*.pem", "*.key"]
     max_read_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    # checked before anything is written, for write, edit and apply_patch alike
+    max_write_bytes: int = Field(16 * 1024 * 1024, gt=0)
 
 
 class ExecSection(StrictModel):
@@ -85,6 +87,10 @@ class ExecSection(StrictModel):
 
     default_timeout_s: float = Field(60.0, gt=0)
     max_timeout_s: float = Field(1800.0, gt=0)
+    # output past this is not kept: the command is stopped (QUOTA_EXCEEDED) with a marker
+    max_output_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    # standard input written to a background process in one `process write`
+    max_stdin_bytes: int = Field(64 * 1024, gt=0, le=1024 * 1024)
 
 
 class LoopDetectionSection(StrictModel):
@@ -200,6 +206,8 @@ class SandboxConfig(StrictModel):
     scope: Scope = "agent"
     workspace_access: WorkspaceAccess = "none"
     workspace_root: ConfigPath | None = None
+    # bytes a writable workspace may hold (measured); 0 disables the quota
+    workspace_quota: str = Field("1g", pattern=r"^\d+[bkmgBKMG]?$")
     docker: DockerConfig = DockerConfig()
     browser: BrowserConfig = BrowserConfig()
     prune: PruneConfig = PruneConfig()
