@@ -186,3 +186,70 @@ async def test_one_tenant_cannot_take_everything() -> None:
         with anyio.fail_after(2):
             await other_in.wait()
         gate.set()
+
+
+def test_tenant_share_is_below_every_limit() -> None:
+    """A tenant's share of a shared level is at least 1 and below the limit (except a limit of 1)."""
+    from sandbox.engine.limits import tenant_share
+
+    assert [tenant_share(n) for n in (1, 2, 3, 4, 5, 10)] == [1, 1, 2, 2, 3, 5]
+
+
+async def test_one_tenant_never_holds_every_exec_permit_when_tenants_share() -> None:
+    """With three tenants, tenant A flooding exec (limit 2) leaves a permit for B and C."""
+    lim = Limiter(
+        LimitsConfig(global_concurrency=10, categories={"exec": 2}, queue=QueueConfig(max_depth=100, max_wait_s=30)),
+        multi_tenant=True,
+    )
+    gate = anyio.Event()
+    started: list[str] = []
+
+    async def call(tenant: str) -> None:
+        async with lim.permit(tenant=tenant, category="exec", tool="exec"):
+            started.append(tenant)
+            await gate.wait()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(call, "a")
+        await wait_until(lambda: lim.waiting == 3)
+        tg.start_soon(call, "b")
+        await wait_until(lambda: started == ["a", "b"])
+        assert lim.in_use(("tenant", "a", "category", "exec")) == 1
+        gate.set()
+    assert started[:2] == ["a", "b"] and sorted(started) == ["a", "a", "a", "a", "b"]
+
+
+async def test_waiters_are_served_round_robin_across_tenants() -> None:
+    """Tenant A queues 6 calls first, then B and C 2 each: grants alternate a, b, c, not a x6."""
+    lim = Limiter(LimitsConfig(global_concurrency=1, tenant_concurrency=1, queue=QueueConfig(max_depth=100)))
+    order: list[str] = []
+    gate = anyio.Event()
+
+    async def hold() -> None:
+        async with lim.permit(tenant="z", category="file", tool="read"):
+            await gate.wait()
+
+    async def call(tenant: str, i: int) -> None:
+        async with lim.permit(tenant=tenant, category="file", tool="read"):
+            order.append(f"{tenant}{i}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold)
+        await wait_until(lambda: lim.in_use(("global",)) == 1)
+        for i in range(6):
+            tg.start_soon(call, "a", i)
+        await wait_until(lambda: lim.waiting == 6)
+        for t in ("b", "c"):
+            for i in range(2):
+                tg.start_soon(call, t, i)
+        await wait_until(lambda: lim.waiting == 10)
+        gate.set()
+    assert order == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "a3", "a4", "a5"]
+
+
+async def wait_until(condition: object, timeout: float = 5.0) -> None:
+    """Poll a condition with a deadline (no timing assumptions)."""
+    with anyio.fail_after(timeout):
+        while not condition():  # type: ignore[operator]
+            await anyio.sleep(0.001)

@@ -1,9 +1,11 @@
 """Concurrency limits at several levels, with one FIFO wait queue in front of them.
 
 A call needs a permit at every level that applies to it: global, its category, its tool, its
-skill, and the same levels again for its tenant (so one tenant cannot take every permit). Waiting
-calls are served in arrival order; a call is only overtaken by a later one that needs none of the
-levels it is waiting for. Permits are released on every exit path, cancellation included.
+skill, and the same levels again for its tenant. When more than one tenant is configured, a
+tenant's share of every level is below the level's limit (so one tenant never holds every permit
+while others wait), and waiting calls are served round-robin across tenants, in arrival order
+within one tenant; a call is only overtaken by a later one that needs none of the levels it is
+waiting for. Permits are released on every exit path, cancellation included.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ Level = tuple[str, ...]
 
 @dataclass(eq=False)
 class _Waiter:
+    tenant: str
     levels: list[Level]
     granted: anyio.Event = field(default_factory=anyio.Event)
+
+
+def tenant_share(limit: int) -> int:
+    """A tenant's share of a level it shares with other tenants: about half, always below the limit."""
+    return max(1, min(limit - 1, -(-limit // 2)))
 
 
 class Limiter:
@@ -33,10 +41,16 @@ class Limiter:
     Args:
         config: `limits` from the config.
         tool_limits: per-tool limits declared by tool specs (config `limits.tools` wins).
+        multi_tenant: whether several tenants share these permits (their shares are then capped).
     """
 
-    def __init__(self, config: LimitsConfig, tool_limits: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, config: LimitsConfig, tool_limits: dict[str, int] | None = None, *, multi_tenant: bool = False
+    ) -> None:
         self.config = config
+        self.multi_tenant = multi_tenant
+        self._last_served: str | None = None
+        self._ring: list[str] = []  # tenants in the order they first queued: the round-robin order
         self._tool_limits = {**(tool_limits or {}), **config.tools}
         self._in_use: dict[Level, int] = {}
         self._all_limits: dict[Level, int] = {}  # every level seen so far, with its limit
@@ -60,12 +74,13 @@ class Limiter:
         tool_limit = self._tool_limits.get(tool)
         out.append((("tenant", tenant), self.tenant_limit))
         for scope in ((), ("tenant", tenant)):
+            share = tenant_share if scope and self.multi_tenant else (lambda limit: limit)
             if cat:
-                out.append(((*scope, "category", category), cat))
+                out.append(((*scope, "category", category), share(cat)))
             if tool_limit:
-                out.append(((*scope, "tool", tool), tool_limit))
+                out.append(((*scope, "tool", tool), share(tool_limit)))
             if skill and (skill_limit := self._tool_limits.get(f"skill:{skill}")):
-                out.append(((*scope, "skill", skill), skill_limit))
+                out.append(((*scope, "skill", skill), share(skill_limit)))
         return out
 
     def in_use(self, level: Level) -> int:
@@ -89,14 +104,27 @@ class Limiter:
             self._in_use[lv] -= 1
         self._wake()
 
+    def _round_robin(self) -> list[_Waiter]:
+        # Interleave the tenants' queues (first of each, then second of each, ...), starting
+        # with the tenant after the one served last; each tenant's own order stays FIFO.
+        by_tenant: dict[str, list[_Waiter]] = {}
+        for waiter in self._queue:
+            by_tenant.setdefault(waiter.tenant, []).append(waiter)
+        ring = self._ring
+        start = ring.index(self._last_served) + 1 if self._last_served in ring else 0
+        tenants = [t for t in ring[start:] + ring[:start] if t in by_tenant]
+        depth = max((len(q) for q in by_tenant.values()), default=0)
+        return [by_tenant[t][i] for i in range(depth) for t in tenants if i < len(by_tenant[t])]
+
     def _wake(self) -> None:
-        # Serve the queue in order. A waiter that cannot start reserves a place only on the
-        # levels that are full for it, so it holds back later waiters on those levels alone.
+        # Serve the queue round-robin across tenants. A waiter that cannot start reserves a place
+        # only on the levels that are full for it, so it holds back later waiters on those alone.
         reserved: dict[Level, int] = {}
-        for waiter in list(self._queue):
+        for waiter in self._round_robin():
             if self._fits(waiter.levels, self._all_limits, reserved):
                 self._queue.remove(waiter)
                 self._take(waiter.levels)
+                self._last_served = waiter.tenant
                 waiter.granted.set()
                 continue
             for lv in waiter.levels:
@@ -124,7 +152,9 @@ class Limiter:
                     f"{len(self._queue)} calls are already waiting (limits.queue.max_depth); try again later",
                     waiting=len(self._queue),
                 )
-            waiter = _Waiter(levels)
+            waiter = _Waiter(tenant, levels)
+            if tenant not in self._ring:
+                self._ring.append(tenant)
             self._queue.append(waiter)
             self._wake()
             try:

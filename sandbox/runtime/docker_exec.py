@@ -22,6 +22,7 @@ from docker.utils.socket import frames_iter
 
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 
 if TYPE_CHECKING:
@@ -42,11 +43,14 @@ async def exec_stream(
     user: str | None = None,
     timeout_s: float | None = None,
     on_output: Callable[[bytes], None] | None = None,
+    capture: OutputCapture | None = None,
 ) -> ExecResult:
     """Run argv in a container, streaming output; stop waiting after `timeout_s`.
 
-    Stopping the wait does not stop the process: callers that own a call id kill it.
+    Stopping the wait (timeout, cancellation, output past the capture's maximum) does not stop
+    the process: callers that own a call id kill it.
     """
+    capture = capture or OutputCapture()
     api = backend.client.api
     start = time.perf_counter()
     params: dict[str, Any] = {
@@ -72,17 +76,20 @@ async def exec_stream(
             raise
 
     exec_id = await backend.call("exec", create)
-    chunks: builtins.list[tuple[int, bytes]] = []
     streams: builtins.list[Any] = []
-    closed = threading.Event()
+    closed = threading.Event()  # the waiting side gave up: reading errors are expected
+    done = threading.Event()  # the reader finished on its own and closed its socket
 
     def pump() -> None:
         with mapped("exec output"):
             raw = api.exec_start(exec_id, socket=True)
             streams.append(raw)
             try:
+                if closed.is_set():
+                    return
                 for stream_id, data in frames_iter(raw, tty=False):
-                    chunks.append((stream_id, data))
+                    if not capture.add(stream_id, data):
+                        return  # over the output maximum: stop reading; the caller kills
                     if on_output is not None:
                         _deliver(on_output, data)
             except OSError:
@@ -90,32 +97,29 @@ async def exec_stream(
                     raise
             finally:
                 _close_exec_socket(raw)
+                done.set()
 
-    timed_out = False
-    with anyio.move_on_after(timeout_s) as scope:
-        await anyio.to_thread.run_sync(pump, abandon_on_cancel=True, limiter=backend.stream_limiter)
-    if scope.cancelled_caught:
-        timed_out = True
-        closed.set()
-        for raw in streams:  # unblocks the reader thread; the caller kills the process
-            _shutdown_exec_socket(raw)
+    try:
+        with anyio.move_on_after(timeout_s) as scope:
+            await anyio.to_thread.run_sync(pump, abandon_on_cancel=True, limiter=backend.stream_limiter)
+    finally:
+        if not done.is_set():
+            # a timeout or a cancelled caller: unblock the reader thread (the caller kills)
+            closed.set()
+            for raw in streams:
+                _shutdown_exec_socket(raw)
+    timed_out = scope.cancelled_caught
     exit_code = None
-    if not timed_out:
+    if not timed_out and not capture.overflowed:
         inspected = await backend.call("exec inspect", api.exec_inspect, exec_id)
         exit_code = inspected.get("ExitCode")
-    captured = list(chunks)
-    if exit_code == 126 and b"cannot exec in a stopped state" in b"".join(c for _, c in captured):
+    if exit_code == 126 and b"cannot exec in a stopped state" in capture.joined(0):
         # the container stopped between exec create and start: the command never ran
         attrs = await backend.find(container_id)
         if attrs is None or attrs["State"]["Status"] != "running":
             raise SandboxGone("the sandbox container stopped; it is recreated on next use")
-    return ExecResult(
-        exit_code=exit_code,
-        stdout=b"".join(c for s, c in captured if s == 1),
-        stderr=b"".join(c for s, c in captured if s == 2),
-        output=b"".join(c for _, c in captured),
-        duration_ms=(time.perf_counter() - start) * 1000,
-        timed_out=timed_out,
+    return ExecResult.from_capture(
+        capture, exit_code=exit_code, duration_ms=(time.perf_counter() - start) * 1000, timed_out=timed_out
     )
 
 

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from loguru import logger
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime import shellwrap
+from sandbox.runtime import docker_kill, shellwrap
 from sandbox.runtime.docker_exec import SandboxGone, exec_stream
+from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 from sandbox.runtime.spec import SandboxSpec
+
+TERM_GRACE_S = 0.2
+KILL_NOT_CONFIRMED = (
+    "the command's processes could not be confirmed dead, so the sandbox was removed "
+    "(it is created afresh on next use; background processes in it are gone)"
+)
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker_backend import DockerBackend
@@ -57,28 +66,48 @@ class DockerSandbox:
         timeout_s: float | None = None,
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
     ) -> ExecResult:
         """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
         environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
         argv = shellwrap.wrapped_argv(command, call_id)
         try:
             result = await self._exec(
-                argv, environment=environment, workdir=workdir, user=user, timeout_s=timeout_s, on_output=on_output
+                argv,
+                environment=environment,
+                workdir=workdir,
+                user=user,
+                timeout_s=timeout_s,
+                on_output=on_output,
+                capture=capture,
             )
         except anyio.get_cancelled_exc_class():
             # the caller gave up (an outer timeout, a cancelled task): the work still dies
             with anyio.CancelScope(shield=True):
-                await self._stop(call_id, user)
+                await self.stop(call_id, user=user)
             raise
-        if result.timed_out:
+        if result.timed_out or result.overflowed:
             with anyio.CancelScope(shield=True):
-                await self._stop(call_id, user)
+                note = await self.stop(call_id, user=user)
+            if note:
+                result = dataclasses.replace(result, notes=(*result.notes, note))
         return result
 
-    async def _stop(self, call_id: str, user: str | None) -> None:
+    async def stop(self, call_id: str, *, user: str | None = None) -> str | None:
+        """TERM, a grace period, then KILL everything `call_id` started, and confirm it.
+
+        Returns None when confirmed; otherwise the sandbox is removed (so nothing of the call can
+        go on) and the returned note says so.
+        """
         await self.kill(call_id, "TERM", user=user)
-        await anyio.sleep(0.2)
-        await self.kill(call_id, "KILL", user=user)
+        await anyio.sleep(TERM_GRACE_S)
+        confirmed = await self._kill(call_id, "KILL", user=user)
+        if confirmed:
+            return None
+        logger.bind(container=self._spec.name, call_id=call_id).warning("sandbox_kill_unconfirmed")
+        self.gone = True
+        await self._backend.remove(self._id)
+        return KILL_NOT_CONFIRMED
 
     async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
         """Run an argv directly (helpers and probes)."""
@@ -101,12 +130,24 @@ class DockerSandbox:
             raise
 
     async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
-        """Signal everything `call_id` started.
+        """Signal everything `call_id` started (see :meth:`stop` for a confirmed kill)."""
+        await self._kill(call_id, signal, user=user)
 
-        Runs as the user that ran the command: with every capability dropped, even root in
-        the container can neither signal nor inspect another uid's processes.
-        """
-        await self._exec(shellwrap.kill_argv(call_id, signal), user=user or self._spec.user, timeout_s=15)
+    async def _kill(self, call_id: str, signal: str, *, user: str | None) -> bool:
+        # From the host first: it needs no new process in the sandbox (whose pids limit may be
+        # used up) and no engine exec round trip. Then from inside, when the host cannot see.
+        api = self._backend.client.api
+        shellwrap.check_call_id(call_id)
+        confirmed = await self._backend.call("kill", docker_kill.kill_call, api, self._id, call_id, signal)
+        if confirmed is not None:
+            return confirmed
+        try:
+            result = await self._exec(shellwrap.kill_argv(call_id, signal), user=user or self._spec.user, timeout_s=15)
+            if result.exit_code != 0:
+                return False
+            return signal != "KILL" or not await self.alive(call_id, user=user)
+        except SandboxUnavailable:
+            return False
 
     @property
     def pid_dir(self) -> str:
@@ -114,6 +155,12 @@ class DockerSandbox:
         return shellwrap.PID_DIR
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
-        """Pids still tagged with `call_id`."""
+        """Pids still tagged with `call_id` (host pids when the host can see them)."""
+        api = self._backend.client.api
+        members = await self._backend.call("list call", docker_kill.call_members, api, self._id, call_id)
+        if members.visible:
+            return list(members.pids)
         result = await self._exec(shellwrap.alive_argv(call_id), user=user or self._spec.user, timeout_s=15)
+        if result.exit_code != 0:
+            raise SandboxUnavailable(f"cannot list the processes of call {call_id} in the sandbox")
         return [int(p) for p in result.stdout.split()]

@@ -13,6 +13,7 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from sandbox.runtime import shellwrap
+from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 
 
@@ -45,18 +46,19 @@ class HostShell:
         timeout_s: float | None = None,
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
     ) -> ExecResult:
         """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
         del user  # the host runs as the orchestrator's user
         environment = {**os.environ, **self._env, **(env or {}), shellwrap.TAG_VAR: call_id}
         argv = shellwrap.wrapped_argv(command, call_id, self.pid_dir)
         try:
-            result = await self._exec(argv, environment, workdir, timeout_s, on_output)
+            result = await self._exec(argv, environment, workdir, timeout_s, on_output, capture)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.kill(call_id, "KILL")
             raise
-        if result.timed_out:
+        if result.timed_out or result.overflowed:
             with anyio.CancelScope(shield=True):
                 await self.kill(call_id, "TERM")
                 await anyio.sleep(0.2)
@@ -80,38 +82,37 @@ class HostShell:
         workdir: str | None,
         timeout_s: float | None,
         on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
     ) -> ExecResult:
         self._pid_dir.mkdir(parents=True, exist_ok=True)
         cwd = Path(workdir) if workdir and workdir.startswith("/") else self.workspace / (workdir or "")
         start = time.perf_counter()
-        chunks: list[tuple[int, bytes]] = []
+        capture = capture or OutputCapture()
         process = await anyio.open_process(argv, cwd=cwd, env=dict(env), start_new_session=True)
 
         async def pump(stream: ByteReceiveStream | None, which: int) -> None:
             if stream is None:
                 return
             async for chunk in stream:
-                chunks.append((which, chunk))
+                if not capture.add(which, chunk):
+                    scope.cancel()  # over the output maximum: stop waiting; the caller kills
+                    return
                 if on_output is not None:
                     on_output(chunk)
 
-        timed_out = False
         async with process:
             with anyio.move_on_after(timeout_s) as scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(pump, process.stdout, 1)
                     tg.start_soon(pump, process.stderr, 2)
                 await process.wait()
-            timed_out = scope.cancelled_caught
-            if timed_out and process.returncode is None:
+            timed_out = scope.cancelled_caught and not capture.overflowed
+            if scope.cancelled_caught and process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-        captured = list(chunks)
-        return ExecResult(
-            exit_code=None if timed_out else process.returncode,
-            stdout=b"".join(c for s, c in captured if s == 1),
-            stderr=b"".join(c for s, c in captured if s == 2),
-            output=b"".join(c for _, c in captured),
+        return ExecResult.from_capture(
+            capture,
+            exit_code=None if scope.cancelled_caught else process.returncode,
             duration_ms=(time.perf_counter() - start) * 1000,
             timed_out=timed_out,
         )

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sandbox.runtime.output import Captured, OutputCapture
 from sandbox.runtime.spec import SandboxSpec
 
 
@@ -19,6 +20,32 @@ class ExecResult:
     output: bytes  # stdout and stderr interleaved in arrival order
     duration_ms: float
     timed_out: bool = False
+    # what was kept of each stream (0 interleaved, 1 stdout, 2 stderr) when some was cut
+    kept: Mapping[int, Captured] = field(default_factory=dict)
+    full_output_path: str | None = None  # host file with the whole output, when it outgrew memory
+    overflowed: bool = False  # output passed the capture's max_bytes; the command was stopped
+    notes: tuple[str, ...] = ()  # things the caller must be told (a kill not confirmed, ...)
+
+    @classmethod
+    def from_capture(
+        cls, capture: OutputCapture, *, exit_code: int | None, duration_ms: float, timed_out: bool
+    ) -> ExecResult:
+        """The result of a command whose output went through `capture`."""
+        capture.close()
+        kept = {which: capture.stream(which) for which in (0, 1, 2)}
+        notes = (capture.spill_error,) if capture.spill_error else ()
+        return cls(
+            exit_code=exit_code,
+            stdout=capture.joined(1),
+            stderr=capture.joined(2),
+            output=capture.joined(0),
+            duration_ms=duration_ms,
+            timed_out=timed_out,
+            kept={k: v for k, v in kept.items() if v.cut},
+            full_output_path=str(capture.spill_path) if capture.spilled else None,
+            overflowed=capture.overflowed,
+            notes=notes,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,10 +91,14 @@ class Shell(Protocol):
         timeout_s: float | None = None,
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
     ) -> ExecResult:
         """Run `command` with /bin/sh -lc; on timeout (or cancellation) kill its whole process group.
 
-        `on_output` gets each chunk of output as it arrives (for progress events).
+        `on_output` gets each chunk of output as it arrives (for progress events). `capture`
+        bounds what is kept in memory and where the rest goes; when its maximum is passed the
+        command is killed like on a timeout (`overflowed`). Without one, memory stays bounded
+        and the middle of a long output is dropped.
         """
         ...
 

@@ -45,30 +45,57 @@ done
 true
 """
 
-_START_BG = """
-id="$1"; cmd="$2"; d="$3"
-{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; } || exit 97
-rm -f "$d/$id.rc" "$d/$id.in" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
+_START_BG = f"""
+id="$1"; cmd="$2"; d="$3"; limit="$4"; watchdog="$5"
+{{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; }} || exit 97
+rm -f "$d/$id.rc" "$d/$id.in" "$d/$id.timeout" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
 setsid sh -c '
   echo $$ > "$0/$1.pid"
+  w=
+  if [ "$3" != 0 ]; then
+    env -u {TAG_VAR} sh -c "$4" "$0" "$1" "$3" "$$" </dev/null >/dev/null 2>&1 &
+    w=$!
+  fi
   exec 3<>"$0/$1.in"
   /bin/sh -lc "$2" <&3 >>"$0/$1.out" 2>&1
   echo $? > "$0/$1.rc.tmp" && mv "$0/$1.rc.tmp" "$0/$1.rc"
-' "$d" "$id" "$cmd" </dev/null >/dev/null 2>&1 &
+  [ -n "$w" ] && kill "$w" 2>/dev/null
+' "$d" "$id" "$cmd" "$limit" "$watchdog" </dev/null >/dev/null 2>&1 &
 echo started
+"""
+
+# The deadline of a background command: not tagged itself, it marks the timeout, kills every
+# tagged process (also those that left the group), then the whole group (itself included).
+_WATCHDOG = f"""
+d="$0"; id="$1"; t="$2"; pg="$3"
+sleep "$t" & s=$!
+trap 'kill $s 2>/dev/null; exit 0' TERM
+wait $s || exit 0
+[ -f "$d/$id.rc" ] && exit 0
+: > "$d/$id.timeout"
+for p in /proc/[0-9]*; do
+  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then kill -s KILL "${{p#/proc/}}" 2>/dev/null; fi
+done
+kill -s KILL -- -"$pg"
 """
 
 _POLL = """
 id="$1"; off="$2"; lim="$3"; d="$4"
 if [ ! -f "$d/$id.out" ]; then echo gone; exit 0; fi
 if [ -f "$d/$id.rc" ]; then echo "exited $(cat "$d/$id.rc")"
+elif [ -f "$d/$id.timeout" ]; then echo timed_out
 elif kill -0 "$(cat "$d/$id.pid" 2>/dev/null)" 2>/dev/null; then echo running
 else echo killed; fi
 stat -c %s "$d/$id.out"
 tail -c +"$((off + 1))" "$d/$id.out" | head -c "$lim"
 """
 
-_WRITE = 'printf "%s" "$2" > "$3/$1.in"'
+# A write that does not fit in the pipe (the process does not read) is killed after a deadline.
+_WRITE = (
+    'id="$1"; d="$2"; t="$3"; shift 3; '
+    'exec timeout -s KILL "$t" sh -c \'f="$0"; printf "%s" "$@" > "$f"\' "$d/$id.in" "$@"'
+)
+STDIN_CHUNK = 64 * 1024  # one argv string stays far below the kernel's 128 KiB per argument
 
 _CALL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SIGNALS = frozenset({"TERM", "KILL", "INT", "HUP"})
@@ -102,9 +129,16 @@ def alive_argv(call_id: str) -> list[str]:
     return ["/bin/sh", "-c", _ALIVE, "sbx", check_call_id(call_id)]
 
 
-def start_background_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str]:
-    """argv that starts `command` detached, output to a file, stdin from a fifo; prints `started`."""
-    return ["/bin/sh", "-c", _START_BG, "sbx", check_call_id(call_id), command, pid_dir]
+def start_background_argv(
+    command: str, call_id: str, pid_dir: str = PID_DIR, timeout_s: float | None = None
+) -> list[str]:
+    """argv that starts `command` detached, output to a file, stdin from a fifo; prints `started`.
+
+    With `timeout_s`, a watchdog kills it (and everything it started) at the deadline, whether
+    or not anybody is still waiting for it.
+    """
+    limit = str(max(1, round(timeout_s))) if timeout_s else "0"
+    return ["/bin/sh", "-c", _START_BG, "sbx", check_call_id(call_id), command, pid_dir, limit, _WATCHDOG]
 
 
 def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> list[str]:
@@ -121,6 +155,10 @@ def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> 
     ]
 
 
-def write_stdin_argv(call_id: str, data: str, pid_dir: str = PID_DIR) -> list[str]:
-    """argv that writes `data` to a background command's stdin fifo."""
-    return ["/bin/sh", "-c", _WRITE, "sbx", check_call_id(call_id), data, pid_dir]
+def write_stdin_argv(call_id: str, data: str, pid_dir: str = PID_DIR, timeout_s: float = 5.0) -> list[str]:
+    """argv that writes `data` to a background command's stdin fifo, killed after `timeout_s`.
+
+    Exit status 137 (killed) means the pipe stayed full: the process is not reading its stdin.
+    """
+    chunks = [data[i : i + STDIN_CHUNK // 4] for i in range(0, len(data), STDIN_CHUNK // 4)] or [""]
+    return ["/bin/sh", "-c", _WRITE, "sbx", check_call_id(call_id), pid_dir, str(max(1, round(timeout_s))), *chunks]

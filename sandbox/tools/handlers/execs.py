@@ -9,6 +9,8 @@ import anyio
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import split_path
+from sandbox.runtime.output import OutputCapture, describe_cut, prune_dir
+from sandbox.runtime.protocol import ExecResult
 from sandbox.tools.builtin import ExecArgs
 from sandbox.tools.context import ToolContext
 from sandbox.tools.handlers import processes
@@ -29,9 +31,35 @@ def effective_timeout(ctx: ToolContext, requested: float | None) -> float:
     return min(requested or cfg.default_timeout_s, cfg.max_timeout_s)
 
 
+# full outputs too long to keep in memory, kept host-side (never where the sandbox can reach)
+SPILL_DIR = "outputs"
+SPILL_MAX_FILES = 200
+SPILL_MAX_BYTES = 4 * 1024**3
+
+
 def text(data: bytes) -> str:
     """Command output as text (invalid UTF-8 replaced, never an error)."""
     return data.decode("utf-8", errors="replace")
+
+
+def stream_text(result: ExecResult, which: int, data: bytes, max_chars: int) -> str:
+    """A stream as text; when its middle was not kept, head + a marker saying where it all is + tail.
+
+    Head and tail are sized so the text fits in `max_chars` (results.max_chars) with the marker.
+    """
+    kept = result.kept.get(which)
+    if kept is None:
+        return text(data)
+    head, tail = text(kept.head)[: int(max_chars * 0.6)], text(kept.tail)[-int(max_chars * 0.3) :]
+    cut = kept.total - len(head.encode()) - len(tail.encode())
+    return head + describe_cut(cut, kept.total, result.full_output_path) + tail
+
+
+def new_capture(ctx: ToolContext) -> OutputCapture:
+    """Bounded output capture for one call, spilling to the orchestrator's state dir."""
+    folder = ctx.config.state_dir / SPILL_DIR
+    prune_dir(folder, max_files=SPILL_MAX_FILES, max_bytes=SPILL_MAX_BYTES)
+    return OutputCapture(folder / f"{ctx.call_id}.exec.txt", max_bytes=ctx.config.tools.exec.max_output_bytes)
 
 
 async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
@@ -39,7 +67,9 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
     workdir = resolve_workdir(ctx, args.workdir)
     timeout = effective_timeout(ctx, args.timeout_s)
     if args.background or args.yield_ms is not None:
-        proc_id = await processes.start(ctx, args.command, workdir=workdir, env=args.env)
+        # yield_ms: the timeout holds after the call returns; background: only when asked for
+        limit = timeout if args.yield_ms is not None or args.timeout_s else None
+        proc_id = await processes.start(ctx, args.command, workdir=workdir, env=args.env, timeout_s=limit)
         if args.background:
             return {
                 "status": "running",
@@ -66,21 +96,37 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
         workdir=workdir,
         timeout_s=timeout,
         on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),
+        capture=new_capture(ctx),
     )
     body: dict[str, Any] = {
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 1),
     }
     if args.merge_output:
-        body["output"] = text(result.output)
+        body["output"] = stream_text(result, 0, result.output, ctx.config.results.max_chars)
     else:
-        body["stdout"], body["stderr"] = text(result.stdout), text(result.stderr)
+        body["stdout"] = stream_text(result, 1, result.stdout, ctx.config.results.max_chars)
+        body["stderr"] = stream_text(result, 2, result.stderr, ctx.config.results.max_chars)
+    notes = list(result.notes)
     if args.timeout_s and args.timeout_s > timeout:
-        body["note"] = f"timeout_s lowered to the configured maximum {timeout:g}s"
+        notes.append(f"timeout_s lowered to the configured maximum {timeout:g}s")
+    if notes:
+        body["note"] = "; ".join(notes)
+    if result.full_output_path:
+        body["full_output_path"] = result.full_output_path
+    if result.overflowed:
+        cap = ctx.config.tools.exec.max_output_bytes
+        raise SandboxError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"the command printed more than {cap:,} bytes (tools.exec.max_output_bytes), so it was stopped "
+            "and every process it started was killed; redirect large output to a file in the workspace",
+            output=body,
+        )
     if result.timed_out:
         raise SandboxError(
             ErrorCode.TIMEOUT,
-            f"command timed out after {timeout:g}s; it and every process it started were killed",
+            f"command timed out after {timeout:g}s; it and every process it started were killed"
+            + (f" ({'; '.join(result.notes)})" if result.notes else ""),
             output=body,
         )
     return body

@@ -22,6 +22,7 @@ from sandbox.tools.context import ToolContext
 
 POLL_CHUNK = 200_000
 KILL_GRACE_S = 2.0
+STDIN_TIMEOUT_S = 5.0
 
 
 def _table_path(ctx: ToolContext) -> Any:
@@ -55,10 +56,15 @@ def _entry(ctx: ToolContext, proc_id: str | None) -> dict[str, Any]:
     return table[proc_id]
 
 
-async def start(ctx: ToolContext, command: str, *, workdir: str, env: dict[str, str]) -> str:
-    """Start `command` detached and record it; return its process id."""
+async def start(
+    ctx: ToolContext, command: str, *, workdir: str, env: dict[str, str], timeout_s: float | None = None
+) -> str:
+    """Start `command` detached and record it; return its process id.
+
+    With `timeout_s` it is killed at that deadline even when nobody polls it any more.
+    """
     proc_id = new_id("p").replace("-", "_")
-    argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir)
+    argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s)
     quoted_env = {**env, shellwrap.TAG_VAR: proc_id}
     # the start helper runs with the tag so that the detached process inherits it
     result = await ctx.shell.run_argv(
@@ -83,6 +89,7 @@ async def start(ctx: ToolContext, command: str, *, workdir: str, env: dict[str, 
         "started_at": time.time(),
         "offset": 0,
         "workdir": workdir,
+        "timeout_s": timeout_s,
     }
     _save(ctx, table)
     return proc_id
@@ -101,6 +108,11 @@ def _status(raw: str) -> dict[str, Any]:
     if raw.startswith("exited"):
         code = raw.split()[1] if len(raw.split()) > 1 else ""
         return {"status": "exited", "exit_code": int(code) if code.lstrip("-").isdigit() else None}
+    if raw == "timed_out":
+        return {
+            "status": "timed_out",
+            "note": "killed at its timeout, with every process it started",
+        }
     if raw == "gone":
         return {
             "status": "gone",
@@ -124,6 +136,37 @@ async def poll(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
     table[proc_id]["offset"] = int(entry["offset"]) + len(data)
     _save(ctx, table)
     return {**_status(raw), "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
+
+
+async def write_stdin(ctx: ToolContext, proc_id: str, data: str) -> dict[str, Any]:
+    """Write to a running process's stdin: bounded in size and in time, never a hang."""
+    size = len(data.encode())
+    cap = ctx.config.tools.exec.max_stdin_bytes
+    if size > cap:
+        raise SandboxError(
+            ErrorCode.INVALID_ARGUMENTS,
+            f"data is {size:,} bytes; one write takes at most {cap:,} (tools.exec.max_stdin_bytes): "
+            "send it in parts, reading the process's output in between",
+            size=size,
+            limit=cap,
+        )
+    raw, _, _ = await _poll_raw(ctx, proc_id, 0, 0)
+    if raw != "running":
+        raise SandboxError(ErrorCode.CONFLICT, f"process {proc_id} is not running ({raw})")
+    argv = shellwrap.write_stdin_argv(proc_id, data, ctx.shell.pid_dir, STDIN_TIMEOUT_S)
+    result = await ctx.shell.run_argv(argv, timeout_s=STDIN_TIMEOUT_S + 10)
+    if result.exit_code == 137 or result.timed_out:
+        raise SandboxError(
+            ErrorCode.TIMEOUT,
+            f"process {proc_id} is not reading its standard input: the pipe stayed full for "
+            f"{STDIN_TIMEOUT_S:g}s, so the write was stopped (part of the data may have been delivered)",
+        )
+    if result.exit_code != 0:
+        raise SandboxError(
+            ErrorCode.INTERNAL,
+            f"could not write to process {proc_id}: {result.output.decode(errors='replace')[-300:]}",
+        )
+    return {"written": size}
 
 
 async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
@@ -158,12 +201,7 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
     if args.action == "write":
         if args.data is None:
             raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "action write needs `data`")
-        raw, _, _ = await _poll_raw(ctx, proc_id, 0, 0)
-        if raw != "running":
-            raise SandboxError(ErrorCode.CONFLICT, f"process {proc_id} is not running ({raw})")
-        with anyio.fail_after(10):
-            await ctx.shell.run_argv(shellwrap.write_stdin_argv(proc_id, args.data, ctx.shell.pid_dir))
-        return {"written": len(args.data.encode())}
+        return await write_stdin(ctx, proc_id, args.data)
     # kill: the signal asked for, then KILL after a grace period if anything is left
     await ctx.shell.kill(proc_id, args.signal)
     if args.signal != "KILL":

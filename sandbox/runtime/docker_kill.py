@@ -1,0 +1,135 @@
+"""Killing a call's processes from outside the container, without a new process in it.
+
+The in-container kill (shellwrap) needs to fork, and a sandbox that used up its pids limit (a
+fork bomb) cannot. When the engine runs on this host, the engine's `top` lists the container's
+processes by host pid; their environment (`SBX_CALL=<id>`) and process group say which belong
+to the call, and the orchestrator signals them directly. A round that leaves any alive is
+repeated with the container frozen (the cgroup freezer, `docker pause`) so nothing can fork
+between the listing and the signal. When the processes are not visible from here (a remote
+engine, another pid namespace, no permission), callers fall back to the in-container kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal as signals
+from dataclasses import dataclass
+from typing import Any
+
+import docker.errors
+
+from sandbox.runtime.shellwrap import TAG_VAR
+
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Members:
+    """Host pids of a call's processes, or `visible=False` when the host cannot see them."""
+
+    pids: tuple[int, ...]
+    visible: bool = True
+
+
+def container_pids(api: Any, container_id: str) -> list[int] | None:
+    """Host pids of every process in the container; [] when it is gone; None when not visible here."""
+    try:
+        top = api.top(container_id)
+    except docker.errors.NotFound:
+        return []
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # not running: nothing left to kill
+            return []
+        return None
+    titles = top.get("Titles") or []
+    if "PID" not in titles:
+        return None
+    column = titles.index("PID")
+    pids = [int(row[column]) for row in top.get("Processes") or [] if row[column].isdigit()]
+    if pids and not any(os.path.exists(f"/proc/{pid}") for pid in pids):
+        return None  # the engine is on another host (or in another pid namespace)
+    return pids
+
+
+def _tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
+    # (carries the tag, process group) of a host pid; None when it is gone
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None  # a zombie is dead already; its parent (the init) reaps it
+    pgrp = int(fields[2]) if len(fields) > 2 else None
+    return tag in env.split(b"\0"), pgrp
+
+
+def call_members(api: Any, container_id: str, call_id: str) -> Members:
+    """The container's processes that belong to `call_id`: tagged, or in a tagged process's group."""
+    pids = container_pids(api, container_id)
+    if pids is None:
+        return Members((), visible=False)
+    tag = f"{TAG_VAR}={call_id}".encode()
+    info: dict[int, tuple[bool, int | None]] = {}
+    try:
+        for pid in pids:
+            found = _tagged(pid, tag)
+            if found is not None:
+                info[pid] = found
+    except PermissionError:
+        return Members((), visible=False)
+    groups = {pgrp for tagged, pgrp in info.values() if tagged and pgrp}
+    # only pids the engine listed for this container are ever signalled
+    return Members(tuple(pid for pid, (tagged, pgrp) in info.items() if tagged or pgrp in groups))
+
+
+def signal_members(members: Members, signal: str) -> None:
+    """Send `signal` (TERM, KILL, INT, HUP) to every member."""
+    number = getattr(signals, f"SIG{signal}")
+    for pid in members.pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, number)
+
+
+def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | None:
+    """Signal a call's processes from the host until none is left (for KILL).
+
+    Returns True when the kill is confirmed (nothing of the call is left), False when something
+    survived every round, None when the processes are not visible from this host.
+    """
+    members = call_members(api, container_id, call_id)
+    if not members.visible:
+        return None
+    signal_members(members, signal)
+    if signal != "KILL":
+        return True
+    for round_ in range(ROUNDS):
+        members = call_members(api, container_id, call_id)
+        if not members.pids:
+            return True
+        frozen = round_ > 0 and _pause(api, container_id)
+        try:
+            if frozen:
+                members = call_members(api, container_id, call_id)
+            signal_members(members, "KILL")
+        finally:
+            if frozen:
+                _unpause(api, container_id)
+    return not call_members(api, container_id, call_id).pids
+
+
+def _pause(api: Any, container_id: str) -> bool:
+    try:
+        api.pause(container_id)
+    except docker.errors.APIError:
+        return False
+    return True
+
+
+def _unpause(api: Any, container_id: str) -> None:
+    with contextlib.suppress(docker.errors.APIError):
+        api.unpause(container_id)

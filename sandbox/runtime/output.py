@@ -1,0 +1,186 @@
+"""Command output with bounded memory: a head and a tail per stream, the whole of it on disk.
+
+A sandbox can print gigabytes. Holding that in the orchestrator's memory (as a list of chunks,
+then joined, then decoded) costs several times its size, so every runtime captures output here:
+up to `keep_bytes` of each stream stays in memory as it arrived; past that only the head and a
+rolling tail are kept, and the full interleaved output goes to a spill file as it arrives. Past
+`max_bytes` nothing more is taken at all and the capture reports `overflowed`, so the caller
+stops the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+KEEP_BYTES = 512 * 1024  # per stream kept whole in memory before head/tail mode
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One stream as kept: whole, or its head and tail with the count of bytes between them."""
+
+    head: bytes
+    tail: bytes
+    total: int
+
+    @property
+    def cut(self) -> int:
+        """Bytes between head and tail that are not in memory."""
+        return self.total - len(self.head) - len(self.tail)
+
+    @property
+    def whole(self) -> bytes | None:
+        """The stream's bytes when nothing was cut, else None."""
+        return self.head + self.tail if self.cut == 0 else None
+
+
+class _Stream:
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.keep - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.keep:
+                del self.tail[: len(self.tail) - self.keep]
+
+    def captured(self) -> Captured:
+        return Captured(bytes(self.head), bytes(self.tail), self.total)
+
+
+class OutputCapture:
+    """Collects stdout (1) and stderr (2) chunks; thread-safe (runtimes read in worker threads).
+
+    Args:
+        spill_path: where the full interleaved output is written once it outgrows memory
+            (a host file only the orchestrator can reach); None keeps only head and tail.
+        max_bytes: total output after which nothing more is taken (`overflowed`).
+        keep_bytes: bytes per stream kept whole before head/tail mode.
+    """
+
+    def __init__(self, spill_path: Path | None = None, max_bytes: int | None = None, keep_bytes: int = KEEP_BYTES):
+        self.spill_path = spill_path
+        self.max_bytes = max_bytes
+        self._streams = {1: _Stream(keep_bytes), 2: _Stream(keep_bytes), 0: _Stream(keep_bytes)}
+        self._pending: list[bytes] | None = []  # merged output until it spills
+        self._pending_size = 0
+        self._keep = keep_bytes
+        self._file: BinaryIO | None = None
+        self._lock = threading.Lock()
+        self.spill_error: str | None = None
+        self.overflowed = False
+        self._spilled = False
+
+    @property
+    def total(self) -> int:
+        """Bytes taken so far (both streams)."""
+        return self._streams[0].total
+
+    @property
+    def spilled(self) -> bool:
+        """Whether the full output is in the spill file (it outgrew memory and was saved whole)."""
+        return self._spilled and self.spill_error is None
+
+    def add(self, stream: int, data: bytes) -> bool:
+        """Take one chunk; False once the output is over `max_bytes` (stop reading, stop the command)."""
+        with self._lock:
+            if self.overflowed:
+                return False
+            if self.max_bytes is not None and self.total + len(data) > self.max_bytes:
+                data = data[: max(0, self.max_bytes - self.total)]
+                self.overflowed = True
+            self._streams[stream].add(data)
+            self._streams[0].add(data)
+            self._merged(data)
+            return not self.overflowed
+
+    def _merged(self, data: bytes) -> None:
+        if self._pending is not None:
+            self._pending.append(data)
+            self._pending_size += len(data)
+            if self._pending_size <= self._keep:
+                return
+            pending, self._pending = self._pending, None
+            self._open_spill()
+            data = b"".join(pending)
+        if self._file is not None:
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                self._spill_failed(exc)
+
+    def _open_spill(self) -> None:
+        if self.spill_path is None:
+            return
+        try:
+            self.spill_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # O_EXCL|O_NOFOLLOW: a fresh file of ours, never something planted at the name
+            fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            self._file = os.fdopen(fd, "wb", buffering=1024 * 1024)
+            self._spilled = True
+        except OSError as exc:
+            self._spill_failed(exc)
+
+    def _spill_failed(self, exc: OSError) -> None:
+        self.spill_error = f"the full output could not be saved ({exc.strerror or exc})"
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.spill_path = None
+
+    def close(self) -> None:
+        """Flush and close the spill file."""
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError as exc:
+                    self._spill_failed(exc)
+                self._file = None
+
+    def stream(self, which: int) -> Captured:
+        """What is kept of stdout (1), stderr (2) or both interleaved (0)."""
+        with self._lock:
+            return self._streams[which].captured()
+
+    def joined(self, which: int) -> bytes:
+        """A stream as bytes: whole, or head + tail (the cut is reported by `stream`)."""
+        kept = self.stream(which)
+        return kept.head + kept.tail
+
+
+def prune_dir(folder: Path, *, max_files: int, max_bytes: int) -> int:
+    """Remove the oldest regular files of `folder` until it is within both bounds; returns how many."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return 0
+    stats = sorted(((e.stat(follow_symlinks=False), e.path) for e in entries), key=lambda x: x[0].st_mtime_ns)
+    total = sum(st.st_size for st, _ in stats)
+    removed = 0
+    while stats and (len(stats) > max_files or total > max_bytes):
+        st, path = stats.pop(0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        total -= st.st_size
+        removed += 1
+    return removed
+
+
+def describe_cut(cut: int, total: int, where: str | None) -> str:
+    """The marker put between the head and the tail of a long output."""
+    place = f"; the whole output is saved at {where} (outside the sandbox)" if where else ""
+    return f"\n\n[... {cut:,} of {total:,} bytes of output cut{place} ...]\n\n"

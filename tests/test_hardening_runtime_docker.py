@@ -1,0 +1,245 @@
+"""Attacks on the orchestrator's host through the runtime: output floods, fork bombs, stuck stdin,
+processes that outlive their caller, and one tenant taking every permit (real engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+
+from sandbox import Orchestrator
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+
+SANDBOXED = "agents: {defaults: {sandbox: {mode: all, scope: session}}}"
+
+
+async def tagged_left(sess: Any, call_id: str) -> list[int]:
+    """Pids of a call still alive in the session's sandbox, as the host sees them."""
+    box = await sess.sandbox()
+    return list(await box.alive(call_id))
+
+
+def cli_config(tmp_path: Path, instance: str, extra: dict[str, Any] | None = None) -> Path:
+    data: dict[str, Any] = {
+        "state_dir": str(tmp_path / "state"),
+        "instance": instance,
+        "agents": {"defaults": {"sandbox": {"mode": "all", "scope": "agent"}}},
+    }
+    data.update(extra or {})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+async def test_flood_of_output_keeps_orchestrator_memory_bounded(tmp_path: Path, instance: str) -> None:
+    """A sandbox printing 400 MB: the orchestrator stays under 150 MB RSS and saves the whole output."""
+    config = cli_config(tmp_path, instance, {"tools": {"exec": {"max_output_bytes": 1024**3}}})
+    size = 400 * 1024 * 1024
+    cmd = f"head -c {size} /dev/zero | tr '\\0' x; echo; echo END-OF-OUTPUT"
+    # the CLI is the orchestrator here: measure that one process (wait4 gives its own rusage)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox",
+            "--config",
+            str(config),
+            "call",
+            "--session",
+            "flood",
+            "exec",
+            json.dumps({"command": cmd}),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    stdout = await anyio.to_thread.run_sync(proc.stdout.read)
+    _, status, usage = await anyio.to_thread.run_sync(os.wait4, proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, not by Popen
+    proc.stdout.close()
+    rss_mib = usage.ru_maxrss / 1024
+    result = json.loads(stdout)
+    assert proc.returncode == 0 and result["ok"], result
+    text = result["output"]["output"]
+    assert text.startswith("x") and text.rstrip().endswith("END-OF-OUTPUT")
+    assert "bytes of output cut; the whole output is saved at" in text
+    full = Path(result["output"]["full_output_path"])
+    assert full.stat().st_size == size + len("\nEND-OF-OUTPUT\n")
+    assert full.stat().st_mode & 0o777 == 0o600
+    print(f"orchestrator peak RSS while the sandbox printed {size >> 20} MiB: {rss_mib:.1f} MiB")
+    assert rss_mib < 150, rss_mib
+
+
+async def test_output_past_the_maximum_stops_the_command(make_config: Any) -> None:
+    """`yes` forever: stopped at tools.exec.max_output_bytes with QUOTA_EXCEEDED, nothing left running."""
+    config = make_config(f"tools: {{exec: {{max_output_bytes: 2000000}}}}\n{SANDBOXED}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:yes")
+        result = await sess.call("exec", {"command": "yes flood", "timeout_s": 120})
+        assert not result.ok and result.error is not None
+        assert result.error.code == "QUOTA_EXCEEDED"
+        assert "tools.exec.max_output_bytes" in result.error.message
+        assert await tagged_left(sess, result.call_id) == []
+        ps = await sess.call("exec", {"command": "ps -eo comm= | grep -c '^yes$' || true"})
+        assert ps.ok and ps.output["output"].strip() == "0"
+
+
+async def test_fork_bomb_timeout_kills_from_outside_and_sandbox_recovers(make_config: Any) -> None:
+    """With the pids limit used up no kill can fork inside; the kill from the host still ends it all."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session, docker: {pids_limit: 32}}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:bomb2")
+        result = await sess.call(
+            "exec", {"command": "bomb() { bomb | bomb & }; bomb; while :; do sleep 1; done", "timeout_s": 4}
+        )
+        assert not result.ok and result.error is not None and result.error.code == "TIMEOUT"
+        assert await tagged_left(sess, result.call_id) == []
+        after = await sess.call("exec", {"command": "ps -e --no-headers | wc -l"})
+        assert after.ok, after
+        assert int(after.output["output"].split()[-1]) < 8
+
+
+async def test_kill_falls_back_inside_when_host_cannot_see(make_config: Any, monkeypatch: Any) -> None:
+    """A remote-like engine (host pids invisible): the in-container kill is used and confirmed."""
+    from sandbox.runtime import docker_kill
+
+    monkeypatch.setattr(docker_kill, "container_pids", lambda api, cid: None)
+    async with Orchestrator(make_config(SANDBOXED)) as orch:
+        sess = orch.session("agent:main:remote")
+        result = await sess.call("exec", {"command": "sleep 300 & sleep 300", "timeout_s": 1})
+        assert result.error is not None and result.error.code == "TIMEOUT"
+        assert "could not be confirmed" not in result.error.message
+        ps = await sess.call("exec", {"command": "ps -eo args= | grep -c '^sleep 300' || true"})
+        assert ps.output["output"].strip() == "0"
+
+
+async def test_unconfirmed_kill_restarts_the_sandbox(make_config: Any, monkeypatch: Any) -> None:
+    """When no kill can be confirmed, the result says so and the sandbox is replaced (nothing survives)."""
+    from sandbox.runtime import docker_kill
+    from sandbox.runtime.docker_sandbox import DockerSandbox
+
+    monkeypatch.setattr(docker_kill, "container_pids", lambda api, cid: None)
+
+    async def never_confirms(self: Any, call_id: str, signal: str, *, user: str | None) -> bool:
+        return False
+
+    monkeypatch.setattr(DockerSandbox, "_kill", never_confirms)
+    async with Orchestrator(make_config(SANDBOXED)) as orch:
+        sess = orch.session("agent:main:stuck")
+        first = (await sess.sandbox()).id
+        result = await sess.call("exec", {"command": "sleep 300", "timeout_s": 1})
+        assert result.error is not None and result.error.code == "TIMEOUT"
+        assert "could not be confirmed dead, so the sandbox was removed" in result.error.message
+        monkeypatch.undo()
+        again = await sess.call("exec", {"command": "ps -eo args= | grep -c '^sleep 300' || true"})
+        assert again.ok and again.output["output"].strip() == "0"
+        assert (await sess.sandbox()).id != first
+
+
+async def test_yield_ms_keeps_the_timeout_after_returning(make_config: Any) -> None:
+    """exec with yield_ms returns early, and the command is still killed at its timeout_s."""
+    async with Orchestrator(make_config(SANDBOXED)) as orch:
+        sess = orch.session("agent:main:yield")
+        started = await sess.call("exec", {"command": "sleep 300; echo never", "yield_ms": 200, "timeout_s": 2})
+        assert started.ok and started.output["status"] == "running"
+        proc_id = started.output["process_id"]
+        with anyio.fail_after(30):
+            while True:
+                polled = await sess.call("process", {"action": "poll", "id": proc_id})
+                if polled.output["status"] != "running":
+                    break
+                await anyio.sleep(0.5)
+        assert polled.output["status"] == "timed_out", polled.output
+        ps = await sess.call("exec", {"command": "ps -eo args= | grep -c '^sleep 300' || true"})
+        assert ps.output["output"].strip() == "0"
+
+
+async def test_process_write_to_a_process_that_never_reads_returns(make_config: Any) -> None:
+    """Writing more than a pipe holds to a process that never reads ends with TIMEOUT, not a hang."""
+    async with Orchestrator(make_config(SANDBOXED)) as orch:
+        sess = orch.session("agent:main:stdin")
+        started = await sess.call("exec", {"command": "sleep 300", "background": True})
+        proc_id = started.output["process_id"]
+        too_big = await sess.call("process", {"action": "write", "id": proc_id, "data": "x" * 200_000})
+        assert too_big.error is not None and too_big.error.code == "INVALID_ARGUMENTS"
+        assert "tools.exec.max_stdin_bytes" in too_big.error.message
+        first = await sess.call("process", {"action": "write", "id": proc_id, "data": "x" * 60_000})
+        assert first.ok, first
+        t0 = time.monotonic()
+        second = await sess.call("process", {"action": "write", "id": proc_id, "data": "y" * 60_000})
+        assert second.error is not None and second.error.code == "TIMEOUT"
+        assert "not reading its standard input" in second.error.message
+        assert time.monotonic() - t0 < 60
+        reader = await sess.call("exec", {"command": "cat", "background": True})
+        ok = await sess.call("process", {"action": "write", "id": reader.output["process_id"], "data": "hello\n"})
+        assert ok.ok and ok.output == {"written": 6}
+
+
+def test_cli_process_write_does_not_hang(tmp_path: Path, instance: str) -> None:
+    """`sandbox call process write` of 64 KB to a process that never reads exits by itself."""
+    config = cli_config(tmp_path, instance)
+    base = [sys.executable, "-m", "sandbox", "--config", str(config)]
+    started = subprocess.run(
+        [*base, "call", "--session", "w", "exec", '{"command": "sleep 120", "background": true}', "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    proc_id = json.loads(started.stdout)["output"]["process_id"]
+    data = json.dumps({"action": "write", "id": proc_id, "data": "z" * 65_000})
+    for _ in range(2):
+        done = subprocess.run(
+            [*base, "call", "--session", "w", "process", data, "--json"], capture_output=True, text=True, timeout=90
+        )
+    result = json.loads(done.stdout)
+    assert done.returncode == 1 and result["error"]["code"] == "TIMEOUT"
+
+
+async def test_three_tenants_share_exec_permits_fairly(make_config: Any, tmp_path: Path) -> None:
+    """Tenant A floods exec (limit 2) with sleeps; B and C still start at once, and turns alternate."""
+    config = make_config(f"""
+limits: {{global_concurrency: 10, categories: {{exec: 2}}, queue: {{max_depth: 100, max_wait_s: 60}}}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: agent}}}}
+  list:
+    - {{id: a, tenant: ta, workspace: "{tmp_path / "wa"}"}}
+    - {{id: b, tenant: tb, workspace: "{tmp_path / "wb"}"}}
+    - {{id: c, tenant: tc, workspace: "{tmp_path / "wc"}"}}
+""")
+    waits: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    async with Orchestrator(config) as orch:
+        sessions = {t: orch.session(f"agent:{t}:s1") for t in waits}
+        for sess in sessions.values():  # containers first, so the measure is the queue alone
+            assert (await sess.call("exec", {"command": "true"})).ok
+        t0 = anyio.current_time()
+
+        async def call(tenant: str) -> None:
+            result = await sessions[tenant].call("exec", {"command": "sleep 1"})
+            assert result.ok, result
+            ran_s = result.output["duration_ms"] / 1000
+            waits[tenant].append(anyio.current_time() - t0 - ran_s)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(call, "a")
+            await anyio.sleep(0.3)
+            for tenant in ("b", "c"):
+                for _ in range(2):
+                    tg.start_soon(call, tenant)
+    first = {t: min(w) for t, w in waits.items()}
+    last = {t: max(w) for t, w in waits.items()}
+    print(f"first start after (s): {first}; last: {last}")
+    # A holds at most one of the two exec permits, so B and C are served well before A's backlog
+    assert last["b"] < last["a"] and last["c"] < last["a"]
+    assert first["b"] < 3 and first["c"] < 4
