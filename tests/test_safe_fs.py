@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,31 @@ def test_fifo_and_devices_refused(tree: tuple[SafeRoot, Path, Path]) -> None:
     """A fifo is not read (it would block): refused as not a regular file."""
     root, ws, _ = tree
     os.mkfifo(ws / "pipe")
-    with pytest.raises(SandboxError, match="not a regular file"):
+    with pytest.raises(SandboxError, match="not a regular file") as info:
         root.read_bytes(wp("pipe"), 1 << 20)
+    assert info.value.code == ErrorCode.PERMISSION_DENIED
+
+
+def test_unix_socket_refused_as_not_a_regular_file(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """A Unix socket (open(2) says ENXIO) is PERMISSION_DENIED 'not a regular file', never INTERNAL."""
+    root, ws, _ = tree
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(ws / "s.sock"))
+    try:
+        with pytest.raises(SandboxError, match="not a regular file") as info:
+            root.read_bytes(wp("s.sock"), 1 << 20)
+    finally:
+        server.close()
+    assert info.value.code == ErrorCode.PERMISSION_DENIED
+
+
+def test_list_files_skips_links_and_directories(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """list_files names regular files only; a link to a directory outside is not entered or listed."""
+    root, _, _ = tree
+    assert [name for name, _ in root.list_files(WorkspacePath(()))] == ["ok.txt"]
+    with pytest.raises(SandboxError) as info:
+        root.list_files(wp("dir-link"))
+    assert info.value.code == ErrorCode.PERMISSION_DENIED
 
 
 def test_size_cap(tree: tuple[SafeRoot, Path, Path]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 import click
 from loguru import logger
 
+from sandbox.cli.escape import escape, escape_json
 from sandbox.config import Config, load_config, load_config_text
 from sandbox.config.merge import default_agent_id
 from sandbox.errors import USAGE_EXIT_CODE, ConfigError, SandboxError, UsageError, exit_code_for
@@ -58,7 +58,8 @@ class State:
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+    # text carries names and values a model or a sandbox chose: never let them act on the terminal
+    click.echo(escape_json(data, indent=2) if as_json else escape(text, multiline=True))
 
 
 def handled(fn: F) -> F:
@@ -71,13 +72,13 @@ def handled(fn: F) -> F:
         except ConfigError as exc:
             click.echo("config error:", err=True)
             for problem in exc.problems:
-                click.echo(f"  {problem}", err=True)
+                click.echo(f"  {escape(problem)}", err=True)
             sys.exit(USAGE_EXIT_CODE)
         except UsageError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {escape(str(exc))}", err=True)
             sys.exit(USAGE_EXIT_CODE)
         except SandboxError as exc:
-            click.echo(f"error [{exc.code}]: {exc.message}", err=True)
+            click.echo(f"error [{exc.code}]: {escape(exc.message)}", err=True)
             sys.exit(exit_code_for(exc.code))
 
     return wrapper  # type: ignore[return-value]

@@ -11,8 +11,12 @@ import anyio
 import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
-from sandbox.journal.store import Event, Journal
+from sandbox.cli.escape import cut_marked, escape, escape_json
+from sandbox.errors import UsageError
+from sandbox.journal.store import Approval, Event, Journal
 from sandbox.policy import Identity
+
+PREVIEW_CHARS = 80  # of the arguments, per line of `approvals list`; the cut is always marked
 
 
 def _journal(state: State) -> Journal:
@@ -25,7 +29,7 @@ def _when(ts: float) -> str:
 
 @main.group("approvals")
 def approvals_group() -> None:
-    """Calls waiting for a human: list, approve, deny."""
+    """Calls waiting for a human: list, show, approve, deny."""
 
 
 @approvals_group.command("list")
@@ -39,8 +43,54 @@ def approvals_list(state: State, all_: bool, as_json: bool) -> None:
     items = journal.approvals(None if all_ else "pending")
     journal.close()
     data = [a.__dict__ for a in items]
-    lines = [f"{a.id}  {a.status:<8} {a.tool:<12} {a.session}  {json.dumps(a.arguments)[:80]}" for a in items]
+    lines = [
+        f"{escape(a.id)}  {a.status:<8} {escape(a.tool):<12} {escape(a.session)}  "
+        f"{cut_marked(escape_json(a.arguments), PREVIEW_CHARS)}"
+        for a in items
+    ]
+    if any(len(escape_json(a.arguments)) > PREVIEW_CHARS for a in items):
+        lines.append("(arguments cut; `sandbox approvals show ID` prints them in full)")
     _emit(data, as_json, "\n".join(lines) or "no pending approvals")
+
+
+@approvals_group.command("show")
+@click.argument("approval_id")
+@json_option
+@click.pass_obj
+@handled
+def approvals_show(state: State, approval_id: str, as_json: bool) -> None:
+    """One approval with every argument in full (control characters shown escaped)."""
+    journal = _journal(state)
+    try:
+        approval = journal.approval(approval_id)
+    finally:
+        journal.close()
+    if approval is None:
+        raise UsageError(f"no approval {approval_id!r}; `sandbox approvals list --all` shows them")
+    _emit(approval.__dict__, as_json, show_text(approval))
+
+
+def show_text(a: Approval) -> str:
+    """An approval as an approver reads it: who, what, and each argument whole."""
+    lines = [
+        f"approval  {escape(a.id)}  ({a.status}{', ' + escape(a.reason) if a.reason else ''})",
+        f"tool      {escape(a.tool)}",
+        f"session   {escape(a.session)}  (agent {escape(a.agent)})",
+        f"call      {escape(a.call_id)}  trace {escape(a.trace_id)}",
+        f"created   {_when(a.created)} UTC" + (f", decided {_when(a.decided)} UTC" if a.decided else ""),
+        "arguments (secrets masked as ***; control characters shown as \\xNN / \\uNNNN):",
+    ]
+    for name, value in a.arguments.items():
+        if isinstance(value, str):
+            body = escape(value, multiline=True)
+            size = f"{len(value):,} chars, {value.count(chr(10)) + 1} line(s)"
+            lines.append(f"  {escape(str(name))}: ({size})")
+            lines.extend(f"    | {line}" for line in body.split("\n"))
+        else:
+            lines.append(f"  {escape(str(name))}: {escape_json(value)}")
+    if not a.arguments:
+        lines.append("  (none)")
+    return "\n".join(lines)
 
 
 def _decide(state: State, approval_id: str, status: str, reason: str, as_json: bool) -> None:
@@ -49,7 +99,7 @@ def _decide(state: State, approval_id: str, status: str, reason: str, as_json: b
         decided = journal.decide(approval_id, status, reason)
     finally:
         journal.close()
-    _emit(decided.__dict__, as_json, f"{decided.id}: {decided.status}" + (f" ({reason})" if reason else ""))
+    _emit(decided.__dict__, as_json, escape(f"{decided.id}: {decided.status}" + (f" ({reason})" if reason else "")))
 
 
 @approvals_group.command("approve")
@@ -75,12 +125,16 @@ def approvals_deny(state: State, approval_id: str, reason: str, as_json: bool) -
 
 
 def _event_line(e: Event) -> str:
+    # every field may carry text the model chose (a tool name, a path in a message): escaped
     detail = {
         k: v for k, v in e.data.items() if k in ("code", "message", "reason", "approval_id", "process_id", "waited_s")
     }
-    extra = " " + json.dumps(detail) if detail else ""
+    extra = " " + escape_json(detail) if detail else ""
     took = f" +{e.duration_ms:.1f}ms" if e.duration_ms is not None else ""
-    return f"{_when(e.ts)}  {e.trace_id}  {e.call_id}  {e.tool:<12} {e.stage:<18}{took}{extra}"
+    return (
+        f"{_when(e.ts)}  {escape(e.trace_id)}  {escape(e.call_id)}  {escape(e.tool):<12} {escape(e.stage):<18}"
+        f"{took}{extra}"
+    )
 
 
 @main.command()
@@ -99,7 +153,7 @@ def logs(state: State, trace_id: str | None, session: str | None, follow: bool, 
         events = journal.events(trace_id=trace_id, session=session, limit=10**9)[-limit:]
         while True:
             for e in events:
-                click.echo(json.dumps(e.__dict__, default=str) if as_json else _event_line(e))
+                click.echo(escape_json(e.__dict__) if as_json else _event_line(e))
                 last = max(last, e.id)
             if not follow:
                 break

@@ -10,10 +10,12 @@ import anyio
 import click
 
 from sandbox.cli import State, handled, json_option, main
+from sandbox.cli.escape import escape, escape_json
 from sandbox.config.merge import default_agent_id
+from sandbox.engine.arguments import MAX_DEPTH, check_arguments
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.engine.progress import ProgressBus, ProgressEvent
-from sandbox.errors import UsageError
+from sandbox.errors import SandboxError, UsageError
 from sandbox.policy.sessions import agent_of
 from sandbox.tools.spec import ToolResult
 
@@ -33,7 +35,7 @@ class Spinner:
             return
         if event.kind == "running" and event.elapsed_s >= 1.0:
             self._frame = (self._frame + 1) % len(self.FRAMES)
-            sys.stderr.write(f"\r{self.FRAMES[self._frame]} {event.tool} {event.elapsed_s:.1f}s ")
+            sys.stderr.write(f"\r{self.FRAMES[self._frame]} {escape(event.tool)} {event.elapsed_s:.1f}s ")
             sys.stderr.flush()
             self._shown = True
         elif event.kind == "finished" and self._shown:
@@ -63,16 +65,38 @@ def _run_call(state: State, agent: str | None, session: str, tool: str, argument
 def call(state: State, agent: str | None, session: str, tool: str, json_args: str, as_json: bool) -> None:
     """Run one tool call through the policy and the sandbox; print the ToolResult JSON.
 
-    Exit 0 when the result is ok, 1 when it is an error, 2 for usage or config errors.
+    JSON_ARGS `-` reads the arguments from standard input. Exit 0 when the result is ok, 1 when
+    it is an error, 2 for usage or config errors (bad JSON included).
     """
     del as_json  # the ToolResult is JSON either way
+    arguments = parse_arguments(json_args)
+    result = _run_call(state, agent, session, tool, arguments)
+    click.echo(escape_json(result.model_dump(mode="json"), indent=2))
+    sys.exit(0 if result.ok else 1)
+
+
+def parse_arguments(json_args: str) -> Any:
+    """JSON_ARGS parsed and bounded like the engine bounds them.
+
+    Raises:
+        UsageError: not JSON, nested too deep for the parser itself, or over the engine's limits.
+    """
+    if json_args == "-":
+        json_args = sys.stdin.read()
     try:
         arguments = json.loads(json_args)
     except json.JSONDecodeError as exc:
         raise UsageError(f"JSON_ARGS is not valid JSON: {exc}") from exc
-    result = _run_call(state, agent, session, tool, arguments)
-    click.echo(result.model_dump_json(indent=2))
-    sys.exit(0 if result.ok else 1)
+    except RecursionError:
+        # the parser recurses per nesting level; tens of thousands of levels overflow it
+        raise UsageError(
+            f"JSON_ARGS: arguments are nested deeper than {MAX_DEPTH} levels (too deep even to parse)"
+        ) from None
+    try:
+        check_arguments(arguments)
+    except SandboxError as exc:
+        raise UsageError(f"JSON_ARGS: {exc.message}") from exc
+    return arguments
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
@@ -98,15 +122,18 @@ def exec_cmd(
     if timeout_s:
         args["timeout_s"] = timeout_s
     result = _run_call(state, agent, session, "exec", args)
+    # the command's output is the sandbox's text: printed with its control characters escaped
     if as_json:
-        click.echo(result.model_dump_json(indent=2))
+        click.echo(escape_json(result.model_dump(mode="json"), indent=2))
     elif result.ok:
-        click.echo(result.output.get("output", ""), nl=False)
+        click.echo(escape(str(result.output.get("output", "")), multiline=True), nl=False)
     else:
         assert result.error is not None
         if isinstance(result.output, dict):
-            click.echo(result.output.get("output", ""), nl=False)
-        click.echo(f"error [{result.error.code}]: {result.error.message}", err=True)
+            click.echo(escape(str(result.output.get("output", "")), multiline=True), nl=False)
+        click.echo(f"error [{result.error.code}]: {escape(result.error.message)}", err=True)
+    for warning in result.warnings:
+        click.echo(f"warning: {escape(warning)}", err=True)
     code = result.output.get("exit_code") if result.ok and isinstance(result.output, dict) else 1
     sys.exit(code if isinstance(code, int) else 1)
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from sandbox.config.models import Config
 from sandbox.engine import context as ctxvars
 from sandbox.engine.approvals import ApprovalGate
+from sandbox.engine.arguments import MAX_BYTES, MAX_DEPTH, check_arguments, describe
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
@@ -29,6 +30,7 @@ from sandbox.tools.spec import ErrorInfo, ToolResult
 
 Spill = Callable[[ToolContext, str], Awaitable[str | None]]
 TIMEOUT_MARGIN_S = 15.0
+MAX_TOOL_NAME = 128  # a longer name is no tool; it is cut before it reaches the journal or logs
 # stages written together with the next committed one of the same call (see Journal.append)
 BUFFERED_STAGES = frozenset(
     {"proposed", "policy_checked", "validated", "approved", "queued"}
@@ -89,6 +91,8 @@ class Engine:
     loops: LoopDetector | None = None
     approvals: ApprovalGate | None = None
     journal: Journal | None = None
+    max_argument_depth: int = MAX_DEPTH
+    max_argument_bytes: int = MAX_BYTES
 
 
 async def execute(
@@ -106,8 +110,11 @@ async def execute(
     """Run one tool call, each stage journaled: proposed, policy, validation, hooks and loop
     detection, approval, limits, the runtime (with retries), shaping, after hooks."""
     started = time.perf_counter()
-    tool = name.strip().lower() if isinstance(name, str) else str(name)
+    tool = name.strip().lower() if isinstance(name, str) else type(name).__name__
     tool = "exec" if tool == "bash" else tool
+    if len(tool) > MAX_TOOL_NAME:
+        tool = f"{tool[:MAX_TOOL_NAME]}…(+{len(tool) - MAX_TOOL_NAME} chars)"
+        name = tool
     tctx = ctxvars.TaskContext(
         trace_id=trace_id or ctxvars.new_id("t"),
         call_id=ctxvars.new_id("c").replace("-", "_"),
@@ -152,6 +159,13 @@ async def execute(
         return _error_result(tool, tctx, error, started)
 
     try:
+        try:
+            # before anything recursive (redaction, json, pydantic) sees them
+            check_arguments(arguments, max_depth=engine.max_argument_depth, max_bytes=engine.max_argument_bytes)
+        except SandboxError as exc:
+            journal("proposed", arguments=describe(arguments), sender=sender)
+            log.info("tool_call_invalid")
+            return refuse("invalid", exc)
         journal("proposed", arguments=arguments, sender=sender)
         runnable = registry.runnable()
         available = sorted(t for t in policy.allowed if t in runnable)
@@ -266,7 +280,12 @@ async def execute(
         spill_path = None
         shaped = shape(output, engine.max_chars, f"/.sandbox/outputs/{tctx.call_id}.txt")
         if shaped.truncated and shaped.full_text is not None:
-            spill_path = await spill(tool_ctx, shaped.full_text)
+            try:
+                spill_path = await spill(tool_ctx, shaped.full_text)
+            except Exception as exc:  # the tool succeeded: a lost copy is a warning, never a lost result
+                reason = exc.message if isinstance(exc, SandboxError) else f"{exc.__class__.__name__}: {exc}"
+                log.bind(reason=reason).warning("output_spill_failed")
+                warnings.append(f"the full output could not be saved ({reason}); only the cut output is available")
             shaped = shape(output, engine.max_chars, spill_path)
         duration = round((time.perf_counter() - started) * 1000, 2)
         result = ToolResult(

@@ -12,6 +12,7 @@ from loguru import logger
 
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
+from sandbox.engine import spill
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.batch import BatchCall, BatchResult, run_batch
 from sandbox.engine.context import TaskContext
@@ -296,15 +297,24 @@ class Session:
         return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner)
 
     async def _spill(self, ctx: ToolContext, text: str) -> str | None:
-        """Save a full output: in the workspace when writable, else in the state dir."""
+        """Save a full output: in the workspace when writable, else in this session's state dir.
+
+        Either place is bounded and pruned (see engine/spill.py). Raises on failure; the engine
+        turns that into a warning on the result.
+        """
         name = f"{ctx.call_id}.txt"
         root = ctx.files.roots[0]
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", "replace")
+        outputs = WorkspacePath((spill.STATE_SUBDIR,))
         if not root.read_only:
             safe = SafeRoot(root.host, ctx.files.safe_owner)
-            await anyio.to_thread.run_sync(safe.write_atomic, WorkspacePath((".sandbox", "outputs", name)), data)
+            where = WorkspacePath((".sandbox", "outputs"))
+            await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
             return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
-        path = self._orch.config.state_dir / "outputs" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        await anyio.to_thread.run_sync(path.write_bytes, data)
-        return os.fspath(path)
+        session_dir = self.state_dir
+        await anyio.to_thread.run_sync(lambda: session_dir.mkdir(mode=0o700, parents=True, exist_ok=True))
+        # owner-only: a read-only workspace's outputs are the orchestrator's, not the sandbox's
+        await anyio.to_thread.run_sync(
+            lambda: spill.save(SafeRoot(session_dir), outputs, name, data, spill.Budget(), mode=0o600)
+        )
+        return os.fspath(session_dir / spill.STATE_SUBDIR / name)

@@ -39,6 +39,11 @@ def _denied(rel: str, why: str) -> SandboxError:
     return SandboxError(ErrorCode.PERMISSION_DENIED, f"{rel}: {why}", path=rel)
 
 
+def _not_regular(rel: str) -> SandboxError:
+    # fifos would block, devices and sockets are not file contents: never read
+    return _denied(rel, "is not a regular file (a fifo, socket or device); file tools only read regular files")
+
+
 def _map_os_error(exc: OSError, rel: str) -> SandboxError:
     if exc.errno in (errno.ELOOP, errno.EMLINK):
         return _denied(rel, "a component is a symbolic link; links are not followed")
@@ -126,12 +131,16 @@ class SafeRoot:
                     dir_fd=dfd,
                 )
             except OSError as exc:
+                # open(2) of a Unix socket says ENXIO (EOPNOTSUPP on some file systems)
+                if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
+                    raise _not_regular(rel) from exc
                 raise _map_os_error(exc, rel) from exc
             try:
                 st = os.fstat(fd)
+                if stat.S_ISDIR(st.st_mode):
+                    raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
                 if not stat.S_ISREG(st.st_mode):
-                    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-                    raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is {kind}", path=rel)
+                    raise _not_regular(rel)
                 if st.st_size > max_bytes:
                     raise SandboxError(
                         ErrorCode.INVALID_ARGUMENTS,
@@ -152,16 +161,16 @@ class SafeRoot:
             finally:
                 os.close(fd)
 
-    def write_atomic(self, path: WorkspacePath, data: bytes) -> FileStat:
+    def write_atomic(self, path: WorkspacePath, data: bytes, mode: int = 0o644) -> FileStat:
         """Write via a temp file in the same directory and rename: readers see old or new, never a mix.
 
-        A symlink at the final name is replaced by the file, never written through.
+        A symlink at the final name is replaced by the file, never written through. An existing
+        regular file keeps its mode; a new one gets `mode`.
         """
         rel = path.relative
         if not path.parts:
             raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "cannot write to the workspace root itself")
         with self._dir(path.parts[:-1], rel, create=True) as dfd:
-            mode = 0o644
             try:
                 old = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
                 if stat.S_ISDIR(old.st_mode):
@@ -203,6 +212,20 @@ class SafeRoot:
                     raise _map_os_error(exc, rel) from exc
                 raise
             return FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+
+    def list_files(self, path: WorkspacePath) -> list[tuple[str, FileStat]]:
+        """The regular files directly in directory `path` (links and other kinds are skipped)."""
+        with self._dir(path.parts, path.relative) as dfd:
+            found = []
+            try:
+                with os.scandir(dfd) as entries:  # scandir duplicates the fd
+                    for entry in entries:
+                        st = entry.stat(follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((entry.name, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)))
+            except OSError as exc:
+                raise _map_os_error(exc, path.relative) from exc
+            return found
 
     def unlink(self, path: WorkspacePath) -> None:
         """Remove a file (or a link itself, never its target)."""

@@ -1,37 +1,130 @@
-"""Masking secrets before anything is journaled: by key name and by value shape."""
+"""Masking secrets before anything is journaled: by key name and by value shape.
+
+Only the secret characters are replaced; the text around them (a command, a URL, a config file)
+stays readable, so a reviewer of the journal still sees what was run.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
-SECRET_KEYS = re.compile(r"(pass(word)?|secret|token|api[_-]?key|auth|credential|private[_-]?key|cookie)", re.I)
-SECRET_VALUES = [
-    re.compile(r"AKIA[0-9A-Z]{16}"),  # AWS access key id
-    re.compile(r"(sk|pk|rk)-[A-Za-z0-9_-]{16,}"),  # OpenAI/Stripe style keys
-    re.compile(r"gh[pousr]_[A-Za-z0-9]{20,}"),  # GitHub tokens
-    re.compile(r"xox[abpr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-    re.compile(r"(?i)bearer\s+[A-Za-z0-9._~+/=-]{12,}"),
-    re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
-]
 MASK = "***"
 MAX_TEXT = 2000
 
+# Dict keys whose scalar values are secrets ({"env": {"API_TOKEN": ...}}, {"password": ...}).
+SECRET_KEYS = re.compile(
+    r"(pass(word|wd|phrase)?|secret|token|api[_-]?key|(^|[_-])key$|auth|credential|private[_-]?key|cookie)", re.I
+)
 
-def redact(value: Any, *, key: str = "") -> Any:
-    """A copy of `value` with secrets masked and long text shortened."""
-    if key and SECRET_KEYS.search(key) and not isinstance(value, dict | list):
+# Words that make a variable name secret when they are one of its `_`-separated segments:
+# API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, password; never MONKEY, KEYBOARD or PWD.
+_SECRET_WORD = r"(?:KEYS?|APIKEY|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASS|PASSPHRASE|CREDENTIALS?|AUTH)"  # noqa: S105
+_NAME = rf"(?<![A-Za-z0-9_])(?:[A-Za-z0-9]+_)*{_SECRET_WORD}(?:_[A-Za-z0-9]+)*(?![A-Za-z0-9_])"
+_VALUE = r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]*)(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*))"""
+# NAME=value anywhere (shell, URLs, flags, .env files)
+_ASSIGN_EQ = re.compile(rf"(?P<name>{_NAME})(?P<sep>[ \t]*=[ \t]*){_VALUE}", re.I)
+# NAME: value only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a
+# colon is ordinary text (`echo PASS: done`)
+_ASSIGN_COLON = re.compile(
+    rf"""(?P<lead>^[ \t-]*["']?|["'])(?P<name>{_NAME})(?P<sep>["']?[ \t]*:[ \t]*){_VALUE}""", re.I | re.M
+)
+_URL_PASSWORD = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)(?P<pw>[^\s@/]+)(?=@)", re.I)
+_BEARER = re.compile(
+    r"(?P<pre>\b(?:authorization:[ \t]*(?:bearer|basic|token)|bearer)[ \t]+)(?P<tok>[A-Za-z0-9._~+/=-]{12,})", re.I
+)
+_PEM_BEGIN = re.compile(r"-----BEGIN (?P<kind>[A-Z0-9 ]*)PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+# a key body: base64 lines, RFC 1421 headers (Proc-Type, DEK-Info), escaped or real newlines
+_PEM_BODY = re.compile(r"(?:[A-Za-z0-9+/=\s]|\\n|\\r|(?<=\n)[A-Za-z-]+: [^\n]*\n)*")
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/=]{16,}")
+
+# Whole-token shapes of well-known credentials (the token itself is the secret).
+SECRET_VALUES = [
+    re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"),  # AWS access key ids
+    re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{8,}"),  # Stripe
+    re.compile(r"\bwhsec_[A-Za-z0-9]{16,}"),  # Stripe webhook secret
+    re.compile(r"\bsk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{16,}"),  # OpenAI / Anthropic
+    re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),  # GitHub
+    re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),  # GitLab
+    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}"),  # Slack
+    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),  # Google API key
+    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{8,}"),  # JWT
+]
+
+
+def _mask_assignment(m: re.Match[str]) -> str:
+    value = m.group("quoted") if m.group("q") else m.group("bare")
+    # `$VAR` and `$(cmd)` are not secrets but executable text: leave them visible
+    if not value or "$" in value or "`" in value:
+        return m.group(0)
+    q = m.group("q") or ""
+    lead = m.groupdict().get("lead") or ""
+    return f"{lead}{m.group('name')}{m.group('sep')}{q}{MASK}{q}"
+
+
+def _mask_pem(text: str) -> str:
+    out: list[str] = []
+    pos = 0
+    while (begin := _PEM_BEGIN.search(text, pos)) is not None:
+        body_start = begin.end()
+        end = _PEM_END.search(text, body_start)
+        body_end = end.start() if end else len(text)
+        body = text[body_start:body_end]
+        out.append(text[pos:body_start])
+        if _PEM_BODY.fullmatch(body):
+            out.append(f"\n{MASK}\n" if body.strip() else body)
+        else:
+            # the markers wrap something that is not key material (shell code?): mask only the
+            # long base64 runs that look random (mixed case and digits), keep the rest readable
+            out.append(_BASE64_RUN.sub(_mask_random_run, body))
+        pos = body_end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _mask_random_run(m: re.Match[str]) -> str:
+    run = m.group(0)
+    looks_random = any(c.isupper() for c in run) and any(c.islower() for c in run) and any(c.isdigit() for c in run)
+    return MASK if looks_random else run
+
+
+def _mask_tokens(text: str) -> str:
+    for pattern in SECRET_VALUES:
+        text = pattern.sub(MASK, text)
+    return text
+
+
+# key blocks first (their body must not be cut by the token shapes), assignments last
+_STEPS: list[Callable[[str], str]] = [
+    _mask_pem,
+    lambda t: _URL_PASSWORD.sub(lambda m: m.group("pre") + MASK, t),
+    lambda t: _BEARER.sub(lambda m: m.group("pre") + MASK, t),
+    _mask_tokens,
+    lambda t: _ASSIGN_EQ.sub(_mask_assignment, t),
+    lambda t: _ASSIGN_COLON.sub(_mask_assignment, t),
+]
+
+
+def redact_text(text: str) -> str:
+    """`text` with every secret shape masked (key blocks, URL passwords, tokens, assignments)."""
+    for step in _STEPS:
+        text = step(text)
+    return text
+
+
+def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT) -> Any:
+    """A copy of `value` with secrets masked and (unless `max_text` is None) long text shortened."""
+    if key and SECRET_KEYS.search(key) and not isinstance(value, dict | list | bool) and value is not None:
         return MASK
     if isinstance(value, dict):
-        return {k: redact(v, key=str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
+        return {k: redact(v, key=str(k), max_text=max_text) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v, max_text=max_text) for v in value]
     if isinstance(value, str):
-        text = value
-        for pattern in SECRET_VALUES:
-            text = pattern.sub(MASK, text)
-        if len(text) > MAX_TEXT:
-            text = text[:MAX_TEXT] + f"... [{len(text) - MAX_TEXT} more characters]"
+        text = redact_text(value)
+        if max_text is not None and len(text) > max_text:
+            text = text[:max_text] + f"... [{len(text) - max_text} more characters]"
         return text
     return value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -98,11 +99,12 @@ class Journal:
         self._lock = threading.Lock()
         self._pending: dict[str, list[tuple[Any, ...]]] = {}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _private_files(path)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
             self._db.executescript(SCHEMA)
+            _private_files(path)  # the -wal and -shm files exist now
         except (sqlite3.Error, OSError) as exc:
             raise SandboxError(ErrorCode.INTERNAL, f"the journal at {path} cannot be opened: {exc}") from exc
 
@@ -216,7 +218,8 @@ class Journal:
                 approval.session,
                 approval.agent,
                 approval.tool,
-                json.dumps(redact(approval.arguments), default=str),
+                # masked but never shortened: an approver must see the whole call
+                json.dumps(redact(approval.arguments, max_text=None), default=str),
                 approval.status,
                 approval.reason,
                 approval.created,
@@ -276,6 +279,28 @@ class Journal:
             "pending_approvals": pending,
             "bytes": size,
         }
+
+
+def _private_files(path: Path) -> None:
+    """The state dir 0700, the database and its -wal/-shm files 0600 (they hold every call's arguments).
+
+    SQLite gives the -wal and -shm files the database file's mode, so creating the database
+    0600 before SQLite opens it covers files made later; existing ones are tightened.
+    """
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_uid == os.geteuid():  # a directory someone else owns is left alone
+        directory.chmod(0o700)
+    for name, create in ((str(path), True), (f"{path}-wal", False), (f"{path}-shm", False)):
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(name, flags, 0o600)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def _approval(row: tuple[Any, ...]) -> Approval:

@@ -32,6 +32,20 @@ def decode_text(data: bytes, display: str) -> str:
         ) from exc
 
 
+def check_write_size(ctx: ToolContext, display: str, size: int) -> None:
+    """Refuse, before anything is written, a file that would be larger than tools.fs.max_write_bytes."""
+    cap = ctx.files.fs.max_write_bytes
+    if size > cap:
+        raise SandboxError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"{display}: the result would be {size:,} bytes, over tools.fs.max_write_bytes ({cap:,} bytes); "
+            "nothing was written",
+            path=display,
+            size=size,
+            max_write_bytes=cap,
+        )
+
+
 async def read_tool(ctx: ToolContext, args: ReadArgs) -> dict[str, Any]:
     """Read lines `offset`..`offset+limit` of a text file."""
     loc = ctx.files.locate(args.path)
@@ -59,6 +73,7 @@ async def write_tool(ctx: ToolContext, args: WriteArgs) -> dict[str, Any]:
     """Create or replace a file atomically."""
     loc = ctx.files.locate(args.path)
     data = args.content.encode("utf-8")
+    check_write_size(ctx, loc.display, len(data))
     await ctx.files.write(loc, data)
     return {"path": loc.display, "bytes_written": len(data)}
 
@@ -93,6 +108,10 @@ async def edit_tool(ctx: ToolContext, args: EditArgs) -> dict[str, Any]:
                 path=loc.display,
                 occurrences=count,
             )
+        # the size is known before the text is built: a replace_all that would blow a file up to
+        # hundreds of megabytes is refused without ever allocating it
+        grows = len(args.new_string.encode("utf-8")) - len(args.old_string.encode("utf-8"))
+        check_write_size(ctx, loc.display, len(data) + grows * (count if args.replace_all else 1))
         new_text = (
             text.replace(args.old_string, args.new_string)
             if args.replace_all

@@ -1,19 +1,124 @@
-"""apply_patch: verify every hunk of every file in memory, then write; all or nothing."""
+"""apply_patch: verify every hunk of every file in memory, then write; all or nothing.
+
+All or nothing covers moves and deletes too: before anything is written, every file the patch
+touches (sources, "Move to" destinations, deletions, additions) is read into a snapshot, and a
+failure half-way through the writes puts each one back as it was, or removes it if it was absent.
+"""
 
 from __future__ import annotations
 
+import stat
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.locks import file_lock
-from sandbox.fs.patch import PatchError, apply_hunks, parse
-from sandbox.fs.workspace import Located
+from sandbox.fs.patch import FileOp, PatchError, apply_hunks, parse
+from sandbox.fs.workspace import Located, WorkspaceFiles
 from sandbox.tools.builtin import ApplyPatchArgs
 from sandbox.tools.context import ToolContext
-from sandbox.tools.handlers.files import decode_text
+from sandbox.tools.handlers.files import check_write_size, decode_text
+
+
+@dataclass(frozen=True)
+class Before:
+    """A touched file as it was before the patch: its bytes and mode, or absent."""
+
+    data: bytes | None
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class Step:
+    """One write of the plan: new content (with the mode of a new file), or None to delete."""
+
+    loc: Located
+    data: bytes | None
+    mode: int = 0o644
+
+
+Target = tuple[FileOp, Located, Located | None]  # an operation, its file, its "Move to" destination
+
+
+def _locate_all(files: WorkspaceFiles, ops: list[FileOp]) -> tuple[list[Target], dict[str, Located]]:
+    located: list[Target] = []
+    touched: dict[str, Located] = {}
+    for op in ops:
+        loc = files.locate(op.path)
+        files.check_writable(loc)
+        dest = files.locate(op.move_to) if op.move_to else None
+        if dest is not None:
+            files.check_writable(dest)
+            if dest.key == loc.key:
+                dest = None
+        for item in (loc, dest):
+            if item is None:
+                continue
+            # one operation per file: a second one would see the disk, not the first one's result
+            if item.key in touched:
+                raise SandboxError(
+                    ErrorCode.INVALID_ARGUMENTS,
+                    f"{item.display}: named by more than one operation of the patch; "
+                    "combine them into one, nothing changed",
+                    path=item.display,
+                )
+            touched[item.key] = item
+        located.append((op, loc, dest))
+    return located, touched
+
+
+async def _snapshot(files: WorkspaceFiles, loc: Located) -> Before:
+    safe = files.safe(loc)
+    st = await anyio.to_thread.run_sync(safe.stat, loc.path)
+    if st is None:
+        return Before(None)
+    if not st.is_file:
+        raise SandboxError(
+            ErrorCode.CONFLICT,
+            f"{loc.display}: exists and is not a regular file; nothing changed",
+            path=loc.display,
+        )
+    data, read = await anyio.to_thread.run_sync(safe.read_bytes, loc.path, files.fs.max_read_bytes)
+    return Before(data, stat.S_IMODE(read.mode))
+
+
+def _plan(ctx: ToolContext, located: list[Target], before: dict[str, Before]) -> tuple[list[Step], list[str]]:
+    plan: list[Step] = []
+    summary: list[str] = []
+    for op, loc, dest in located:
+        old = before[loc.key]
+        if op.kind == "add":
+            if old.data is not None:
+                raise SandboxError(
+                    ErrorCode.CONFLICT, f"{loc.display}: Add File, but it already exists; use Update File"
+                )
+            plan.append(Step(loc, op.content.encode("utf-8")))
+            summary.append(f"A {loc.display}")
+            continue
+        if old.data is None:
+            raise SandboxError(ErrorCode.FILE_NOT_FOUND, f"{loc.display}: no such file to {op.kind}")
+        if op.kind == "delete":
+            plan.append(Step(loc, None))
+            summary.append(f"D {loc.display}")
+            continue
+        try:
+            new_text = apply_hunks(loc.display, decode_text(old.data, loc.display), op.hunks)
+        except PatchError as exc:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"patch does not apply, nothing changed: {exc}") from exc
+        if dest is not None:
+            replaced = " (replacing it)" if before[dest.key].data is not None else ""
+            plan += [Step(dest, new_text.encode("utf-8"), old.mode), Step(loc, None)]
+            summary.append(f"R {loc.display} -> {dest.display}{replaced}")
+        else:
+            plan.append(Step(loc, new_text.encode("utf-8")))
+            summary.append(f"M {loc.display}")
+    for step in plan:  # every size is checked before the first byte is written
+        if step.data is not None:
+            check_write_size(ctx, step.loc.display, len(step.data))
+    return plan, summary
 
 
 async def apply_patch_tool(ctx: ToolContext, args: ApplyPatchArgs) -> dict[str, Any]:
@@ -23,80 +128,53 @@ async def apply_patch_tool(ctx: ToolContext, args: ApplyPatchArgs) -> dict[str, 
         ops = parse(args.input)
     except PatchError as exc:
         raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"patch not understood: {exc}") from exc
-    plan: list[tuple[Located, bytes | None]] = []  # (where, new content or None to delete)
-    summary: list[str] = []
-    touched: dict[str, Located] = {}
-    for op in ops:
-        loc = files.locate(op.path)
-        files.check_writable(loc)
-        touched[loc.key] = loc
-        if op.move_to:
-            dest = files.locate(op.move_to)
-            files.check_writable(dest)
-            touched[dest.key] = dest
+    located, touched = _locate_all(files, ops)
     async with AsyncExitStack() as stack:
         for key in sorted(touched):  # sorted: two patches never lock in opposite orders
             await stack.enter_async_context(file_lock(files.lock_dir, key))
-        originals: dict[str, bytes | None] = {}
-        for op in ops:
-            loc = files.locate(op.path)
-            safe = files.safe(loc)
-            exists = await anyio.to_thread.run_sync(safe.stat, loc.path)
-            if op.kind == "add":
-                if exists is not None:
-                    raise SandboxError(
-                        ErrorCode.CONFLICT,
-                        f"{loc.display}: Add File, but it already exists; use Update File",
-                    )
-                plan.append((loc, op.content.encode("utf-8")))
-                summary.append(f"A {loc.display}")
-                continue
-            if exists is None:
-                raise SandboxError(ErrorCode.FILE_NOT_FOUND, f"{loc.display}: no such file to {op.kind}")
-            data, _ = await anyio.to_thread.run_sync(safe.read_bytes, loc.path, files.fs.max_read_bytes)
-            originals[loc.key] = data
-            if op.kind == "delete":
-                plan.append((loc, None))
-                summary.append(f"D {loc.display}")
-                continue
-            try:
-                new_text = apply_hunks(loc.display, decode_text(data, loc.display), op.hunks)
-            except PatchError as exc:
-                raise SandboxError(
-                    ErrorCode.INVALID_ARGUMENTS, f"patch does not apply, nothing changed: {exc}"
-                ) from exc
-            if op.move_to:
-                dest = files.locate(op.move_to)
-                plan += [(dest, new_text.encode("utf-8")), (loc, None)]
-                summary.append(f"R {loc.display} -> {dest.display}")
-            else:
-                plan.append((loc, new_text.encode("utf-8")))
-                summary.append(f"M {loc.display}")
-        await _commit(ctx, plan, originals)
+        before = {key: await _snapshot(files, loc) for key, loc in touched.items()}
+        plan, summary = _plan(ctx, located, before)
+        await _commit(ctx, plan, before)
     return {"applied": summary}
 
 
-async def _commit(
-    ctx: ToolContext, plan: list[tuple[Located, bytes | None]], originals: dict[str, bytes | None]
-) -> None:
-    # Each file is replaced atomically; if the disk fails half-way, put back what was written.
+async def _commit(ctx: ToolContext, plan: list[Step], before: dict[str, Before]) -> None:
+    # Each file is replaced atomically; if a write fails half-way, put back every file written.
     done: list[Located] = []
+    written: list[tuple[Located, bytes, int]] = []
     try:
-        for loc, data in plan:
-            safe = ctx.files.safe(loc)
-            if data is None:
-                await anyio.to_thread.run_sync(safe.unlink, loc.path)
+        for step in plan:
+            safe = ctx.files.safe(step.loc)
+            if step.data is None:
+                await anyio.to_thread.run_sync(safe.unlink, step.loc.path)
             else:
-                st = await anyio.to_thread.run_sync(safe.write_atomic, loc.path, data)
-                ctx.files.states.record(loc.key, data, st.mtime_ns)
-            done.append(loc)
-    except BaseException:
+                st = await anyio.to_thread.run_sync(safe.write_atomic, step.loc.path, step.data, step.mode)
+                written.append((step.loc, step.data, st.mtime_ns))
+            done.append(step.loc)
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
-            for loc in reversed(done):
-                old = originals.get(loc.key)
-                safe = ctx.files.safe(loc)
-                if old is not None:
-                    await anyio.to_thread.run_sync(safe.write_atomic, loc.path, old)
-                elif loc.key not in originals:
-                    await anyio.to_thread.run_sync(safe.unlink, loc.path)
+            failed = await _restore(ctx, done, before)
+        if failed:
+            raise SandboxError(
+                ErrorCode.INTERNAL,
+                f"the patch failed half-way ({exc}) and these files could not be put back: {', '.join(failed)}",
+                paths=failed,
+            ) from exc
         raise
+    for loc, data, mtime_ns in written:
+        ctx.files.states.record(loc.key, data, mtime_ns)
+
+
+async def _restore(ctx: ToolContext, done: list[Located], before: dict[str, Before]) -> list[str]:
+    failed: list[str] = []
+    for loc in reversed(done):
+        old = before[loc.key]
+        safe = ctx.files.safe(loc)
+        try:
+            if old.data is not None:
+                await anyio.to_thread.run_sync(safe.write_atomic, loc.path, old.data, old.mode)
+            else:
+                await anyio.to_thread.run_sync(safe.unlink, loc.path)
+        except (SandboxError, OSError):
+            failed.append(loc.display)
+    return failed
