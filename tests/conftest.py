@@ -39,7 +39,27 @@ def docker_client() -> Iterator[object]:
         container.remove(force=True, v=True)
     for container in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"}):
         container.remove(force=True, v=True)
+    remove_run_networks(client)
     client.close()
+
+
+def remove_run_networks(client: object) -> None:
+    """Remove the networks this run's orchestrators made (browser networks) and their host firewall rules."""
+    from sandbox.runtime import hostfirewall
+    from sandbox.runtime.naming import Labels
+
+    for network in client.networks.list(filters={"label": Labels.INSTANCE}):  # type: ignore[attr-defined]
+        labels = network.attrs.get("Labels") or {}
+        if not str(labels.get(Labels.INSTANCE, "")).startswith(RUN_ID) and labels.get(TEST_LABEL) != RUN_ID:
+            continue
+        bridge = (network.attrs.get("Options") or {}).get("com.docker.network.bridge.name", "")
+        try:
+            network.remove()
+        except Exception as exc:  # still in use by a container of another fixture: report, go on
+            print(f"could not remove test network {network.name}: {exc}", file=sys.stderr)
+            continue
+        if bridge:
+            hostfirewall.remove_rules(bridge)
 
 
 @pytest.fixture(scope="session")

@@ -367,8 +367,11 @@ async def test_missing_image_names_images_build(make_config: Any) -> None:
     assert "sandbox images build" in result.error.message
 
 
-async def test_browser_cdp_on_loopback_and_unreachable_from_exec(make_config: Any, docker_client: Any) -> None:
-    """CDP answers on 127.0.0.1 with a random port; an exec sandbox cannot reach the browser."""
+async def test_browser_cdp_only_on_its_own_network_and_unreachable_from_exec(
+    make_config: Any, docker_client: Any
+) -> None:
+    """CDP answers the host at the browser's address on its own internal network; nothing is
+    published, and an exec sandbox on the bridge network cannot reach it."""
     import json
     import urllib.request
 
@@ -379,17 +382,18 @@ agents: {defaults: {sandbox: {mode: all, scope: agent, browser: {enabled: true},
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:main:web")
         endpoint = await sess.browser()
-        assert endpoint.cdp_url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{endpoint.cdp_url}/json/version", timeout=5) as response:
             assert "Browser" in json.loads(response.read())
         attrs = docker_client.api.inspect_container(endpoint.container_id)
-        bindings = attrs["NetworkSettings"]["Ports"]["9222/tcp"]
-        assert all(b["HostIp"] == "127.0.0.1" for b in bindings)
-        assert list(attrs["NetworkSettings"]["Networks"]) == ["sandbox-browser"]
-        ip = attrs["NetworkSettings"]["Networks"]["sandbox-browser"]["IPAddress"]
+        assert not any(attrs["NetworkSettings"]["Ports"].values())  # nothing published on the host
+        assert list(attrs["NetworkSettings"]["Networks"]) == [endpoint.network]
+        assert endpoint.network.startswith("sandbox-browser-")
+        assert docker_client.api.inspect_network(endpoint.network)["Internal"] is True
+        ip = attrs["NetworkSettings"]["Networks"][endpoint.network]["IPAddress"]
+        assert endpoint.cdp_url == f"http://{ip}:9222"
         box = await sess.sandbox()
         exec_nets = docker_client.api.inspect_container(box.id)["NetworkSettings"]["Networks"]
-        assert "sandbox-browser" not in exec_nets
+        assert endpoint.network not in exec_nets
         out = await run(sess, f"curl -sS --max-time 3 http://{ip}:9222/json/version; echo rc=$?")
         assert "rc=0" not in out["output"] and "Browser" not in out["output"]
 

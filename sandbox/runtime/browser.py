@@ -1,4 +1,12 @@
-"""The browser sandbox: its own image, its own Docker network, CDP published on loopback only."""
+"""The browser sandbox: its own image, a Docker network of its own, CDP reachable by the host only.
+
+Every browser sandbox gets its own internal bridge network (no route beyond its subnet, no other
+member), so code in one page can never reach another session's or tenant's browser, and the
+orchestrator reaches CDP at the container's address on that bridge (nothing is published). An
+internal network still routes to the host itself through the bridge's gateway address, so the
+host's firewall drops every connection the browser opens towards the host on that bridge
+(see `sandbox.runtime.hostfirewall`).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +23,17 @@ from loguru import logger
 
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.runtime import hostfirewall
 from sandbox.runtime.docker_backend import DockerBackend
-from sandbox.runtime.naming import SCHEMA_VERSION, Labels, container_name, scope_key
+from sandbox.runtime.naming import SCHEMA_VERSION, Labels, container_name, scope_key, short_hash
+
+NETWORK_KIND = "browser-net"
+
+
+def network_names(prefix: str, container: str) -> tuple[str, str]:
+    """(Docker network name, bridge interface name <= 15 chars) of one browser sandbox."""
+    digest = short_hash(container, 12)
+    return f"{prefix}-{digest}", f"sbx{digest}"
 
 
 @dataclass(frozen=True)
@@ -26,8 +43,9 @@ class BrowserEndpoint:
     container_id: str
     name: str
     network: str
-    cdp_url: str  # http://127.0.0.1:<random port>
+    cdp_url: str  # http://<the container's address on its own network>:<cdp port>
     browser_version: str
+    host_firewall: bool = True  # False: the host could not drop the browser's connections to it
 
 
 def _cdp_version(url: str) -> dict[str, Any] | None:
@@ -51,15 +69,48 @@ class BrowserManager:
         self.instance = instance
         self._lock = anyio.Lock()
 
-    async def ensure_network(self, name: str) -> None:
-        """Create the browser network if it does not exist."""
+    async def ensure_network(self, name: str, bridge: str, labels: dict[str, str]) -> bool:
+        """Create the browser's own internal network (if missing) and drop its traffic to the host.
+
+        Returns whether the host firewall rule is in place.
+        """
 
         def make() -> None:
             client = self.backend.client
             if not client.networks.list(names=[name]):
-                client.networks.create(name, driver="bridge", labels={Labels.MANAGED: "true"})
+                client.networks.create(
+                    name,
+                    driver="bridge",
+                    internal=True,  # no route beyond its own subnet: no metadata, no LAN, no internet
+                    options={"com.docker.network.bridge.name": bridge, "com.docker.network.bridge.enable_icc": "false"},
+                    labels=labels,
+                )
 
         await self.backend.call("create browser network", make)
+        return await anyio.to_thread.run_sync(hostfirewall.drop_from_bridge, bridge)
+
+    async def remove_unused_networks(self) -> list[str]:
+        """Remove this instance's browser networks that no container uses, with their firewall rules."""
+
+        def sweep() -> list[str]:
+            removed = []
+            client = self.backend.client
+            filters = {"label": [f"{Labels.KIND}={NETWORK_KIND}", f"{Labels.INSTANCE}={self.instance}"]}
+            for network in client.networks.list(filters=filters):
+                network.reload()
+                if network.attrs.get("Containers"):
+                    continue
+                bridge = (network.attrs.get("Options") or {}).get("com.docker.network.bridge.name", "")
+                try:
+                    network.remove()
+                except docker.errors.APIError:
+                    continue
+                if bridge:
+                    hostfirewall.remove_rules(bridge)
+                removed.append(network.name)
+            return removed
+
+        return await self.backend.call("remove browser networks", sweep)
 
     async def ensure(self, agent: EffectiveAgent, session: str, *, browser_allowed: bool) -> BrowserEndpoint:
         """The browser sandbox of a session, started (and health-checked) if needed.
@@ -80,27 +131,43 @@ class BrowserManager:
         name = container_name(self.instance, "browser", key)
         async with self._lock:
             attrs = await self.backend.find(name)
+            network, bridge = network_names(cfg.network, name)
             if attrs is not None and attrs["State"]["Status"] == "running":
-                endpoint = self._endpoint(attrs, cfg.cdp_port, cfg.network)
+                endpoint = self._endpoint(attrs, cfg.cdp_port, network)
                 if endpoint is not None:
                     version = await anyio.to_thread.run_sync(_cdp_version, endpoint.cdp_url)
+                    firewall = await anyio.to_thread.run_sync(hostfirewall.drop_from_bridge, bridge)
                     if version is not None:
-                        return endpoint
+                        return BrowserEndpoint(
+                            endpoint.container_id, endpoint.name, network, endpoint.cdp_url, "", firewall
+                        )
             if attrs is not None:
                 await self.backend.remove(attrs["Id"])
-            await self.ensure_network(cfg.network)
-            return await self._start(agent, key, name)
+            await self.remove_unused_networks()
+            labels = {
+                Labels.MANAGED: "true",
+                Labels.INSTANCE: self.instance,
+                Labels.KIND: NETWORK_KIND,
+                Labels.TENANT: agent.tenant,
+                Labels.SCOPE_KEY: key,
+            }
+            firewall = await self.ensure_network(network, bridge, labels)
+            if not firewall:
+                logger.bind(network=network, bridge=bridge).warning("browser_host_firewall_unavailable")
+            endpoint = await self._start(agent, key, name, network)
+            return BrowserEndpoint(
+                endpoint.container_id, endpoint.name, network, endpoint.cdp_url, endpoint.browser_version, firewall
+            )
 
     @staticmethod
     def _endpoint(attrs: dict[str, Any], port: int, network: str, version: str = "") -> BrowserEndpoint | None:
-        bindings = (attrs.get("NetworkSettings", {}).get("Ports") or {}).get(f"{port}/tcp") or []
-        for binding in bindings:
-            if binding.get("HostIp") == "127.0.0.1" and binding.get("HostPort"):
-                url = f"http://127.0.0.1:{binding['HostPort']}"
-                return BrowserEndpoint(attrs["Id"], attrs["Name"].lstrip("/"), network, url, version)
-        return None
+        # CDP at the container's address on its own network: nothing is published on the host
+        address = ((attrs.get("NetworkSettings", {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
+        if not address:
+            return None
+        return BrowserEndpoint(attrs["Id"], attrs["Name"].lstrip("/"), network, f"http://{address}:{port}", version)
 
-    async def _start(self, agent: EffectiveAgent, key: str, name: str) -> BrowserEndpoint:
+    async def _start(self, agent: EffectiveAgent, key: str, name: str, network: str) -> BrowserEndpoint:
         cfg = agent.sandbox.browser
         docker_cfg = agent.sandbox.docker
         now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
@@ -125,8 +192,7 @@ class BrowserManager:
                 name=name,
                 detach=True,
                 labels=labels,
-                network=cfg.network,
-                ports={f"{cfg.cdp_port}/tcp": ("127.0.0.1", None)},  # loopback only, random host port
+                network=network,
                 environment={"CDP_PORT": str(cfg.cdp_port)},
                 user="1000:1000",
                 cap_drop=["ALL"],
@@ -156,16 +222,12 @@ class BrowserManager:
             attrs = await self.backend.find(container_id)
             if attrs is None or attrs["State"]["Status"] != "running":
                 break
-            endpoint = self._endpoint(attrs, cfg.cdp_port, cfg.network)
+            endpoint = self._endpoint(attrs, cfg.cdp_port, network)
             version = await anyio.to_thread.run_sync(_cdp_version, endpoint.cdp_url) if endpoint else None
             if endpoint and version:
                 logger.bind(container=name, cdp=endpoint.cdp_url).info("browser_started")
                 return BrowserEndpoint(
-                    endpoint.container_id,
-                    endpoint.name,
-                    cfg.network,
-                    endpoint.cdp_url,
-                    str(version.get("Browser", "")),
+                    endpoint.container_id, endpoint.name, network, endpoint.cdp_url, str(version.get("Browser", ""))
                 )
             await anyio.sleep(0.25)
         await self.backend.remove(container_id)

@@ -1,0 +1,61 @@
+"""Host firewall rules that keep a browser sandbox from opening connections to the host.
+
+A Docker network, even an internal one, routes to the host through its bridge's gateway
+address, so a page could reach any service the host listens on. The INPUT chain therefore
+drops new connections arriving on a browser's bridge; replies to connections the host opened
+(CDP) are still accepted. Rules carry a comment naming the bridge so they can be removed with
+the network. This needs root and `iptables` (the same one Docker uses); where either is
+missing the browser starts anyway, the endpoint says `host_firewall=False`, and a warning is
+logged.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+TAG = "agent-sandbox-browser"
+
+
+def _iptables() -> str | None:
+    return shutil.which("iptables")
+
+
+def _run(args: list[str]) -> bool:
+    binary = _iptables()
+    if binary is None:
+        return False
+    try:
+        done = subprocess.run([binary, "-w", "5", *args], capture_output=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _rules(bridge: str) -> list[list[str]]:
+    comment = ["-m", "comment", "--comment", f"{TAG}:{bridge}"]
+    return [
+        ["INPUT", "-i", bridge, *comment, "-j", "DROP"],
+        ["INPUT", "-i", bridge, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", *comment, "-j", "ACCEPT"],
+    ]
+
+
+def drop_from_bridge(bridge: str) -> bool:
+    """Make sure new connections from `bridge` to the host are dropped; True when the rules are in."""
+    if rules_present(bridge):
+        return True
+    remove_rules(bridge)  # a partial set: start over so the ACCEPT always comes before the DROP
+    drop, accept = _rules(bridge)
+    return _run(["-I", drop[0], "1", *drop[1:]]) and _run(["-I", accept[0], "1", *accept[1:]])
+
+
+def remove_rules(bridge: str) -> None:
+    """Remove the rules of a bridge (when its network is removed)."""
+    for rule in _rules(bridge):
+        while _run(["-D", *rule]):
+            pass
+
+
+def rules_present(bridge: str) -> bool:
+    """Whether both rules of a bridge are in place (for doctor and audit)."""
+    return all(_run(["-C", *rule]) for rule in _rules(bridge))
