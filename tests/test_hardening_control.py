@@ -152,6 +152,18 @@ def test_logs_escape_terminal_sequences(tmp_path: Path, ws: Path) -> None:
     assert any(json.loads(line)["tool"] == f"evil{attack}".lower() for line in as_json.stdout.splitlines())
 
 
+def test_exec_and_call_output_is_escaped(tmp_path: Path, ws: Path) -> None:
+    """A command printing OSC, CSI, C1 and bidi characters: `sandbox exec` and `sandbox call` show them escaped."""
+    cfg = host_config_file(tmp_path, ws)
+    printer = "printf 'a\\033]0;pwned\\007b\\033[2Jc\\302\\233d\\342\\200\\256e\\n'"
+    r = run_cli("exec", "--session", "agent:a:main", "--", "sh", "-c", printer, config=cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "a\\x1b]0;pwned\\x07b\\x1b[2Jc\\x9bd\\u202ee\n"
+    r = run_cli("call", "--session", "agent:a:main", "exec", json.dumps({"command": printer}), config=cfg)
+    assert r.returncode == 0 and all(ch == "\n" for ch in r.stdout if is_unsafe(ch))
+    assert json.loads(r.stdout)["output"]["output"] == "a\x1b]0;pwned\x07b\x1b[2Jc\x9bd\u202ee\n"
+
+
 # -- 18: approvals list and show ---------------------------------------------------------------
 
 
