@@ -3,16 +3,17 @@ its tool policy, and the escape hatches."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandbox.audit.container_rules import audit_container
 from sandbox.audit.findings import Finding
+from sandbox.audit.isolation_rules import sender_findings, shared_findings, workspace_findings
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import Identity, PolicyResolver
-from sandbox.runtime.spec import build_spec, create_kwargs
+from sandbox.runtime.spec import create_kwargs, spec_from_config
 
 HOST_SIDE_DANGEROUS = ("gateway", "cron", "nodes", "message", "canvas")
 
@@ -20,7 +21,7 @@ HOST_SIDE_DANGEROUS = ("gateway", "cron", "nodes", "message", "canvas")
 def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
     """The `docker inspect` a sandbox of this agent would have (so container rules apply to config)."""
     agent = effective_agent(config, agent_id)
-    spec = build_spec(agent, session, "audit", skill_dirs=config.skills.dirs)
+    spec = spec_from_config(config, agent, session, "audit")
     kw = create_kwargs(spec)
     return {
         "Name": "/" + spec.name,
@@ -49,14 +50,17 @@ def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
                 "Propagation": "rprivate",
                 "Origin": m.origin,
             }
-            for m in spec.mounts
+            for m in spec.engine_mounts
         ],
     }
 
 
-def audit_config(config: Config, scratch_roots: Sequence[str] = ()) -> list[Finding]:
-    """Every config rule for every agent."""
-    findings: list[Finding] = []
+def audit_config(
+    config: Config, scratch_roots: Sequence[str] = (), senders: Mapping[str, set[str]] | None = None
+) -> list[Finding]:
+    """Every config rule for every agent; `senders` (agent -> senders seen) feeds SBX-S002."""
+    findings: list[Finding] = workspace_findings(config) + shared_findings(config)
+    findings += sender_findings(config, senders or {})
     tenants_by_source: dict[str, set[str]] = {}
     resolver = PolicyResolver(config)
     for agent_id in agent_ids(config):

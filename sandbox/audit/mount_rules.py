@@ -64,7 +64,8 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
                     "5.5",
                 )
             )
-        if m.get("RW") and dest != CONTAINER_WORKDIR:
+        # binds may not target /workspace/*: mounts there are the workspace's own pinned parents
+        if m.get("RW") and dest != CONTAINER_WORKDIR and not dest.startswith(CONTAINER_WORKDIR + "/"):
             out.append(
                 finding(
                     "SBX-M004",

@@ -10,6 +10,7 @@ from sandbox.audit.config_rules import audit_config, inspect_of
 from sandbox.audit.container_rules import audit_container
 from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import Finding
+from sandbox.audit.isolation_rules import live_shared_findings, senders_from_journal
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
@@ -46,9 +47,33 @@ def scratch_roots(config: Config) -> list[str]:
     return sorted({os.path.realpath(str(effective_agent(config, a).sandbox.workspace_root)) for a in agent_ids(config)})
 
 
+def _shared_agents(config: Config, tenant: str) -> list[str]:
+    """The agents of a tenant whose sessions all use its one `shared` container."""
+    out = []
+    for agent_id in agent_ids(config):
+        cfg = effective_agent(config, agent_id)
+        if cfg.sandbox.scope == "shared" and cfg.sandbox.mode != "off" and cfg.tenant == tenant:
+            out.append(agent_id)
+    return out
+
+
+def _users(config: Config, labels: dict[str, str]) -> str:
+    """Who a live container serves, for its heading: its agent, or every agent of a shared one."""
+    if labels.get(Labels.SCOPE) == "shared":
+        tenant = labels.get(Labels.TENANT, "?")
+        return f"shared by agents {', '.join(_shared_agents(config, tenant)) or '?'} of tenant {tenant}"
+    return f"agent {labels.get(Labels.AGENT)}"
+
+
 def mount_map(config: Config) -> dict[str, list[dict[str, Any]]]:
-    """For every agent: each host path its sandboxes reach, the mode, and the config key behind it."""
+    """For every agent: each host path its sandboxes reach, the mode, and the config key behind it.
+
+    An agent in `scope: shared` reaches what the one shared container mounts, whichever agent's
+    session made it: its rows are its own config's, plus (verdict SBX-S001) any mount another
+    agent sharing the container would bring.
+    """
     out: dict[str, list[dict[str, Any]]] = {}
+    docs: dict[str, dict[str, Any]] = {}
     for agent_id in agent_ids(config):
         agent = effective_agent(config, agent_id)
         target = f"agent {agent_id} (config)"
@@ -64,18 +89,35 @@ def mount_map(config: Config) -> dict[str, list[dict[str, Any]]]:
             ]
             continue
         try:
-            doc = inspect_of(config, agent_id, f"agent:{agent_id}:audit-non-main")
+            docs[agent_id] = inspect_of(config, agent_id, f"agent:{agent_id}:audit-non-main")
         except SandboxError as exc:
             out[target] = [{"host": "?", "container": "?", "mode": "?", "from": exc.message, "verdict": "refused"}]
             continue
-        out[target] = _mount_rows(doc, [])
+        out[target] = _mount_rows(docs[agent_id], [])
+    for agent_id in docs:
+        agent = effective_agent(config, agent_id)
+        if agent.sandbox.scope != "shared":
+            continue
+        sharers = _shared_agents(config, agent.tenant)
+        target = f"agent {agent_id} (config)"
+        heading = f"agent {agent_id} (config; shared container with agents {', '.join(sharers)})"
+        rows = out.pop(target)
+        seen = {(r["host"], r["container"], r["mode"]) for r in rows}
+        for other in sharers:
+            if other == agent_id or other not in docs:
+                continue
+            for row in _mount_rows(docs[other], []):
+                if (row["host"], row["container"], row["mode"]) not in seen:
+                    seen.add((row["host"], row["container"], row["mode"]))
+                    rows.append({**row, "from": f"agent {other}: {row['from']}", "verdict": "SBX-S001"})
+        out[heading] = rows
     return out
 
 
 def run_audit(config: Config, client: Any | None, *, all_containers: bool = False) -> AuditResult:
     """Audit the config, and with an engine client its live containers and the engine itself."""
     scratch = scratch_roots(config)
-    findings = audit_config(config, scratch)
+    findings = audit_config(config, scratch, senders_from_journal(config))
     mounts = mount_map(config)
     if client is None:
         return AuditResult(findings, mounts)
@@ -96,10 +138,8 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
         doc = client.api.inspect_container(summary["Id"])
         labels = doc.get("Config", {}).get("Labels") or {}
         kind = labels.get(Labels.KIND, "")
-        target = f"container {doc['Name'].lstrip('/')}" + (
-            f" (agent {labels.get(Labels.AGENT)}, {kind})" if kind else ""
-        )
-        found = audit_container(doc, target, scratch)
+        target = f"container {doc['Name'].lstrip('/')}" + (f" ({_users(config, labels)}, {kind})" if kind else "")
+        found = audit_container(doc, target, scratch) + live_shared_findings(config, doc, target)
         if kind == "browser":
             found = [f for f in found if f.rule != "SBX-C025"]  # CDP on loopback is the design
             for port, bindings in (doc.get("HostConfig", {}).get("PortBindings") or {}).items():

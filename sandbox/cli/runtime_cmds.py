@@ -11,6 +11,7 @@ import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
 from sandbox.errors import UsageError
+from sandbox.policy.sessions import check_session_key
 from sandbox.runtime import lifecycle
 from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.manager import SandboxManager
@@ -118,6 +119,8 @@ def recreate(state: State, all_: bool, agent: str | None, session: str | None, b
     """Remove sandboxes so they are created afresh (with the current config) on next use."""
     if sum(bool(x) for x in (all_, agent, session)) != 1:
         raise UsageError("choose exactly one of --all, --agent ID, --session KEY")
+    if session is not None:
+        check_session_key(session)  # a key that only looks like another once trimmed selects nothing
 
     async def go() -> list[str]:
         manager = _manager(state)

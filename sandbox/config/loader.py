@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox.config import keys, locate
+from sandbox.config.isolation import isolation_problems
 from sandbox.config.locate import Loc, Located, format_loc
 from sandbox.config.models import Config
 from sandbox.errors import ConfigError
@@ -152,6 +153,7 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
             )
     problems.extend(_network_problems(config))
     problems.extend(bind_problems(config))
+    problems.extend(isolation_problems(config))
     return problems
 
 

@@ -39,7 +39,16 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     return expanded if expanded.is_absolute() else (base / expanded)
 
 
+def _check_protected(value: str) -> str:
+    from sandbox.config.protected import pattern_parts
+
+    if pattern_parts(value) is None:
+        raise ValueError(f"{value!r} is not a path below the workspace (no empty, '.' or '..' parts)")
+    return value
+
+
 ToolPattern = Annotated[str, AfterValidator(_check_tool_pattern)]
+ProtectedPattern = Annotated[str, AfterValidator(_check_protected)]
 ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
 Profile = Literal["minimal", "coding", "messaging", "full"]
 
@@ -75,7 +84,16 @@ class FsSection(StrictModel):
     """File-tool safety settings."""
 
     workspace_only: bool = True
-    protected_paths: list[str] = [".git/hooks", ".git/config"]
+    # read-only for the file tools and mounted read-only over a rw workspace; `**` spans dirs
+    protected_paths: list[ProtectedPattern] = [
+        ".git/hooks",
+        ".git/config",
+        ".git/config.worktree",
+        ".git/modules/**/hooks",
+        ".git/modules/**/config",
+        ".git/modules/**/config.worktree",
+        ".git/worktrees/**/config.worktree",
+    ]
     deny_patterns: list[str] = [".env", "*.pem", "*.key"]
     max_read_bytes: int = Field(10 * 1024 * 1024, gt=0)
     # checked before anything is written, for write, edit and apply_patch alike

@@ -105,16 +105,16 @@ class WorkspaceFiles:
                 path=loc.display,
                 mount=loc.root.container_path,
             )
-        rel = loc.path.relative
-        for protected in self.fs.protected_paths:
-            clean = protected.strip("/")
-            if rel == clean or rel.startswith(clean + "/"):
-                raise SandboxError(
-                    ErrorCode.PERMISSION_DENIED,
-                    f"{loc.display}: {protected} is a protected path (tools.fs.protected_paths); "
-                    "it stays read-only even in a writable workspace",
-                    path=loc.display,
-                )
+        from sandbox.config.protected import is_protected  # `**` globs: submodules, worktrees
+
+        protected = is_protected(self.fs.protected_paths, loc.path.relative)
+        if protected is not None:
+            raise SandboxError(
+                ErrorCode.PERMISSION_DENIED,
+                f"{loc.display}: {protected} is a protected path (tools.fs.protected_paths); "
+                "it stays read-only even in a writable workspace",
+                path=loc.display,
+            )
 
     def safe(self, loc: Located) -> SafeRoot:
         """The symlink-proof accessor of a location's root."""

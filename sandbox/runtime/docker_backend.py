@@ -23,6 +23,7 @@ from loguru import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
+from sandbox.runtime.hostpaths import prepare_workspace
 from sandbox.runtime.naming import LABEL_PREFIX, Labels
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, create_kwargs
@@ -138,10 +139,21 @@ class DockerBackend:
         return await self.call("inspect container", get)
 
     async def ensure(self, spec: SandboxSpec) -> DockerSandbox:
-        """Adopt a matching container or create one; recreate on drift or death."""
+        """Adopt a matching container or create one; recreate on drift or death.
+
+        A container of another tenant or scope key under this name (a hash collision, or a
+        config that skipped validation) is neither handed out nor removed: SandboxUnavailable.
+        """
         attrs = await self.find(spec.name)
         if attrs is not None:
             labels = attrs["Config"].get("Labels") or {}
+            theirs = (labels.get(Labels.TENANT), labels.get(Labels.SCOPE_KEY))
+            if theirs != (spec.tenant, spec.scope_key):
+                raise SandboxUnavailable(
+                    f"container {spec.name} belongs to tenant {theirs[0]!r}, scope key {theirs[1]!r}, "
+                    f"not to tenant {spec.tenant!r}, scope key {spec.scope_key!r}; it is left alone",
+                    container=spec.name,
+                )
             running = attrs["State"].get("Status") == "running"
             if labels.get(Labels.CONFIG_HASH) == spec.config_hash and running:
                 return DockerSandbox(self, attrs["Id"], spec)
@@ -151,7 +163,9 @@ class DockerBackend:
             else:
                 logger.bind(container=spec.name, status=attrs["State"].get("Status")).info("sandbox_dead")
             await self.remove(attrs["Id"])
-        return await self._create(spec)
+        # the engine gets the protected-path mounts too; the tools keep seeing spec.mounts
+        made = await self._create(spec.engine_spec())
+        return DockerSandbox(self, made.id, spec)
 
     @staticmethod
     def _changed_keys(labels: Mapping[str, str], spec: SandboxSpec) -> list[str]:
@@ -163,13 +177,8 @@ class DockerBackend:
         return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
-        path = spec.workspace_host
-        created = not path.exists()
-        path.mkdir(parents=True, exist_ok=True)
-        # A root orchestrator makes the dirs the non-root sandbox user must write to.
-        if os.geteuid() == 0 and (created or spec.workspace_access == "none"):
-            uid, gid = (int(x) for x in spec.user.split(":")) if ":" in spec.user else (int(spec.user), int(spec.user))
-            os.chown(path, uid, gid)
+        # no-follow from a trusted root: a planted link cannot aim a root mkdir or chown elsewhere
+        prepare_workspace(spec)
 
     async def _create(self, spec: SandboxSpec) -> DockerSandbox:
         # Created under a temporary name and renamed when ready: the final name existing

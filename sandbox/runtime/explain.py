@@ -8,17 +8,14 @@ from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.naming import instance_id
-from sandbox.runtime.spec import build_spec, create_kwargs
+from sandbox.runtime.spec import create_kwargs, spec_from_config
 
 
 def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
     """The container's name, hardening and mounts (from config), and whether it exists now."""
     try:
-        spec = build_spec(
-            policy.agent,
-            policy.session.raw,
-            instance_id(config.state_dir, config.instance),
-            skill_dirs=config.skills.dirs,
+        spec = spec_from_config(
+            config, policy.agent, policy.session.raw, instance_id(config.state_dir, config.instance)
         )
     except SandboxError as exc:
         return {"error": exc.message}
@@ -49,7 +46,7 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
                 "mode": "ro" if m.read_only else "rw",
                 "from": m.origin,
             }
-            for m in spec.mounts
+            for m in spec.engine_mounts
         ],
         "escape_hatches": [
             k

@@ -9,6 +9,7 @@ from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.spec import spec_from_config
 
 
 @dataclass(frozen=True)
@@ -37,20 +38,15 @@ async def rows(manager: SandboxManager) -> list[SandboxRow]:
     known = set(agent_ids(manager.config))
     for info in await manager.list():
         match: bool | None = None
-        if info.kind == "exec" and info.agent in known:
-            agent = effective_agent(manager.config, info.agent)
+        agent_id = info.agent if info.agent in known else _shared_agent(manager, info)
+        if info.kind == "exec" and agent_id is not None:
+            agent = effective_agent(manager.config, agent_id)
             session = info.session or info.scope_key
             try:
                 spec = manager.spec_for(agent, session if session.startswith("agent:") else agent.main_session_key)
                 image = await manager.backend.image_id(spec.image)
-                from sandbox.runtime.spec import build_spec
-
-                match = (
-                    build_spec(
-                        agent, spec.session, manager.instance, image_id=image, skill_dirs=manager.config.skills.dirs
-                    ).config_hash
-                    == info.config_hash
-                )
+                full = spec_from_config(manager.config, agent, spec.session, manager.instance, image_id=image)
+                match = full.config_hash == info.config_hash and agent.tenant == info.tenant
             except Exception:
                 match = False
         created = info.labels.get(Labels.CREATED_AT)
@@ -63,6 +59,17 @@ async def rows(manager: SandboxManager) -> list[SandboxRow]:
             )
         )
     return out
+
+
+def _shared_agent(manager: SandboxManager, info: SandboxInfo) -> str | None:
+    """A configured agent of the container's tenant that uses shared scope (labels say agent `*`)."""
+    if info.scope != "shared":
+        return None
+    for agent_id in agent_ids(manager.config):
+        agent = effective_agent(manager.config, agent_id)
+        if agent.sandbox.scope == "shared" and agent.tenant == info.tenant and agent.sandbox.mode != "off":
+            return agent_id
+    return None
 
 
 async def recreate(

@@ -16,6 +16,7 @@ from loguru import logger
 
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
+from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.docker_backend import (
     CREATING_MARK,
     CREATOR_LABEL,
@@ -24,7 +25,7 @@ from sandbox.runtime.docker_backend import (
 )
 from sandbox.runtime.naming import instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
-from sandbox.runtime.spec import SandboxSpec, build_spec
+from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 REVALIDATE_AFTER_S = 30.0  # a cached sandbox is re-checked (drift, image) this often
 LAST_USED_EVERY_S = 30.0
@@ -37,7 +38,10 @@ class _Entry:
 
 
 class SandboxManager:
-    """Maps (agent, session) to a live sandbox, creating exactly one per scope key.
+    """Maps (agent, session) to a live sandbox, creating exactly one per identity.
+
+    The identity is tenant, scope key and config hash: two sessions share a container only when
+    all three agree, and a container is never handed to a session of another identity.
 
     Args:
         config: the loaded config.
@@ -48,32 +52,47 @@ class SandboxManager:
         self.config = config
         self.backend = backend
         self.instance = instance_id(config.state_dir, config.instance)
+        # keyed by full identity (tenant, scope key, config hash), never by container name
         self._entries: dict[str, _Entry] = {}
-        self._specs: dict[tuple[str, str], SandboxSpec] = {}
+        self._specs: dict[tuple[str, str, str], SandboxSpec] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self._names: dict[str, str] = {}  # container name -> the identity it was handed to
         self._last_used_path = config.state_dir / "last-used.json"
         self._last_used_written: dict[str, float] = {}
 
     def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:
         """The spec a session maps to (cached; the config is immutable)."""
-        key = (agent.id, scope_key(agent.sandbox.scope, agent.id, session))
+        key = (agent.tenant, agent.id, scope_key(agent.sandbox.scope, agent.id, session))
         spec = self._specs.get(key)
         if spec is None:
-            spec = build_spec(agent, session, self.instance, skill_dirs=self.config.skills.dirs)
+            spec = spec_from_config(self.config, agent, session, self.instance)
             self._specs[key] = spec
         return spec
 
+    def _claim(self, spec: SandboxSpec) -> None:
+        """Refuse to hand one container to two identities (configs that skipped validation)."""
+        owner = self._names.setdefault(spec.name, spec.identity)
+        if owner != spec.identity:
+            raise SandboxUnavailable(
+                f"sandbox {spec.name} is already in use by a session whose effective sandbox differs "
+                f"(agent {spec.agent!r}, scope {spec.scope}); a container is shared only by identical "
+                "sandboxes (see `sandbox config check`)",
+                container=spec.name,
+            )
+
     async def sandbox_for(self, agent: EffectiveAgent, session: str) -> DockerSandbox:
-        """The live sandbox of a session: cached, adopted, or created (once per scope key)."""
+        """The live sandbox of a session: cached, adopted, or created (once per identity)."""
         spec = self.spec_for(agent, session)
-        entry = self._entries.get(spec.name)
+        self._claim(spec)
+        ident = spec.identity
+        entry = self._entries.get(ident)
         now = time.monotonic()
         if entry is not None and not entry.sandbox.gone and now - entry.checked_at < REVALIDATE_AFTER_S:
             self._touch(spec.name, now)
             return entry.sandbox
-        lock = self._locks.setdefault(spec.name, anyio.Lock())
+        lock = self._locks.setdefault(ident, anyio.Lock())
         async with lock:
-            entry = self._entries.get(spec.name)
+            entry = self._entries.get(ident)
             if (
                 entry is not None
                 and not entry.sandbox.gone
@@ -81,16 +100,16 @@ class SandboxManager:
             ):
                 return entry.sandbox
             image = await self.backend.image_id(spec.image)
-            full = build_spec(agent, session, self.instance, image_id=image, skill_dirs=self.config.skills.dirs)
+            full = spec_from_config(self.config, agent, session, self.instance, image_id=image)
             sandbox = await self.backend.ensure(full)
 
             async def revive() -> str:
-                # the container died under us: make a new one (once, under the scope lock)
-                self._entries.pop(spec.name, None)
+                # the container died under us: make a new one (once, under the identity's lock)
+                self._entries.pop(ident, None)
                 return (await self.sandbox_for(agent, session)).id
 
             sandbox.set_reviver(revive)
-            self._entries[spec.name] = _Entry(sandbox, time.monotonic())
+            self._entries[ident] = _Entry(sandbox, time.monotonic())
             self._touch(spec.name, time.monotonic(), force=True)
             return sandbox
 
@@ -99,16 +118,21 @@ class SandboxManager:
         if agent.sandbox.scope != "session":
             return False
         spec = self.spec_for(agent, session)
-        async with self._locks.setdefault(spec.name, anyio.Lock()):
-            self._entries.pop(spec.name, None)
+        async with self._locks.setdefault(spec.identity, anyio.Lock()):
+            self._entries.pop(spec.identity, None)
             await self.backend.remove(spec.name)
-        self._specs.pop((agent.id, spec.scope_key), None)
+        self._specs.pop((agent.tenant, agent.id, spec.scope_key), None)
+        self._names.pop(spec.name, None)
+        self._locks.pop(spec.identity, None)
         logger.bind(container=spec.name, session=session).info("sandbox_removed")
         return True
 
     async def remove(self, info: SandboxInfo) -> None:
         """Remove one sandbox and forget it."""
-        self._entries.pop(info.name, None)
+        for ident, entry in list(self._entries.items()):
+            if entry.sandbox.spec.name == info.name:
+                self._entries.pop(ident, None)
+        self._names.pop(info.name, None)
         await self.backend.remove(info.id)
 
     async def list(self) -> builtins.list[SandboxInfo]:

@@ -10,7 +10,7 @@ from pathlib import Path
 LABEL_PREFIX = "io.agent-sandbox"
 SCHEMA_VERSION = "1"
 # Bumped when the way workspaces and binds are laid out inside the container changes.
-MOUNT_LAYOUT_VERSION = "1"
+MOUNT_LAYOUT_VERSION = "2"
 
 
 class Labels:
@@ -31,13 +31,29 @@ class Labels:
     READY = f"{LABEL_PREFIX}.ready"
 
 
+DEFAULT_TENANT = "default"
+NAME_HASH_LENGTH = 24  # 96 bits: keys differing only in case or punctuation never meet
+
+
 def scope_key(scope: str, agent: str, session: str) -> str:
-    """The key that decides which sessions share a container."""
+    """The key that decides which sessions of one tenant share a container.
+
+    The tenant is not in this text (labels carry it separately); everything that must keep
+    tenants apart (names, scratch paths, caches) goes through :func:`tenant_scope`.
+    """
     if scope == "session":
         return session
     if scope == "agent":
         return f"agent:{agent}"
     return "shared"
+
+
+def tenant_scope(tenant: str, key: str) -> str:
+    """`<tenant>|<scope key>`: the identity two tenants can never share.
+
+    Tenant ids have no `|` and validated session keys have none either, so the split is unique.
+    """
+    return f"{tenant}|{key}"
 
 
 def slug(text: str, limit: int = 24) -> str:
@@ -51,15 +67,25 @@ def short_hash(text: str, length: int = 10) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def container_name(instance: str, kind: str, key: str) -> str:
+def container_name(instance: str, kind: str, key: str, *, tenant: str = DEFAULT_TENANT) -> str:
     """`sbx-<instance>-<kind>-<slug>-<hash>`, at most 63 characters.
 
-    The hash of the full key keeps two long keys with one slug apart; the instance id keeps
-    two orchestrators on one engine apart.
+    The 96-bit hash of tenant, kind and the full key keeps keys apart that one slug would
+    merge (case, punctuation, length); the slug takes whatever room is left and is only for
+    people. The instance id keeps two orchestrators on one engine apart.
     """
-    name = f"sbx-{instance}-{kind}-{slug(key, 20)}-{short_hash(f'{kind}|{key}')}"
+    digest = short_hash(f"{kind}|{tenant_scope(tenant, key)}", NAME_HASH_LENGTH)
+    prefix = f"sbx-{instance}-{kind}-"
+    room = 63 - len(prefix) - len(digest) - 1
+    readable = slug(key, room) if room > 0 else ""
+    name = f"{prefix}{readable}-{digest}" if readable else f"{prefix}{digest}"
     assert len(name) <= 63, name
     return name
+
+
+def scratch_dir_name(tenant: str, key: str) -> str:
+    """The name of a scratch workspace: a neutral hash (mountinfo shows it inside the sandbox)."""
+    return short_hash(f"scratch|{tenant_scope(tenant, key)}", 32)
 
 
 def instance_id(state_dir: Path, configured: str | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.config.merge import EffectiveAgent
-from sandbox.config.models import DockerConfig
+from sandbox.config.models import Config, DockerConfig
+from sandbox.errors import BindRefused
 from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, validate_binds
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
@@ -20,9 +22,10 @@ from sandbox.runtime.naming import (
     Labels,
     container_name,
     scope_key,
-    short_hash,
-    slug,
+    scratch_dir_name,
+    tenant_scope,
 )
+from sandbox.runtime.protected import ProtectedMount, protected_mounts
 
 DEFAULT_UID_GID = "1000:1000"
 SKILLS_MOUNT = "/opt/skills"
@@ -54,9 +57,38 @@ class SandboxSpec:
     user: str
     workspace_access: str
     workspace_host: Path  # the host directory mounted at /workspace
-    mounts: tuple[Mount, ...]
+    mounts: tuple[Mount, ...]  # what the tools see: the workspace, binds, skills
     docker: DockerConfig
     hashed: dict[str, Any] = field(hash=False, compare=False)
+    # read-only protected paths over a writable workspace, and the parents they pin
+    protected: tuple[ProtectedMount, ...] = ()
+    for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
+
+    @property
+    def identity(self) -> str:
+        """Tenant, scope key and config hash: a container is handed out only to this identity."""
+        return f"{tenant_scope(self.tenant, self.scope_key)}|{self.config_hash}"
+
+    @property
+    def engine_mounts(self) -> tuple[Mount, ...]:
+        """Every mount the container really gets: :attr:`mounts`, then the protected paths."""
+        if self.for_engine:
+            return self.mounts
+        workspace = self.mounts[0].source
+        extra = tuple(
+            Mount(
+                f"{workspace.rstrip('/')}/{p.rel}",
+                f"{CONTAINER_WORKDIR}/{p.rel}",
+                p.read_only,
+                p.origin,
+            )
+            for p in self.protected
+        )
+        return self.mounts + extra
+
+    def engine_spec(self) -> SandboxSpec:
+        """This spec with :attr:`engine_mounts` as its mounts: what the engine is asked to make."""
+        return dataclasses.replace(self, mounts=self.engine_mounts, for_engine=True)
 
     @property
     def config_hash(self) -> str:
@@ -94,10 +126,23 @@ def owner_user(path: Path) -> str:
 
 
 def scratch_workspace(agent: EffectiveAgent, key: str) -> Path:
-    """The per-scope workspace used when workspace_access is none."""
+    """The per-scope workspace used when workspace_access is none (a neutral, per-tenant name)."""
     root = agent.sandbox.workspace_root
     assert root is not None  # effective_agent always fills it
-    return Path(root) / f"{slug(key, 40)}-{short_hash(key)}"
+    return Path(os.path.realpath(root)) / scratch_dir_name(agent.tenant, key)
+
+
+def _scratch_source(workspace: Path, docker: DockerConfig) -> str:
+    """The bind rules, for a scratch workspace too; a link planted at its path refuses it."""
+    real = check_source(str(workspace), docker, what="scratch workspace")
+    if real != os.path.normpath(workspace):
+        raise BindRefused(
+            f"scratch workspace {str(workspace)!r} resolves to {real!r}: something planted a link there",
+            rule="scratch-link",
+            path=str(workspace),
+            fix="remove the link; scratch workspaces are made by the orchestrator, never through a link",
+        )
+    return real
 
 
 def build_spec(
@@ -106,6 +151,7 @@ def build_spec(
     instance: str,
     image_id: str | None = None,
     skill_dirs: Sequence[Path] = (),
+    protected_paths: Sequence[str] = (),
 ) -> SandboxSpec:
     """The exec-sandbox spec for a session of `agent`.
 
@@ -114,6 +160,8 @@ def build_spec(
         session: the full session key.
         instance: this orchestrator's instance id.
         image_id: the resolved image id (part of the drift hash) when known.
+        skill_dirs: folders of SKILL.md tools, mounted read-only.
+        protected_paths: `tools.fs.protected_paths`, mounted read-only over a rw workspace.
 
     Raises:
         BindRefused: a bind or the workspace breaks a bind rule (checked again at create time).
@@ -121,16 +169,17 @@ def build_spec(
     cfg = agent.sandbox
     docker = cfg.docker
     key = scope_key(cfg.scope, agent.id, session)
-    if cfg.scope == "shared":
-        key = "shared"
+    protected: list[ProtectedMount] = []
     if cfg.workspace_access == "none":
         workspace = scratch_workspace(agent, key)
         ws_origin = f"{agent.key_path}.sandbox.workspace_root (scratch, workspace_access none)"
-        ws_source = str(workspace)
+        ws_source = _scratch_source(workspace, docker)
     else:
         workspace = agent.workspace
         ws_origin = f"{agent.key_path}.workspace (workspace_access {cfg.workspace_access})"
         ws_source = check_source(str(workspace), docker, what="workspace")
+        if cfg.workspace_access == "rw":
+            protected = protected_mounts(Path(ws_source), protected_paths)
     mounts = [Mount(ws_source, CONTAINER_WORKDIR, cfg.workspace_access == "ro", ws_origin)]
     binds: list[BindSpec] = validate_binds(docker.binds, docker)
     mounts += [Mount(b.source, b.target, b.read_only, f"docker.binds: {b.declared}") for b in binds]
@@ -143,6 +192,7 @@ def build_spec(
     hashed = {
         "image": image_id or docker.image,
         "mounts": [[m.source, m.target, m.read_only] for m in mounts],
+        "protected": [[p.rel, p.kind] for p in protected],
         "env": docker.env,
         "limits": [docker.pids_limit, docker.memory, docker.memory_swap, docker.cpus, ulimits],
         "user": user,
@@ -163,7 +213,7 @@ def build_spec(
         "layout": MOUNT_LAYOUT_VERSION,
     }
     return SandboxSpec(
-        name=container_name(instance, "exec", key),
+        name=container_name(instance, "exec", key, tenant=agent.tenant),
         kind="exec",
         instance=instance,
         tenant=agent.tenant,
@@ -178,6 +228,21 @@ def build_spec(
         mounts=tuple(mounts),
         docker=docker,
         hashed=hashed,
+        protected=tuple(protected),
+    )
+
+
+def spec_from_config(
+    config: Config, agent: EffectiveAgent, session: str, instance: str, image_id: str | None = None
+) -> SandboxSpec:
+    """:func:`build_spec` with the config-wide inputs (skills, protected paths) filled in."""
+    return build_spec(
+        agent,
+        session,
+        instance,
+        image_id=image_id,
+        skill_dirs=config.skills.dirs,
+        protected_paths=config.tools.fs.protected_paths,
     )
 
 

@@ -1,0 +1,177 @@
+"""Rules about what agents, tenants and senders share: overlapping workspaces, a workspace that
+holds the state dir or a workspace_root, shared containers across differing sandboxes or
+tenants, and sessions of different senders meeting in one container.
+
+Loading refuses the first three; these rules still run, because a config can reach the
+orchestrator without loading (built in code) and live containers outlast the config that
+made them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sandbox.audit.findings import Finding
+from sandbox.config.isolation import overlaps, shared_mismatches
+from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.config.models import Config
+from sandbox.runtime.naming import Labels
+
+FIX_OWN_DIRS = "give every agent its own directory, outside the state_dir and every workspace_root"
+
+
+def workspace_findings(config: Config) -> list[Finding]:
+    """SBX-W001 overlapping workspaces (critical across tenants); SBX-W002 a workspace holding state."""
+    out = []
+    for o in overlaps(config):
+        target = f"agent {o.agent.id} (config)"
+        mine = os.path.realpath(o.agent.workspace)
+        if o.other_agent is not None:
+            across = o.other_agent.tenant != o.agent.tenant
+            out.append(
+                Finding(
+                    "SBX-W001",
+                    "critical" if across else "high",
+                    "workspaces overlap across " + ("tenants" if across else "agents"),
+                    f"{mine} ({o.agent.key_path}, tenant {o.agent.tenant}) {o.relation} {o.other} "
+                    f"(agent {o.other_agent.id}, tenant {o.other_agent.tenant})",
+                    FIX_OWN_DIRS,
+                    target,
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "SBX-W002",
+                    "critical",
+                    f"workspace holds the {o.kind}",
+                    f"{mine} ({o.agent.key_path}) {o.relation} the {o.kind} {o.other}: a sandbox writing there "
+                    "can plant links the orchestrator follows or rewrite its state",
+                    FIX_OWN_DIRS,
+                    target,
+                )
+            )
+    return out
+
+
+def shared_findings(config: Config) -> list[Finding]:
+    """SBX-S001: agents sharing one `shared` container whose sandboxes differ (critical across tenants)."""
+    out = []
+    for m in shared_mismatches(config):
+        across = "tenant" in m.keys
+        out.append(
+            Finding(
+                "SBX-S001",
+                "critical" if across else "high",
+                "shared container across " + ("tenants" if across else "differing sandboxes"),
+                f"agents {m.first.id} and {m.other.id} use scope shared but differ in {', '.join(m.keys)}",
+                "make their sandboxes identical (one tenant) or use scope agent",
+                f"agent {m.other.id} (config)",
+            )
+        )
+    return out
+
+
+def _mount_set(mounts: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, bool]]:
+    return {
+        (str(m.get("Source")), str(m.get("Destination")), bool(m.get("RW")))
+        for m in mounts
+        if m.get("Type", "bind") == "bind"
+    }
+
+
+def live_shared_findings(config: Config, doc: Mapping[str, Any], target: str) -> list[Finding]:
+    """SBX-S001 on a live `shared` container: an agent of its tenant would get other mounts than it has."""
+    from sandbox.audit.config_rules import inspect_of  # config_rules runs this module's config rules
+
+    labels = (doc.get("Config") or {}).get("Labels") or {}
+    if labels.get(Labels.SCOPE) != "shared" or labels.get(Labels.KIND) != "exec":
+        return []
+    live = _mount_set(doc.get("Mounts") or [])
+    out = []
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        cfg = agent.sandbox
+        if cfg.scope != "shared" or cfg.mode == "off" or agent.tenant != labels.get(Labels.TENANT):
+            continue
+        try:
+            wanted = _mount_set(inspect_of(config, agent_id, f"agent:{agent_id}:audit-non-main")["Mounts"])
+        except Exception:  # noqa: S112 - a refused bind is reported by the config rules
+            continue
+        if wanted != live:
+            missing = sorted(f"{s} -> {d}" for s, d, _ in wanted - live)
+            extra = sorted(f"{s} -> {d}" for s, d, _ in live - wanted)
+            out.append(
+                Finding(
+                    "SBX-S001",
+                    "high",
+                    "shared container differs from an agent using it",
+                    f"agent {agent_id} (tenant {agent.tenant}) would use it; it mounts {extra or 'nothing else'} "
+                    f"that agent {agent_id}'s sandbox does not, and lacks {missing or 'nothing'}",
+                    "recreate it (`sandbox recreate --all`) after making the shared agents' sandboxes identical",
+                    target,
+                )
+            )
+    return out
+
+
+def senders_from_journal(config: Config) -> dict[str, set[str]]:
+    """agent id -> the senders seen in its journaled calls (empty when there is no journal)."""
+    path = config.state_dir / "journal.sqlite3"
+    if not path.exists():
+        return {}
+    from sandbox.journal.store import Journal
+
+    journal = Journal(path)
+    try:
+        events = journal.events(limit=100_000)
+    finally:
+        journal.close()
+    out: dict[str, set[str]] = {}
+    for event in events:
+        sender = event.data.get("sender") if event.stage == "proposed" else None
+        if sender:
+            out.setdefault(event.agent, set()).add(str(sender))
+    return out
+
+
+def sender_findings(config: Config, senders: Mapping[str, set[str]]) -> list[Finding]:
+    """SBX-S002 (info): one container serves sessions of different senders (agent or shared scope)."""
+    configured = sorted(config.tools.approvals.by_sender)
+    groups: dict[str, tuple[list[str], set[str]]] = {}
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        cfg = agent.sandbox
+        if cfg.mode == "off" or cfg.scope == "session":
+            continue
+        key = f"shared container of tenant {agent.tenant}" if cfg.scope == "shared" else f"agent {agent_id}"
+        agents, seen = groups.setdefault(key, ([], set()))
+        agents.append(agent_id)
+        seen.update(senders.get(agent_id, set()))
+    out = []
+    for key, (agents, seen) in sorted(groups.items()):
+        evidence = _sender_evidence(sorted(seen), configured)
+        if evidence:
+            scope = "shared" if key.startswith("shared") else "agent"
+            out.append(
+                Finding(
+                    "SBX-S002",
+                    "info",
+                    "sessions of different senders share a container",
+                    f"{key} (agents {', '.join(agents)}, scope {scope}): {evidence}; they see each other's "
+                    "files, processes and /tmp",
+                    "use scope session where senders must not see each other",
+                    f"agent {agents[0]} (config)",
+                )
+            )
+    return out
+
+
+def _sender_evidence(seen: Sequence[str], configured: Sequence[str]) -> str:
+    if len(seen) > 1:
+        return f"the journal shows senders {', '.join(seen)}"
+    if len(configured) > 1:
+        return f"tools.approvals.by_sender names senders {', '.join(configured)}"
+    return ""

@@ -1,0 +1,150 @@
+"""Cross-agent isolation rules checked at load: who may share a container, whose paths may overlap.
+
+A `scope: shared` container is one container for every agent that asks for it, so it is only
+allowed when those agents' effective sandboxes are identical (and of one tenant). Workspaces
+may not overlap across agents, and no workspace may hold a `workspace_root` or the state dir:
+a sandbox writing there could plant links for the orchestrator (root) to follow, or rewrite its
+state. The same comparisons serve `sandbox audit` for configs that never went through loading.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox.config.locate import Loc
+from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
+from sandbox.config.models import Config
+
+# settings that change nothing in the container (who is sandboxed, when it is pruned)
+_NOT_CONTAINER = frozenset({"mode", "scope", "prune"})
+
+
+@dataclass(frozen=True)
+class SharedMismatch:
+    """Two agents that would share one `shared` container but whose sandboxes differ."""
+
+    first: EffectiveAgent
+    other: EffectiveAgent
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """A workspace that holds (or is) another agent's workspace, a workspace_root or the state dir."""
+
+    agent: EffectiveAgent
+    other: str  # what it overlaps, for messages
+    relation: str  # "is", "contains", "lies inside"
+    other_agent: EffectiveAgent | None  # set when `other` is another agent's workspace
+    kind: str  # "workspace", "workspace_root", "state_dir"
+
+
+def sandbox_view(agent: EffectiveAgent) -> dict[str, Any]:
+    """Everything of an agent that shapes its container (what must match to share one)."""
+    view: dict[str, Any] = {
+        "tenant": agent.tenant,
+        "sandbox": agent.sandbox.model_dump(mode="json", exclude=set(_NOT_CONTAINER)),
+    }
+    if agent.sandbox.workspace_access != "none":
+        view["workspace"] = os.path.realpath(agent.workspace)
+    return view
+
+
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested mappings."""
+    out: list[str] = []
+    for key in sorted(set(a) | set(b)):
+        left, right = a.get(key), b.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(left, Mapping) and isinstance(right, Mapping):
+            out += differing_keys(left, right, path + ".")
+        elif left != right:
+            out.append(path)
+    return out
+
+
+def _agents(config: Config) -> list[EffectiveAgent]:
+    return [effective_agent(config, agent_id) for agent_id in agent_ids(config)]
+
+
+def shared_mismatches(config: Config) -> list[SharedMismatch]:
+    """Agents in `scope: shared` whose effective sandbox differs from the first such agent's."""
+    shared = [a for a in _agents(config) if a.sandbox.scope == "shared" and a.sandbox.mode != "off"]
+    if len(shared) < 2:
+        return []
+    first, views = shared[0], [sandbox_view(a) for a in shared]
+    return [
+        SharedMismatch(first, agent, tuple(keys))
+        for agent, view in zip(shared[1:], views[1:], strict=True)
+        if (keys := differing_keys(views[0], view))
+    ]
+
+
+def _relation(path: str, other: str) -> str | None:
+    if path == other:
+        return "is"
+    if other.startswith(path.rstrip("/") + "/"):
+        return "contains"
+    if path.startswith(other.rstrip("/") + "/"):
+        return "lies inside"
+    return None
+
+
+def overlaps(config: Config) -> list[Overlap]:
+    """Workspaces overlapping another agent's, or holding a workspace_root or the state dir."""
+    agents = _agents(config)
+    real = {a.id: os.path.realpath(a.workspace) for a in agents}
+    state = os.path.realpath(config.state_dir)
+    roots = sorted({os.path.realpath(str(a.sandbox.workspace_root)) for a in agents})
+    out: list[Overlap] = []
+    for index, agent in enumerate(agents):
+        mine = real[agent.id]
+        for other in agents[:index]:
+            relation = _relation(mine, real[other.id])
+            if relation:
+                out.append(Overlap(agent, real[other.id], relation, other, "workspace"))
+        holds_state = _relation(mine, state) in ("is", "contains")
+        for kind, path in [("state_dir", state), *(("workspace_root", r) for r in roots)]:
+            relation = _relation(mine, path)
+            if kind == "workspace_root" and holds_state and _relation(state, path) in ("is", "contains"):
+                continue  # already said: the state dir holds it
+            if relation in ("is", "contains"):
+                out.append(Overlap(agent, path, relation, None, kind))
+    return out
+
+
+def _loc(agent: EffectiveAgent, *tail: str) -> Loc:
+    return ("agents", "defaults", *tail) if agent.index is None else ("agents", "list", agent.index, *tail)
+
+
+def _where_workspace(config: Config, agent: EffectiveAgent) -> str:
+    own = agent.index is not None and config.agents.list[agent.index].workspace is not None
+    source = "" if own or agent.index is None else ", from agents.defaults.workspace"
+    return f"agent {agent.id!r} ({agent.key_path}{source})"
+
+
+def isolation_problems(config: Config) -> Iterator[tuple[Loc, str]]:
+    """Load-time problems: shared scope across differing sandboxes or tenants, overlapping paths."""
+    for m in shared_mismatches(config):
+        why = " (tenants never share a container)" if "tenant" in m.keys else ""
+        yield (
+            _loc(m.other, "sandbox", "scope"),
+            f"agents {m.first.id!r} ({m.first.key_path}) and {m.other.id!r} ({m.other.key_path}) both use "
+            f"scope shared, i.e. one container, but their sandboxes differ in {', '.join(m.keys)}{why}; "
+            "make these keys equal or give each agent its own container (scope agent)",
+        )
+    for o in overlaps(config):
+        if o.kind == "workspace":
+            assert o.other_agent is not None
+            what = f"the workspace of {_where_workspace(config, o.other_agent)}"
+        else:
+            what = f"the {o.kind} {o.other}"
+        yield (
+            _loc(o.agent, "workspace"),
+            f"the workspace {os.path.realpath(o.agent.workspace)} of {_where_workspace(config, o.agent)} "
+            f"{o.relation} {what}; give every agent its own directory, outside the state_dir and every "
+            "workspace_root (a sandbox writing there could reach what is not its own)",
+        )
