@@ -243,3 +243,51 @@ agents:
     # A holds at most one of the two exec permits, so B and C are served well before A's backlog
     assert last["b"] < last["a"] and last["c"] < last["a"]
     assert first["b"] < 3 and first["c"] < 4
+
+
+async def test_workspace_quota_stops_a_command_and_refuses_writes(make_config: Any, tmp_path: Path) -> None:
+    """A sandbox filling its workspace is stopped near sandbox.workspace_quota; file tools then refuse to grow it."""
+    from sandbox.fs.quota import disk_usage
+
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session, workspace_quota: 20m}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:filler")
+        # 1 MiB every 50 ms, up to 400 MiB: the measurement (every second) catches it early
+        fill = "for i in $(seq 400); do head -c 1048576 /dev/zero > f$i; sleep 0.05; done; echo done"
+        result = await sess.call("exec", {"command": fill, "timeout_s": 120})
+        assert result.error is not None and result.error.code == "QUOTA_EXCEEDED", result
+        assert "sandbox.workspace_quota" in result.error.message
+        box = await sess.sandbox()
+        workspace = Path(box.spec.mounts[0].source)
+        used = disk_usage(workspace)
+        print(f"workspace quota 20 MiB: the command was stopped at {used / 2**20:.1f} MiB")
+        assert used < 80 * 2**20
+        assert await tagged_left(sess, result.call_id) == []
+        refused = await sess.call("write", {"path": "more.txt", "content": "x" * 1000})
+        assert refused.error is not None and refused.error.code == "QUOTA_EXCEEDED"
+        assert not (workspace / "more.txt").exists()
+        # the model can free space and go on
+        assert (await sess.call("exec", {"command": "rm -f f*"})).ok
+        assert (await sess.call("write", {"path": "more.txt", "content": "x" * 1000})).ok
+
+
+async def test_file_tools_cannot_grow_a_workspace_past_its_quota(make_config: Any) -> None:
+    """write and edit(replace_all) that would pass the quota are refused before anything is written."""
+    config = make_config(
+        "tools: {fs: {max_write_bytes: 50000000}}\n"
+        "agents: {defaults: {sandbox: {mode: all, scope: session, workspace_quota: 2500k}}}"
+    )
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:grow")
+        assert (await sess.call("write", {"path": "a.txt", "content": "ab" * 500_000})).ok  # 1 MB
+        edit = await sess.call(
+            "edit", {"path": "a.txt", "old_string": "a", "new_string": "aaaaaaaa", "replace_all": True}
+        )
+        assert edit.error is not None and edit.error.code == "QUOTA_EXCEEDED", edit
+        read = await sess.call("read", {"path": "a.txt", "limit": 1})
+        assert read.ok and read.output["content"].startswith("abab")
+        assert (await sess.call("write", {"path": "b.txt", "content": "x" * 900_000})).ok
+        over = await sess.call("write", {"path": "c.txt", "content": "x" * 900_000})
+        assert over.error is not None and over.error.code == "QUOTA_EXCEEDED"
+        files = await sess.call("exec", {"command": "ls"})
+        assert "c.txt" not in files.output["output"]

@@ -248,8 +248,8 @@ async def test_waiters_are_served_round_robin_across_tenants() -> None:
     assert order == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "a3", "a4", "a5"]
 
 
-async def wait_until(condition: object, timeout: float = 5.0) -> None:
+async def wait_until(condition: object, deadline_s: float = 5.0) -> None:
     """Poll a condition with a deadline (no timing assumptions)."""
-    with anyio.fail_after(timeout):
+    with anyio.fail_after(deadline_s):
         while not condition():  # type: ignore[operator]
             await anyio.sleep(0.001)

@@ -22,6 +22,7 @@ from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import ProgressBus
 from sandbox.fs.paths import WorkspacePath
+from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.safe import SafeRoot
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
@@ -73,7 +74,8 @@ class Orchestrator:
         self.registry = registry
         extra = tuple(name for name in self.registry.names() if name not in BUILTIN_BY_NAME)
         self.policy = PolicyResolver(config, extra_tools=extra)
-        self.limiter = Limiter(config.limits)
+        tenants = {agent.tenant for agent in config.agents.list} or {"default"}
+        self.limiter = Limiter(config.limits, multi_tenant=len(tenants) > 1)
         for spec in (self.registry.get(n) for n in self.registry.names()):
             self.limiter.declare_tool(spec.name, spec.max_concurrency)
         self.progress = progress or ProgressBus()
@@ -294,7 +296,11 @@ class Session:
     def _make_files(self, roots: list[Root], owner: tuple[int, int] | None) -> WorkspaceFiles:
         config = self._orch.config
         states = FileStates(self.state_dir / "file-states.json")
-        return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner)
+        quota = None
+        if self.sandboxed and roots:  # on the host (mode off) commands can write anywhere anyway
+            limit = parse_size(self.agent.sandbox.workspace_quota)
+            quota = WorkspaceQuota(roots[0].host, limit, f"{self.agent.key_path}.sandbox.workspace_quota")
+        return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner, quota)
 
     async def _spill(self, ctx: ToolContext, text: str) -> str | None:
         """Save a full output: in the workspace when writable, else in this session's state dir.

@@ -109,6 +109,8 @@ class WorkspaceQuota:
             return
         used = self.used()
         if used + (new_size - old_size) > self.limit:
+            used = self.used(fresh=True)  # refuse on a measurement, never on a stale estimate
+        if used + (new_size - old_size) > self.limit:
             raise self.exceeded(used, f"writing {what} ({new_size:,} bytes) would take it past the quota")
         self.charge(new_size - old_size)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import WorkspacePath
+from sandbox.fs.quota import WorkspaceQuota
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -57,8 +58,10 @@ def _map_os_error(exc: OSError, rel: str) -> SandboxError:
         return _denied(rel, "read-only file system")
     if exc.errno == errno.EISDIR:
         return SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
-    if exc.errno == errno.ENOSPC:
-        return SandboxError(ErrorCode.INTERNAL, f"{rel}: no space left", path=rel)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SandboxError(
+            ErrorCode.QUOTA_EXCEEDED, f"{rel}: no space left on the device that holds the workspace", path=rel
+        )
     return SandboxError(ErrorCode.INTERNAL, f"{rel}: {os.strerror(exc.errno or 0)}", path=rel)
 
 
@@ -68,11 +71,13 @@ class SafeRoot:
     Args:
         root: the directory (itself trusted: it comes from the config).
         owner: (uid, gid) given to files and directories this process creates, when it can.
+        quota: the measured quota every write that grows a file is checked against first.
     """
 
-    def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None, quota: WorkspaceQuota | None = None) -> None:
         self.root = root
         self.owner = owner if os.geteuid() == 0 else None
+        self.quota = quota
 
     @contextmanager
     def _dir(self, parts: tuple[str, ...], rel: str, *, create: bool = False) -> Iterator[int]:
@@ -179,6 +184,8 @@ class SafeRoot:
                     mode = stat.S_IMODE(old.st_mode)
             except FileNotFoundError:
                 old = None
+            if self.quota is not None:
+                self.quota.check_write(len(data), old.st_size if old is not None else 0, rel)
             tmp = f".{path.name[:200]}.{secrets.token_hex(4)}.sbx-tmp"
             try:
                 fd = os.open(

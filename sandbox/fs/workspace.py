@@ -12,6 +12,7 @@ from sandbox.config.models import FsSection
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.locks import file_lock
 from sandbox.fs.paths import WorkspacePath, split_path
+from sandbox.fs.quota import WorkspaceQuota
 from sandbox.fs.safe import FileStat, SafeRoot
 from sandbox.fs.states import FileStates, digest
 
@@ -54,6 +55,7 @@ class WorkspaceFiles:
         states: this session's file states.
         lock_dir: where cross-process file locks live.
         owner: (uid, gid) for files this process creates (the sandbox user).
+        quota: the workspace's measured quota (writes to the workspace are checked against it).
     """
 
     def __init__(
@@ -63,13 +65,17 @@ class WorkspaceFiles:
         states: FileStates,
         lock_dir: Path,
         owner: tuple[int, int] | None = None,
+        quota: WorkspaceQuota | None = None,
     ) -> None:
         self.roots = roots if not fs.workspace_only else roots[:1]
+        self.quota = quota if quota is not None and quota.enabled and roots and not roots[0].read_only else None
         self.fs = fs
         self.states = states
         self.lock_dir = lock_dir
         self.safe_owner = owner
-        self._safe = {r.container_path: SafeRoot(r.host, owner) for r in self.roots}
+        self._safe = {
+            r.container_path: SafeRoot(r.host, owner, self.quota if i == 0 else None) for i, r in enumerate(self.roots)
+        }
 
     def locate(self, raw: str) -> Located:
         """Resolve a tool's path argument; refuse escapes, deny patterns and malformed paths."""

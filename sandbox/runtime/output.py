@@ -10,7 +10,6 @@ stops the command.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -160,24 +159,6 @@ class OutputCapture:
         """A stream as bytes: whole, or head + tail (the cut is reported by `stream`)."""
         kept = self.stream(which)
         return kept.head + kept.tail
-
-
-def prune_dir(folder: Path, *, max_files: int, max_bytes: int) -> int:
-    """Remove the oldest regular files of `folder` until it is within both bounds; returns how many."""
-    try:
-        entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False)]
-    except FileNotFoundError:
-        return 0
-    stats = sorted(((e.stat(follow_symlinks=False), e.path) for e in entries), key=lambda x: x[0].st_mtime_ns)
-    total = sum(st.st_size for st, _ in stats)
-    removed = 0
-    while stats and (len(stats) > max_files or total > max_bytes):
-        st, path = stats.pop(0)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        total -= st.st_size
-        removed += 1
-    return removed
 
 
 def describe_cut(cut: int, total: int, where: str | None) -> str:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 
+from sandbox.engine import spill
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import split_path
-from sandbox.runtime.output import OutputCapture, describe_cut, prune_dir
+from sandbox.fs.quota import WorkspaceQuota
+from sandbox.fs.safe import FileStat
+from sandbox.runtime.output import OutputCapture, describe_cut
 from sandbox.runtime.protocol import ExecResult
 from sandbox.tools.builtin import ExecArgs
 from sandbox.tools.context import ToolContext
@@ -31,6 +38,7 @@ def effective_timeout(ctx: ToolContext, requested: float | None) -> float:
     return min(requested or cfg.default_timeout_s, cfg.max_timeout_s)
 
 
+QUOTA_WATCH_S = 1.0  # how often a running command's workspace is measured
 # full outputs too long to keep in memory, kept host-side (never where the sandbox can reach)
 SPILL_DIR = "outputs"
 SPILL_MAX_FILES = 200
@@ -55,11 +63,58 @@ def stream_text(result: ExecResult, which: int, data: bytes, max_chars: int) -> 
     return head + describe_cut(cut, kept.total, result.full_output_path) + tail
 
 
+def make_room(folder: Path) -> None:
+    """Remove the oldest saved outputs so that one more fits the budget (the engine's rule)."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return
+    existing = []
+    for entry in entries:
+        st = entry.stat(follow_symlinks=False)
+        existing.append((entry.name, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)))
+    for name in spill.to_remove(existing, 0, spill.Budget(SPILL_MAX_FILES, SPILL_MAX_BYTES)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(folder / name)
+
+
 def new_capture(ctx: ToolContext) -> OutputCapture:
     """Bounded output capture for one call, spilling to the orchestrator's state dir."""
     folder = ctx.config.state_dir / SPILL_DIR
-    prune_dir(folder, max_files=SPILL_MAX_FILES, max_bytes=SPILL_MAX_BYTES)
-    return OutputCapture(folder / f"{ctx.call_id}.exec.txt", max_bytes=ctx.config.tools.exec.max_output_bytes)
+    make_room(folder)
+    return OutputCapture(folder / f"{ctx.call_id}{spill.SUFFIX}", max_bytes=ctx.config.tools.exec.max_output_bytes)
+
+
+async def run_within_quota(
+    quota: WorkspaceQuota | None, run: Callable[[], Awaitable[ExecResult]]
+) -> tuple[ExecResult | None, int | None]:
+    """Run a command while measuring its workspace; stop it (killed, like a timeout) once it has
+    grown the workspace past the quota. Returns (result, None) or (None, bytes used)."""
+    if quota is None:
+        return await run(), None
+    result: ExecResult | None = None
+    over: int | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal over
+            start = await anyio.to_thread.run_sync(lambda: quota.used(fresh=True))
+            while True:
+                await anyio.sleep(QUOTA_WATCH_S)
+                used = await anyio.to_thread.run_sync(lambda: quota.used(fresh=True))
+                if used > quota.limit and used > start:
+                    over = used
+                    tg.cancel_scope.cancel()  # the runtime kills a cancelled command
+                    return
+
+        async def work() -> None:
+            nonlocal result
+            result = await run()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(work)
+    return result, over
 
 
 async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
@@ -89,15 +144,24 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             "process_id": proc_id,
             "hint": "still running; use the process tool to poll",
         }
-    result = await ctx.shell.run(
-        args.command,
-        call_id=ctx.call_id,
-        env=args.env,
-        workdir=workdir,
-        timeout_s=timeout,
-        on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),
-        capture=new_capture(ctx),
-    )
+
+    async def run() -> ExecResult:
+        return await ctx.shell.run(
+            args.command,
+            call_id=ctx.call_id,
+            env=args.env,
+            workdir=workdir,
+            timeout_s=timeout,
+            on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),
+            capture=new_capture(ctx),
+        )
+
+    result, over_quota = await run_within_quota(ctx.files.quota, run)
+    if result is None:
+        quota = ctx.files.quota
+        if quota is None or over_quota is None:  # cannot happen: no result means stopped for the quota
+            raise SandboxError(ErrorCode.INTERNAL, "the command ended without a result")
+        raise quota.exceeded(over_quota, "the command kept writing past it, so it was stopped")
     body: dict[str, Any] = {
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 1),
