@@ -291,3 +291,28 @@ async def test_file_tools_cannot_grow_a_workspace_past_its_quota(make_config: An
         assert over.error is not None and over.error.code == "QUOTA_EXCEEDED"
         files = await sess.call("exec", {"command": "ls"})
         assert "c.txt" not in files.output["output"]
+
+
+async def test_one_session_filling_tmp_does_not_break_the_others(make_config: Any) -> None:
+    """Agent scope: session 1 fills /tmp; session 2's exec still runs and reports honestly, and a
+    background start says the sandbox is out of space (QUOTA_EXCEEDED), not a misleading ok/126."""
+    config = make_config("""
+agents: {defaults: {sandbox: {mode: all, scope: agent, docker: {tmpfs: {/tmp: "rw,nosuid,nodev,size=8m"}}}}}
+""")
+    async with Orchestrator(config) as orch:
+        one, two = orch.session("agent:main:one"), orch.session("agent:main:two")
+        filled = await one.call("exec", {"command": "cat /dev/zero > $TMPDIR/fill; df -k /tmp | tail -1"})
+        assert filled.ok and " 100% " in filled.output["output"]
+        ran = await two.call("exec", {"command": "echo still-running; echo $TMPDIR"})
+        assert ran.ok and ran.output["exit_code"] == 0, ran
+        assert ran.output["output"].startswith("still-running\n/tmp/session-")
+        assert ran.output["output"].split()[1] not in filled.output["output"]  # a TMPDIR per session
+        # a background process still starts, and its exit status is kept though /tmp is full
+        bg = await two.call("exec", {"command": "sleep 1; exit 3", "background": True})
+        assert bg.ok, bg
+        with anyio.fail_after(30):
+            while (polled := await two.call("process", {"action": "poll", "id": bg.output["process_id"]})).output[
+                "status"
+            ] == "running":
+                await anyio.sleep(0.3)
+        assert polled.output["status"] == "exited" and polled.output["exit_code"] == 3, polled

@@ -157,7 +157,8 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
                         )
         networks = set((doc.get("NetworkSettings") or {}).get("Networks") or {})
         browser_net = config.agents.defaults.sandbox.browser.network
-        if kind == "exec" and browser_net in networks:
+        on_browser_net = [n for n in networks if n == browser_net or n.startswith(f"{browser_net}-")]
+        if kind == "exec" and on_browser_net:
             found.append(
                 Finding(
                     "SBX-B002",

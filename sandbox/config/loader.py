@@ -163,7 +163,9 @@ def _network_problems(config: Config) -> list[tuple[Loc, str]]:
     places: list[tuple[Loc, Any]] = [(("agents", "defaults", "sandbox"), config.agents.defaults.sandbox)]
     places += [(("agents", "list", i, "sandbox"), a.sandbox) for i, a in enumerate(config.agents.list)]
     for loc, sandbox in places:
-        if sandbox.docker.network == sandbox.browser.network:
+        browser_net = sandbox.browser.network
+        # each browser sandbox gets `<browser.network>-<hash>` of its own
+        if sandbox.docker.network == browser_net or sandbox.docker.network.startswith(f"{browser_net}-"):
             out.append(
                 (
                     (*loc, "docker", "network"),

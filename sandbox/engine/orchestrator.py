@@ -14,6 +14,7 @@ from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine import spill
 from sandbox.engine.approvals import ApprovalGate
+from sandbox.engine.arguments import MAX_BYTES as MAX_ARGUMENT_BYTES
 from sandbox.engine.batch import BatchCall, BatchResult, run_batch
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import Engine, execute
@@ -34,7 +35,7 @@ from sandbox.runtime.browser import BrowserEndpoint, BrowserManager
 from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.manager import SandboxManager
-from sandbox.runtime.naming import short_hash, slug
+from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.context import ToolContext
@@ -98,6 +99,8 @@ class Orchestrator:
             loops=self.loops,
             approvals=gate,
             journal=self.journal,
+            # room for one write of tools.fs.max_write_bytes, JSON-escaped
+            max_argument_bytes=max(MAX_ARGUMENT_BYTES, 2 * config.tools.fs.max_write_bytes + 64 * 1024),
         )
 
     async def __aenter__(self) -> Orchestrator:
@@ -184,7 +187,10 @@ class Session:
     @property
     def state_dir(self) -> Path:
         """This session's folder in the orchestrator's state dir."""
-        return self._orch.config.state_dir / "sessions" / f"{slug(self.key, 40)}-{short_hash(self.key)}"
+        # the tenant is part of the name, and a 128-bit hash of the full key keeps apart keys
+        # that one slug would merge (case, punctuation); the slug is only for people
+        identity = tenant_scope(self.agent.tenant, self.key)
+        return self._orch.config.state_dir / "sessions" / f"{slug(self.key, 40)}-{short_hash(identity, 32)}"
 
     def tools(self) -> list[ToolSpec]:
         """The tools the model may see (allowed by policy and runnable here)."""

@@ -128,7 +128,7 @@ class BrowserManager:
                 f"the browser sandbox is disabled; set {agent.key_path}.sandbox.browser.enabled: true",
             )
         key = scope_key(agent.sandbox.scope, agent.id, session)
-        name = container_name(self.instance, "browser", key)
+        name = container_name(self.instance, "browser", key, tenant=agent.tenant)
         async with self._lock:
             attrs = await self.backend.find(name)
             network, bridge = network_names(cfg.network, name)

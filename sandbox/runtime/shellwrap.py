@@ -19,15 +19,27 @@ TAG_VAR = "SBX_CALL"
 # One shell, no extra exec: write the pid (builtins only on the fast path), then eval the
 # command in the same process. 1777: setup commands may run as root first; the sandbox user
 # must still write pid files.
+# A pid is also kept in a file's name (an empty file needs no space on a full tmpfs).
+_PID_OF = """
+pid_of() {
+  p=$(cat "$1/$2.pid" 2>/dev/null)
+  [ -n "$p" ] || for f in "$1/$2".pid-*; do [ -e "$f" ] && p="${f##*.pid-}"; done
+  echo "$p"
+}
+"""
+
+# The pid file only helps the in-sandbox kill; the tag finds every process anyway, so a full
+# /tmp (another session's doing, in agent scope) must not stop the command from running.
 _WRAP = (
     "__sbx_c=$1; __sbx_p=$0; set --; "
-    'echo $$ 2>/dev/null > "$__sbx_p" || { mkdir -p -m 1777 "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; } || exit 126; '
-    'unset __sbx_p; eval "$__sbx_c"'
+    '{ echo $$ > "$__sbx_p" || { mkdir -p -m 1777 "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
+    '[ -z "$SBX_TMPDIR" ] || { mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null && export TMPDIR="$SBX_TMPDIR"; }; '
+    'unset __sbx_p SBX_TMPDIR; eval "$__sbx_c"'
 )
 
-_KILL = f"""
+_KILL = _PID_OF + f"""
 id="$1"; sig="$2"; d="$3"
-pg=$(cat "$d/$id.pid" 2>/dev/null)
+pg=$(pid_of "$d" "$id")
 [ -n "$pg" ] && kill -s "$sig" -- -"$pg" 2>/dev/null
 for p in /proc/[0-9]*; do
   if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then
@@ -48,17 +60,20 @@ true
 _START_BG = f"""
 id="$1"; cmd="$2"; d="$3"; limit="$4"; watchdog="$5"
 {{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; }} || exit 97
-rm -f "$d/$id.rc" "$d/$id.in" "$d/$id.timeout" && mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
+rm -f "$d/$id.rc" "$d/$id".exit-* "$d/$id".pid-* "$d/$id.in" "$d/$id.timeout" || exit 97
+mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
 setsid sh -c '
-  echo $$ > "$0/$1.pid"
+  echo $$ > "$0/$1.pid" 2>/dev/null; : > "$0/$1.pid-$$"
   w=
   if [ "$3" != 0 ]; then
     env -u {TAG_VAR} sh -c "$4" "$0" "$1" "$3" "$$" </dev/null >/dev/null 2>&1 &
     w=$!
   fi
+  [ -z "$SBX_TMPDIR" ] || {{ mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null && export TMPDIR="$SBX_TMPDIR"; }}
+  unset SBX_TMPDIR
   exec 3<>"$0/$1.in"
   /bin/sh -lc "$2" <&3 >>"$0/$1.out" 2>&1
-  echo $? > "$0/$1.rc.tmp" && mv "$0/$1.rc.tmp" "$0/$1.rc"
+  : > "$0/$1.exit-$?"
   [ -n "$w" ] && kill "$w" 2>/dev/null
 ' "$d" "$id" "$cmd" "$limit" "$watchdog" </dev/null >/dev/null 2>&1 &
 echo started
@@ -71,7 +86,7 @@ d="$0"; id="$1"; t="$2"; pg="$3"
 sleep "$t" & s=$!
 trap 'kill $s 2>/dev/null; exit 0' TERM
 wait $s || exit 0
-[ -f "$d/$id.rc" ] && exit 0
+for f in "$d/$id".exit-*; do [ -e "$f" ] && exit 0; done
 : > "$d/$id.timeout"
 for p in /proc/[0-9]*; do
   if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then kill -s KILL "${{p#/proc/}}" 2>/dev/null; fi
@@ -79,12 +94,14 @@ done
 kill -s KILL -- -"$pg"
 """
 
-_POLL = """
+_POLL = _PID_OF + """
 id="$1"; off="$2"; lim="$3"; d="$4"
 if [ ! -f "$d/$id.out" ]; then echo gone; exit 0; fi
-if [ -f "$d/$id.rc" ]; then echo "exited $(cat "$d/$id.rc")"
+rc=; for f in "$d/$id".exit-*; do [ -e "$f" ] && rc="${f##*.exit-}"; done
+[ -z "$rc" ] && [ -f "$d/$id.rc" ] && rc=$(cat "$d/$id.rc")
+if [ -n "$rc" ]; then echo "exited $rc"
 elif [ -f "$d/$id.timeout" ]; then echo timed_out
-elif kill -0 "$(cat "$d/$id.pid" 2>/dev/null)" 2>/dev/null; then echo running
+elif kill -0 "$(pid_of "$d" "$id")" 2>/dev/null; then echo running
 else echo killed; fi
 stat -c %s "$d/$id.out"
 tail -c +"$((off + 1))" "$d/$id.out" | head -c "$lim"

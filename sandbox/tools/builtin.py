@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from sandbox.policy.sessions import SessionKeyArg
 from sandbox.tools.spec import SIDE_EFFECTS, RetryPolicy, ToolArgs, ToolSpec
 
 
@@ -89,12 +90,12 @@ class SessionsListArgs(ToolArgs):
 
 
 class SessionsHistoryArgs(ToolArgs):
-    session: str = Field(min_length=1)
+    session: SessionKeyArg
     limit: int = Field(20, ge=1, le=200)
 
 
 class SessionsSendArgs(ToolArgs):
-    session: str = Field(min_length=1)
+    session: SessionKeyArg
     message: str = Field(min_length=1)
 
 

@@ -149,7 +149,7 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
         return await ctx.shell.run(
             args.command,
             call_id=ctx.call_id,
-            env=args.env,
+            env={**processes.session_env(ctx), **args.env},
             workdir=workdir,
             timeout_s=timeout,
             on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),

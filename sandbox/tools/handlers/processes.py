@@ -17,6 +17,7 @@ import anyio
 from sandbox.engine.context import new_id
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime import shellwrap
+from sandbox.runtime.naming import short_hash
 from sandbox.tools.builtin import ProcessArgs
 from sandbox.tools.context import ToolContext
 
@@ -56,6 +57,17 @@ def _entry(ctx: ToolContext, proc_id: str | None) -> dict[str, Any]:
     return table[proc_id]
 
 
+def session_env(ctx: ToolContext) -> dict[str, str]:
+    """Environment every command of a sandboxed session gets: a TMPDIR of its own.
+
+    Sessions sharing a container (agent or shared scope) then do not trip over each other's
+    temporary file names; they still share /tmp's size (see README, what sessions share).
+    """
+    if not ctx.sandboxed:
+        return {}
+    return {"SBX_TMPDIR": f"/tmp/session-{short_hash(ctx.session, 16)}"}
+
+
 async def start(
     ctx: ToolContext, command: str, *, workdir: str, env: dict[str, str], timeout_s: float | None = None
 ) -> str:
@@ -65,7 +77,7 @@ async def start(
     """
     proc_id = new_id("p").replace("-", "_")
     argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s)
-    quoted_env = {**env, shellwrap.TAG_VAR: proc_id}
+    quoted_env = {**session_env(ctx), **env, shellwrap.TAG_VAR: proc_id}
     # the start helper runs with the tag so that the detached process inherits it
     result = await ctx.shell.run_argv(
         [
@@ -78,6 +90,12 @@ async def start(
             *argv,
         ]
     )
+    if result.exit_code == 97 and b"No space left" in result.output:
+        raise SandboxError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"the sandbox's temporary space ({ctx.shell.pid_dir.rsplit('/', 1)[0] or '/'}) is full, so the "
+            "process could not be started; remove files from /tmp (your own TMPDIR first) and try again",
+        )
     if result.exit_code != 0 or b"started" not in result.stdout:
         raise SandboxError(
             ErrorCode.INTERNAL,
