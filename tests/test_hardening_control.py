@@ -340,9 +340,10 @@ async def test_deep_arguments_are_refused_and_journaled(make_config: Any, ws: Pa
 
 @anyio_mark
 async def test_huge_arguments_are_refused(make_config: Any, ws: Path) -> None:
-    """Arguments over 1 MiB as JSON are refused before validation, and nothing is written."""
+    """Arguments over the limit (1 MiB as JSON, or twice max_write_bytes) are refused before validation."""
     async with Orchestrator(host(make_config, ws)) as orch:
-        r = await orch.session("agent:a:main").call("write", {"path": "big", "content": "x" * (2 << 20)})
+        limit = 2 * orch.config.tools.fs.max_write_bytes + 64 * 1024
+        r = await orch.session("agent:a:main").call("write", {"path": "big", "content": "x" * (limit + 1)})
     assert r.error is not None and r.error.code == "INVALID_ARGUMENTS" and "larger than" in r.error.message
     assert not (ws / "big").exists()
 
