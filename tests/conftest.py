@@ -13,8 +13,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+# Property tests: a quick profile for the loop while you work, a thorough one for CI
+# (`.ci/run` sets HYPOTHESIS_PROFILE=thorough); each test's own settings add to the profile.
+settings.register_profile("quick", max_examples=30, deadline=None)
+settings.register_profile("thorough", max_examples=400, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this test run

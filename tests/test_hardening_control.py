@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox import Orchestrator
@@ -76,7 +76,6 @@ def nested(depth: int) -> Any:
 # -- 19: escaping what the CLI prints ---------------------------------------------------------
 
 
-@settings(max_examples=300)
 @given(st.text())
 def test_escape_output_never_contains_a_control_character(text: str) -> None:
     """Whatever the input, escaped single-line text has no character a terminal would act on."""
@@ -85,7 +84,6 @@ def test_escape_output_never_contains_a_control_character(text: str) -> None:
     assert "\n" not in out and "\r" not in out
 
 
-@settings(max_examples=300)
 @given(st.text())
 def test_escape_multiline_keeps_only_newlines_and_tabs(text: str) -> None:
     """Multi-line escaping keeps newlines and tabs and nothing else unsafe."""
@@ -94,7 +92,6 @@ def test_escape_multiline_keeps_only_newlines_and_tabs(text: str) -> None:
     assert out.count("\n") == text.count("\n")
 
 
-@settings(max_examples=200)
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(),
@@ -348,7 +345,6 @@ async def test_huge_arguments_are_refused(make_config: Any, ws: Path) -> None:
     assert not (ws / "big").exists()
 
 
-@settings(max_examples=100)
 @given(st.integers(0, 80))
 def test_depth_limit_is_exact(depth: int) -> None:
     """Depth up to 32 passes, 33 and more is refused, for lists and dicts alike."""

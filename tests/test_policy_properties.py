@@ -59,7 +59,7 @@ def _resolve(config: dict[str, Any], identity: Identity):
     return PolicyResolver(load_config_text(yaml.safe_dump(config))).resolve(identity)
 
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
