@@ -101,3 +101,110 @@ def test_tools_cli_lists_skills_next_to_builtins() -> None:
     assert run.returncode == 0, run.stderr
     names = [t["function"]["name"] for t in json.loads(run.stdout)]
     assert {"exec", "read", "line_count", "json_query"} <= set(names)
+
+
+def test_skill_named_like_a_tool_or_alias_is_refused(tmp_path: Path) -> None:
+    """Skills named `bash` (an alias) or `exec` (a tool) are refused; `allow: [bash]` still means exec, and says so."""
+    from sandbox.policy.resolver import Identity, PolicyResolver
+    from sandbox.tools.catalog import build_registry
+
+    write_skill(tmp_path / "s", "b", "name: bash\ndescription: shadows the alias")
+    write_skill(tmp_path / "s", "e", "name: exec\ndescription: shadows the tool")
+    write_skill(tmp_path / "s", "ok", "name: fine\ndescription: x")
+    config = load_config_text(
+        f"skills: {{dirs: ['{tmp_path}/s']}}\ntools: {{allow: [bash, fine]}}\n"
+        "agents: {defaults: {sandbox: {mode: 'off'}}}"
+    )
+    registry, problems = build_registry(config)
+    reasons = {p.file.parent.name: p.message for p in problems}
+    assert "is an alias of the built-in tool 'exec'" in reasons["b"] and "rename it" in reasons["b"]
+    assert "is the built-in tool" in reasons["e"]
+    assert registry.get("exec").category != "skill" and "bash" not in registry
+    assert registry.get("fine").category == "skill"
+    names = tuple(n for n in registry.names() if registry.get(n).category == "skill")
+    allowed = PolicyResolver(config, extra_tools=names).resolve(Identity("main", "agent:main:main")).allowed
+    assert allowed == {"exec", "fine"}  # the alias, never a skill behind it
+
+
+def _host_skill_config(tmp_path: Path, folder: str, handler: str, front: str = "") -> tuple[object, Path]:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    path = write_skill(tmp_path / "skills", folder, f"name: probe\ndescription: x\n{front}")
+    (path / "handler.py").write_text(handler)
+    config = load_config_text(
+        f"state_dir: {tmp_path}/state\nskills: {{dirs: ['{tmp_path}/skills']}}\n"
+        "tools: {also_allow: [probe]}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{ws}'}}]}}"
+    )
+    return config, ws
+
+
+@pytest.mark.anyio
+async def test_folder_name_with_command_substitution_runs_nothing_on_host(tmp_path: Path) -> None:
+    """A skill folder named `x$(touch /tmp/pwned-...)` starts its handler from an argv: nothing is created."""
+    import secrets
+
+    from sandbox import Orchestrator
+
+    marker = Path(f"/tmp/pwned-{secrets.token_hex(6)}")
+    # a folder name cannot hold '/', so the payload spells it in octal for printf
+    folder = "x$(touch $(printf '\\057tmp\\057" + marker.name + "'))"
+    config, _ = _host_skill_config(tmp_path, folder, "import json; print(json.dumps({'ran': True}))\n")
+    async with Orchestrator(config) as orch:
+        result = await orch.session("agent:a:main").call("probe", {})
+    assert result.ok, result.error
+    assert result.output == {"ran": True}
+    assert not marker.exists()
+
+
+@pytest.mark.anyio
+async def test_host_skill_gets_a_minimal_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In mode off a skill sees PATH, LANG, HOME and its own variables, never the orchestrator's secrets."""
+    from sandbox import Orchestrator
+
+    monkeypatch.setenv("PROVIDER_API_KEY", "sk-secret-value")
+    handler = "import json, os; print(json.dumps(sorted(os.environ)))\n"
+    config, _ = _host_skill_config(tmp_path, "probe", handler)
+    async with Orchestrator(config) as orch:
+        result = await orch.session("agent:a:main").call("probe", {})
+    assert result.ok, result.error
+    assert set(result.output) <= {"PATH", "LANG", "HOME", "TMPDIR", "SKILL_ARGS", "SKILL_NAME", "LC_CTYPE"}
+    assert "PROVIDER_API_KEY" not in result.output
+
+
+def test_skill_mounts_hold_only_the_declared_paths(tmp_path: Path) -> None:
+    """A skill's container mounts its folder and the declared paths: ro unless written, protected paths ro."""
+    from sandbox.config import effective_agent
+    from sandbox.runtime.skill_run import SKILL_HOME, fixed_dir, skill_mounts
+    from sandbox.runtime.spec import build_spec
+
+    ws = tmp_path / "ws"
+    (ws / "public").mkdir(parents=True)
+    (ws / "out").mkdir()
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / "secret.txt").write_text("s")
+    (ws / "linked").symlink_to("/etc")
+    config = load_config_text(
+        f"state_dir: {tmp_path}/state\nagents: {{list: [{{id: main, workspace: '{ws}', "
+        "sandbox: {workspace_access: rw}}]}"
+    )
+    session = build_spec(effective_agent(config, "main"), "agent:main:s", "inst", protected_paths=[".git/hooks"])
+    folder = write_skill(tmp_path / "skills", "p", "name: p\ndescription: x")
+    mounts = skill_mounts(
+        session,
+        folder,
+        ["/workspace/public/**", "/workspace/linked/**", "/workspace/gone/*.txt"],
+        ["/workspace/out/**"],
+    )
+    table = {m.target: (m.source, m.read_only) for m in mounts}
+    assert table == {
+        SKILL_HOME: (str(folder), True),
+        "/workspace/public": (str(ws / "public"), True),
+        "/workspace/out": (str(ws / "out"), False),
+    }
+    everything = skill_mounts(session, folder, ["/workspace/public/**"], ["/workspace/**"])
+    pairs = [(m.target, m.read_only) for m in everything]
+    assert pairs[:2] == [(SKILL_HOME, True), ("/workspace", False)]
+    assert ("/workspace/.git/hooks", True) in pairs  # protected paths stay read-only in a writable grant
+    assert fixed_dir("/workspace/**") == "/workspace" and fixed_dir("/workspace/src/*.py") == "/workspace/src"
+    assert fixed_dir("/workspace/a.json") == "/workspace/a.json"

@@ -2,8 +2,11 @@
 
 A skill is refused at load time, with the reason, when its front matter is invalid or it asks
 for permissions the global policy (`skills.allowed`) does not grant; the other skills still load.
-Handlers never run in the orchestrator process: inside the session's sandbox, where the skills
-folder is bind-mounted read-only, or as a host subprocess in mode `off`.
+Handlers never run in the orchestrator process, and never through a shell (a folder name is
+data, not code): in a sandboxed session each call gets a container of its own that mounts only
+the paths the skill declares (see :mod:`sandbox.runtime.skill_run`); in mode `off` a host
+process with a minimal environment. A skill may not take the name of a built-in tool or alias
+(a policy naming it would mean the built-in).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,8 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from sandbox.config.models import SkillPermissions, SkillsConfig
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.policy.groups import ALIASES, BUILTIN_TOOLS
 from sandbox.runtime.spec import SKILLS_MOUNT  # skills dir i is mounted read-only there, at <i>
 from sandbox.tools.spec import RetryPolicy, ToolArgs, ToolSpec
+
+# names a skill may not take: a policy list naming one means the built-in tool
+RESERVED_NAMES: dict[str, str] = {**{n: n for n in BUILTIN_TOOLS}, **ALIASES}
 
 _TYPES: dict[str, Any] = {
     "string": str,
@@ -149,6 +157,9 @@ def load_skills(config: SkillsConfig) -> tuple[list[Skill], list[SkillProblem]]:
             if not (file.parent / "handler.py").is_file():
                 problems.append(SkillProblem(file, "handler.py is missing next to SKILL.md"))
                 continue
+            if manifest.name in RESERVED_NAMES:
+                problems.append(SkillProblem(file, reserved_name_problem(manifest.name)))
+                continue
             refused = permission_problems(manifest.permissions, config.allowed)
             if refused:
                 problems.extend(SkillProblem(file, f"refused: {r}") for r in refused)
@@ -161,6 +172,16 @@ def load_skills(config: SkillsConfig) -> tuple[list[Skill], list[SkillProblem]]:
     return skills, problems
 
 
+def reserved_name_problem(name: str) -> str:
+    """Why a skill may not be called `name` (a built-in tool name or alias)."""
+    target = RESERVED_NAMES[name]
+    what = "the built-in tool" if target == name else f"an alias of the built-in tool {target!r}"
+    return (
+        f"refused: name {name!r} is {what}; a policy naming {name!r} would mean the built-in, "
+        "so a skill may not take a tool name or alias (rename it)"
+    )
+
+
 def skill_names(dirs: list[Path]) -> list[str]:
     """Names declared by SKILL.md files (for checking tool names in the config; no validation)."""
     names = []
@@ -170,7 +191,7 @@ def skill_names(dirs: list[Path]) -> list[str]:
                 name = _front_matter(file.read_text(encoding="utf-8"), file).get("name")
             except (ValueError, OSError):
                 continue
-            if isinstance(name, str):
+            if isinstance(name, str) and name not in RESERVED_NAMES:
                 names.append(name)
     return names
 
@@ -209,31 +230,41 @@ def skill_spec(skill: Skill) -> ToolSpec:
 
 
 def skill_handler(skill: Skill) -> Any:
-    """A handler that runs handler.py with the arguments as JSON in $SKILL_ARGS."""
+    """A handler that runs handler.py with the arguments as JSON in $SKILL_ARGS (argv, no shell)."""
+    from sandbox.runtime import skill_run  # the runtime edge; tools never import docker themselves
+
+    m = skill.manifest
 
     async def handler(ctx: Any, args: ToolArgs) -> Any:
-        payload = json.dumps(args.model_dump(mode="json"))
-        script = skill.container_handler if ctx.sandboxed else str(skill.folder / "handler.py")
-        result = await ctx.shell.run(
-            f'exec python3 "{script}"',
-            call_id=ctx.call_id,
-            env={"SKILL_ARGS": payload, "SKILL_NAME": skill.manifest.name},
-            workdir=ctx.workdir,
-            timeout_s=skill.manifest.timeout,
-        )
-        out = result.stdout.decode("utf-8", errors="replace")
-        if result.timed_out:
-            raise SandboxError(
-                ErrorCode.TIMEOUT, f"skill {skill.manifest.name} timed out after {skill.manifest.timeout:g}s"
+        env = {"SKILL_ARGS": json.dumps(args.model_dump(mode="json")), "SKILL_NAME": m.name}
+        if ctx.sandboxed:
+            session = ctx.shell.spec
+            fs = m.permissions.filesystem
+            mounts = skill_run.skill_mounts(session, skill.folder, fs.read, fs.write)
+            spec = skill_run.skill_spec_for(
+                session, m.name, mounts, network=bool(m.permissions.network), call_id=ctx.call_id
             )
-        if result.exit_code != 0:
-            err = result.stderr.decode("utf-8", errors="replace")[-800:]
-            raise SandboxError(
-                ErrorCode.INTERNAL, f"skill {skill.manifest.name} failed (exit {result.exit_code}): {err.strip()}"
-            )
-        try:
-            return json.loads(out)
-        except json.JSONDecodeError:
-            return out
+            argv = ["python3", f"{skill_run.SKILL_HOME}/handler.py"]
+            backend = skill_run.backend_of(ctx.shell)
+            result = await skill_run.run_in_container(backend, spec, argv, {"LANG": "C.UTF-8", **env}, m.timeout)
+        else:
+            python = shutil.which("python3", path=skill_run.HOST_PATH) or "python3"
+            argv = [python, str(skill.folder / "handler.py")]
+            env = skill_run.minimal_env(ctx.workdir, env)
+            result = await skill_run.run_on_host(argv, env, ctx.workdir, m.timeout)
+        return _outcome(m.name, m.timeout, result)
 
     return handler
+
+
+def _outcome(name: str, timeout: float, result: Any) -> Any:
+    out = result.stdout.decode("utf-8", errors="replace")
+    if result.timed_out:
+        raise SandboxError(ErrorCode.TIMEOUT, f"skill {name} timed out after {timeout:g}s")
+    if result.exit_code != 0:
+        err = result.stderr.decode("utf-8", errors="replace")[-800:]
+        raise SandboxError(ErrorCode.INTERNAL, f"skill {name} failed (exit {result.exit_code}): {err.strip()}")
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        return out
