@@ -1,7 +1,9 @@
 """Saving the full text of a cut output, within a bounded budget per directory.
 
 A writable workspace keeps them in `.sandbox/outputs/` (the sandbox can read them back); a
-read-only one in the session's folder of the state dir, `spilled/` (owner-only files). Either directory keeps at
+read-only one in the session's folder of the state dir, `spilled/` (owner-only files). An
+`exec` output too long to hold in memory is captured host-side first (state_dir/outputs/) and
+then copied in by the same rule. Either directory keeps at
 most :data:`MAX_FILES` outputs and :data:`MAX_BYTES` bytes: the oldest are removed first to make
 room, and one output larger than the whole budget is not saved (the caller says so). Every
 access goes through :class:`SafeRoot`, so a link planted at `.sandbox` is refused, not followed.
@@ -10,6 +12,7 @@ access goes through :class:`SafeRoot`, so a link planted at `.sandbox` is refuse
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import WorkspacePath
@@ -18,7 +21,7 @@ from sandbox.fs.safe import FileStat, SafeRoot
 MAX_FILES = 20
 MAX_BYTES = 64 * 1024 * 1024
 SUFFIX = ".txt"
-STATE_SUBDIR = "spilled"  # in a session's state folder; `outputs/` there is exec's own capture
+STATE_SUBDIR = "spilled"  # in a session's state folder (exec's own capture is state_dir/outputs/)
 
 
 @dataclass(frozen=True)
@@ -46,18 +49,21 @@ def to_remove(existing: list[tuple[str, FileStat]], incoming: int, budget: Budge
     return removed
 
 
-def save(root: SafeRoot, directory: WorkspacePath, name: str, data: bytes, budget: Budget, mode: int = 0o644) -> None:
+def save(
+    root: SafeRoot, directory: WorkspacePath, name: str, data: bytes | Path, budget: Budget, mode: int = 0o644
+) -> None:
     """Write `directory/name` under `root`, pruning the oldest outputs there first.
 
     Raises:
         SandboxError: QUOTA_EXCEEDED when `data` alone is over the budget; PERMISSION_DENIED
             when a component is a link; others from the file system.
     """
-    if len(data) > budget.max_bytes:
+    size = data.stat().st_size if isinstance(data, Path) else len(data)
+    if size > budget.max_bytes:
         raise SandboxError(
             ErrorCode.QUOTA_EXCEEDED,
-            f"the full output is {len(data):,} bytes, over the {budget.max_bytes:,}-byte budget for saved outputs",
-            size=len(data),
+            f"the full output is {size:,} bytes, over the {budget.max_bytes:,}-byte budget for saved outputs",
+            size=size,
             max_bytes=budget.max_bytes,
         )
     try:
@@ -66,7 +72,7 @@ def save(root: SafeRoot, directory: WorkspacePath, name: str, data: bytes, budge
         if exc.code != ErrorCode.FILE_NOT_FOUND:
             raise
         existing = []
-    for old in to_remove(existing, len(data), budget):
+    for old in to_remove(existing, size, budget):
         try:
             root.unlink(WorkspacePath((*directory.parts, old)))
         except SandboxError as exc:  # removed meanwhile by another call: fine

@@ -65,6 +65,18 @@ def _map_os_error(exc: OSError, rel: str) -> SandboxError:
     return SandboxError(ErrorCode.INTERNAL, f"{rel}: {os.strerror(exc.errno or 0)}", path=rel)
 
 
+def _write_all(fd: int, data: bytes | Path) -> None:
+    if isinstance(data, Path):
+        with data.open("rb") as source:
+            while chunk := source.read(1024 * 1024):
+                _write_all(fd, chunk)
+        return
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
 class SafeRoot:
     """A directory tree accessed without ever following a symlink.
 
@@ -166,12 +178,14 @@ class SafeRoot:
             finally:
                 os.close(fd)
 
-    def write_atomic(self, path: WorkspacePath, data: bytes, mode: int = 0o644) -> FileStat:
+    def write_atomic(self, path: WorkspacePath, data: bytes | Path, mode: int = 0o644) -> FileStat:
         """Write via a temp file in the same directory and rename: readers see old or new, never a mix.
 
-        A symlink at the final name is replaced by the file, never written through. An existing
-        regular file keeps its mode; a new one gets `mode`.
+        `data` is the content, or a trusted host file whose content is copied in chunks (never
+        whole in memory). A symlink at the final name is replaced by the file, never written
+        through. An existing regular file keeps its mode; a new one gets `mode`.
         """
+        size = data.stat().st_size if isinstance(data, Path) else len(data)
         rel = path.relative
         if not path.parts:
             raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "cannot write to the workspace root itself")
@@ -185,7 +199,7 @@ class SafeRoot:
             except FileNotFoundError:
                 old = None
             if self.quota is not None:
-                self.quota.check_write(len(data), old.st_size if old is not None else 0, rel)
+                self.quota.check_write(size, old.st_size if old is not None else 0, rel)
             tmp = f".{path.name[:200]}.{secrets.token_hex(4)}.sbx-tmp"
             try:
                 fd = os.open(
@@ -198,10 +212,7 @@ class SafeRoot:
                 raise _map_os_error(exc, rel) from exc
             try:
                 try:
-                    view = memoryview(data)
-                    while view:
-                        written = os.write(fd, view)
-                        view = view[written:]
+                    _write_all(fd, data)
                     os.fchmod(fd, mode)
                     if self.owner and old is None:
                         os.fchown(fd, *self.owner)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal as signals
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ import docker.errors
 
 from sandbox.runtime.shellwrap import TAG_VAR
 
-ROUNDS = 5
+ROUNDS = 6  # waits 0.05 s, 0.1 s, ... 1.6 s between rounds: about 3 s in all
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
     if signal != "KILL":
         return True
     for round_ in range(ROUNDS):
+        time.sleep(0.05 * 2**round_)  # killed processes take a moment to exit (longer on a busy host)
         members = call_members(api, container_id, call_id)
         if not members.pids:
             return True
@@ -119,6 +121,7 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
         finally:
             if frozen:
                 _unpause(api, container_id)
+    time.sleep(0.5)
     return not call_members(api, container_id, call_id).pids
 
 

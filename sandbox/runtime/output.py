@@ -163,5 +163,5 @@ class OutputCapture:
 
 def describe_cut(cut: int, total: int, where: str | None) -> str:
     """The marker put between the head and the tail of a long output."""
-    place = f"; the whole output is saved at {where} (outside the sandbox)" if where else ""
-    return f"\n\n[... {cut:,} of {total:,} bytes of output cut{place} ...]\n\n"
+    place = f"; full output in {where}" if where else ""
+    return f"\n\n[... truncated: {cut:,} of {total:,} bytes cut{place} ...]\n\n"

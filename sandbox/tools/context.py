@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +14,10 @@ from sandbox.runtime.protocol import Shell
 
 def _no_progress(kind: str, **detail: object) -> None:
     del kind, detail
+
+
+async def _no_publish(host_file: Path) -> str | None:
+    return str(host_file)
 
 
 @dataclass
@@ -31,3 +35,5 @@ class ToolContext:
     workdir: str  # where commands start: /workspace in a sandbox, the workspace on the host
     state_dir: Path  # this session's state folder
     emit: Callable[..., None] = _no_progress  # emit(kind, **detail): progress events for UIs
+    # publish(host file) -> where the model finds a full output (the engine's spill rule)
+    publish: Callable[[Path], Awaitable[str | None]] = _no_publish

@@ -50,7 +50,7 @@ def text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def stream_text(result: ExecResult, which: int, data: bytes, max_chars: int) -> str:
+def stream_text(result: ExecResult, which: int, data: bytes, max_chars: int, where: str | None) -> str:
     """A stream as text; when its middle was not kept, head + a marker saying where it all is + tail.
 
     Head and tail are sized so the text fits in `max_chars` (results.max_chars) with the marker.
@@ -60,7 +60,21 @@ def stream_text(result: ExecResult, which: int, data: bytes, max_chars: int) -> 
         return text(data)
     head, tail = text(kept.head)[: int(max_chars * 0.6)], text(kept.tail)[-int(max_chars * 0.3) :]
     cut = kept.total - len(head.encode()) - len(tail.encode())
-    return head + describe_cut(cut, kept.total, result.full_output_path) + tail
+    return head + describe_cut(cut, kept.total, where) + tail
+
+
+async def publish_output(ctx: ToolContext, result: ExecResult, notes: list[str]) -> str | None:
+    """Where the model finds an output too long to keep in memory (copied into a writable
+    workspace's .sandbox/outputs/ within the spill budget, else kept host-side)."""
+    if not result.full_output_path:
+        return None
+    host_file = Path(result.full_output_path)
+    try:
+        return await ctx.publish(host_file)
+    except Exception as exc:  # the command ran: a lost copy is a note, never a lost result
+        reason = exc.message if isinstance(exc, SandboxError) else f"{exc.__class__.__name__}: {exc}"
+        notes.append(f"the full output could not be put in the workspace ({reason}); the orchestrator keeps it")
+        return str(host_file)
 
 
 def make_room(folder: Path) -> None:
@@ -166,18 +180,20 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 1),
     }
-    if args.merge_output:
-        body["output"] = stream_text(result, 0, result.output, ctx.config.results.max_chars)
-    else:
-        body["stdout"] = stream_text(result, 1, result.stdout, ctx.config.results.max_chars)
-        body["stderr"] = stream_text(result, 2, result.stderr, ctx.config.results.max_chars)
     notes = list(result.notes)
+    where = await publish_output(ctx, result, notes)
+    limit = ctx.config.results.max_chars
+    if args.merge_output:
+        body["output"] = stream_text(result, 0, result.output, limit, where)
+    else:
+        body["stdout"] = stream_text(result, 1, result.stdout, limit, where)
+        body["stderr"] = stream_text(result, 2, result.stderr, limit, where)
     if args.timeout_s and args.timeout_s > timeout:
         notes.append(f"timeout_s lowered to the configured maximum {timeout:g}s")
     if notes:
         body["note"] = "; ".join(notes)
-    if result.full_output_path:
-        body["full_output_path"] = result.full_output_path
+    if where:
+        body["full_output_path"] = where  # the engine lifts it into ToolResult.full_output_path
     if result.overflowed:
         cap = ctx.config.tools.exec.max_output_bytes
         raise SandboxError(
