@@ -21,11 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "sandbox-exec:latest"
 
-RAW = """
+RAW = f"""
 import docker, sys
 size, mode = int(sys.argv[1]), sys.argv[2]
 client = docker.from_env()
-c = client.containers.run("{image}", ["sleep", "600"], detach=True, labels={{"io.agent-sandbox.bench": "1"}})
+c = client.containers.run("{IMAGE}", ["sleep", "600"], detach=True, labels={{"io.agent-sandbox.bench": "1"}})
 try:
     cmd = ["sh", "-c", f"head -c {{size}} /dev/zero | tr '\\\\0' x"]
     if mode == "stream":
@@ -35,7 +35,7 @@ try:
     print(total)
 finally:
     c.remove(force=True)
-""".format(image=IMAGE)
+"""
 
 
 def measured(argv: list[str]) -> tuple[float, float, str]:
