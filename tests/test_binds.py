@@ -131,3 +131,54 @@ def test_valid_binds_parse(tmp_path: Path) -> None:
     ]
     with pytest.raises(BindRefused, match="already mounted"):
         validate_binds([f"{tmp_path}/a:/mnt/a", f"{tmp_path}/a:/mnt/a/"], DEFAULT)
+
+
+@pytest.mark.parametrize(
+    ("bind", "rule"),
+    [
+        ("/tmp:/mnt/t", "socket-home"),
+        ("/var/tmp:/mnt/t", "socket-home"),
+        ("/tmp/.X11-unix:/mnt/x", "socket-home"),
+        ("/tmp/tmux-1000:/mnt/x", "socket-home"),
+        ("/dev/shm:/mnt/s", "system-path"),
+        ("/run/user/1000:/mnt/r", "system-path"),
+    ],
+)
+def test_socket_homes_refused(bind: str, rule: str) -> None:
+    """/tmp, /var/tmp, their X11/tmux/ssh socket dirs, /dev/shm and /run/user are never bind sources."""
+    assert refused(bind).rule == rule
+
+
+def test_mount_holding_a_socket_is_refused_at_create(tmp_path: Path) -> None:
+    """A socket deep in a workspace (a dev database's .s.PGSQL.5432) refuses the container's creation."""
+    import socket
+
+    from sandbox.config import effective_agent, load_config_text
+    from sandbox.runtime.spec import build_spec, create_kwargs
+
+    ws = tmp_path / "ws"
+    (ws / "db" / "run").mkdir(parents=True)
+    config = load_config_text(
+        f"state_dir: {tmp_path}/state\nagents: {{list: [{{id: main, workspace: '{ws}', "
+        "sandbox: {workspace_access: ro}}]}"
+    )
+    spec = build_spec(effective_agent(config, "main"), "agent:main:s", "inst")
+    create_kwargs(spec)  # no socket yet: fine
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(ws / "db" / "run" / ".s.PGSQL.5432"))
+    try:
+        with pytest.raises(BindRefused) as info:
+            create_kwargs(spec)
+    finally:
+        server.close()
+    assert info.value.rule == "contains-socket" and info.value.path.endswith("db/run/.s.PGSQL.5432")
+
+
+def test_socket_scan_is_bounded(tmp_path: Path) -> None:
+    """The scan stops at its entry budget and says it saw only part of the tree."""
+    from sandbox.runtime.binds import find_sockets
+
+    for i in range(50):
+        (tmp_path / f"f{i}").write_text("")
+    assert find_sockets([str(tmp_path)], max_entries=10).complete is False
+    assert find_sockets([str(tmp_path)]).complete is True

@@ -132,3 +132,63 @@ async def test_folder_name_with_command_substitution_runs_nothing_in_the_sandbox
         finally:
             await sess.close()
     assert not (ws / marker).exists()
+
+
+async def test_socket_planted_after_creation_is_reported_by_the_live_audit(
+    make_config: Any, tmp_path: Path, docker_client: Any
+) -> None:
+    """Residual risk, measured: a host process binds run/api.sock in the workspace after the sandbox
+    exists; the live audit reports it (SBX-K003) and a new sandbox over it is refused (contains-socket)."""
+    import socket
+    import threading
+
+    from sandbox.audit.run import run_audit
+
+    ws = tmp_path / "ws"
+    (ws / "run").mkdir(parents=True)
+    os.chown(ws, 1000, 1000)
+    config = make_config(
+        "agents: {defaults: {sandbox: {mode: all, scope: session, workspace_access: ro}}, "
+        f"list: [{{id: a, workspace: '{ws}'}}]}}"
+    )
+    path = ws / "run" / "api.sock"
+    server = socket.socket(socket.AF_UNIX)
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:s1")
+        try:
+            made = await sess.call("exec", {"command": "true"})
+            assert made.ok, made.error  # the sandbox exists
+            server.bind(str(path))
+            os.chmod(path, 0o777)
+            server.listen(1)
+            server.settimeout(10)
+            served: list[bytes] = []
+
+            def serve() -> None:
+                try:
+                    conn, _ = server.accept()
+                    conn.sendall(b"host-secret\n")
+                    served.append(b"sent")
+                    conn.close()
+                except OSError:
+                    pass
+
+            thread = threading.Thread(target=serve, daemon=True)
+            thread.start()
+            probe = (
+                'python3 -c "import socket; s = socket.socket(socket.AF_UNIX); '
+                "s.connect('/workspace/run/api.sock'); print(s.recv(64).decode().strip())\""
+            )
+            reached = await sess.call("exec", {"command": probe})
+            # no seccomp rule ships by default: the sandbox reaches the socket (README: residual risk)
+            print("sandbox reached the planted socket:", reached.output)
+            result = run_audit(config, docker_client)
+            mine = [f for f in result.findings if f.rule == "SBX-K003" and str(path) in f.evidence]
+            assert mine and mine[0].severity == "high", [f.rule for f in result.findings]
+            other = orch.session("agent:a:s2")
+            refused = await other.call("exec", {"command": "true"})
+            assert refused.error is not None and "Unix socket" in refused.error.message
+            assert "api.sock" in refused.error.message
+        finally:
+            server.close()
+            await sess.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from sandbox.audit.findings import Finding
 from sandbox.audit.rule_helpers import Doc, finding
@@ -78,3 +79,50 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
                 )
             )
     return out
+
+
+def _covers(host: str, path: str) -> bool:
+    return host == path or path.startswith(host.rstrip("/") + "/")
+
+
+def _writable_through(path: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rw row of one sandbox through which host `path` is writable there, if any: a rw mount
+    holding it, unless a read-only mount lies over that spot in the container (protected paths)."""
+    mounted = [
+        r for r in rows if str(r.get("host", "")).startswith("/") and str(r.get("container", "")).startswith("/")
+    ]
+    for writer in mounted:
+        host = os.path.realpath(str(writer["host"]))
+        if writer.get("mode") != "rw" or not _covers(host, path):
+            continue
+        rel = os.path.relpath(path, host)
+        spot = os.path.normpath(os.path.join(str(writer["container"]), rel))
+        over = [
+            r
+            for r in mounted
+            if _covers(str(r["container"]), spot) and len(str(r["container"])) > len(str(writer["container"]))
+        ]
+        if not over or max(over, key=lambda r: len(str(r["container"]))).get("mode") == "rw":
+            return writer
+    return None
+
+
+def mark_writable_elsewhere(table: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Show the effective mode of every read-only row: `rw` (verdict SBX-M007) when the same host
+    path is writable through another mount, of this sandbox or another (a skills dir mounted ro
+    but inside some agent's rw workspace). A read-only mount over that spot in the writer's own
+    container (protected paths) keeps it read-only there."""
+    for rows in table.values():
+        for row in rows:
+            if row.get("mode") != "ro" or not str(row.get("host", "")).startswith("/"):
+                continue
+            path = os.path.realpath(str(row["host"]))
+            for writer_target, writer_rows in table.items():
+                writer = _writable_through(path, writer_rows)
+                if writer is not None:
+                    row["mode"] = "rw"
+                    verdict = str(row.get("verdict") or "ok")
+                    row["verdict"] = "SBX-M007" if verdict == "ok" else f"{verdict}, SBX-M007"
+                    row["from"] = f"{row.get('from', '')}; writable via {writer_target}: {writer['container']} (rw)"
+                    break
+    return table

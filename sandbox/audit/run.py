@@ -8,9 +8,11 @@ from typing import Any
 
 from sandbox.audit.config_rules import audit_config, inspect_of
 from sandbox.audit.container_rules import audit_container
+from sandbox.audit.control_rules import control_findings, live_control_findings
 from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import Finding
 from sandbox.audit.isolation_rules import live_shared_findings, senders_from_journal
+from sandbox.audit.mount_rules import mark_writable_elsewhere
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
@@ -111,13 +113,13 @@ def mount_map(config: Config) -> dict[str, list[dict[str, Any]]]:
                     seen.add((row["host"], row["container"], row["mode"]))
                     rows.append({**row, "from": f"agent {other}: {row['from']}", "verdict": "SBX-S001"})
         out[heading] = rows
-    return out
+    return mark_writable_elsewhere(out)
 
 
 def run_audit(config: Config, client: Any | None, *, all_containers: bool = False) -> AuditResult:
     """Audit the config, and with an engine client its live containers and the engine itself."""
     scratch = scratch_roots(config)
-    findings = audit_config(config, scratch, senders_from_journal(config))
+    findings = audit_config(config, scratch, senders_from_journal(config)) + control_findings(config)
     mounts = mount_map(config)
     if client is None:
         return AuditResult(findings, mounts)
@@ -139,7 +141,11 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
         labels = doc.get("Config", {}).get("Labels") or {}
         kind = labels.get(Labels.KIND, "")
         target = f"container {doc['Name'].lstrip('/')}" + (f" ({_users(config, labels)}, {kind})" if kind else "")
-        found = audit_container(doc, target, scratch) + live_shared_findings(config, doc, target)
+        found = (
+            audit_container(doc, target, scratch)
+            + live_shared_findings(config, doc, target)
+            + live_control_findings(config, doc, target)
+        )
         if kind == "browser":
             found = [f for f in found if f.rule != "SBX-C025"]  # CDP on loopback is the design
             for port, bindings in (doc.get("HostConfig", {}).get("PortBindings") or {}).items():

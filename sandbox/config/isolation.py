@@ -17,6 +17,7 @@ from typing import Any
 from sandbox.config.locate import Loc
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config
+from sandbox.errors import BindRefused
 
 # settings that change nothing in the container (who is sandboxed, when it is pruned)
 _NOT_CONTAINER = frozenset({"mode", "scope", "prune"})
@@ -116,7 +117,7 @@ def overlaps(config: Config) -> list[Overlap]:
     return out
 
 
-def _loc(agent: EffectiveAgent, *tail: str) -> Loc:
+def _loc(agent: EffectiveAgent, *tail: str | int) -> Loc:
     return ("agents", "defaults", *tail) if agent.index is None else ("agents", "list", agent.index, *tail)
 
 
@@ -127,7 +128,8 @@ def _where_workspace(config: Config, agent: EffectiveAgent) -> str:
 
 
 def isolation_problems(config: Config) -> Iterator[tuple[Loc, str]]:
-    """Load-time problems: shared scope across differing sandboxes or tenants, overlapping paths."""
+    """Load-time problems: shared scope across differing sandboxes or tenants, overlapping paths,
+    control files where a sandbox can write."""
     for m in shared_mismatches(config):
         why = " (tenants never share a container)" if "tenant" in m.keys else ""
         yield (
@@ -147,4 +149,132 @@ def isolation_problems(config: Config) -> Iterator[tuple[Loc, str]]:
             f"the workspace {os.path.realpath(o.agent.workspace)} of {_where_workspace(config, o.agent)} "
             f"{o.relation} {what}; give every agent its own directory, outside the state_dir and every "
             "workspace_root (a sandbox writing there could reach what is not its own)",
+        )
+    yield from control_problems(config)
+
+
+# -- control files: what the orchestrator reads or runs on the host ------------------------------
+
+
+@dataclass(frozen=True)
+class WritableRoot:
+    """A host directory some agent's sandboxes can write (or, for a scratch root, write below)."""
+
+    agent: EffectiveAgent
+    path: str  # resolved
+    how: str  # for messages: "workspace (workspace_access rw)", "docker.binds[0] (rw)", ...
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ControlExposure:
+    """A control file or folder that lies in (or holds) a directory a sandbox can write."""
+
+    kind: str  # "skills dir", "config file", "state dir", "hook module", "orchestrator code"
+    path: str
+    root: WritableRoot
+    relation: str  # "is", "lies inside", "contains"
+
+
+def writable_roots(config: Config) -> list[WritableRoot]:
+    """Every host directory a sandbox of some agent mounts read-write, and every scratch root."""
+    from sandbox.runtime.binds import parse_bind  # the runtime imports config; not the reverse at load
+
+    out: list[WritableRoot] = []
+    for agent in _agents(config):
+        sandbox = agent.sandbox
+        if sandbox.mode == "off":
+            continue  # no sandbox: nothing runs confined, nothing confined writes
+        if sandbox.workspace_access == "rw":
+            out.append(
+                WritableRoot(
+                    agent,
+                    os.path.realpath(agent.workspace),
+                    "workspace (workspace_access rw)",
+                    _loc(agent, "workspace"),
+                )
+            )
+        elif sandbox.workspace_access == "none":
+            root = os.path.realpath(str(sandbox.workspace_root))
+            how = "scratch root (sandbox.workspace_root; each sandbox writes a folder in it)"
+            out.append(WritableRoot(agent, root, how, _loc(agent, "sandbox", "workspace_root")))
+        for index, text in enumerate(sandbox.docker.binds):
+            try:
+                source, _, mode = parse_bind(text)
+            except BindRefused:
+                continue  # malformed: the bind rules report it
+            if mode == "rw":
+                loc = _loc(agent, "sandbox", "docker", "binds", index)
+                out.append(
+                    WritableRoot(
+                        agent, os.path.realpath(os.path.expanduser(source)), f"docker.binds[{index}] (rw)", loc
+                    )
+                )
+    return out
+
+
+def _hook_paths() -> list[str]:
+    """Where the installed hook plugins' code lives (found without importing it)."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    out = []
+    for ep in entry_points(group="agent_sandbox.hooks"):
+        try:
+            spec = importlib.util.find_spec(ep.module.split(".", 1)[0])
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        out += list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    return [os.path.realpath(p) for p in out]
+
+
+def control_paths(config: Config) -> list[tuple[str, str]]:
+    """(kind, resolved path) of everything the orchestrator reads or runs as itself on the host."""
+    import sys
+
+    import sandbox
+
+    paths = [("skills dir", os.path.realpath(d)) for d in config.skills.dirs]
+    if config.source_file is not None:
+        paths.append(("config file", str(config.source_file)))
+    paths.append(("state dir", os.path.realpath(config.state_dir)))
+    paths += [("hook module", p) for p in _hook_paths()]
+    paths.append(("orchestrator code", os.path.realpath(os.path.dirname(sandbox.__file__))))
+    if sys.prefix != sys.base_prefix:  # a virtualenv: its packages run as the orchestrator
+        paths.append(("orchestrator code", os.path.realpath(sys.prefix)))
+    return paths
+
+
+# a folder whose contents the orchestrator runs is exposed when a writable root is inside it too
+_FOLDERS_RUN = frozenset({"skills dir", "hook module", "orchestrator code"})
+
+
+def control_exposures(config: Config) -> list[ControlExposure]:
+    """Control files and folders a sandboxed session could rewrite (see :func:`control_problems`)."""
+    out = []
+    roots = writable_roots(config)
+    for kind, path in control_paths(config):
+        for root in roots:
+            relation = _relation(root.path, path)  # root "contains" path, "is" it, or "lies inside" it
+            if relation in ("is", "contains"):
+                out.append(ControlExposure(kind, path, root, "lies inside" if relation == "contains" else "is"))
+            elif relation == "lies inside" and kind in _FOLDERS_RUN:
+                out.append(ControlExposure(kind, path, root, "contains"))
+    return out
+
+
+def control_problems(config: Config) -> Iterator[tuple[Loc, str]]:
+    """Load-time refusals: a skills dir, the config file, the state dir, a hook's or the orchestrator's
+    code where a sandbox can write (it would run, or be obeyed, on the host on the next call)."""
+    for e in control_exposures(config):
+        agent = e.root.agent
+        yield (
+            e.root.loc,
+            f"the {e.kind} {e.path} {e.relation} the {e.root.how} {e.root.path} of agent {agent.id!r} "
+            f"({agent.key_path}): its sandboxes can write there, and the orchestrator reads or runs the "
+            f"{e.kind} on the host, so a sandboxed session could plant code or rewrite policy; move the "
+            f"{e.kind} outside every writable workspace, rw bind and workspace_root, or make the agent's "
+            "workspace_access ro (or none with a workspace_root elsewhere)",
         )

@@ -55,7 +55,7 @@ def validate(located: Located, *, base_dir: Path) -> Config:
     data, unknown = keys.normalize(data, Config)
     problems = [_line(located, loc, message, value=False) for loc, message in unknown]
     try:
-        context = {"base_dir": base_dir, "extra_tools": _skill_names(data, base_dir)}
+        context = {"base_dir": base_dir, "extra_tools": _skill_names(data, base_dir), "config_file": located.source}
         config = Config.model_validate(data, context=context)
     except ValidationError as exc:
         problems.extend(_line(located, _loc(err["loc"]), _describe(err)) for err in exc.errors())

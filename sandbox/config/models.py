@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 
 class StrictModel(BaseModel):
@@ -328,3 +328,17 @@ class Config(StrictModel):
     limits: LimitsConfig = LimitsConfig()
     results: ResultsConfig = ResultsConfig()
     skills: SkillsConfig = SkillsConfig()
+    # the file this config was read from (the loader says; never a key of the file itself)
+    _source_file: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _remember_source(self, info: ValidationInfo) -> Config:
+        source = (info.context or {}).get("config_file")
+        if isinstance(source, str | Path) and os.path.isfile(source):
+            self._source_file = Path(os.path.realpath(source))
+        return self
+
+    @property
+    def source_file(self) -> Path | None:
+        """The config file this was loaded from (None for text): a control file sandboxes must not reach."""
+        return self._source_file

@@ -11,6 +11,7 @@ import contextlib
 import os
 import pwd
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -62,6 +63,24 @@ SHADOW_TARGETS: tuple[str, ...] = (
     "/bin",
     "/lib",
 )
+
+# where servers put their Unix sockets: never a bind source (a socket in a sandbox is a door
+# to its server, `network: none` notwithstanding); /run, /dev/shm and /run/user are system paths
+SOCKET_HOMES: tuple[str, ...] = ("/tmp", "/var/tmp")
+SOCKET_DIR_PREFIXES: tuple[str, ...] = (
+    ".X11-unix",
+    ".ICE-unix",
+    ".XIM-unix",
+    ".font-unix",
+    ".Test-unix",
+    ".s.PGSQL.",
+    "tmux-",
+    "ssh-",
+    "systemd-private-",
+    "mysql.sock",
+)
+SCAN_MAX_ENTRIES = 20_000
+SCAN_MAX_SECONDS = 1.0
 
 Mode = Literal["ro", "rw"]
 
@@ -189,6 +208,14 @@ def check_source(source: str, docker: DockerConfig, *, what: str = "bind source"
                     fix="bind a subdirectory that holds no credentials, or set "
                     "docker.dangerously_allow_credential_paths (audited)",
                 )
+    if not docker.dangerously_allow_sockets and (home := _socket_home(real)):
+        raise BindRefused(
+            f"{what} {real!r}{via} {home}, where servers keep their Unix sockets (X11, tmux, ssh-agent, "
+            "databases); a sandbox with it mounted can connect to them, network none notwithstanding",
+            rule="socket-home",
+            path=real,
+            fix="bind a project directory of its own, not a shared temp or runtime dir",
+        )
     if not docker.dangerously_allow_sockets and _is_socket(real):
         raise BindRefused(
             f"{what} {real!r}{via} is a socket; a socket in a sandbox is a door to its server",
@@ -205,6 +232,84 @@ def check_source(source: str, docker: DockerConfig, *, what: str = "bind source"
             fix=f"move it under one of {', '.join(str(r) for r in roots)} or extend the list",
         )
     return real
+
+
+def _socket_home(real: str) -> str | None:
+    """How `real` is a socket home (`is /tmp`, `lies in /tmp/.X11-unix`), or None."""
+    for home in SOCKET_HOMES:
+        if real == home:
+            return f"is {home}"
+        if _is_within(real, home):
+            first = real[len(home) + 1 :].split("/", 1)[0]
+            if first.startswith(SOCKET_DIR_PREFIXES):
+                return f"lies in {home}/{first}"
+    return None
+
+
+@dataclass(frozen=True)
+class SocketScan:
+    """Unix sockets found below some roots, and whether the bounded walk saw everything."""
+
+    sockets: tuple[str, ...]
+    complete: bool
+
+
+def find_sockets(
+    roots: Iterable[str], *, max_entries: int = SCAN_MAX_ENTRIES, max_seconds: float = SCAN_MAX_SECONDS
+) -> SocketScan:
+    """Walk `roots` (never through a link) for Unix sockets, within an entry and a time budget."""
+    found: list[str] = []
+    seen = 0
+    deadline = time.monotonic() + max_seconds
+    unique = sorted({os.path.realpath(r) for r in roots})
+    # a root inside another is walked with it
+    stack = [r for r in unique if not any(o != r and _is_within(r, o) for o in unique)]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > max_entries or time.monotonic() > deadline:
+                        return SocketScan(tuple(found), False)
+                    try:
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                    except OSError:
+                        continue
+                    if stat.S_ISSOCK(mode):
+                        found.append(entry.path)
+                    elif stat.S_ISDIR(mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue  # a file root, or a folder we may not read: the engine mounts it as it is
+    for root in unique:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(root).st_mode):
+                found.append(root)
+    return SocketScan(tuple(sorted(set(found))), True)
+
+
+def refuse_sockets(sources: Iterable[str], docker: DockerConfig) -> SocketScan:
+    """At create time: refuse mounts with a Unix socket below them (bounded; see :func:`find_sockets`).
+
+    Raises:
+        BindRefused: rule `contains-socket`, naming the first socket.
+    """
+    if docker.dangerously_allow_sockets:
+        return SocketScan((), True)
+    scan = find_sockets(sources)
+    if scan.sockets:
+        first = scan.sockets[0]
+        more = f" (and {len(scan.sockets) - 1} more)" if len(scan.sockets) > 1 else ""
+        raise BindRefused(
+            f"a mount of this sandbox holds the Unix socket {first!r}{more}; a sandbox reaches every socket "
+            "below its mounts, read-only or not, network none notwithstanding",
+            rule="contains-socket",
+            path=first,
+            fix="remove the socket, move the server's socket dir out of the workspace and binds "
+            "(e.g. postgres unix_socket_directories), or set docker.dangerously_allow_sockets (audited)",
+        )
+    return scan
 
 
 def _is_socket(path: str) -> bool:

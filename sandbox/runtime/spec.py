@@ -15,7 +15,7 @@ from typing import Any
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
-from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, validate_binds
+from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, refuse_sockets, validate_binds
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -253,8 +253,13 @@ def _bytes(size: str) -> int:
 
 
 def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
-    """docker-py `containers.create` keyword arguments: the hardened defaults, made explicit."""
+    """docker-py `containers.create` keyword arguments: the hardened defaults, made explicit.
+
+    Raises:
+        BindRefused: a mount holds a Unix socket (a bounded scan, run whenever a container is made).
+    """
     d = spec.docker
+    refuse_sockets([m.source for m in spec.engine_mounts], d)
     security = []
     if d.no_new_privileges:
         security.append("no-new-privileges:true")
