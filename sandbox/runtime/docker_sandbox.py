@@ -43,6 +43,11 @@ class DockerSandbox:
         self.gone = False  # set when the engine says the container is gone or stopped
 
     @property
+    def backend(self) -> DockerBackend:
+        """The backend this sandbox lives on (skill containers go on the same engine)."""
+        return self._backend
+
+    @property
     def id(self) -> str:
         """The container id."""
         return self._id

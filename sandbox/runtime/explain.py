@@ -17,9 +17,9 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
         spec = spec_from_config(
             config, policy.agent, policy.session.raw, instance_id(config.state_dir, config.instance)
         )
+        kwargs = create_kwargs(spec)  # refuses mounts that hold a socket, like creation does
     except SandboxError as exc:
         return {"error": exc.message}
-    kwargs = create_kwargs(spec)
     docker = spec.docker
     facts: dict[str, Any] = {
         "name": spec.name,

@@ -225,9 +225,10 @@ def backend_of(shell: object) -> DockerBackend:
     Raises:
         SandboxError: SANDBOX_UNAVAILABLE when the session's shell is not a Docker sandbox.
     """
-    backend = getattr(shell, "_backend", None)
-    if backend is None or not hasattr(backend, "client"):
+    from sandbox.runtime.docker_sandbox import DockerSandbox
+
+    if not isinstance(shell, DockerSandbox):
         raise SandboxError(
             ErrorCode.SANDBOX_UNAVAILABLE, "skills in a sandboxed session need the Docker backend to run in"
         )
-    return backend  # type: ignore[no-any-return]
+    return shell.backend
