@@ -9,6 +9,7 @@ import pytest
 from sandbox.config import load_config, load_config_text
 from sandbox.errors import UsageError
 from sandbox.policy import Identity, PolicyResolver
+from sandbox.policy.groups import acting_as
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "policies"
 
@@ -84,12 +85,60 @@ def test_groups_wildcards_alias_case() -> None:
 
 
 def test_apply_patch_follows_write() -> None:
-    """Denying write denies apply_patch; allowing write allows it."""
+    """Denying write denies apply_patch and edit; allowing write allows every tool that writes files."""
     denied = resolve("tools: {deny: [write]}")
-    assert "apply_patch" not in denied.allowed
+    assert "apply_patch" not in denied.allowed and "edit" not in denied.allowed
     assert denied.decision("apply_patch").pattern == "write"
+    assert denied.decision("edit").pattern == "write"
     allowed = resolve("tools: {allow: [write]}")
-    assert allowed.allowed == {"write", "apply_patch"}
+    assert allowed.allowed == {"write", "edit", "apply_patch"}
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "session", "gone", "kept"),
+    [
+        ("tools: {deny: [write]}", "agent:main:main", {"write", "edit", "apply_patch"}, {"read", "exec"}),
+        ("tools: {allow: [read, edit], deny: [write]}", "agent:main:main", {"edit", "write"}, {"read"}),
+        ("tools: {deny: [edit]}", "agent:main:main", {"edit"}, {"write", "apply_patch", "read"}),
+        ("tools: {deny: [apply_patch]}", "agent:main:main", {"apply_patch"}, {"write", "edit"}),
+        ("tools: {deny: [w*]}", "agent:main:main", {"write", "edit", "apply_patch", "web_fetch"}, {"read"}),
+        ("agents: {list: [{id: main, tools: {deny: [write]}}]}", "agent:main:main", {"edit", "apply_patch"}, {"read"}),
+        (
+            "agents: {defaults: {sandbox: {mode: all}}}\ntools: {sandbox: {tools: {deny: [write]}}}",
+            "agent:main:s",
+            {"write", "edit", "apply_patch"},
+            {"read", "exec"},
+        ),
+        ("tools: {allow: [write]}", "agent:main:main", {"read", "exec"}, {"write", "edit", "apply_patch"}),
+    ],
+)
+def test_write_covers_every_tool_that_writes_files(
+    yaml_text: str, session: str, gone: set[str], kept: set[str]
+) -> None:
+    """`write` in any layer's allow or deny names write, edit and apply_patch; `edit` names only edit."""
+    policy = resolve(yaml_text, session=session)
+    assert not gone & policy.allowed
+    assert kept <= policy.allowed
+
+
+@pytest.mark.parametrize(
+    ("tool", "params", "governing"),
+    [
+        ("process", {"action": "write", "id": "p", "data": "x"}, "exec"),
+        ("process", {"action": "kill", "id": "p"}, "exec"),
+        ("process", {"action": "poll", "id": "p"}, None),
+        ("process", {"action": "log", "id": "p"}, None),
+        ("process", {"action": "list"}, None),
+        ("exec", {"command": "true", "action": "write"}, None),
+    ],
+)
+def test_process_actions_that_act_are_governed_by_exec(
+    tool: str, params: dict[str, object], governing: str | None
+) -> None:
+    """`process write|kill` fall under rules on exec; reading a process does not; the tool set is unchanged."""
+    assert acting_as(tool, params) == governing
+    policy = resolve("tools: {deny: [exec]}")
+    assert "exec" not in policy.allowed and "process" in policy.allowed  # the executor refuses its acting actions
 
 
 def test_also_allow_alone_never_restricts() -> None:

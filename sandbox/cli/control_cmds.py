@@ -38,9 +38,10 @@ def approvals_group() -> None:
 @click.pass_obj
 @handled
 def approvals_list(state: State, all_: bool, as_json: bool) -> None:
-    """Pending approvals (oldest first)."""
+    """Pending approvals (oldest first), with the exact arguments that will run."""
     journal = _journal(state)
-    items = journal.approvals(None if all_ else "pending")
+    # raw: a pending call is shown as it will run (masking could hide executable text)
+    items = journal.approvals(None if all_ else "pending", raw=True)
     journal.close()
     data = [a.__dict__ for a in items]
     lines = [
@@ -59,10 +60,10 @@ def approvals_list(state: State, all_: bool, as_json: bool) -> None:
 @click.pass_obj
 @handled
 def approvals_show(state: State, approval_id: str, as_json: bool) -> None:
-    """One approval with every argument in full (control characters shown escaped)."""
+    """One approval with every argument in full, exactly as it will run (control characters escaped)."""
     journal = _journal(state)
     try:
-        approval = journal.approval(approval_id)
+        approval = journal.approval(approval_id, raw=True)
     finally:
         journal.close()
     if approval is None:
@@ -78,7 +79,11 @@ def show_text(a: Approval) -> str:
         f"session   {escape(a.session)}  (agent {escape(a.agent)})",
         f"call      {escape(a.call_id)}  trace {escape(a.trace_id)}",
         f"created   {_when(a.created)} UTC" + (f", decided {_when(a.decided)} UTC" if a.decided else ""),
-        "arguments (secrets masked as ***; control characters shown as \\xNN / \\uNNNN):",
+        (
+            "arguments, exactly as they will run (control characters shown as \\xNN / \\uNNNN):"
+            if a.status == "pending"
+            else "arguments (secrets masked as *** once decided; control characters shown as \\xNN / \\uNNNN):"
+        ),
     ]
     for name, value in a.arguments.items():
         if isinstance(value, str):

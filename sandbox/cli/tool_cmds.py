@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import anyio
 import click
@@ -18,6 +20,8 @@ from sandbox.engine.progress import ProgressBus, ProgressEvent
 from sandbox.errors import SandboxError, UsageError
 from sandbox.policy.sessions import agent_of
 from sandbox.tools.spec import ToolResult
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Spinner:
@@ -43,12 +47,39 @@ class Spinner:
             sys.stderr.flush()
 
 
-def _run_call(state: State, agent: str | None, session: str, tool: str, arguments: Any) -> ToolResult:
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a CLI call: the model's provider/model (`tools.by_provider` layers) and the
+    sender (`tools.approvals.by_sender`), as a chat front end passes them to `orch.session`."""
+
+    provider: str | None = None
+    model: str | None = None
+    sender: str | None = None
+
+
+def caller_options(fn: F) -> F:
+    """Add --provider, --model and --sender to a command."""
+    fn = click.option("--sender", help="Who sent the request (tools.approvals.by_sender).")(fn)
+    fn = click.option("--model", help="Model id, e.g. gpt-4o (tools.by_provider `provider/model`).")(fn)
+    return click.option("--provider", help="Model provider, e.g. openai (tools.by_provider).")(fn)
+
+
+def _run_call(
+    state: State, agent: str | None, session: str, tool: str, arguments: Any, caller: Caller | None = None
+) -> ToolResult:
+    who = caller or Caller()
+
     async def go() -> ToolResult:
         bus = ProgressBus(heartbeat_s=0.2)
         bus.subscribe(Spinner())
         async with Orchestrator(state.config, registry=state.registry(), progress=bus) as orch:
-            sess = orch.session(session, agent=agent or agent_of(session) or default_agent_id(state.config))
+            sess = orch.session(
+                session,
+                agent=agent or agent_of(session) or default_agent_id(state.config),
+                provider=who.provider,
+                model=who.model,
+                sender=who.sender,
+            )
             return await sess.call(tool, arguments)
 
     return anyio.run(go)
@@ -57,12 +88,23 @@ def _run_call(state: State, agent: str | None, session: str, tool: str, argument
 @main.command()
 @click.option("--agent", help="Agent id (default: from the session key, else the default agent).")
 @click.option("--session", required=True, help="Session key.")
+@caller_options
 @click.argument("tool")
 @click.argument("json_args", default="{}")
 @json_option
 @click.pass_obj
 @handled
-def call(state: State, agent: str | None, session: str, tool: str, json_args: str, as_json: bool) -> None:
+def call(
+    state: State,
+    agent: str | None,
+    session: str,
+    provider: str | None,
+    model: str | None,
+    sender: str | None,
+    tool: str,
+    json_args: str,
+    as_json: bool,
+) -> None:
     """Run one tool call through the policy and the sandbox; print the ToolResult JSON.
 
     JSON_ARGS `-` reads the arguments from standard input. Exit 0 when the result is ok, 1 when
@@ -70,7 +112,7 @@ def call(state: State, agent: str | None, session: str, tool: str, json_args: st
     """
     del as_json  # the ToolResult is JSON either way
     arguments = parse_arguments(json_args)
-    result = _run_call(state, agent, session, tool, arguments)
+    result = _run_call(state, agent, session, tool, arguments, Caller(provider, model, sender))
     click.echo(escape_json(result.model_dump(mode="json"), indent=2))
     sys.exit(0 if result.ok else 1)
 
@@ -103,6 +145,7 @@ def parse_arguments(json_args: str) -> Any:
 @click.option("--agent")
 @click.option("--session", required=True)
 @click.option("--timeout", "timeout_s", type=float, help="Seconds before the command is killed.")
+@caller_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @json_option
 @click.pass_obj
@@ -112,6 +155,9 @@ def exec_cmd(
     agent: str | None,
     session: str,
     timeout_s: float | None,
+    provider: str | None,
+    model: str | None,
+    sender: str | None,
     command: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -121,7 +167,7 @@ def exec_cmd(
     args: dict[str, Any] = {"command": shlex.join(command) if len(command) > 1 else command[0]}
     if timeout_s:
         args["timeout_s"] = timeout_s
-    result = _run_call(state, agent, session, "exec", args)
+    result = _run_call(state, agent, session, "exec", args, Caller(provider, model, sender))
     # the command's output is the sandbox's text: printed with its control characters escaped
     if as_json:
         click.echo(escape_json(result.model_dump(mode="json"), indent=2))

@@ -2,22 +2,39 @@
 
 A waiting call holds no concurrency permit (the gate runs before the limiter). Decisions go
 through the journal's database, so `sandbox approvals approve ID` from another process works.
+
+What a rule covers: patterns expand like policy patterns (so `write` names every tool that
+writes files: write, edit, apply_patch), and a rule that names `exec` also covers the `process`
+actions that act on a running command (`write` sends it input, `kill` sends it a signal): an
+approved interpreter must not become an unapproved command channel. Reading a process (`list`,
+`poll`, `log`) needs no approval.
+
+Fail closed: a call runs only when its approval is read back as `approved` with the arguments
+that will run; any failure to read or record the decision refuses the call.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import anyio
 
 from sandbox.config.models import Config
 from sandbox.engine.context import TaskContext, new_id
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.redact import redact
 from sandbox.journal.store import Approval, Journal
-from sandbox.policy.groups import BUILTIN_TOOLS, expand_all
+from sandbox.policy.groups import BUILTIN_TOOLS, acting_as, expand_all
 from sandbox.tools.spec import ToolSpec
 
 POLL_S = 0.1
+
+
+def covered(tool: str, params: dict[str, Any], named: frozenset[str]) -> bool:
+    """Whether a call of `tool` with `params` falls under rules naming the tools in `named`."""
+    return tool in named or acting_as(tool, params) in named
 
 
 class ApprovalGate:
@@ -34,20 +51,21 @@ class ApprovalGate:
         self.journal = journal
         self.universe = universe
 
-    def required(self, spec: ToolSpec, agent: str, sender: str | None) -> bool:
+    def required(self, spec: ToolSpec, agent: str, sender: str | None, params: dict[str, Any] | None = None) -> bool:
         """Whether this call must wait for a human."""
         if spec.requires_approval:
             return True
         patterns = [*self.config.require, *self.config.by_agent.get(agent, [])]
         if sender:
             patterns += self.config.by_sender.get(sender, [])
-        return spec.name in expand_all(patterns, self.universe) if patterns else False
+        return covered(spec.name, params or {}, expand_all(patterns, self.universe)) if patterns else False
 
     async def wait(self, ctx: TaskContext, arguments: dict[str, object]) -> Approval:
-        """Record a pending approval and wait for its decision.
+        """Record a pending approval (with the exact arguments) and wait for its decision.
 
         Raises:
-            SandboxError: APPROVAL_DENIED (with the reason) or APPROVAL_TIMEOUT.
+            SandboxError: APPROVAL_DENIED (with the reason), APPROVAL_TIMEOUT (also when the
+                expiry cannot be recorded), INTERNAL when the approval cannot be read back.
         """
         approval = Approval(
             id=new_id("a"),
@@ -65,27 +83,52 @@ class ApprovalGate:
         self.journal.add_approval(approval)
         with anyio.move_on_after(self.config.timeout_s):
             while True:
-                current = self.journal.approval(approval.id)
+                try:
+                    current = self.journal.approval(approval.id)
+                except SandboxError:
+                    current = None  # a read that fails now may work later; the final read decides
                 if current is not None and current.status != "pending":
                     break
                 await anyio.sleep(POLL_S)
-        current = self.journal.approval(approval.id)
+        return self._settle(ctx, approval.id, arguments)
+
+    def _settle(self, ctx: TaskContext, approval_id: str, arguments: dict[str, object]) -> Approval:
+        current = self.journal.approval(approval_id)
         if current is None or current.status == "pending":
             try:
-                self.journal.decide(approval.id, "expired", f"no decision within {self.config.timeout_s:g}s")
-            except SandboxError:
-                current = self.journal.approval(approval.id)  # decided at the last moment
+                self.journal.decide(approval_id, "expired", f"no decision within {self.config.timeout_s:g}s")
+            except SandboxError as exc:
+                if exc.code != ErrorCode.CONFLICT:
+                    # not recorded as expired: an approver may still see it pending, but it never runs
+                    raise SandboxError(
+                        ErrorCode.APPROVAL_TIMEOUT,
+                        f"{ctx.tool} needed approval {approval_id}; nobody decided within "
+                        f"{self.config.timeout_s:g}s and the expiry could not be recorded ({exc.message})",
+                        approval_id=approval_id,
+                    ) from exc
+                current = self.journal.approval(approval_id)  # decided at the last moment: read it back
             else:
                 raise SandboxError(
                     ErrorCode.APPROVAL_TIMEOUT,
-                    f"{ctx.tool} needed approval {approval.id}; nobody decided within {self.config.timeout_s:g}s",
-                    approval_id=approval.id,
+                    f"{ctx.tool} needed approval {approval_id}; nobody decided within {self.config.timeout_s:g}s",
+                    approval_id=approval_id,
                 )
-        assert current is not None
-        if current.status == "denied":
+        status = current.status if current is not None else "missing"
+        if current is None or status != "approved":
+            if status == "denied":
+                reason = current.reason if current is not None else ""
+                raise SandboxError(
+                    ErrorCode.APPROVAL_DENIED,
+                    f"{ctx.tool} was denied (approval {approval_id}): {reason or 'no reason given'}",
+                    approval_id=approval_id,
+                )
+            code = ErrorCode.APPROVAL_TIMEOUT if status in ("expired", "pending") else ErrorCode.INTERNAL
+            raise SandboxError(code, f"{ctx.tool} was not approved (approval {approval_id} is {status})")
+        # the decided row keeps the masked copy: it must be the masked copy of what will run
+        if current.arguments != json.loads(json.dumps(redact(arguments, max_text=None), default=str)):
             raise SandboxError(
-                ErrorCode.APPROVAL_DENIED,
-                f"{ctx.tool} was denied (approval {approval.id}): {current.reason or 'no reason given'}",
-                approval_id=approval.id,
+                ErrorCode.INTERNAL,
+                f"approval {approval_id} was given for other arguments than the call's; the call was not run",
+                approval_id=approval_id,
             )
         return current

@@ -23,6 +23,7 @@ from sandbox.engine.results import shape
 from sandbox.engine.retry import with_retries
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.store import Journal
+from sandbox.policy.groups import acting_as
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.context import ToolContext
 from sandbox.tools.registry import ToolRegistry
@@ -106,9 +107,15 @@ async def execute(
     tenant: str,
     sender: str | None = None,
     trace_id: str | None = None,
+    refused: SandboxError | None = None,
 ) -> ToolResult:
     """Run one tool call, each stage journaled: proposed, policy, validation, hooks and loop
-    detection, approval, limits, the runtime (with retries), shaping, after hooks."""
+    detection, approval, limits, the runtime (with retries), shaping, after hooks.
+
+    With `refused` the call is not run at all: it is journaled (`proposed`, then `blocked` or
+    `invalid` with the reason) and comes back as that error, with its own trace and call ids
+    (a batch call skipped because a dependency failed, or refused with its batch).
+    """
     started = time.perf_counter()
     tool = name.strip().lower() if isinstance(name, str) else type(name).__name__
     tool = "exec" if tool == "bash" else tool
@@ -167,6 +174,9 @@ async def execute(
             log.info("tool_call_invalid")
             return refuse("invalid", exc)
         journal("proposed", arguments=arguments, sender=sender)
+        if refused is not None:
+            log.bind(code=refused.code.value).info("tool_call_refused")
+            return refuse("invalid" if refused.code == ErrorCode.INVALID_ARGUMENTS else "blocked", refused)
         runnable = registry.runnable()
         available = sorted(t for t in policy.allowed if t in runnable)
         if tool not in policy.allowed or tool not in runnable:
@@ -197,7 +207,7 @@ async def execute(
         rewritten, blocked, hook_name = await engine.hooks.run_before(tctx, tool, params)
         if blocked is not None:
             if engine.loops:
-                engine.loops.record(tctx.session, tool, params, "blocked")
+                engine.loops.record(tenant, tctx.session, tool, params, "blocked")
             return refuse("blocked", SandboxError(ErrorCode.BLOCKED, blocked, hook=hook_name))
         if rewritten != params:
             try:
@@ -213,19 +223,29 @@ async def execute(
                     ),
                 )
             params = args.model_dump(mode="json")
+        if (governing := acting_as(tool, params)) is not None and governing not in policy.allowed:
+            # after any rewrite: `process write` to a running interpreter is a command channel, so it needs exec
+            return refuse(
+                "blocked",
+                SandboxError(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"{tool} {params.get('action')} acts on a running command and needs {governing}, "
+                    "which is not available to this session",
+                ),
+            )
         journal("validated", arguments=params)
         warnings: list[str] = []
         if engine.loops is not None:
-            verdict = engine.loops.check(tctx.session, tool, params)
+            verdict = engine.loops.check(tenant, tctx.session, tool, params)
             if verdict.level in ("critical", "breaker"):
-                engine.loops.record(tctx.session, tool, params, "blocked")
+                engine.loops.record(tenant, tctx.session, tool, params, "blocked")
                 return refuse(
                     "blocked",
                     SandboxError(ErrorCode.BLOCKED, verdict.message(), pattern=verdict.pattern, count=verdict.count),
                 )
             if verdict.level == "warn":
                 warnings.append(verdict.message())
-        if engine.approvals is not None and engine.approvals.required(spec, tctx.agent, sender):
+        if engine.approvals is not None and engine.approvals.required(spec, tctx.agent, sender, params):
             journal("awaiting_approval")
             event("queued", awaiting_approval=True)
             try:
@@ -274,7 +294,9 @@ async def execute(
             failed = _error_result(tool, tctx, exc, started, output=shaped_partial)
             failed = await engine.hooks.run_after(tctx, tool, params, failed)
             if engine.loops:
-                engine.loops.record(tctx.session, tool, params, failed.error.model_dump() if failed.error else None)
+                engine.loops.record(
+                    tenant, tctx.session, tool, params, failed.error.model_dump() if failed.error else None
+                )
             journal("failed", code=exc.code.value, message=exc.message, output=shaped_partial)
             return failed
         spill_path = None
@@ -301,7 +323,7 @@ async def execute(
         )
         result = await engine.hooks.run_after(tctx, tool, params, result)
         if engine.loops:
-            engine.loops.record(tctx.session, tool, params, result.output)
+            engine.loops.record(tenant, tctx.session, tool, params, result.output)
         log.bind(duration_ms=duration).info("tool_call_finished")
         event("finished", ok=True)
         journal("finished", output=result.output)

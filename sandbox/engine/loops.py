@@ -6,31 +6,72 @@ Patterns over the last `window` calls of a session:
 - pingPong: two calls alternating (A, B, A, B) while neither result changes.
 A count at `warn_threshold` adds a note for the model; at `critical_threshold` the call is
 BLOCKED; at `global_circuit_breaker` the session refuses every call until reset.
+
+The history lives where the calls of a session meet: the journal's database (`loop_calls`,
+indexed by tenant, session and id), so calls made by separate processes (one `sandbox call`
+each) count together. Only digests of the masked arguments and results are kept: a digest of
+raw arguments would let anyone holding the database test guesses of a weak secret.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from loguru import logger
 
 from sandbox.config.models import LoopDetectionSection
+from sandbox.errors import SandboxError
+from sandbox.journal.redact import redact
 
 POLL_LIKE = frozenset({"process", "session_status", "sessions_list", "sessions_history"})
+MAX_WINDOW = 1000  # the query reads at most this many rows, whatever the config says
+
+History = list[tuple[str, str, str]]  # (tool, args digest, result digest), oldest first
 
 
 def fingerprint(value: Any) -> str:
-    """A short stable hash of JSON-able data."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A short stable hash of JSON-able data, taken over its masked form."""
+    masked = redact(value, max_text=None)
+    return hashlib.sha256(json.dumps(masked, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class LoopStore(Protocol):
+    """Where a session's call history lives (the journal implements it)."""
+
+    def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None: ...
+    def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]: ...
+    def loop_trip(self, tenant: str, session: str) -> None: ...
+    def loop_reset(self, tenant: str, session: str) -> None: ...
 
 
 @dataclass
-class _Session:
-    history: deque[tuple[str, str, str]]  # (tool, args hash, result hash)
-    tripped: bool = False
-    detections: list[str] = field(default_factory=list)
+class MemoryLoopStore:
+    """The history in this process only (an orchestrator built without a journal)."""
+
+    calls: dict[tuple[str, str], History] = field(default_factory=dict)
+    tripped: set[tuple[str, str]] = field(default_factory=set)
+
+    def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+        """Append one call, keeping at most MAX_WINDOW."""
+        history = self.calls.setdefault((tenant, session), [])
+        history.append((tool, args, result))
+        del history[:-MAX_WINDOW]
+
+    def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]:
+        """The breaker state and the last `window` calls."""
+        return (tenant, session) in self.tripped, self.calls.get((tenant, session), [])[-window:]
+
+    def loop_trip(self, tenant: str, session: str) -> None:
+        """Trip the breaker."""
+        self.tripped.add((tenant, session))
+
+    def loop_reset(self, tenant: str, session: str) -> None:
+        """Forget the session."""
+        self.calls.pop((tenant, session), None)
+        self.tripped.discard((tenant, session))
 
 
 @dataclass(frozen=True)
@@ -55,32 +96,38 @@ class Verdict:
 
 
 class LoopDetector:
-    """Per-session loop state. Args: the `tools.loop_detection` settings."""
+    """Loop verdicts over a session's history, kept in `store` (default: this process's memory).
 
-    def __init__(self, config: LoopDetectionSection) -> None:
+    Args:
+        config: the `tools.loop_detection` settings.
+        store: where the history lives; the orchestrator passes its journal.
+    """
+
+    def __init__(self, config: LoopDetectionSection, store: LoopStore | None = None) -> None:
         self.config = config
-        self._sessions: dict[str, _Session] = {}
+        self.store: LoopStore = store if store is not None else MemoryLoopStore()
 
-    def _state(self, session: str) -> _Session:
-        state = self._sessions.get(session)
-        if state is None:
-            state = _Session(deque(maxlen=self.config.window))
-            self._sessions[session] = state
-        return state
+    @property
+    def window(self) -> int:
+        """How many past calls a verdict looks at (bounded: the query stays small)."""
+        return min(self.config.window, MAX_WINDOW)
 
-    def reset(self, session: str) -> None:
+    def reset(self, tenant: str, session: str) -> None:
         """Clear a session's history and its circuit breaker."""
-        self._sessions.pop(session, None)
+        self.store.loop_reset(tenant, session)
 
-    def check(self, session: str, tool: str, args: dict[str, Any]) -> Verdict:
-        """The verdict for a call about to run."""
+    def check(self, tenant: str, session: str, tool: str, args: dict[str, Any]) -> Verdict:
+        """The verdict for a call about to run.
+
+        Raises:
+            SandboxError: INTERNAL when the history cannot be read (the call does not run).
+        """
         if not self.config.enabled:
             return Verdict("ok")
-        state = self._state(session)
-        if state.tripped:
+        tripped, history = self.store.loop_recent(tenant, session, self.window)
+        if tripped:
             return Verdict("breaker")
         key = fingerprint(args)
-        history = list(state.history)
         counts: list[tuple[int, str]] = []
         if tool not in POLL_LIKE:
             counts.append((1 + sum(1 for t, a, _ in history if (t, a) == (tool, key)), "genericRepeat"))
@@ -94,7 +141,7 @@ class LoopDetector:
         counts.append((self._ping_pong(history, (tool, key)), "pingPong"))
         count, pattern = max(counts)
         if count >= self.config.global_circuit_breaker:
-            state.tripped = True
+            self.store.loop_trip(tenant, session)
             return Verdict("breaker", pattern, count)
         if count >= self.config.critical_threshold:
             return Verdict("critical", pattern, count)
@@ -120,7 +167,12 @@ class LoopDetector:
             length += 1
         return length if length >= 3 else 1
 
-    def record(self, session: str, tool: str, args: dict[str, Any], result: Any) -> None:
-        """Remember a finished (or blocked) call."""
-        if self.config.enabled:
-            self._state(session).history.append((tool, fingerprint(args), fingerprint(result)))
+    def record(self, tenant: str, session: str, tool: str, args: dict[str, Any], result: Any) -> None:
+        """Remember a finished (or blocked) call; a history that cannot be written is logged, not fatal
+        (the call has already run: its result must still reach the caller)."""
+        if not self.config.enabled:
+            return
+        try:
+            self.store.loop_add(tenant, session, tool, fingerprint(args), fingerprint(result))
+        except SandboxError as exc:
+            logger.bind(reason=exc.message).warning("loop_history_not_written")

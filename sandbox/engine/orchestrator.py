@@ -22,6 +22,7 @@ from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import ProgressBus
+from sandbox.errors import ConfigError, ErrorCode, SandboxError
 from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.safe import SafeRoot
@@ -84,11 +85,14 @@ class Orchestrator:
         if journal is True:
             journal = Journal(config.state_dir / "journal.sqlite3")
         self.journal: Journal | None = journal or None
+        if self.journal is None:
+            _refuse_approvals_without_journal(config, self.registry)
         if hooks is None:
             hooks = Hooks()
             hooks.load_entry_points()  # plugins register theirs (entry point group agent_sandbox.hooks)
         self.hooks = hooks
-        self.loops = LoopDetector(config.tools.loop_detection)
+        # the history lives in the journal, so separate processes (CLI calls) count together
+        self.loops = LoopDetector(config.tools.loop_detection, store=self.journal)
         gate = ApprovalGate(config, self.journal, self.policy.universe) if self.journal is not None else None
         self.engine = Engine(
             self.registry,
@@ -125,14 +129,28 @@ class Orchestrator:
         return self.journal.approvals("pending") if self.journal else []
 
     def approve(self, approval_id: str, reason: str = "") -> Approval:
-        """Let a waiting call run."""
-        assert self.journal is not None, "approvals need the journal"
-        return self.journal.decide(approval_id, "approved", reason)
+        """Let a waiting call run.
+
+        Raises:
+            SandboxError: CONFLICT when the call was already decided (this decision is not
+                recorded), INVALID_ARGUMENTS for an unknown id, INTERNAL without a journal.
+        """
+        return self._journal_for_approvals().decide(approval_id, "approved", reason)
 
     def deny(self, approval_id: str, reason: str = "") -> Approval:
-        """Refuse a waiting call (the model gets APPROVAL_DENIED with the reason)."""
-        assert self.journal is not None, "approvals need the journal"
-        return self.journal.decide(approval_id, "denied", reason)
+        """Refuse a waiting call (the model gets APPROVAL_DENIED with the reason).
+
+        Raises:
+            SandboxError: as :meth:`approve`.
+        """
+        return self._journal_for_approvals().decide(approval_id, "denied", reason)
+
+    def _journal_for_approvals(self) -> Journal:
+        if self.journal is None:
+            raise SandboxError(
+                ErrorCode.INTERNAL, "approvals are decided through the journal; this orchestrator has none"
+            )
+        return self.journal
 
     async def recover(self) -> list[dict[str, Any]]:
         """After a restart: settle every call the journal shows unfinished (see engine/recovery.py)."""
@@ -220,11 +238,25 @@ class Session:
         self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
     ) -> BatchResult:
         """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
-        return await run_batch(self.call, calls, mode=mode)
+        return await run_batch(self.call, calls, mode=mode, refuse=self._refuse)
+
+    async def _refuse(self, name: str, arguments: Any, error: SandboxError) -> ToolResult:
+        """Journal a call that is not run (skipped or refused in a batch) and return its result."""
+        return await execute(
+            self._orch.engine,
+            name=name,
+            arguments=arguments,
+            policy=self.policy,
+            make_context=self._context,
+            spill=self._spill,
+            tenant=self.agent.tenant,
+            sender=self.sender,
+            refused=error,
+        )
 
     def reset_loops(self) -> None:
-        """Clear this session's loop history and its circuit breaker."""
-        self._orch.loops.reset(self.key)
+        """Clear this session's loop history and its circuit breaker (in every process)."""
+        self._orch.loops.reset(self.agent.tenant, self.key)
 
     async def close(self) -> None:
         """End the session: a session-scoped sandbox is removed; agent and shared ones stay."""
@@ -330,3 +362,30 @@ class Session:
             lambda: spill.save(SafeRoot(session_dir), outputs, name, data, spill.Budget(), mode=0o600)
         )
         return os.fspath(session_dir / spill.STATE_SUBDIR / name)
+
+
+def _refuse_approvals_without_journal(config: Config, registry: ToolRegistry) -> None:
+    """Approvals are decided through the journal: configured without one they would be dropped.
+
+    Raises:
+        ConfigError: naming what asks for approval.
+    """
+    rules = config.tools.approvals
+    asking = [
+        key
+        for key, present in (
+            ("tools.approvals.require", bool(rules.require)),
+            ("tools.approvals.by_agent", any(rules.by_agent.values())),
+            ("tools.approvals.by_sender", any(rules.by_sender.values())),
+        )
+        if present
+    ]
+    asking += [f"skill {n} (requires_approval)" for n in registry.names() if registry.get(n).requires_approval]
+    if asking:
+        raise ConfigError(
+            [
+                f"{', '.join(asking)}: approvals are configured but the orchestrator has no journal "
+                "(journal=False); approvals are kept and decided in the journal, so without one they "
+                "could not be honoured. Pass journal=True (the default) or a Journal."
+            ]
+        )

@@ -49,6 +49,22 @@ CREATE TABLE IF NOT EXISTS approvals (
     created REAL NOT NULL,
     decided REAL
 );
+CREATE TABLE IF NOT EXISTS loop_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    session TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args TEXT NOT NULL,
+    result TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS loop_calls_session ON loop_calls(tenant, session, id);
+CREATE TABLE IF NOT EXISTS loop_sessions (
+    tenant TEXT NOT NULL,
+    session TEXT NOT NULL,
+    tripped INTEGER NOT NULL DEFAULT 0,
+    since_id INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, session)
+);
 """
 TERMINAL = frozenset({"finished", "failed", "blocked", "denied", "invalid", "not_found", "abandoned"})
 
@@ -80,7 +96,8 @@ class Approval:
     session: str
     agent: str
     tool: str
-    arguments: dict[str, Any]  # redacted
+    # exactly what runs while pending (read with raw=True), masked once decided; see decide()
+    arguments: dict[str, Any]
     status: str  # pending | approved | denied | expired
     reason: str
     created: float
@@ -208,7 +225,11 @@ class Journal:
     # -- approvals ---------------------------------------------------------------------
 
     def add_approval(self, approval: Approval) -> None:
-        """Record a pending approval."""
+        """Record a pending approval with its exact arguments (the database is 0600).
+
+        The approver must see what will run, byte for byte: masking could hide executable text,
+        so a pending row keeps the raw arguments; the decision replaces them with the masked copy.
+        """
         self._write(
             "INSERT INTO approvals VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
@@ -218,8 +239,7 @@ class Journal:
                 approval.session,
                 approval.agent,
                 approval.tool,
-                # masked but never shortened: an approver must see the whole call
-                json.dumps(redact(approval.arguments, max_text=None), default=str),
+                json.dumps(approval.arguments),
                 approval.status,
                 approval.reason,
                 approval.created,
@@ -228,40 +248,119 @@ class Journal:
         )
 
     def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
-        """Approve, deny or expire a pending approval.
+        """Approve, deny or expire a pending approval: exactly one decision ever wins.
+
+        The check and the update are one write transaction (`BEGIN IMMEDIATE`), so of two
+        deciders (two processes) the second sees the first's decision and gets CONFLICT.
 
         Raises:
-            SandboxError: INVALID_ARGUMENTS for an unknown id; CONFLICT when already decided.
+            SandboxError: INVALID_ARGUMENTS for an unknown id; CONFLICT when already decided;
+                INTERNAL when the journal cannot be written (nothing was decided).
         """
-        current = self.approval(approval_id)
-        if current is None:
+        row: tuple[Any, ...] | None = None
+        won = False
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    row = self._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
+                    if row is not None and row[7] == "pending":
+                        masked = json.dumps(redact(json.loads(row[6]), max_text=None), default=str)
+                        cursor = self._db.execute(
+                            "UPDATE approvals SET status = ?, reason = ?, decided = ?, arguments = ? "
+                            "WHERE id = ? AND status = 'pending'",
+                            (status, reason, time.time(), masked, approval_id),
+                        )
+                        won = cursor.rowcount == 1
+                    self._db.execute("COMMIT" if won else "ROLLBACK")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise SandboxError(
+                ErrorCode.INTERNAL,
+                f"the journal at {self.path} cannot record a decision on approval {approval_id} ({exc}); "
+                "nothing was decided",
+            ) from exc
+        if row is None:
             raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"no approval {approval_id!r}")
-        if current.status != "pending":
-            raise SandboxError(ErrorCode.CONFLICT, f"approval {approval_id} is already {current.status}")
-        self._write(
-            "UPDATE approvals SET status = ?, reason = ?, decided = ? WHERE id = ? AND status = 'pending'",
-            (status, reason, time.time(), approval_id),
-        )
+        if not won:
+            raise SandboxError(
+                ErrorCode.CONFLICT,
+                f"approval {approval_id} was already decided ({row[7]}); this decision was not recorded",
+                status=row[7],
+            )
         decided = self.approval(approval_id)
         assert decided is not None
         return decided
 
-    def approval(self, approval_id: str) -> Approval | None:
-        """One approval, or None."""
-        with self._lock:
-            row = self._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
-        return _approval(row) if row else None
+    def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        try:
+            with self._lock:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be read ({exc})") from exc
 
-    def approvals(self, status: str | None = "pending") -> list[Approval]:
-        """Approvals (pending by default), oldest first."""
-        with self._lock:
-            if status:
-                rows = self._db.execute(
-                    "SELECT * FROM approvals WHERE status = ? ORDER BY created", (status,)
-                ).fetchall()
-            else:
-                rows = self._db.execute("SELECT * FROM approvals ORDER BY created").fetchall()
-        return [_approval(r) for r in rows]
+    def approval(self, approval_id: str, *, raw: bool = False) -> Approval | None:
+        """One approval, or None; a pending one's arguments masked unless `raw` (for the approver).
+
+        Raises:
+            SandboxError: INTERNAL when the journal cannot be read.
+        """
+        rows = self._read("SELECT * FROM approvals WHERE id = ?", (approval_id,))
+        return _approval(rows[0], raw) if rows else None
+
+    def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
+        """Approvals (pending by default), oldest first; arguments as in :meth:`approval`."""
+        if status:
+            rows = self._read("SELECT * FROM approvals WHERE status = ? ORDER BY created", (status,))
+        else:
+            rows = self._read("SELECT * FROM approvals ORDER BY created", ())
+        return [_approval(r, raw) for r in rows]
+
+    # -- loop detection: the calls of a session, wherever they were made -------------------
+
+    def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+        """Remember one finished call of a session (digests only) for loop detection."""
+        self._write(
+            "INSERT INTO loop_calls(tenant, session, tool, args, result) VALUES (?,?,?,?,?)",
+            (tenant, session, tool, args, result),
+        )
+
+    def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
+        """Whether the session's breaker is tripped, and its last `window` calls, oldest first.
+
+        Raises:
+            SandboxError: INTERNAL when the journal cannot be read.
+        """
+        state = self._read(
+            "SELECT tripped, since_id FROM loop_sessions WHERE tenant = ? AND session = ?", (tenant, session)
+        )
+        tripped, since = (bool(state[0][0]), int(state[0][1])) if state else (False, 0)
+        rows = self._read(
+            "SELECT tool, args, result FROM loop_calls WHERE tenant = ? AND session = ? AND id > ? "
+            "ORDER BY id DESC LIMIT ?",
+            (tenant, session, since, window),
+        )
+        return tripped, [(r[0], r[1], r[2]) for r in reversed(rows)]
+
+    def loop_trip(self, tenant: str, session: str) -> None:
+        """Trip a session's circuit breaker (it stays tripped until :meth:`loop_reset`)."""
+        self._write(
+            "INSERT INTO loop_sessions(tenant, session, tripped) VALUES (?,?,1) "
+            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 1",
+            (tenant, session),
+        )
+
+    def loop_reset(self, tenant: str, session: str) -> None:
+        """Forget a session's loop history and reset its breaker (older rows stay, unread)."""
+        self._write(
+            "INSERT INTO loop_sessions(tenant, session, tripped, since_id) "
+            "VALUES (?, ?, 0, (SELECT COALESCE(MAX(id), 0) FROM loop_calls)) "
+            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 0, since_id = excluded.since_id",
+            (tenant, session),
+        )
 
     def health(self) -> dict[str, Any]:
         """Integrity, size and counts, for `sandbox status --deep`."""
@@ -303,8 +402,11 @@ def _private_files(path: Path) -> None:
             os.close(fd)
 
 
-def _approval(row: tuple[Any, ...]) -> Approval:
-    return Approval(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7], row[8], row[9], row[10])
+def _approval(row: tuple[Any, ...], raw: bool) -> Approval:
+    arguments = json.loads(row[6])
+    if not raw and row[7] == "pending":  # decided rows were masked by decide()
+        arguments = redact(arguments, max_text=None)
+    return Approval(row[0], row[1], row[2], row[3], row[4], row[5], arguments, row[7], row[8], row[9], row[10])
 
 
 def _event(row: tuple[Any, ...]) -> Event:

@@ -50,6 +50,22 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 ALIASES: dict[str, str] = {"bash": "exec"}
 
+# `write` names every tool that writes files: a rule that allows, denies or gates writing
+# cannot be sidestepped through another spelling of a write (edit, apply_patch).
+WRITES_FILES: tuple[str, ...] = ("edit", "apply_patch")
+
+# Actions of a tool that act as another tool: `process write` sends input to a running command
+# and `process kill` a signal, so they are part of running commands; a rule (policy deny or
+# approval) on `exec` covers them. Reading a process (list, poll, log) is not.
+ACTING_AS: dict[tuple[str, str], str] = {("process", "write"): "exec", ("process", "kill"): "exec"}
+
+
+def acting_as(tool: str, params: dict[str, object]) -> str | None:
+    """The tool whose rules also govern this call (`exec` for `process write|kill`), or None."""
+    action = params.get("action")
+    return ACTING_AS.get((tool, action)) if isinstance(action, str) else None
+
+
 # Profiles are base allow lists (OpenClaw's tools.profile). `full` means no restriction.
 PROFILES: dict[str, tuple[str, ...] | None] = {
     "minimal": ("session_status",),
@@ -124,7 +140,7 @@ def _wildcard_match(pattern: str, name: str) -> bool:
 def expand(pattern: str, universe: Iterable[str]) -> frozenset[str]:
     """Return the tools of `universe` that `pattern` names (group, wildcard, alias or name).
 
-    `apply_patch` follows `write`: a pattern that names `write` names `apply_patch` too.
+    `edit` and `apply_patch` follow `write`: a pattern that names `write` names them too.
     Unknown names expand to nothing here; the config loader rejects them before this runs.
     """
     name = normalize_name(pattern)
@@ -135,8 +151,8 @@ def expand(pattern: str, universe: Iterable[str]) -> frozenset[str]:
         result = frozenset(t for t in known if _wildcard_match(name, t))
     else:
         result = frozenset({name}) & known
-    if "write" in result and "apply_patch" in known:
-        result |= {"apply_patch"}
+    if "write" in result:
+        result |= frozenset(WRITES_FILES) & known
     return result
 
 
