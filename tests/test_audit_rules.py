@@ -134,20 +134,32 @@ def test_symlinked_mount_source_is_resolved(tmp_path: Path) -> None:
 
 def test_scratch_workspaces_are_not_flagged() -> None:
     """The orchestrator's own scratch workspace is not a sensitive mount, wherever its root lives."""
-    doc = mutate(
-        "Mounts",
-        [{"Type": "bind", "Source": "/root/.local/state/x/sandboxes/a", "Destination": "/workspace", "RW": True}],
-    )
+    scratch = "/root/.local/state/x/sandboxes/" + "0123456789abcdef" * 2
+    doc = mutate("Mounts", [{"Type": "bind", "Source": scratch, "Destination": "/workspace", "RW": True}])
     assert audit_container(doc, "c") != []
     assert audit_container(doc, "c", scratch_roots=["/root/.local/state/x/sandboxes"]) == []
 
 
+def test_only_scratch_folders_are_exempt_not_all_under_a_root() -> None:
+    """Only 32-hex folders directly in a workspace_root are exempt; a root of / exempts nothing else."""
+    for source, roots in (
+        ("/root/.local/state/x/sandboxes/a", ["/root/.local/state/x/sandboxes"]),
+        ("/root/.local/state/x/sandboxes/" + "ab" * 16 + "/deeper", ["/root/.local/state/x/sandboxes"]),
+        ("/etc", ["/"]),
+        ("/var/lib/docker", ["/"]),
+        ("/home/alice/.ssh", ["/", "/home/alice"]),
+    ):
+        doc = mutate("Mounts", [{"Type": "bind", "Source": source, "Destination": "/mnt", "RW": False}])
+        assert "SBX-M003" in [f.rule for f in audit_container(doc, "c", scratch_roots=roots)], source
+
+
 def test_default_config_is_clean(tmp_path: Path) -> None:
-    """The default policy has no config findings."""
+    """The default policy has no config findings but the info that its main session runs on the host."""
     config = load_config_text(
         f"state_dir: {tmp_path}\n" + (ROOT / "policies" / "default.yaml").read_text().split("version: 1", 1)[1]
     )
-    assert audit_config(config, [str(tmp_path / "sandboxes")]) == []
+    found = audit_config(config, [str(tmp_path / "sandboxes")])
+    assert [(f.rule, f.severity) for f in found] == [("SBX-P004", "info")]
 
 
 def test_insecure_example_trips_the_config_rules() -> None:

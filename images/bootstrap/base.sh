@@ -2,12 +2,17 @@
 # Make sure the base image (default debian:bookworm-slim) exists on the local engine.
 # Order: already present -> pull -> debootstrap a minbase rootfs and `docker import` it.
 # The last step is what air-gapped hosts (and machines with no registry) rely on.
+# What is fetched is verified: debootstrap checks the suite's Release file against Debian's
+# archive keyring (never --no-check-gpg), and every package against the signed Release; the
+# imported image carries a label saying where it came from. Pin it with a snapshot mirror:
+#   MIRROR=http://snapshot.debian.org/archive/debian/20240601T000000Z sandbox images build
 set -euo pipefail
 
 TAG="${1:-debian:bookworm-slim}"
 SUITE="${SUITE:-bookworm}"
 MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 OFFLINE="${OFFLINE:-0}"
+KEYRING="${KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base: $TAG present"
@@ -18,13 +23,17 @@ if [ "$OFFLINE" != 1 ] && timeout 60 docker pull "$TAG" >/dev/null 2>&1; then
   exit 0
 fi
 echo "base: $TAG absent and not pullable; building it with debootstrap ($SUITE from $MIRROR)"
-if ! command -v debootstrap >/dev/null 2>&1; then
+if ! command -v debootstrap >/dev/null 2>&1 || [ ! -s "$KEYRING" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap debian-archive-keyring >/dev/null
   else
-    echo "base: debootstrap is missing; install it (apt-get install debootstrap) and retry" >&2
+    echo "base: debootstrap or $KEYRING is missing; install them (apt-get install debootstrap debian-archive-keyring) and retry" >&2
     exit 1
   fi
+fi
+if [ ! -s "$KEYRING" ]; then
+  echo "base: no keyring at $KEYRING; refusing to fetch an unverified base" >&2
+  exit 1
 fi
 if [ "$(id -u)" != 0 ]; then
   echo "base: debootstrap needs root" >&2
@@ -32,12 +41,14 @@ if [ "$(id -u)" != 0 ]; then
 fi
 root=$(mktemp -d /tmp/sandbox-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR" >/tmp/sandbox-debootstrap.log 2>&1 || {
+debootstrap --variant=minbase --keyring="$KEYRING" "$SUITE" "$root" "$MIRROR" >/tmp/sandbox-debootstrap.log 2>&1 || {
   echo "base: debootstrap failed; see /tmp/sandbox-debootstrap.log" >&2; tail -20 /tmp/sandbox-debootstrap.log >&2; exit 1; }
 # Slim it the way the official -slim image is: no apt lists, docs or caches.
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/*
+keyring_sha=$(sha256sum "$KEYRING" | cut -c1-16)
 tar -C "$root" -c . | docker import \
   --change 'CMD ["bash"]' \
+  --change "LABEL io.agent-sandbox.base-source=\"debootstrap $SUITE minbase from $MIRROR, Release verified with $KEYRING (sha256 $keyring_sha...)\"" \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   - "$TAG" >/dev/null
 echo "base: imported $TAG from debootstrap"

@@ -9,6 +9,8 @@ from typing import Any
 from sandbox.audit.container_rules import audit_container
 from sandbox.audit.findings import Finding
 from sandbox.audit.isolation_rules import sender_findings, shared_findings, workspace_findings
+from sandbox.audit.mount_rules import is_scratch
+from sandbox.audit.policy_rules import host_session_findings
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
@@ -25,7 +27,12 @@ def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
     kw = create_kwargs(spec)
     return {
         "Name": "/" + spec.name,
-        "Config": {"User": kw["user"], "Image": kw["image"], "Labels": spec.labels()},
+        "Config": {
+            "User": kw["user"],
+            "Image": kw["image"],
+            "Labels": spec.labels(),
+            "Env": [f"{k}={v}" for k, v in kw["environment"].items()],
+        },
         "HostConfig": {
             "Privileged": False,
             "CapDrop": kw["cap_drop"],
@@ -59,7 +66,7 @@ def audit_config(
     config: Config, scratch_roots: Sequence[str] = (), senders: Mapping[str, set[str]] | None = None
 ) -> list[Finding]:
     """Every config rule for every agent; `senders` (agent -> senders seen) feeds SBX-S002."""
-    findings: list[Finding] = workspace_findings(config) + shared_findings(config)
+    findings: list[Finding] = workspace_findings(config) + shared_findings(config) + host_session_findings(config)
     findings += sender_findings(config, senders or {})
     tenants_by_source: dict[str, set[str]] = {}
     resolver = PolicyResolver(config)
@@ -145,7 +152,7 @@ def audit_config(
         for mount in doc["Mounts"]:
             tenants_by_source.setdefault(str(mount["Source"]), set()).add(agent.tenant)
     for source, tenants in sorted(tenants_by_source.items()):
-        if len(tenants) > 1 and not any(source.startswith(r.rstrip("/") + "/") for r in scratch_roots):
+        if len(tenants) > 1 and not is_scratch(source, scratch_roots):
             findings.append(
                 Finding(
                     "SBX-M006",

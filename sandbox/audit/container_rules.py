@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sandbox.audit.exposure_rules import env_secrets, network_egress
 from sandbox.audit.findings import Finding
 from sandbox.audit.mount_rules import mounts
 from sandbox.audit.resource_rules import filesystem, limits, ports_restart_user
 from sandbox.audit.rule_helpers import Doc, finding, host_config
+from sandbox.audit.spellings import seccomp_weakness
 
 ALLOWED_CAP_ADD = frozenset({"NET_BIND_SERVICE", "CAP_NET_BIND_SERVICE"})
 
@@ -80,14 +82,16 @@ def security_options(doc: Doc, t: str) -> list[Finding]:
                 "5.25",
             )
         )
-    if any(o.replace(":", "=") == "seccomp=unconfined" for o in opts):
+    # judged by content: a profile allowing every syscall by default is unconfined, however named
+    for weakness in filter(None, (seccomp_weakness(o[8:]) for o in opts if o[:8] in ("seccomp=", "seccomp:"))):
         out.append(
             finding(
                 "SBX-C005",
                 "high",
                 "seccomp unconfined",
-                "SecurityOpt has seccomp=unconfined",
-                "remove docker.seccomp_profile: unconfined",
+                weakness,
+                "remove docker.seccomp_profile (the engine's default profile denies by default), or use a "
+                "profile whose defaultAction is SCMP_ACT_ERRNO",
                 t,
                 "5.21",
             )
@@ -153,7 +157,8 @@ def namespaces(doc: Doc, t: str) -> list[Finding]:
         ("UTSMode", "SBX-C012", "5.20"),
         ("UsernsMode", "SBX-C013", "5.30"),
     ):
-        if str(host.get(key) or "") == "host":
+        mode = str(host.get(key) or "")
+        if mode == "host":
             out.append(
                 finding(
                     rule,
@@ -161,6 +166,19 @@ def namespaces(doc: Doc, t: str) -> list[Finding]:
                     f"host {key[:-4].upper()} namespace",
                     f"{key} is host",
                     f"do not share the host's {key[:-4]} namespace",
+                    t,
+                    cis,
+                )
+            )
+        elif mode.startswith("container:"):
+            # another container's processes (their /proc/*/environ) or shared memory are in reach
+            out.append(
+                finding(
+                    rule,
+                    "high",
+                    f"joins another container's {key[:-4].upper()} namespace",
+                    f"{key} is {mode}",
+                    f"give the sandbox its own {key[:-4]} namespace",
                     t,
                     cis,
                 )
@@ -176,6 +194,8 @@ CONTAINER_RULES: tuple[Callable[[Doc, str], list[Finding]], ...] = (
     limits,
     filesystem,
     ports_restart_user,
+    network_egress,
+    env_secrets,
 )
 
 

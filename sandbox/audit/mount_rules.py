@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,16 +24,36 @@ def _relation(path: str, blocked: str) -> str | None:
     return None
 
 
+# set by run.py on a `volume` mount from `docker volume inspect`: the host path its driver binds
+VOLUME_DEVICE = "_volume_device"
+_SCRATCH_NAME = re.compile(r"[0-9a-f]{32}")  # naming.scratch_dir_name
+
+
+def is_scratch(real: str, scratch_roots: Sequence[str]) -> bool:
+    """Whether a resolved path is one of the orchestrator's scratch workspaces: a 32-hex folder
+    directly in a configured workspace_root. Nothing else under a root is exempt, so a root
+    that holds more than scratch (a root of `/`, refused at load) exempts no other mount."""
+    parent, name = os.path.split(real.rstrip("/"))
+    return bool(_SCRATCH_NAME.fullmatch(name)) and any(parent == root.rstrip("/") for root in scratch_roots)
+
+
 def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]:
-    """Bind rules; `scratch_roots` hold orchestrator-made scratch workspaces (benign wherever they live)."""
+    """Bind rules; scratch workspaces in `scratch_roots` (see :func:`is_scratch`) are benign wherever they live."""
     out = []
     for m in doc.get("Mounts") or []:
-        if m.get("Type", "bind") != "bind":
+        kind = m.get("Type", "bind")
+        if kind == "bind":
+            source = str(m.get("Source") or "")
+            label = source
+        elif kind == "volume" and m.get(VOLUME_DEVICE):
+            # a local volume with `device` options is a bind by another name (run.py reads the options)
+            source = str(m[VOLUME_DEVICE])
+            label = f"volume {m.get('Name')} (device {source})"
+        else:
             continue
-        source = str(m.get("Source") or "")
         real = os.path.realpath(source) if source else source
         dest = str(m.get("Destination") or "")
-        where = f"{source} -> {dest}" + (f" (resolves to {real})" if real != source else "")
+        where = f"{label} -> {dest}" + (f" (resolves to {real})" if real != source else "")
         if str(m.get("Propagation") or "") in ("shared", "rshared"):
             out.append(
                 finding(
@@ -52,7 +73,7 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
                     "SBX-M002", "critical", "socket mounted", where, "never mount sockets into a sandbox", t, "5.31"
                 )
             )
-        elif hits and not any(real == r or real.startswith(r.rstrip("/") + "/") for r in scratch_roots):
+        elif hits and not is_scratch(real, scratch_roots):
             blocked, rel = hits[0]
             out.append(
                 finding(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sandbox.audit.findings import Finding
 from sandbox.audit.rule_helpers import Doc, finding, host_config
+from sandbox.audit.spellings import is_root_user
 
 SAFE_SYSCTLS = frozenset(
     {
@@ -178,7 +179,8 @@ def ports_restart_user(doc: Doc, t: str) -> list[Finding]:
             )
         )
     user = str((doc.get("Config") or {}).get("User") or "")
-    if user.split(":")[0] in ("", "0", "root") and str(host.get("UsernsMode") or "") != "private":
+    # `00`, `+0`, `-0` and `0000:0000` are uid 0 to the engine too
+    if is_root_user(user) and str(host.get("UsernsMode") or "") != "private":
         out.append(
             finding(
                 "SBX-C027",

@@ -12,6 +12,7 @@ from sandbox.audit.control_rules import control_findings, live_control_findings
 from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import Finding
 from sandbox.audit.isolation_rules import live_shared_findings, senders_from_journal
+from sandbox.audit.live_docs import enrich, image_findings
 from sandbox.audit.mount_rules import mark_writable_elsewhere
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
@@ -127,7 +128,7 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
     for component in client.version().get("Components") or []:
         if str(component.get("Name", "")).lower() == "runc":
             info["_runc_version"] = component.get("Version", "")
-    findings += audit_engine(info)
+    findings += audit_engine(info) + image_findings(client, config)
     filters: dict[str, Any] = (
         {}
         if all_containers
@@ -137,7 +138,7 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
     )
     tenants_by_source: dict[str, set[str]] = {}
     for summary in client.api.containers(all=True, filters=filters):
-        doc = client.api.inspect_container(summary["Id"])
+        doc = enrich(client, client.api.inspect_container(summary["Id"]))
         labels = doc.get("Config", {}).get("Labels") or {}
         kind = labels.get(Labels.KIND, "")
         target = f"container {doc['Name'].lstrip('/')}" + (f" ({_users(config, labels)}, {kind})" if kind else "")

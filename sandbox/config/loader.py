@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from pydantic import ValidationError
 from sandbox.config import keys, locate
 from sandbox.config.isolation import isolation_problems
 from sandbox.config.locate import Loc, Located, format_loc
-from sandbox.config.models import Config
+from sandbox.config.models import Config, default_state_dir
 from sandbox.errors import ConfigError
 
 _PROVIDER_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.:-]*)?$")
@@ -34,8 +36,9 @@ def load_config(path: str | Path) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"{file}: cannot read config file: {exc}"]) from exc
     except locate.YamlSyntaxError as exc:
-        raise ConfigError([str(exc)]) from exc
-    return validate(located, base_dir=file.resolve().parent)
+        raise ConfigError(exc.problems) from exc
+    real = os.path.realpath(file)
+    return validate(located, base_dir=file.resolve().parent, identity=(file.stem, f"file|{real}"))
 
 
 def load_config_text(text: str, *, source: str = "<config>", base_dir: Path | None = None) -> Config:
@@ -43,16 +46,39 @@ def load_config_text(text: str, *, source: str = "<config>", base_dir: Path | No
     try:
         located = locate.parse(text, source)
     except locate.YamlSyntaxError as exc:
-        raise ConfigError([str(exc)]) from exc
-    return validate(located, base_dir=base_dir or Path.cwd())
+        raise ConfigError(exc.problems) from exc
+    base = base_dir or Path.cwd()
+    # text has no path: the same text read against the same folder is the same config
+    identity = (source.strip("<>") or "config", f"text|{os.path.realpath(base)}|{text}")
+    return validate(located, base_dir=base, identity=identity)
 
 
-def validate(located: Located, *, base_dir: Path) -> Config:
-    """Validate parsed data; see :func:`load_config`."""
+def config_state_dir(name: str, identity: str) -> Path:
+    """The default state dir of one config: `<user state dir>/configs/<name>-<hash of identity>`.
+
+    Two configs that do not set `state_dir` get different state dirs, hence different instance
+    ids, containers, scratch workspaces and journals; sharing them takes a `state_dir` (or an
+    `instance`) set explicitly to the same value.
+    """
+    readable = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:24] or "config"
+    return default_state_dir() / "configs" / f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def validate(located: Located, *, base_dir: Path, identity: tuple[str, str] | None = None) -> Config:
+    """Validate parsed data; see :func:`load_config`.
+
+    Args:
+        located: the parsed document.
+        base_dir: where relative paths in it resolve.
+        identity: (readable name, identity text) of the config; without `state_dir`, the
+            state dir is :func:`config_state_dir` of it (else the user's shared state dir).
+    """
     data = located.data if located.data is not None else {}
     if not isinstance(data, dict):
         raise ConfigError([f"{located.where(())}: the config must be a mapping of keys"])
     data, unknown = keys.normalize(data, Config)
+    if identity is not None and "state_dir" not in data:
+        data = {**data, "state_dir": str(config_state_dir(*identity))}
     problems = [_line(located, loc, message, value=False) for loc, message in unknown]
     try:
         context = {"base_dir": base_dir, "extra_tools": _skill_names(data, base_dir), "config_file": located.source}
@@ -152,9 +178,39 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
                 )
             )
     problems.extend(_network_problems(config))
+    problems.extend(_workspace_root_problems(config))
     problems.extend(bind_problems(config))
     problems.extend(isolation_problems(config))
     return problems
+
+
+def _workspace_root_problems(config: Config) -> list[tuple[Loc, str]]:
+    """A workspace_root holds scratch workspaces only: never `/`, a system path, a home, a socket.
+
+    The audit trusts what lies in a workspace_root; a root of `/` would make every mount on the
+    engine look like the orchestrator's own. The escape hatches do not apply here: they are for
+    binds a person chose, and a scratch root is never one.
+    """
+    from sandbox.config.models import DockerConfig
+    from sandbox.errors import BindRefused
+    from sandbox.runtime.binds import check_source
+
+    out: list[tuple[Loc, str]] = []
+    places: list[tuple[Loc, Path | None]] = [
+        (("agents", "defaults", "sandbox", "workspace_root"), config.agents.defaults.sandbox.workspace_root)
+    ]
+    places += [
+        (("agents", "list", i, "sandbox", "workspace_root"), a.sandbox.workspace_root)
+        for i, a in enumerate(config.agents.list)
+    ]
+    for loc, root in places:
+        if root is None:
+            continue
+        try:
+            check_source(str(root), DockerConfig(), what="workspace_root")
+        except BindRefused as exc:
+            out.append((loc, f"{exc.message} [rule {exc.rule}]; fix: give scratch workspaces a folder of their own"))
+    return out
 
 
 def _network_problems(config: Config) -> list[tuple[Loc, str]]:

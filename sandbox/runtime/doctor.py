@@ -12,7 +12,7 @@ import docker.errors
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.runtime.docker_errors import mapped
-from sandbox.runtime.images import ImageTarget, image_current
+from sandbox.runtime.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
 
 Status = Literal["ok", "warn", "fail"]
@@ -83,6 +83,23 @@ def _cgroup_probe(client: Any, image: str) -> Check:
     )
 
 
+def _provenance_check(client: Any, target: ImageTarget) -> Check:
+    """What the image was built from (base id and digest, apt pin, package list hash), from its labels."""
+    try:
+        found = provenance(client.images.get(target.tag).labels)
+    except docker.errors.DockerException as exc:
+        return Check("warn", f"image {target.name} provenance", f"cannot read labels: {exc}")
+    if "packages-sha256" not in found:
+        return Check(
+            "warn",
+            f"image {target.name} provenance",
+            "no provenance labels (built before they were recorded)",
+            "sandbox images build",
+        )
+    # unpinned is a fact to show, not a failure: a fresh machine builds unpinned
+    return Check("ok", f"image {target.name} provenance", "; ".join(f"{k} {v}" for k, v in found.items()))
+
+
 def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[Check]:
     """All doctor checks, in order; never raises for a failing check."""
     checks: list[Check] = []
@@ -127,6 +144,8 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
                 "" if ok else "sandbox images build",
             )
         )
+        if ok:
+            checks.append(_provenance_check(client, target))
     exec_target = targets[0]
     if image_current(client, exec_target)[0]:
         checks.append(_cgroup_probe(client, exec_target.tag))

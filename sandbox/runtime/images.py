@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import re
 import subprocess
-from collections.abc import Callable
+import tarfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,24 @@ from sandbox.runtime.naming import LABEL_PREFIX
 
 BASE_IMAGE = "debian:bookworm-slim"
 CONTEXT_LABEL = f"{LABEL_PREFIX}.context-hash"
+# What an image was built from, recorded at build time so doctor and audit can show it.
+BASE_LABEL = f"{LABEL_PREFIX}.base-image"
+BASE_ID_LABEL = f"{LABEL_PREFIX}.base-image-id"
+BASE_DIGEST_LABEL = f"{LABEL_PREFIX}.base-repo-digest"
+BASE_SOURCE_LABEL = f"{LABEL_PREFIX}.base-source"  # set by images/bootstrap/base.sh on an imported base
+SNAPSHOT_LABEL = f"{LABEL_PREFIX}.apt-snapshot"
+PACKAGES_LABEL = f"{LABEL_PREFIX}.packages-sha256"
+PACKAGE_COUNT_LABEL = f"{LABEL_PREFIX}.packages-count"
+PROVENANCE_LABELS = (
+    BASE_LABEL,
+    BASE_ID_LABEL,
+    BASE_DIGEST_LABEL,
+    BASE_SOURCE_LABEL,
+    SNAPSHOT_LABEL,
+    PACKAGES_LABEL,
+    PACKAGE_COUNT_LABEL,
+)
+_SNAPSHOT = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 
 
 @dataclass(frozen=True)
@@ -45,6 +66,74 @@ def context_hash(folder: Path, base_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def apt_snapshot() -> str:
+    """The snapshot.debian.org timestamp apt is pinned to ($SANDBOX_APT_SNAPSHOT), or "" (unpinned).
+
+    Raises:
+        SandboxUnavailable: the value is not a snapshot timestamp like 20240601T000000Z.
+    """
+    value = os.environ.get("SANDBOX_APT_SNAPSHOT", "").strip()
+    if value and not _SNAPSHOT.fullmatch(value):
+        raise SandboxUnavailable(f"SANDBOX_APT_SNAPSHOT {value!r} is not a timestamp like 20240601T000000Z")
+    return value
+
+
+def installed_packages(status: str) -> list[str]:
+    """`name:arch=version` of every installed package in a dpkg status file, sorted."""
+    out = []
+    for stanza in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Status", "").endswith(" installed") and "Package" in fields:
+            out.append(f"{fields['Package']}:{fields.get('Architecture', '?')}={fields.get('Version', '?')}")
+    return sorted(out)
+
+
+def _dpkg_status(client: Any, image_id: str) -> str:
+    """The image's /var/lib/dpkg/status, read from a created (never started) container."""
+    created = client.api.create_container(image_id, command=["true"], network_disabled=True)
+    try:
+        stream, _ = client.api.get_archive(created["Id"], "/var/lib/dpkg/status")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile("status")
+            return member.read().decode("utf-8", "replace") if member else ""
+    finally:
+        client.api.remove_container(created["Id"], force=True)
+
+
+def provenance_labels(client: Any, image_id: str, base: Any, snapshot: str) -> dict[str, str]:
+    """The labels that say what an image was built from: base id and digest, apt pin, package list hash."""
+    packages = installed_packages(_dpkg_status(client, image_id))
+    digests = list(base.attrs.get("RepoDigests") or [])
+    return {
+        BASE_LABEL: BASE_IMAGE,
+        BASE_ID_LABEL: str(base.id),
+        BASE_DIGEST_LABEL: digests[0] if digests else "none (not from a registry)",
+        BASE_SOURCE_LABEL: (base.labels or {}).get(BASE_SOURCE_LABEL) or ("registry" if digests else "unknown"),
+        SNAPSHOT_LABEL: snapshot or "none (apt unpinned)",
+        PACKAGES_LABEL: hashlib.sha256("\n".join(packages).encode()).hexdigest(),
+        PACKAGE_COUNT_LABEL: str(len(packages)),
+    }
+
+
+def provenance(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The provenance labels of an image (short names: base-image-id, packages-sha256, ...)."""
+    found = labels or {}
+    return {key.removeprefix(f"{LABEL_PREFIX}."): found[key] for key in PROVENANCE_LABELS if key in found}
+
+
+def _stamp(client: Any, image_id: str, tag: str, labels: Mapping[str, str]) -> str:
+    """Add labels to a built image (a one-line build on top of it: nothing is fetched or run)."""
+    quoted = " ".join(f'{k}="{v}"' for k, v in labels.items())
+    dockerfile = f"FROM {image_id}\nLABEL {quoted}\n"
+    new_id = ""
+    for chunk in client.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, forcerm=True, decode=True):
+        if "error" in chunk:
+            raise SandboxUnavailable(f"labelling {tag} failed: {chunk['error'].strip()}")
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            new_id = chunk["aux"]["ID"]
+    return new_id or str(client.images.get(tag).id)
+
+
 def ensure_base(offline: bool, log: Callable[[str], None]) -> None:
     """Make sure the base image exists: present, pulled, or debootstrapped (images/bootstrap)."""
     script = images_dir() / "bootstrap" / "base.sh"
@@ -59,22 +148,29 @@ def ensure_base(offline: bool, log: Callable[[str], None]) -> None:
 def build_image(client: Any, target: ImageTarget, log: Callable[[str], None], *, force: bool = False) -> str:
     """Build one image unless an image with the same context hash exists; return its id."""
     folder = images_dir() / target.name
+    snapshot = apt_snapshot()
     with mapped("build image"):
-        base_id = client.images.get(BASE_IMAGE).id
-        wanted = context_hash(folder, base_id)
+        base = client.images.get(BASE_IMAGE)
+        wanted = context_hash(folder, _base_key(base.id, snapshot))
         try:
             existing = client.images.get(target.tag)
             if not force and (existing.labels or {}).get(CONTEXT_LABEL) == wanted:
+                if PACKAGES_LABEL not in (existing.labels or {}):  # built before provenance labels
+                    log(f"{target.tag}: recording provenance labels")
+                    return _stamp(
+                        client, existing.id, target.tag, provenance_labels(client, existing.id, base, snapshot)
+                    )
                 log(f"{target.tag}: up to date ({existing.short_id})")
                 return str(existing.id)
         except docker.errors.ImageNotFound:
             pass
-        log(f"{target.tag}: building from {folder}")
+        log(f"{target.tag}: building from {folder}" + (f" (apt pinned to snapshot {snapshot})" if snapshot else ""))
         image_id = ""
         for chunk in client.api.build(
             path=str(folder),
             tag=target.tag,
             labels={CONTEXT_LABEL: wanted},
+            buildargs={"APT_SNAPSHOT": snapshot},
             rm=True,
             forcerm=True,
             decode=True,
@@ -87,8 +183,14 @@ def build_image(client: Any, target: ImageTarget, log: Callable[[str], None], *,
             if "aux" in chunk and "ID" in chunk["aux"]:
                 image_id = chunk["aux"]["ID"]
         image_id = image_id or client.images.get(target.tag).id
+        image_id = _stamp(client, image_id, target.tag, provenance_labels(client, image_id, base, snapshot))
         log(f"{target.tag}: built {image_id[:19]}")
         return image_id
+
+
+def _base_key(base_id: str, snapshot: str) -> str:
+    # a pinned build is another build: the snapshot is part of what the context hash covers
+    return f"{base_id}|apt-snapshot={snapshot}" if snapshot else base_id
 
 
 def build_all(
@@ -115,6 +217,6 @@ def image_current(client: Any, target: ImageTarget) -> tuple[bool, str]:
         base_id = client.images.get(BASE_IMAGE).id
     except docker.errors.ImageNotFound:
         return True, f"{target.tag} present (base image absent, cannot check freshness)"
-    if (image.labels or {}).get(CONTEXT_LABEL) != context_hash(folder, base_id):
+    if (image.labels or {}).get(CONTEXT_LABEL) != context_hash(folder, _base_key(base_id, apt_snapshot())):
         return False, f"{target.tag} present but older than images/{target.name}"
     return True, f"{target.tag} current ({image.short_id})"
