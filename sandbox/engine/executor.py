@@ -300,6 +300,10 @@ async def execute(
             journal("failed", code=exc.code.value, message=exc.message, output=shaped_partial)
             return failed
         spill_path = None
+        if isinstance(output, dict) and isinstance(output.get("full_output_path"), str):
+            # the handler cut its own output and saved it whole (exec's bounded capture)
+            output = dict(output)
+            spill_path = output.pop("full_output_path")
         shaped = shape(output, engine.max_chars, f"/.sandbox/outputs/{tctx.call_id}.txt")
         if shaped.truncated and shaped.full_text is not None:
             try:
@@ -316,7 +320,7 @@ async def execute(
             call_id=tctx.call_id,
             trace_id=tctx.trace_id,
             output=shaped.output,
-            truncated=shaped.truncated,
+            truncated=shaped.truncated or spill_path is not None,
             full_output_path=spill_path,
             duration_ms=duration,
             warnings=warnings,

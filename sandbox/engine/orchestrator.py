@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -318,7 +319,7 @@ class Session:
             workdir = str(workspace)
             if self._files is None:
                 self._files = self._make_files([Root(str(workspace), workspace, False, "the workspace")], None)
-        return ToolContext(
+        tool_ctx = ToolContext(
             call_id=task.call_id,
             trace_id=task.trace_id,
             config=config,
@@ -330,6 +331,8 @@ class Session:
             workdir=workdir,
             state_dir=self.state_dir,
         )
+        tool_ctx.publish = partial(self._spill, tool_ctx)
+        return tool_ctx
 
     def _make_files(self, roots: list[Root], owner: tuple[int, int] | None) -> WorkspaceFiles:
         config = self._orch.config
@@ -340,15 +343,30 @@ class Session:
             quota = WorkspaceQuota(roots[0].host, limit, f"{self.agent.key_path}.sandbox.workspace_quota")
         return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner, quota)
 
-    async def _spill(self, ctx: ToolContext, text: str) -> str | None:
+    async def _spill_file(self, ctx: ToolContext, host_file: Path) -> str:
+        root = ctx.files.roots[0]
+        if root.read_only:
+            return os.fspath(host_file)
+        name = f"{ctx.call_id}.txt"
+        safe = SafeRoot(root.host, ctx.files.safe_owner, ctx.files.quota)
+        where = WorkspacePath((".sandbox", "outputs"))
+        await anyio.to_thread.run_sync(spill.save, safe, where, name, host_file, spill.Budget())
+        await anyio.to_thread.run_sync(host_file.unlink)
+        return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
+
+    async def _spill(self, ctx: ToolContext, text: str | Path) -> str | None:
         """Save a full output: in the workspace when writable, else in this session's state dir.
 
+        `text` may be a host file that already holds the output (exec's capture): it is copied
+        in chunks and removed, or, for a read-only workspace, left where it is (owner-only).
         Either place is bounded and pruned (see engine/spill.py). Raises on failure; the engine
         turns that into a warning on the result.
         """
+        if isinstance(text, Path):
+            return await self._spill_file(ctx, text)
         name = f"{ctx.call_id}.txt"
         root = ctx.files.roots[0]
-        data = text.encode("utf-8", "replace")
+        data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
         outputs = WorkspacePath((spill.STATE_SUBDIR,))
         if not root.read_only:
             safe = SafeRoot(root.host, ctx.files.safe_owner)
