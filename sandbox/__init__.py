@@ -1,14 +1,19 @@
 """Container-sandbox orchestrator for AI-agent tools.
 
-The public surface, and nothing else: everything behind it is private.
+The public surface, and nothing else: everything behind it is private. Names load on first
+use (PEP 562), so `import sandbox` and the CLI's start stay cheap.
 """
+
+import importlib as _importlib
+import typing as _typing
 
 from loguru import logger as _logger
 
-from sandbox.config import Config, load_config, load_config_text
-from sandbox.engine.orchestrator import Orchestrator, Session
-from sandbox.errors import ConfigError, ErrorCode, SandboxError
-from sandbox.tools.spec import ToolResult
+if _typing.TYPE_CHECKING:
+    from sandbox.config import Config, load_config, load_config_text
+    from sandbox.engine.orchestrator import Orchestrator, Session
+    from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
+    from sandbox.tools.spec import ToolResult
 
 __version__ = "0.1.0"
 
@@ -20,9 +25,37 @@ __all__ = [
     "SandboxError",
     "Session",
     "ToolResult",
+    "UsageError",
     "load_config",
     "load_config_text",
 ]
+
+_HOMES = {
+    "Config": "sandbox.config",
+    "ConfigError": "sandbox.errors",
+    "ErrorCode": "sandbox.errors",
+    "Orchestrator": "sandbox.engine.orchestrator",
+    "SandboxError": "sandbox.errors",
+    "Session": "sandbox.engine.orchestrator",
+    "ToolResult": "sandbox.tools.spec",
+    "UsageError": "sandbox.errors",
+    "load_config": "sandbox.config",
+    "load_config_text": "sandbox.config",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 # A library stays quiet until the application (our CLI, or yours) enables its logs.
 _logger.disable("sandbox")

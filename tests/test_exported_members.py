@@ -23,3 +23,11 @@ def test_all_is_sorted_and_complete() -> None:
         "api",
     }
     assert public - modules == set(sandbox.__all__)
+
+
+def test_unknown_names_raise_attribute_error() -> None:
+    """A name outside the surface is an AttributeError, like any module's."""
+    import pytest
+
+    with pytest.raises(AttributeError):
+        sandbox.NotAThing  # type: ignore[attr-defined]  # noqa: B018

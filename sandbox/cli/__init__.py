@@ -7,20 +7,17 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from loguru import logger
 
 from sandbox.cli.escape import escape, escape_json
-from sandbox.config import Config, load_config, load_config_text
-from sandbox.config.merge import default_agent_id
 from sandbox.errors import USAGE_EXIT_CODE, ConfigError, SandboxError, UsageError, exit_code_for
-from sandbox.policy import Identity, PolicyResolver, explain_data, explain_text
-from sandbox.policy.sessions import agent_of
-from sandbox.tools import BUILTIN_BY_NAME, render
-from sandbox.tools.catalog import build_registry
-from sandbox.tools.registry import ToolRegistry
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `--help` stays cheap
+    from sandbox.config import Config
+    from sandbox.policy import Identity, PolicyResolver
+    from sandbox.tools.registry import ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,6 +33,8 @@ class State:
     def registry(self) -> ToolRegistry:
         """Built-in tools plus the config's skills; refused skills are reported on stderr once."""
         if self._registry is None:
+            from sandbox.tools.catalog import build_registry
+
             self._registry, problems = build_registry(self.config)
             for problem in problems:
                 click.echo(f"warning: skill {problem.file}: {problem.message}", err=True)
@@ -43,6 +42,9 @@ class State:
 
     def resolver(self) -> PolicyResolver:
         """A policy resolver over the config and every registered tool."""
+        from sandbox.policy import PolicyResolver
+        from sandbox.tools import BUILTIN_BY_NAME
+
         extra = tuple(n for n in self.registry().names() if n not in BUILTIN_BY_NAME)
         return PolicyResolver(self.config, extra_tools=extra)
 
@@ -50,6 +52,8 @@ class State:
     def config(self) -> Config:
         """The loaded config (loaded once, on first use)."""
         if self._config is None:
+            from sandbox.config import load_config, load_config_text
+
             if self.config_path:
                 self._config = load_config(self.config_path)
             else:
@@ -88,6 +92,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print machin
 
 
 def _identity(state: State, agent: str | None, session: str, provider: str | None, model: str | None) -> Identity:
+    from sandbox.config.merge import default_agent_id
+    from sandbox.policy import Identity
+    from sandbox.policy.sessions import agent_of
+
     agent_id = agent or agent_of(session) or default_agent_id(state.config)
     return Identity(agent=agent_id, session=session, provider=provider, model=model)
 
@@ -105,6 +113,8 @@ def _identity(state: State, agent: str | None, session: str, provider: str | Non
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, log_level: str, log_json: bool) -> None:
     """Decide which tools an AI agent may call, and run them in hardened Docker sandboxes."""
+    from loguru import logger
+
     logger.remove()
     logger.add(sys.stderr, level=log_level.upper(), serialize=log_json)
     logger.enable("sandbox")
@@ -128,6 +138,8 @@ def explain(
     as_json: bool,
 ) -> None:
     """Why each tool exists or not for a session, and whether it is sandboxed."""
+    from sandbox.policy import explain_data, explain_text
+
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
     data = explain_data(policy)
     text = explain_text(policy)
@@ -158,6 +170,8 @@ def tools_cmd(
     as_json: bool,
 ) -> None:
     """The tool definitions the model would receive, in a vendor's shape."""
+    from sandbox.tools import render
+
     registry = state.registry()
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
     specs = [registry.get(d.tool) for d in policy.decisions if d.allowed and d.tool in registry]

@@ -14,7 +14,6 @@ from sandbox.cli import State, _emit, handled, json_option, main
 from sandbox.cli.escape import cut_marked, escape, escape_json
 from sandbox.errors import UsageError
 from sandbox.journal.store import Approval, Event, Journal
-from sandbox.policy import Identity
 
 PREVIEW_CHARS = 80  # of the arguments, per line of `approvals list`; the cut is always marked
 
@@ -177,6 +176,8 @@ def logs(state: State, trace_id: str | None, session: str | None, follow: bool, 
 @handled
 def status(state: State, deep: bool, as_json: bool) -> None:
     """Where things stand: the journal, and with --deep everything else."""
+    from sandbox.policy import Identity
+
     journal = _journal(state)
     data: dict[str, Any] = {"journal": journal.health()}
     if deep:

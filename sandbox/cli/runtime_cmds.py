@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
 from sandbox.errors import UsageError
-from sandbox.policy.sessions import check_session_key
-from sandbox.runtime import lifecycle
-from sandbox.runtime.docker_backend import DockerBackend
-from sandbox.runtime.manager import SandboxManager
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without docker
+    from sandbox.runtime import lifecycle
+    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.manager import SandboxManager
+
+
+def _docker() -> DockerBackend:
+
+    return _docker()
 
 
 def _targets(state: State) -> list[Any]:
@@ -29,7 +35,9 @@ def _targets(state: State) -> list[Any]:
 
 
 def _manager(state: State) -> SandboxManager:
-    return SandboxManager(state.config, DockerBackend())
+    from sandbox.runtime.manager import SandboxManager
+
+    return SandboxManager(state.config, _docker())
 
 
 def _age(seconds: float) -> str:
@@ -54,7 +62,7 @@ def images_build(state: State, offline: bool, force: bool, as_json: bool) -> Non
     """Build the exec and browser images from images/ (idempotent)."""
     from sandbox.runtime.images import build_all
 
-    backend = DockerBackend()
+    backend = _docker()
 
     def log(line: str) -> None:
         click.echo(line, err=as_json)
@@ -70,6 +78,7 @@ def images_build(state: State, offline: bool, force: bool, as_json: bool) -> Non
 @handled
 def list_cmd(state: State, as_json: bool) -> None:
     """This orchestrator's sandboxes: agent, scope key, age, idle time, config match, state."""
+    from sandbox.runtime import lifecycle
 
     async def go() -> list[lifecycle.SandboxRow]:
         manager = _manager(state)
@@ -117,6 +126,9 @@ def list_cmd(state: State, as_json: bool) -> None:
 @handled
 def recreate(state: State, all_: bool, agent: str | None, session: str | None, browser: bool, as_json: bool) -> None:
     """Remove sandboxes so they are created afresh (with the current config) on next use."""
+    from sandbox.policy.sessions import check_session_key
+    from sandbox.runtime import lifecycle
+
     if sum(bool(x) for x in (all_, agent, session)) != 1:
         raise UsageError("choose exactly one of --all, --agent ID, --session KEY")
     if session is not None:
@@ -144,6 +156,7 @@ def recreate(state: State, all_: bool, agent: str | None, session: str | None, b
 @handled
 def prune(state: State, dry_run: bool, as_json: bool) -> None:
     """Remove sandboxes idle past prune.idle_hours or older than prune.max_age_days (0 disables)."""
+    from sandbox.runtime import lifecycle
 
     async def go() -> tuple[list[tuple[str, str]], list[str]]:
         manager = _manager(state)
@@ -175,7 +188,7 @@ def doctor(state: State, as_json: bool) -> None:
     """Check the engine, runtimes, images, cgroup limits and the state dir."""
     from sandbox.runtime.doctor import run_checks
 
-    backend = DockerBackend()
+    backend = _docker()
     try:
         client = backend.client
     except Exception as exc:
@@ -217,7 +230,7 @@ def audit(ctx: click.Context, all_containers: bool, fail_on: str, sarif: bool, n
     from sandbox.audit.run import run_audit
 
     state: State = ctx.obj
-    client = None if no_engine else DockerBackend().client
+    client = None if no_engine else _docker().client
     result = run_audit(state.config, client, all_containers=all_containers)
     if sarif:
         click.echo(json.dumps(to_sarif(result.findings, __version__), indent=2))

@@ -6,20 +6,18 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import click
 
 from sandbox.cli import State, handled, json_option, main
 from sandbox.cli.escape import escape, escape_json
-from sandbox.config.merge import default_agent_id
-from sandbox.engine.arguments import MAX_DEPTH, check_arguments
-from sandbox.engine.orchestrator import Orchestrator
-from sandbox.engine.progress import ProgressBus, ProgressEvent
 from sandbox.errors import SandboxError, UsageError
-from sandbox.policy.sessions import agent_of
-from sandbox.tools.spec import ToolResult
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without the engine
+    from sandbox.engine.progress import ProgressEvent
+    from sandbox.tools.spec import ToolResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,6 +65,11 @@ def caller_options(fn: F) -> F:
 def _run_call(
     state: State, agent: str | None, session: str, tool: str, arguments: Any, caller: Caller | None = None
 ) -> ToolResult:
+    from sandbox.config.merge import default_agent_id
+    from sandbox.engine.orchestrator import Orchestrator
+    from sandbox.engine.progress import ProgressBus
+    from sandbox.policy.sessions import agent_of
+
     who = caller or Caller()
 
     async def go() -> ToolResult:
@@ -123,6 +126,8 @@ def parse_arguments(json_args: str) -> Any:
     Raises:
         UsageError: not JSON, nested too deep for the parser itself, or over the engine's limits.
     """
+    from sandbox.engine.arguments import MAX_DEPTH, check_arguments
+
     if json_args == "-":
         json_args = sys.stdin.read()
     try:
