@@ -292,3 +292,10 @@ def test_shipped_policies_load(name: str) -> None:
     resolver = PolicyResolver(config)
     agent = config.agents.list[0].id if config.agents.list else "main"
     assert resolver.resolve(Identity(agent, f"agent:{agent}:main")).allowed
+
+
+def test_apply_patch_hyphen_is_an_alias() -> None:
+    """`apply-patch` (OpenClaw's spelling) names apply_patch in lists, like `bash` names exec."""
+    from sandbox.policy.groups import normalize_name
+
+    assert normalize_name("apply-patch") == "apply_patch" and normalize_name("BASH") == "exec"

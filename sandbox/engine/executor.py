@@ -23,7 +23,7 @@ from sandbox.engine.results import shape
 from sandbox.engine.retry import with_retries
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.store import Journal
-from sandbox.policy.groups import acting_as
+from sandbox.policy.groups import ALIASES, acting_as
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.context import ToolContext
 from sandbox.tools.registry import ToolRegistry
@@ -118,7 +118,7 @@ async def execute(
     """
     started = time.perf_counter()
     tool = name.strip().lower() if isinstance(name, str) else type(name).__name__
-    tool = "exec" if tool == "bash" else tool
+    tool = ALIASES.get(tool, tool)
     if len(tool) > MAX_TOOL_NAME:
         tool = f"{tool[:MAX_TOOL_NAME]}…(+{len(tool) - MAX_TOOL_NAME} chars)"
         name = tool

@@ -48,7 +48,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "group:nodes": ("nodes",),
 }
 
-ALIASES: dict[str, str] = {"bash": "exec"}
+ALIASES: dict[str, str] = {"bash": "exec", "apply-patch": "apply_patch"}
 
 # `write` names every tool that writes files: a rule that allows, denies or gates writing
 # cannot be sidestepped through another spelling of a write (edit, apply_patch).
