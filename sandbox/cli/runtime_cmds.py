@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # imported where used: the CLI starts without docker
 
 
 def _docker() -> DockerBackend:
+    from sandbox.runtime.docker_backend import DockerBackend
 
-    return _docker()
+    return DockerBackend()
 
 
 def _targets(state: State) -> list[Any]:
