@@ -6,9 +6,12 @@ session fixture removes them all at the end, whatever happened.
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,13 +22,27 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 # Property tests: a quick profile for the loop while you work, a thorough one for CI
 # (`.ci/run` sets HYPOTHESIS_PROFILE=thorough); each test's own settings add to the profile.
-settings.register_profile("quick", max_examples=30, deadline=None)
-settings.register_profile("thorough", max_examples=400, deadline=None)
+settings.register_profile("quick", max_examples=30, deadline=None, database=None)
+settings.register_profile("thorough", max_examples=400, deadline=None, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Tests never write into the repo or the user's home: configs without a state_dir (the examples,
+# the built-in defaults, the demo) keep their state under this run's own XDG state home, and so
+# does every CLI process a test starts (it inherits the environment).
+_STATE_HOME = tempfile.mkdtemp(prefix="sbx-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, ignore_errors=True)
 RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this test run
 TEST_LABEL = "io.agent-sandbox.test-run"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Real-engine tests run on one worker, one after another (the 2-core machine's engine)."""
+    for item in items:
+        if item.get_closest_marker("docker") is not None:
+            item.add_marker(pytest.mark.xdist_group("docker"))
 
 
 @pytest.fixture(scope="session")

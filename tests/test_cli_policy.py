@@ -1,18 +1,26 @@
-"""The policy CLI end to end in a subprocess: output shapes and exit codes."""
+"""The policy CLI end to end: output shapes and exit codes (one test runs a real process)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.cli_helpers import ROOT, run_cli
+
 MULTI = ROOT / "policies" / "examples" / "multi-agent.yaml"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandbox", *args], capture_output=True, text=True, timeout=60)
+    return run_cli(*args, timeout=60)
+
+
+def test_the_installed_entry_point_runs() -> None:
+    """`python -m sandbox` as a real process: help, and a config error exits 2 without a traceback."""
+    ok = run_cli("--help", process=True)
+    assert ok.returncode == 0 and "explain" in ok.stdout
+    bad = run_cli("--config", "/nonexistent.yaml", "config", "check", process=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
 def test_explain_json_shows_exec_denied_by_agent_layer() -> None:

@@ -106,7 +106,7 @@ def test_doctor_all_ok_and_images_idempotent(cfg: Path) -> None:
 
 def test_demo_runs_end_to_end() -> None:
     """The README demo drives real sandboxes with the default policy and every step behaves."""
-    env = {**os.environ, "XDG_STATE_HOME": str(ROOT / ".state" / "demo-test")}
+    env = dict(os.environ)  # XDG_STATE_HOME is this run's (conftest): nothing lands in the repo
     run = subprocess.run(
         [sys.executable, "-m", "sandbox", "--config", "policies/default.yaml", "demo", "--json"],
         capture_output=True,
@@ -135,7 +135,7 @@ def test_call_runs_a_skill_in_the_sandbox(tmp_path: Path, instance: str) -> None
     cfg.write_text(
         (ROOT / "policies" / "examples" / "skills.yaml")
         .read_text()
-        .replace("state_dir: ./.state/skills", f"state_dir: {tmp_path}/state\ninstance: {instance}")
+        .replace("version: 1\n", f"version: 1\nstate_dir: {tmp_path}/state\ninstance: {instance}\n")
         .replace("../../skills", str(ROOT / "skills"))
     )
     assert (

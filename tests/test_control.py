@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 
 from sandbox import Orchestrator
 from sandbox.engine.hooks import HookDecision, Hooks
+from tests.cli_helpers import run_cli
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,39 +236,10 @@ def test_logs_cli_reconstructs_a_trace(tmp_path: Path, instance: str) -> None:
     cfg.write_text(
         f"state_dir: {tmp_path}/state\ninstance: {instance}\nagents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{ws}'}}]}}\n"
     )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sandbox",
-            "--config",
-            str(cfg),
-            "call",
-            "--session",
-            "agent:a:main",
-            "exec",
-            '{"command": "true"}',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    run = run_cli("call", "--session", "agent:a:main", "exec", '{"command": "true"}', config=cfg, timeout=60)
     trace = json.loads(run.stdout)["trace_id"]
-    logs = subprocess.run(
-        [sys.executable, "-m", "sandbox", "--config", str(cfg), "logs", "--trace", trace],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    logs = run_cli("logs", "--trace", trace, config=cfg, timeout=60)
     stages = [line.split()[4] for line in logs.stdout.splitlines()]
     assert stages == ["proposed", "policy_checked", "validated", "queued", "running", "finished"]
-    listed = subprocess.run(
-        [sys.executable, "-m", "sandbox", "--config", str(cfg), "approvals", "list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    listed = run_cli("approvals", "list", config=cfg, timeout=60)
     assert listed.stdout.strip() == "no pending approvals"

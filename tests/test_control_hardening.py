@@ -147,9 +147,12 @@ async def test_an_approval_whose_row_was_changed_runs_nothing(make_config: Any, 
 
 @anyio_mark
 async def test_a_locked_journal_at_expiry_runs_nothing(make_config: Any, ws: Path) -> None:
-    """The journal locked past 5 s when the approval expires (then free again): the call does not run."""
+    """The journal locked past its busy timeout when the approval expires (then free again): the call does not run."""
+    from sandbox.journal.store import Journal
+
     config = host(make_config, ws, "tools: {approvals: {require: [write], timeout_s: 1}}")
-    async with Orchestrator(config) as orch:
+    # a short busy timeout (5 s by default) keeps the test quick; the behaviour is the same
+    async with Orchestrator(config, journal=Journal(config.state_dir / JOURNAL, busy_timeout_s=1.5)) as orch:
         sess = orch.session("agent:a:main")
         results: list[Any] = []
         locked = threading.Event()
@@ -157,9 +160,9 @@ async def test_a_locked_journal_at_expiry_runs_nothing(make_config: Any, ws: Pat
         def hold() -> None:
             # a thread: the journal's writes block the event loop while they wait for the lock
             locker = sqlite3.connect(config.state_dir / JOURNAL, isolation_level=None)
-            locker.execute("BEGIN EXCLUSIVE")  # the expiry's write waits 5 s, then fails
+            locker.execute("BEGIN EXCLUSIVE")  # the expiry's write waits its busy timeout, then fails
             locked.set()
-            time.sleep(6.5)
+            time.sleep(3.2)  # past expiry (1 s) + busy timeout (1.5 s); free before the next write gives up
             locker.execute("ROLLBACK")  # free again: later writes (the call's own) succeed
             locker.close()
 
@@ -405,7 +408,7 @@ def test_loop_detection_trips_across_cli_processes(tmp_path: Path, ws: Path) -> 
     cfg = host_config_file(tmp_path, ws, LOOPS)
     outcomes = []
     for _ in range(4):
-        r = run_cli("call", "--session", "agent:a:main", "read", '{"path": "f.txt"}', config=cfg)
+        r = run_cli("call", "--session", "agent:a:main", "read", '{"path": "f.txt"}', config=cfg, process=True)
         body = json.loads(r.stdout)
         outcomes.append("warn" if body["ok"] and body["warnings"] else "ok" if body["ok"] else body["error"]["code"])
     assert outcomes == ["ok", "warn", "BLOCKED", "BLOCKED"]

@@ -119,6 +119,8 @@ class Limiter:
     def _wake(self) -> None:
         # Serve the queue round-robin across tenants. A waiter that cannot start reserves a place
         # only on the levels that are full for it, so it holds back later waiters on those alone.
+        if self._in_use.get(("global",), 0) >= self.config.global_concurrency:
+            return  # every call needs a global permit: with none free nobody can start
         reserved: dict[Level, int] = {}
         for waiter in self._round_robin():
             if self._fits(waiter.levels, self._all_limits, reserved):
@@ -156,7 +158,8 @@ class Limiter:
             if tenant not in self._ring:
                 self._ring.append(tenant)
             self._queue.append(waiter)
-            self._wake()
+            if all(self._in_use.get(lv, 0) < limits[lv] for lv in levels):
+                self._wake()  # it may fit around earlier waiters' reservations; with a level full it cannot
             try:
                 with anyio.fail_after(self.config.queue.max_wait_s):
                     await waiter.granted.wait()
@@ -165,7 +168,10 @@ class Limiter:
                     self._release(levels)  # granted and cancelled at once: give it back
                 else:
                     self._queue.remove(waiter)
-                    self._wake()
+                    # its reservations may have held back later waiters, but only on levels with
+                    # room: when every level it needed is full, nobody can start now anyway
+                    if any(self._in_use.get(lv, 0) < self._all_limits[lv] for lv in levels):
+                        self._wake()
                 if isinstance(exc, TimeoutError):
                     raise SandboxError(
                         ErrorCode.QUEUE_TIMEOUT,

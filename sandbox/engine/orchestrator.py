@@ -6,7 +6,7 @@ import os
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio.to_thread
 from loguru import logger
@@ -33,10 +33,7 @@ from sandbox.journal.store import Approval, Journal
 from sandbox.policy.resolver import Identity, PolicyResolver, ResolvedPolicy
 from sandbox.policy.sessions import agent_of
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.browser import BrowserEndpoint, BrowserManager
-from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.host_backend import HostShell
-from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
@@ -44,6 +41,11 @@ from sandbox.tools.context import ToolContext
 from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.skills import SkillProblem
 from sandbox.tools.spec import ToolResult, ToolSpec
+
+if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
+    from sandbox.runtime.browser import BrowserEndpoint
+    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.manager import SandboxManager
 
 
 class Orchestrator:
@@ -67,8 +69,8 @@ class Orchestrator:
         journal: Journal | bool | None = True,
     ) -> None:
         self.config = config
-        self.backend = backend or DockerBackend()
-        self.manager = SandboxManager(config, self.backend)
+        self._backend = backend
+        self._manager: SandboxManager | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
             registry, self.skill_problems = build_registry(config)
@@ -108,6 +110,24 @@ class Orchestrator:
             max_argument_bytes=max(MAX_ARGUMENT_BYTES, 2 * config.tools.fs.max_write_bytes + 64 * 1024),
         )
 
+    @property
+    def backend(self) -> DockerBackend:
+        """The container backend (Docker from the environment unless one was given)."""
+        if self._backend is None:
+            from sandbox.runtime.docker_backend import DockerBackend
+
+            self._backend = DockerBackend()
+        return self._backend
+
+    @property
+    def manager(self) -> SandboxManager:
+        """Sessions -> sandboxes (scopes, creation, reuse)."""
+        if self._manager is None:
+            from sandbox.runtime.manager import SandboxManager
+
+            self._manager = SandboxManager(self.config, self.backend)
+        return self._manager
+
     async def __aenter__(self) -> Orchestrator:
         return self
 
@@ -121,7 +141,8 @@ class Orchestrator:
 
     async def aclose(self) -> None:
         """Release engine connections (sandboxes stay: the engine is the inventory)."""
-        await self.backend.aclose()
+        if self._backend is not None:
+            await self._backend.aclose()
         if self.journal is not None:
             self.journal.close()
 
@@ -283,6 +304,8 @@ class Session:
 
     async def browser(self) -> BrowserEndpoint:
         """Start (or find) this session's browser sandbox; only when policy and config allow it."""
+        from sandbox.runtime.browser import BrowserManager
+
         manager = BrowserManager(self._orch.backend, self._orch.manager.instance)
         return await manager.ensure(self.agent, self.key, browser_allowed="browser" in self.policy.allowed)
 

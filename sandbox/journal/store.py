@@ -109,15 +109,16 @@ class Journal:
 
     Args:
         path: the database file.
+        busy_timeout_s: how long a write waits for another process's lock before it fails.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_timeout_s: float = 5.0) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._pending: dict[str, list[tuple[Any, ...]]] = {}
         try:
             _private_files(path)
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
             self._db.executescript(SCHEMA)

@@ -24,14 +24,12 @@ from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.hostpaths import prepare_workspace
-from sandbox.runtime.naming import LABEL_PREFIX, Labels
+from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, create_kwargs
 
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
-CREATOR_LABEL = f"{LABEL_PREFIX}.creator"
-CREATING_MARK = "-creating-"  # in the name of a container whose setup is not finished
 SETUP_TIMEOUT_S = 300.0
 
 __all__ = ["CREATING_MARK", "CREATOR_LABEL", "DockerBackend", "DockerSandbox", "info_from_container"]

@@ -13,24 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal as signals
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import docker.errors
 
-from sandbox.runtime.shellwrap import TAG_VAR
+from sandbox.runtime.proc_kill import Members, members_of, signal_members
 
 ROUNDS = 6  # waits 0.05 s, 0.1 s, ... 1.6 s between rounds: about 3 s in all
-
-
-@dataclass(frozen=True)
-class Members:
-    """Host pids of a call's processes, or `visible=False` when the host cannot see them."""
-
-    pids: tuple[int, ...]
-    visible: bool = True
 
 
 def container_pids(api: Any, container_id: str) -> list[int] | None:
@@ -53,47 +43,16 @@ def container_pids(api: Any, container_id: str) -> list[int] | None:
     return pids
 
 
-def _tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
-    # (carries the tag, process group) of a host pid; None when it is gone
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in (b"Z", b"X"):
-        return None  # a zombie is dead already; its parent (the init) reaps it
-    pgrp = int(fields[2]) if len(fields) > 2 else None
-    return tag in env.split(b"\0"), pgrp
-
-
 def call_members(api: Any, container_id: str, call_id: str) -> Members:
     """The container's processes that belong to `call_id`: tagged, or in a tagged process's group."""
     pids = container_pids(api, container_id)
     if pids is None:
         return Members((), visible=False)
-    tag = f"{TAG_VAR}={call_id}".encode()
-    info: dict[int, tuple[bool, int | None]] = {}
     try:
-        for pid in pids:
-            found = _tagged(pid, tag)
-            if found is not None:
-                info[pid] = found
+        # only pids the engine listed for this container are ever signalled
+        return members_of(pids, call_id)
     except PermissionError:
         return Members((), visible=False)
-    groups = {pgrp for tagged, pgrp in info.values() if tagged and pgrp}
-    # only pids the engine listed for this container are ever signalled
-    return Members(tuple(pid for pid, (tagged, pgrp) in info.items() if tagged or pgrp in groups))
-
-
-def signal_members(members: Members, signal: str) -> None:
-    """Send `signal` (TERM, KILL, INT, HUP) to every member."""
-    number = getattr(signals, f"SIG{signal}")
-    for pid in members.pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, number)
 
 
 def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from loguru import logger
@@ -17,15 +18,12 @@ from loguru import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker_backend import (
-    CREATING_MARK,
-    CREATOR_LABEL,
-    DockerBackend,
-    DockerSandbox,
-)
-from sandbox.runtime.naming import instance_id, scope_key
+from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, spec_from_config
+
+if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
+    from sandbox.runtime.docker_backend import DockerBackend, DockerSandbox
 
 REVALIDATE_AFTER_S = 30.0  # a cached sandbox is re-checked (drift, image) this often
 LAST_USED_EVERY_S = 30.0

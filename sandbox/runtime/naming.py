@@ -13,6 +13,10 @@ SCHEMA_VERSION = "1"
 MOUNT_LAYOUT_VERSION = "2"
 
 
+CREATOR_LABEL = f"{LABEL_PREFIX}.creator"  # host:pid of the process creating a container
+CREATING_MARK = "-creating-"  # in the name of a container whose setup is not finished
+
+
 class Labels:
     """Label keys set on every container this orchestrator makes."""
 

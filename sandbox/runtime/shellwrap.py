@@ -26,6 +26,13 @@ pid_of() {
   [ -n "$p" ] || for f in "$1/$2".pid-*; do [ -e "$f" ] && p="${f##*.pid-}"; done
   echo "$p"
 }
+# alive and not a zombie (an orphan's zombie lingers where nothing reaps it, e.g. on a host
+# whose pid 1 is not an init)
+alive() {
+  [ -n "$1" ] && kill -0 "$1" 2>/dev/null || return 1
+  read -r _ _ st _ < "/proc/$1/stat" 2>/dev/null || return 0
+  [ "$st" != Z ]
+}
 """
 
 # The pid file only helps the in-sandbox kill; the tag finds every process anyway, so a full
@@ -37,7 +44,9 @@ _WRAP = (
     'unset __sbx_p SBX_TMPDIR; eval "$__sbx_c"'
 )
 
-_KILL = _PID_OF + f"""
+_KILL = (
+    _PID_OF
+    + f"""
 id="$1"; sig="$2"; d="$3"
 pg=$(pid_of "$d" "$id")
 [ -n "$pg" ] && kill -s "$sig" -- -"$pg" 2>/dev/null
@@ -48,6 +57,7 @@ for p in /proc/[0-9]*; do
 done
 true
 """
+)
 
 _ALIVE = f"""
 id="$1"
@@ -94,18 +104,21 @@ done
 kill -s KILL -- -"$pg"
 """
 
-_POLL = _PID_OF + """
+_POLL = (
+    _PID_OF
+    + """
 id="$1"; off="$2"; lim="$3"; d="$4"
 if [ ! -f "$d/$id.out" ]; then echo gone; exit 0; fi
 rc=; for f in "$d/$id".exit-*; do [ -e "$f" ] && rc="${f##*.exit-}"; done
 [ -z "$rc" ] && [ -f "$d/$id.rc" ] && rc=$(cat "$d/$id.rc")
 if [ -n "$rc" ]; then echo "exited $rc"
 elif [ -f "$d/$id.timeout" ]; then echo timed_out
-elif kill -0 "$(pid_of "$d" "$id")" 2>/dev/null; then echo running
+elif alive "$(pid_of "$d" "$id")"; then echo running
 else echo killed; fi
 stat -c %s "$d/$id.out"
 tail -c +"$((off + 1))" "$d/$id.out" | head -c "$lim"
 """
+)
 
 # A write that does not fit in the pipe (the process does not read) is killed after a deadline.
 _WRITE = (
