@@ -171,7 +171,11 @@ async def test_progress_events(config: Any) -> None:
     bus = ProgressBus(heartbeat_s=0.1)
     events: list[ProgressEvent] = []
     bus.subscribe(events.append)
-    bus.subscribe(lambda e: 1 / 0)  # a broken subscriber does not break the call
+
+    def broken(event: ProgressEvent) -> None:
+        raise RuntimeError(event.kind)
+
+    bus.subscribe(broken)  # a broken subscriber does not break the call
     async with Orchestrator(config, registry=make_registry(), progress=bus) as orch:
         r = await orch.session("agent:a:main").call("exec", {"command": "echo one; sleep 0.35; echo two"})
     assert r.ok
@@ -186,7 +190,7 @@ async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     """A tool's timeout is clamped to limits.timeouts; every log line carries the call context."""
     from loguru import logger
 
-    from sandbox.engine.executor import tool_timeout
+    from sandbox.engine.running import tool_timeout
 
     clamped = config.model_copy(
         update={

@@ -30,4 +30,4 @@ def test_unknown_names_raise_attribute_error() -> None:
     import pytest
 
     with pytest.raises(AttributeError):
-        sandbox.NotAThing  # type: ignore[attr-defined]  # noqa: B018
+        sandbox.NotAThing  # noqa: B018

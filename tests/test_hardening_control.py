@@ -417,7 +417,7 @@ async def test_write_edit_and_patch_are_capped(make_config: Any, ws: Path) -> No
     for r in results:
         assert r.error is not None and r.error.code == "QUOTA_EXCEEDED", r
         assert "tools.fs.max_write_bytes" in r.error.message and "1,000 bytes" in r.error.message
-    assert "30,000,100 bytes" in results[2].error.message  # type: ignore[union-attr]
+    assert "30,000,100 bytes" in results[2].error.message
     assert ok.ok
     after = tree(ws)
     after.pop("small.txt")

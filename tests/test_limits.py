@@ -13,8 +13,8 @@ pytestmark = pytest.mark.anyio
 
 
 def limiter(**kw: object) -> Limiter:
-    queue = QueueConfig(max_depth=kw.pop("max_depth", 1000), max_wait_s=kw.pop("max_wait_s", 30))  # type: ignore[arg-type]
-    return Limiter(LimitsConfig(queue=queue, **kw))  # type: ignore[arg-type]
+    queue = QueueConfig(max_depth=kw.pop("max_depth", 1000), max_wait_s=kw.pop("max_wait_s", 30))
+    return Limiter(LimitsConfig(queue=queue, **kw))
 
 
 async def test_category_limit_never_exceeded_and_all_complete() -> None:

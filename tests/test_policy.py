@@ -8,13 +8,13 @@ import pytest
 
 from sandbox.config import load_config, load_config_text
 from sandbox.errors import UsageError
-from sandbox.policy import Identity, PolicyResolver
+from sandbox.policy import Identity, PolicyResolver, ResolvedPolicy
 from sandbox.policy.groups import acting_as
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "policies"
 
 
-def resolve(yaml_text: str, agent: str = "main", session: str = "agent:main:main", **kw: str):
+def resolve(yaml_text: str, agent: str = "main", session: str = "agent:main:main", **kw: str) -> ResolvedPolicy:
     config = load_config_text(yaml_text, base_dir=Path("/tmp"))
     return PolicyResolver(config).resolve(Identity(agent=agent, session=session, **kw))
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandbox.config import load_config_text
-from sandbox.policy import Identity, PolicyResolver
+from sandbox.policy import Identity, PolicyResolver, ResolvedPolicy
 from sandbox.policy.groups import BUILTIN_TOOLS, GROUPS, expand, expand_all
 
 PATTERNS = [*BUILTIN_TOOLS, *GROUPS, "web_*", "sessions_*", "*_get", "BASH", "Exec", "*"]
@@ -55,7 +55,7 @@ def scenarios(draw: Any) -> tuple[dict[str, Any], Identity]:
     return config, Identity("a", session, provider, model)
 
 
-def _resolve(config: dict[str, Any], identity: Identity):
+def _resolve(config: dict[str, Any], identity: Identity) -> ResolvedPolicy:
     return PolicyResolver(load_config_text(yaml.safe_dump(config))).resolve(identity)
 
 

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("im
 async def run(session: Any, command: str, **kw: Any) -> dict[str, Any]:
     result = await session.call("exec", {"command": command, **kw})
     assert result.ok or result.error.code == "TIMEOUT", result
-    return result.output
+    output: dict[str, Any] = result.output
+    return output
 
 
 @pytest.mark.parametrize(
@@ -216,7 +217,7 @@ async def test_drift_recreates_and_unchanged_reuses(make_config: Any, tmp_path: 
 
     async def container_id(extra: str) -> str:
         async with Orchestrator(make_config(base % extra, state=state)) as orch:
-            return (await orch.session("agent:main:x").sandbox()).id
+            return str((await orch.session("agent:main:x").sandbox()).id)
 
     first = await container_id("")
     assert await container_id("") == first

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import load_config_text
+from sandbox.config import Config, load_config_text
 from sandbox.config.models import SkillsConfig
 from sandbox.tools.skills import load_skills, skill_spec
 
@@ -126,7 +126,7 @@ def test_skill_named_like_a_tool_or_alias_is_refused(tmp_path: Path) -> None:
     assert allowed == {"exec", "fine"}  # the alias, never a skill behind it
 
 
-def _host_skill_config(tmp_path: Path, folder: str, handler: str, front: str = "") -> tuple[object, Path]:
+def _host_skill_config(tmp_path: Path, folder: str, handler: str, front: str = "") -> tuple[Config, Path]:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     path = write_skill(tmp_path / "skills", folder, f"name: probe\ndescription: x\n{front}")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def decoy_state(decoy: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in decoy.iterdir()}
 
 
-ATTACKS = [
+ATTACKS: list[tuple[str, Callable[[str], dict[str, str]]]] = [
     ("read", lambda link: {"path": f"{link}"}),
     ("write", lambda link: {"path": f"{link}/x.txt", "content": "PWNED"}),
     ("write", lambda link: {"path": f"{link}/decoy.txt", "content": "PWNED"}),
