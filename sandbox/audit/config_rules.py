@@ -8,8 +8,13 @@ from typing import Any
 
 from sandbox.audit.container_rules import audit_container
 from sandbox.audit.findings import Finding
-from sandbox.audit.isolation_rules import sender_findings, shared_findings, workspace_findings
-from sandbox.audit.mount_rules import is_scratch
+from sandbox.audit.isolation_rules import (
+    browser_network_findings,
+    sender_findings,
+    shared_bind_findings,
+    shared_findings,
+    workspace_findings,
+)
 from sandbox.audit.policy_rules import host_session_findings
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
@@ -123,16 +128,9 @@ def audit_config(
                     target,
                 )
             )
-        if policy.sandbox.sandboxed and docker.network == sandbox.browser.network:
-            findings.append(
-                Finding(
-                    "SBX-B002",
-                    "high",
-                    "exec sandbox on the browser network",
-                    f"docker.network is {docker.network}",
-                    "use docker.network: none",
-                    target,
-                )
+        if policy.sandbox.sandboxed:
+            findings += browser_network_findings(
+                [docker.network], sandbox.browser.network, f"{agent.key_path}.sandbox.docker.network is", target
             )
         try:
             doc = inspect_of(config, agent_id, session)
@@ -151,16 +149,4 @@ def audit_config(
         findings += audit_container(doc, target, scratch_roots)
         for mount in doc["Mounts"]:
             tenants_by_source.setdefault(str(mount["Source"]), set()).add(agent.tenant)
-    for source, tenants in sorted(tenants_by_source.items()):
-        if len(tenants) > 1 and not is_scratch(source, scratch_roots):
-            findings.append(
-                Finding(
-                    "SBX-M006",
-                    "high",
-                    "bind shared by agents of different tenants",
-                    f"{source} is mounted for tenants {sorted(tenants)}",
-                    "give each tenant its own directories",
-                    "config",
-                )
-            )
-    return findings
+    return findings + shared_bind_findings(tenants_by_source, "config", scratch_roots)

@@ -13,7 +13,7 @@ from sandbox.audit.exposure_rules import env_secrets, network_egress
 from sandbox.audit.findings import Finding
 from sandbox.audit.mount_rules import mounts
 from sandbox.audit.resource_rules import filesystem, limits, ports_restart_user
-from sandbox.audit.rule_helpers import Doc, finding, host_config
+from sandbox.audit.rule_helpers import Doc, host_config
 from sandbox.audit.spellings import seccomp_weakness
 
 ALLOWED_CAP_ADD = frozenset({"NET_BIND_SERVICE", "CAP_NET_BIND_SERVICE"})
@@ -22,7 +22,7 @@ ALLOWED_CAP_ADD = frozenset({"NET_BIND_SERVICE", "CAP_NET_BIND_SERVICE"})
 def privileged(doc: Doc, t: str) -> list[Finding]:
     if host_config(doc).get("Privileged"):
         return [
-            finding(
+            Finding(
                 "SBX-C001",
                 "critical",
                 "privileged container",
@@ -41,7 +41,7 @@ def capabilities(doc: Doc, t: str) -> list[Finding]:
     drops = [c.upper().removeprefix("CAP_") for c in host.get("CapDrop") or []]
     if "ALL" not in drops:
         out.append(
-            finding(
+            Finding(
                 "SBX-C002",
                 "high",
                 "capabilities not all dropped",
@@ -54,7 +54,7 @@ def capabilities(doc: Doc, t: str) -> list[Finding]:
     added = [c for c in host.get("CapAdd") or [] if c.upper() not in ALLOWED_CAP_ADD]
     if added:
         out.append(
-            finding(
+            Finding(
                 "SBX-C003",
                 "high",
                 "capabilities added",
@@ -72,7 +72,7 @@ def security_options(doc: Doc, t: str) -> list[Finding]:
     out = []
     if not any(o.replace("=", ":") in ("no-new-privileges:true", "no-new-privileges") for o in opts):
         out.append(
-            finding(
+            Finding(
                 "SBX-C004",
                 "high",
                 "no-new-privileges not set",
@@ -85,7 +85,7 @@ def security_options(doc: Doc, t: str) -> list[Finding]:
     # judged by content: a profile allowing every syscall by default is unconfined, however named
     for weakness in filter(None, (seccomp_weakness(o[8:]) for o in opts if o[:8] in ("seccomp=", "seccomp:"))):
         out.append(
-            finding(
+            Finding(
                 "SBX-C005",
                 "high",
                 "seccomp unconfined",
@@ -98,7 +98,7 @@ def security_options(doc: Doc, t: str) -> list[Finding]:
         )
     if any(o.replace(":", "=") == "apparmor=unconfined" for o in opts):
         out.append(
-            finding(
+            Finding(
                 "SBX-C006",
                 "medium",
                 "AppArmor unconfined",
@@ -110,7 +110,7 @@ def security_options(doc: Doc, t: str) -> list[Finding]:
         )
     if any(o.replace(":", "=") == "label=disable" for o in opts):
         out.append(
-            finding(
+            Finding(
                 "SBX-C007",
                 "medium",
                 "SELinux labels disabled",
@@ -129,7 +129,7 @@ def namespaces(doc: Doc, t: str) -> list[Finding]:
     net = str(host.get("NetworkMode") or "")
     if net == "host":
         out.append(
-            finding(
+            Finding(
                 "SBX-C008",
                 "critical",
                 "host network namespace",
@@ -141,7 +141,7 @@ def namespaces(doc: Doc, t: str) -> list[Finding]:
         )
     elif net.startswith("container:"):
         out.append(
-            finding(
+            Finding(
                 "SBX-C009",
                 "high",
                 "joins another container's network",
@@ -160,7 +160,7 @@ def namespaces(doc: Doc, t: str) -> list[Finding]:
         mode = str(host.get(key) or "")
         if mode == "host":
             out.append(
-                finding(
+                Finding(
                     rule,
                     "critical" if key == "PidMode" else "high",
                     f"host {key[:-4].upper()} namespace",
@@ -173,7 +173,7 @@ def namespaces(doc: Doc, t: str) -> list[Finding]:
         elif mode.startswith("container:"):
             # another container's processes (their /proc/*/environ) or shared memory are in reach
             out.append(
-                finding(
+                Finding(
                     rule,
                     "high",
                     f"joins another container's {key[:-4].upper()} namespace",

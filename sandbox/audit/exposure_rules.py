@@ -4,7 +4,7 @@ egress (and the host's gateway), and secrets in its environment (every session s
 from __future__ import annotations
 
 from sandbox.audit.findings import Finding
-from sandbox.audit.rule_helpers import Doc, finding, host_config
+from sandbox.audit.rule_helpers import Doc, host_config
 from sandbox.journal.redact import redact
 
 # set by run.py from `docker network inspect` (the config side cannot know it)
@@ -28,7 +28,7 @@ def network_egress(doc: Doc, t: str) -> list[Finding]:
         known = "" if internal is None else " (not an internal network)"
         evidence = f"NetworkMode is {mode}{known}: the sandbox reaches whatever that network routes to"
     return [
-        finding(
+        Finding(
             "SBX-C028",
             "medium",
             "sandbox has network egress",
@@ -51,7 +51,7 @@ def env_secrets(doc: Doc, t: str) -> list[Finding]:
     if not names:
         return []
     return [
-        finding(
+        Finding(
             "SBX-C029",
             "high",
             "secrets in the sandbox environment",

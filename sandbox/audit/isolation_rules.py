@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sandbox.audit.findings import Finding
+from sandbox.audit.mount_rules import is_scratch
 from sandbox.config.isolation import overlaps, shared_mismatches
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
@@ -175,3 +176,40 @@ def _sender_evidence(seen: Sequence[str], configured: Sequence[str]) -> str:
     if len(configured) > 1:
         return f"tools.approvals.by_sender names senders {', '.join(configured)}"
     return ""
+
+
+def shared_bind_findings(
+    tenants_by_source: Mapping[str, set[str]], target: str, scratch_roots: Sequence[str] = ()
+) -> list[Finding]:
+    """SBX-M006: one host path mounted for agents of different tenants (`scratch_roots`: see
+    :func:`sandbox.audit.mount_rules.is_scratch`; those folders are the orchestrator's own)."""
+    return [
+        Finding(
+            "SBX-M006",
+            "high",
+            "bind shared by agents of different tenants",
+            f"{source} is mounted for tenants {sorted(tenants)}",
+            "give each tenant its own directories",
+            target,
+        )
+        for source, tenants in sorted(tenants_by_source.items())
+        if len(tenants) > 1 and not is_scratch(source, scratch_roots)
+    ]
+
+
+def browser_network_findings(networks: Iterable[str], browser_network: str, where: str, target: str) -> list[Finding]:
+    """SBX-B002: an exec sandbox on the browser network or a tenant's copy of it (`<network>-<tenant>`);
+    `where` says how the sandbox got there (its config key, or what the engine reports)."""
+    joined = sorted(n for n in networks if n == browser_network or n.startswith(f"{browser_network}-"))
+    if not joined:
+        return []
+    return [
+        Finding(
+            "SBX-B002",
+            "high",
+            "exec sandbox on the browser network",
+            f"{where} {', '.join(joined)}",
+            "the exec sandbox never joins the browser network: set docker.network: none, disconnect a live one",
+            target,
+        )
+    ]

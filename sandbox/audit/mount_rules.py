@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sandbox.audit.findings import Finding
-from sandbox.audit.rule_helpers import Doc, finding
+from sandbox.audit.rule_helpers import Doc
 from sandbox.runtime.binds import CONTAINER_WORKDIR, SYSTEM_PATHS, credential_paths
 
 
@@ -56,7 +56,7 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
         where = f"{label} -> {dest}" + (f" (resolves to {real})" if real != source else "")
         if str(m.get("Propagation") or "") in ("shared", "rshared"):
             out.append(
-                finding(
+                Finding(
                     "SBX-M001",
                     "high",
                     "shared mount propagation",
@@ -69,14 +69,14 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
         hits = [(b, r) for b in ("/", *SYSTEM_PATHS, "/home", *credential_paths()) if (r := _relation(real, b))]
         if real.endswith(".sock") or "docker.sock" in real:
             out.append(
-                finding(
+                Finding(
                     "SBX-M002", "critical", "socket mounted", where, "never mount sockets into a sandbox", t, "5.31"
                 )
             )
         elif hits and not is_scratch(real, scratch_roots):
             blocked, rel = hits[0]
             out.append(
-                finding(
+                Finding(
                     "SBX-M003",
                     "critical",
                     "sensitive host path mounted",
@@ -89,7 +89,7 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
         # binds may not target /workspace/*: mounts there are the workspace's own pinned parents
         if m.get("RW") and dest != CONTAINER_WORKDIR and not dest.startswith(CONTAINER_WORKDIR + "/"):
             out.append(
-                finding(
+                Finding(
                     "SBX-M004",
                     "medium",
                     "writable bind that is not the workspace",

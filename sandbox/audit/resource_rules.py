@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sandbox.audit.findings import Finding
-from sandbox.audit.rule_helpers import Doc, finding, host_config
+from sandbox.audit.rule_helpers import Doc, host_config
 from sandbox.audit.spellings import is_root_user
 
 SAFE_SYSCTLS = frozenset(
@@ -23,11 +23,11 @@ def limits(doc: Doc, t: str) -> list[Finding]:
     memory = host.get("Memory") or 0
     if not memory:
         out.append(
-            finding("SBX-C014", "medium", "no memory limit", "HostConfig.Memory is 0", "set docker.memory", t, "5.10")
+            Finding("SBX-C014", "medium", "no memory limit", "HostConfig.Memory is 0", "set docker.memory", t, "5.10")
         )
     elif (host.get("MemorySwap") or 0) not in (memory,):
         out.append(
-            finding(
+            Finding(
                 "SBX-C015",
                 "low",
                 "swap not equal to memory",
@@ -39,7 +39,7 @@ def limits(doc: Doc, t: str) -> list[Finding]:
         )
     if not (host.get("NanoCpus") or host.get("CpuQuota") or host.get("CpuShares")):
         out.append(
-            finding(
+            Finding(
                 "SBX-C016",
                 "low",
                 "no CPU limit",
@@ -52,7 +52,7 @@ def limits(doc: Doc, t: str) -> list[Finding]:
     pids = host.get("PidsLimit")
     if not pids or pids <= 0:
         out.append(
-            finding("SBX-C017", "medium", "no pids limit", f"PidsLimit is {pids}", "set docker.pids_limit", t, "5.28")
+            Finding("SBX-C017", "medium", "no pids limit", f"PidsLimit is {pids}", "set docker.pids_limit", t, "5.28")
         )
     return out
 
@@ -62,7 +62,7 @@ def filesystem(doc: Doc, t: str) -> list[Finding]:
     out = []
     if not host.get("ReadonlyRootfs"):
         out.append(
-            finding(
+            Finding(
                 "SBX-C018",
                 "medium",
                 "root filesystem writable",
@@ -75,7 +75,7 @@ def filesystem(doc: Doc, t: str) -> list[Finding]:
     unsized = [p for p, o in (host.get("Tmpfs") or {}).items() if "size=" not in str(o)]
     if unsized:
         out.append(
-            finding(
+            Finding(
                 "SBX-C019",
                 "low",
                 "tmpfs without a size",
@@ -86,7 +86,7 @@ def filesystem(doc: Doc, t: str) -> list[Finding]:
         )
     if host.get("Devices") or host.get("DeviceCgroupRules"):
         out.append(
-            finding(
+            Finding(
                 "SBX-C020",
                 "high",
                 "host devices exposed",
@@ -99,7 +99,7 @@ def filesystem(doc: Doc, t: str) -> list[Finding]:
     bad = sorted(k for k in (host.get("Sysctls") or {}) if k not in SAFE_SYSCTLS)
     if bad:
         out.append(
-            finding(
+            Finding(
                 "SBX-C021",
                 "medium",
                 "sysctls outside the safe list",
@@ -110,7 +110,7 @@ def filesystem(doc: Doc, t: str) -> list[Finding]:
         )
     if host.get("MaskedPaths") == [] or host.get("ReadonlyPaths") == []:
         out.append(
-            finding(
+            Finding(
                 "SBX-C022",
                 "high",
                 "masked or read-only paths emptied",
@@ -131,7 +131,7 @@ def ports_restart_user(doc: Doc, t: str) -> list[Finding]:
             hport = int(b.get("HostPort") or 0)
             if ip in ("0.0.0.0", "::", ""):  # noqa: S104
                 out.append(
-                    finding(
+                    Finding(
                         "SBX-C023",
                         "high",
                         "port published on all interfaces",
@@ -143,7 +143,7 @@ def ports_restart_user(doc: Doc, t: str) -> list[Finding]:
                 )
             elif 0 < hport < 1024:
                 out.append(
-                    finding(
+                    Finding(
                         "SBX-C024",
                         "medium",
                         "privileged host port",
@@ -155,7 +155,7 @@ def ports_restart_user(doc: Doc, t: str) -> list[Finding]:
                 )
             else:
                 out.append(
-                    finding(
+                    Finding(
                         "SBX-C025",
                         "info",
                         "port published on loopback",
@@ -168,7 +168,7 @@ def ports_restart_user(doc: Doc, t: str) -> list[Finding]:
     restart = (host.get("RestartPolicy") or {}).get("Name") or "no"
     if restart not in ("no", ""):
         out.append(
-            finding(
+            Finding(
                 "SBX-C026",
                 "low",
                 "restart policy set",
@@ -182,7 +182,7 @@ def ports_restart_user(doc: Doc, t: str) -> list[Finding]:
     # `00`, `+0`, `-0` and `0000:0000` are uid 0 to the engine too
     if is_root_user(user) and str(host.get("UsernsMode") or "") != "private":
         out.append(
-            finding(
+            Finding(
                 "SBX-C027",
                 "high",
                 "runs as root",

@@ -11,7 +11,12 @@ from sandbox.audit.container_rules import audit_container
 from sandbox.audit.control_rules import control_findings, live_control_findings
 from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import Finding
-from sandbox.audit.isolation_rules import live_shared_findings, senders_from_journal
+from sandbox.audit.isolation_rules import (
+    browser_network_findings,
+    live_shared_findings,
+    senders_from_journal,
+    shared_bind_findings,
+)
 from sandbox.audit.live_docs import enrich, image_findings
 from sandbox.audit.mount_rules import mark_writable_elsewhere
 from sandbox.config.merge import agent_ids, effective_agent
@@ -162,35 +167,13 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
                                 target,
                             )
                         )
-        networks = set((doc.get("NetworkSettings") or {}).get("Networks") or {})
-        browser_net = config.agents.defaults.sandbox.browser.network
-        on_browser_net = [n for n in networks if n == browser_net or n.startswith(f"{browser_net}-")]
-        if kind == "exec" and on_browser_net:
-            found.append(
-                Finding(
-                    "SBX-B002",
-                    "high",
-                    "exec sandbox on the browser network",
-                    f"attached to {sorted(networks)}",
-                    "disconnect it; the exec sandbox never joins the browser network",
-                    target,
-                )
-            )
+        if kind == "exec":
+            networks = (doc.get("NetworkSettings") or {}).get("Networks") or {}
+            browser_net = config.agents.defaults.sandbox.browser.network
+            found += browser_network_findings(networks, browser_net, "attached to", target)
         findings += found
         mounts[target] = _mount_rows(doc, found)
         for m in doc.get("Mounts") or []:
             if m.get("Type") == "bind":
                 tenants_by_source.setdefault(str(m.get("Source")), set()).add(labels.get(Labels.TENANT, "?"))
-    for source, tenants in sorted(tenants_by_source.items()):
-        if len(tenants) > 1:
-            findings.append(
-                Finding(
-                    "SBX-M006",
-                    "high",
-                    "bind shared by agents of different tenants",
-                    f"{source} is mounted by tenants {sorted(tenants)}",
-                    "give each tenant its own directories",
-                    "engine",
-                )
-            )
-    return AuditResult(findings, mounts)
+    return AuditResult(findings + shared_bind_findings(tenants_by_source, "engine"), mounts)
