@@ -21,6 +21,7 @@ def test_all_is_sorted_and_complete() -> None:
         "audit",
         "journal",
         "api",
+        "testing",
     }
     assert public - modules == set(sandbox.__all__)
 

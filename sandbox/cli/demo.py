@@ -124,9 +124,14 @@ def _indent(text: str, prefix: str = "     │ ") -> str:
 
 
 async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[str, Any]:
+    from sandbox.runtime.docker_backend import DockerBackend
+
     box = await session.sandbox()
-    attrs = await session._orch.backend.inspect(box.id)
-    assert attrs is not None
+    backend = session._orch.backend
+    attrs = await backend.find(box.id) if isinstance(backend, DockerBackend) else None
+    if attrs is None:
+        echo(f"sandbox  {box.id} (runtime.backend {backend.name}: no container to show)")
+        return {"container": box.id, "backend": backend.name}
     host = attrs["HostConfig"]
     facts = {
         "container": attrs["Name"].lstrip("/"),

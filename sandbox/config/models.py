@@ -317,6 +317,12 @@ def default_state_dir() -> Path:
     return Path(root) / "agent-sandbox"
 
 
+class RuntimeSection(StrictModel):
+    """Which backend runs sandboxes: `docker` (the default), or `host` (no isolation: development)."""
+
+    backend: Literal["docker", "host"] = "docker"
+
+
 class Config(StrictModel):
     """The whole configuration file."""
 
@@ -328,6 +334,7 @@ class Config(StrictModel):
     limits: LimitsConfig = LimitsConfig()
     results: ResultsConfig = ResultsConfig()
     skills: SkillsConfig = SkillsConfig()
+    runtime: RuntimeSection = RuntimeSection()
     # the file this config was read from (the loader says; never a key of the file itself)
     _source_file: Path | None = PrivateAttr(default=None)
 

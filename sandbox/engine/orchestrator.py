@@ -44,8 +44,8 @@ from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
     from sandbox.runtime.browser import BrowserEndpoint
-    from sandbox.runtime.docker_backend import DockerBackend
     from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.protocol import Backend
 
 
 class Orchestrator:
@@ -53,7 +53,7 @@ class Orchestrator:
 
     Args:
         config: a loaded config (see :func:`sandbox.load_config`).
-        backend: the container backend (default: Docker from the environment).
+        backend: the sandbox backend (default: the one `runtime.backend` names, Docker unless set).
 
     Use as `async with Orchestrator(config) as orch: session = orch.session(...)`.
     """
@@ -61,7 +61,7 @@ class Orchestrator:
     def __init__(
         self,
         config: Config,
-        backend: DockerBackend | None = None,
+        backend: Backend | None = None,
         *,
         registry: ToolRegistry | None = None,
         progress: ProgressBus | None = None,
@@ -111,12 +111,12 @@ class Orchestrator:
         )
 
     @property
-    def backend(self) -> DockerBackend:
-        """The container backend (Docker from the environment unless one was given)."""
+    def backend(self) -> Backend:
+        """The sandbox backend: the one given, else the one `runtime.backend` names (default Docker)."""
         if self._backend is None:
-            from sandbox.runtime.docker_backend import DockerBackend
+            from sandbox.runtime.backends import backend_for
 
-            self._backend = DockerBackend()
+            self._backend = backend_for(self.config)
         return self._backend
 
     @property
@@ -292,7 +292,7 @@ class Session:
             return HostShell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
         if not create:
             spec = self._orch.manager.spec_for(self.agent, self.key)
-            if await self._orch.backend.find(spec.name) is None:
+            if not await self._orch.backend.exists(spec.name):
                 return None
         return await self._orch.manager.sandbox_for(self.agent, self.key)
 
@@ -305,8 +305,15 @@ class Session:
     async def browser(self) -> BrowserEndpoint:
         """Start (or find) this session's browser sandbox; only when policy and config allow it."""
         from sandbox.runtime.browser import BrowserManager
+        from sandbox.runtime.docker_backend import DockerBackend
 
-        manager = BrowserManager(self._orch.backend, self._orch.manager.instance)
+        backend = self._orch.backend
+        if not isinstance(backend, DockerBackend):
+            raise SandboxError(
+                ErrorCode.SANDBOX_UNAVAILABLE,
+                f"the browser sandbox needs the docker backend (runtime.backend is {backend.name!r})",
+            )
+        manager = BrowserManager(backend, self._orch.manager.instance)
         return await manager.ensure(self.agent, self.key, browser_allowed="browser" in self.policy.allowed)
 
     async def _context(self, task: TaskContext) -> ToolContext:

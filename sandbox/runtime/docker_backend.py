@@ -136,6 +136,10 @@ class DockerBackend:
 
         return await self.call("inspect container", get)
 
+    async def exists(self, name: str) -> bool:
+        """Whether a container of this name exists (running or not)."""
+        return await self.find(name) is not None
+
     async def ensure(self, spec: SandboxSpec) -> DockerSandbox:
         """Adopt a matching container or create one; recreate on drift or death.
 

@@ -23,7 +23,7 @@ from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
-    from sandbox.runtime.docker_backend import DockerBackend, DockerSandbox
+    from sandbox.runtime.protocol import Backend, Sandbox
 
 REVALIDATE_AFTER_S = 30.0  # a cached sandbox is re-checked (drift, image) this often
 LAST_USED_EVERY_S = 30.0
@@ -31,7 +31,7 @@ LAST_USED_EVERY_S = 30.0
 
 @dataclass
 class _Entry:
-    sandbox: DockerSandbox
+    sandbox: Sandbox
     checked_at: float
 
 
@@ -46,7 +46,7 @@ class SandboxManager:
         backend: the container backend.
     """
 
-    def __init__(self, config: Config, backend: DockerBackend) -> None:
+    def __init__(self, config: Config, backend: Backend) -> None:
         self.config = config
         self.backend = backend
         self.instance = instance_id(config.state_dir, config.instance)
@@ -78,7 +78,7 @@ class SandboxManager:
                 container=spec.name,
             )
 
-    async def sandbox_for(self, agent: EffectiveAgent, session: str) -> DockerSandbox:
+    async def sandbox_for(self, agent: EffectiveAgent, session: str) -> Sandbox:
         """The live sandbox of a session: cached, adopted, or created (once per identity)."""
         spec = self.spec_for(agent, session)
         self._claim(spec)

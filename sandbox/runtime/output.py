@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -39,10 +40,13 @@ class Captured:
 
 
 class _Stream:
+    # The tail is a queue of whole chunks, dropped from the left: no per-chunk reallocation of
+    # one growing buffer (which fragments the allocator's arenas when threads read output).
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.head = bytearray()
-        self.tail = bytearray()
+        self.tail: deque[bytes] = deque()
+        self.tail_size = 0
         self.total = 0
 
     def add(self, data: bytes) -> None:
@@ -52,12 +56,14 @@ class _Stream:
             self.head += data[:room]
             data = data[room:]
         if data:
-            self.tail += data
-            if len(self.tail) > self.keep:
-                del self.tail[: len(self.tail) - self.keep]
+            self.tail.append(data)
+            self.tail_size += len(data)
+            while self.tail and self.tail_size - len(self.tail[0]) >= self.keep:
+                self.tail_size -= len(self.tail.popleft())
 
     def captured(self) -> Captured:
-        return Captured(bytes(self.head), bytes(self.tail), self.total)
+        tail = b"".join(self.tail)[-self.keep :] if self.tail else b""
+        return Captured(bytes(self.head), tail, self.total)
 
 
 class OutputCapture:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -116,7 +116,7 @@ class Sandbox(Shell, Protocol):
 
     @property
     def id(self) -> str:
-        """The engine's id of the container."""
+        """The engine's id of the sandbox."""
         ...
 
     @property
@@ -124,14 +124,40 @@ class Sandbox(Shell, Protocol):
         """The spec it was made from."""
         ...
 
+    @property
+    def gone(self) -> bool:
+        """Whether the backend found it gone or stopped (it is replaced on next use)."""
+        ...
+
+    def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
+        """How to get a fresh sandbox (its id) when this one is found gone before a command ran."""
+        ...
+
+    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
+        """Pids of processes a call started that are still alive."""
+        ...
+
 
 class Backend(Protocol):
-    """Create, find and remove sandboxes."""
+    """Create, find and remove sandboxes. The engine and the manager know only this.
+
+    Implementations: `sandbox.runtime.docker_backend.DockerBackend` (`runtime.backend: docker`,
+    the default), `sandbox.runtime.host_sandbox.HostBackend` (`host`: no isolation, for
+    development), and `sandbox.testing.FakeBackend` for tests of code built on the library.
+    """
 
     name: str
 
+    async def image_id(self, ref: str) -> str:
+        """The id of the image a spec names (part of the drift hash); SandboxUnavailable if absent."""
+        ...
+
     async def ensure(self, spec: SandboxSpec) -> Sandbox:
         """Return the sandbox for `spec`, creating or recreating it when needed."""
+        ...
+
+    async def exists(self, name: str) -> bool:
+        """Whether a sandbox of this name exists now (running or not)."""
         ...
 
     async def list(self, *, instance: str | None) -> list[SandboxInfo]:

@@ -86,6 +86,12 @@ setsid sh -c '
   : > "$0/$1.exit-$?"
   [ -n "$w" ] && kill "$w" 2>/dev/null
 ' "$d" "$id" "$cmd" "$limit" "$watchdog" </dev/null >/dev/null 2>&1 &
+# report `started` only once the process has recorded its pid: a poll right after must not
+# mistake a process that has not written it yet for one that died
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  for f in "$d/$id".pid-*; do [ -e "$f" ] && break 2; done
+  sleep 0.05
+done
 echo started
 """
 

@@ -108,6 +108,7 @@ async def run_within_quota(
         return await run(), None
     result: ExecResult | None = None
     over: int | None = None
+    failure: Exception | None = None
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -122,12 +123,17 @@ async def run_within_quota(
                     return
 
         async def work() -> None:
-            nonlocal result
-            result = await run()
+            nonlocal result, failure
+            try:
+                result = await run()
+            except Exception as exc:  # re-raised below as itself, not inside an exception group
+                failure = exc
             tg.cancel_scope.cancel()
 
         tg.start_soon(watch)
         tg.start_soon(work)
+    if failure is not None:
+        raise failure
     return result, over
 
 

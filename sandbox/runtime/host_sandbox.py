@@ -1,0 +1,167 @@
+"""`runtime.backend: host`: "sandboxes" that are host directories and host processes.
+
+No isolation at all: a command runs as the orchestrator's user on the host, in the sandbox's
+workspace directory (the same directory Docker would mount at /workspace). It exists so the
+library runs where no engine does (development, CI without Docker) with the same scopes,
+workspaces, policy and tools; `sandbox audit` reports it (SBX-P002 covers tools on the host).
+Paths under /workspace in a command's working directory are translated to the host directory;
+paths inside command text are not, so commands should use paths relative to the workspace.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio.to_thread
+
+from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.host_backend import HostShell
+from sandbox.runtime.hostpaths import prepare_workspace
+from sandbox.runtime.output import OutputCapture
+from sandbox.runtime.protocol import ExecResult, SandboxInfo
+from sandbox.runtime.spec import SandboxSpec
+
+
+class HostSandbox:
+    """One scope's workspace on the host, with a shell that runs there."""
+
+    def __init__(self, spec: SandboxSpec, state_dir: Path) -> None:
+        self._spec = spec
+        self.workspace = Path(spec.mounts[0].source) if spec.mounts else spec.workspace_host
+        self._shell = HostShell(self.workspace, state_dir / "host-sandboxes" / spec.name, env=spec.docker.env)
+        self.gone = False
+        self.created_at = datetime.now(UTC).isoformat(timespec="seconds")
+
+    @property
+    def id(self) -> str:
+        """The sandbox's name (a host sandbox has no other id)."""
+        return self._spec.name
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was made from."""
+        return self._spec
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live (in the state dir)."""
+        return self._shell.pid_dir
+
+    def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
+        """Nothing to revive: a host directory does not die."""
+        del revive
+
+    def host_path(self, workdir: str | None) -> str | None:
+        """A /workspace path as the host directory it stands for."""
+        if workdir is None:
+            return None
+        if workdir == CONTAINER_WORKDIR or workdir.startswith(CONTAINER_WORKDIR + "/"):
+            return str(self.workspace) + workdir[len(CONTAINER_WORKDIR) :]
+        return workdir
+
+    async def run(
+        self,
+        command: str,
+        *,
+        call_id: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
+    ) -> ExecResult:
+        """Run `command` on the host in the workspace (see the Shell protocol)."""
+        return await self._shell.run(
+            command,
+            call_id=call_id,
+            env=env,
+            workdir=self.host_path(workdir),
+            timeout_s=timeout_s,
+            user=user,
+            on_output=on_output,
+            capture=capture,
+        )
+
+    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+        """Run an argv on the host in the workspace (arguments that are /workspace paths translated)."""
+        translated = [self.host_path(arg) or arg for arg in argv]
+        return await self._shell.run_argv(translated, user=user, timeout_s=timeout_s)
+
+    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+        """Signal everything `call_id` started."""
+        await self._shell.kill(call_id, signal, user=user)
+
+    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
+        """Pids a call started that are still alive."""
+        del user
+        from sandbox.runtime import proc_kill
+
+        members = await anyio.to_thread.run_sync(
+            lambda: proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True)
+        )
+        return list(members.pids)
+
+
+class HostBackend:
+    """Sandboxes as host directories (see the module docstring: no isolation).
+
+    Args:
+        state_dir: where pid files and background output live.
+    """
+
+    name = "host"
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self._sandboxes: dict[str, HostSandbox] = {}
+
+    async def image_id(self, ref: str) -> str:
+        """Host sandboxes have no image: the reference itself stands for it."""
+        return f"host:{ref}"
+
+    async def ensure(self, spec: SandboxSpec) -> HostSandbox:
+        """The workspace made (no-follow, like Docker's) and a shell bound to it."""
+        found = self._sandboxes.get(spec.name)
+        if found is not None and found.spec.config_hash == spec.config_hash:
+            return found
+        await anyio.to_thread.run_sync(prepare_workspace, spec)
+        sandbox = HostSandbox(spec, self.state_dir)
+        self._sandboxes[spec.name] = sandbox
+        return sandbox
+
+    async def exists(self, name: str) -> bool:
+        """Whether this process made a sandbox of this name."""
+        return name in self._sandboxes
+
+    async def list(self, *, instance: str | None) -> builtins.list[SandboxInfo]:
+        """The sandboxes this process made (host sandboxes leave nothing to adopt)."""
+        return [
+            SandboxInfo(
+                id=box.id,
+                name=box.id,
+                kind="exec",
+                instance=box.spec.instance,
+                tenant=box.spec.tenant,
+                agent=box.spec.agent,
+                scope=box.spec.scope,
+                scope_key=box.spec.scope_key,
+                session=box.spec.session if box.spec.scope == "session" else "",
+                config_hash=box.spec.config_hash,
+                created_at=box.created_at,
+                status="running",
+                image=box.spec.image,
+            )
+            for box in self._sandboxes.values()
+            if instance is None or box.spec.instance == instance
+        ]
+
+    async def remove(self, name_or_id: str) -> None:
+        """Forget a sandbox (its workspace stays, like a Docker bind's source)."""
+        self._sandboxes.pop(name_or_id, None)
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
