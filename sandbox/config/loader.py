@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from sandbox.config import keys, locate
 from sandbox.config.isolation import isolation_problems
-from sandbox.config.locate import Loc, Located, format_loc
+from sandbox.config.locate import Loc, ParsedDocument, format_loc
 from sandbox.config.models import Config, default_state_dir
 from sandbox.errors import ConfigError
 
@@ -30,7 +30,7 @@ def load_config(path: str | Path) -> Config:
     """
     file = Path(path).expanduser()
     try:
-        located = locate.read(file)
+        parsed = locate.read(file)
     except FileNotFoundError as exc:
         raise ConfigError([f"{file}: config file not found"]) from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -38,19 +38,19 @@ def load_config(path: str | Path) -> Config:
     except locate.YamlSyntaxError as exc:
         raise ConfigError(exc.problems) from exc
     real = os.path.realpath(file)
-    return validate(located, base_dir=file.resolve().parent, identity=(file.stem, f"file|{real}"))
+    return validate(parsed, base_dir=file.resolve().parent, identity=(file.stem, f"file|{real}"))
 
 
 def load_config_text(text: str, *, source: str = "<config>", base_dir: Path | None = None) -> Config:
     """Like :func:`load_config`, from text (tests, the HTTP service)."""
     try:
-        located = locate.parse(text, source)
+        parsed = locate.parse(text, source)
     except locate.YamlSyntaxError as exc:
         raise ConfigError(exc.problems) from exc
     base = base_dir or Path.cwd()
     # text has no path: the same text read against the same folder is the same config
     identity = (source.strip("<>") or "config", f"text|{os.path.realpath(base)}|{text}")
-    return validate(located, base_dir=base, identity=identity)
+    return validate(parsed, base_dir=base, identity=identity)
 
 
 def config_state_dir(name: str, identity: str) -> Path:
@@ -64,29 +64,29 @@ def config_state_dir(name: str, identity: str) -> Path:
     return default_state_dir() / "configs" / f"{readable}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
-def validate(located: Located, *, base_dir: Path, identity: tuple[str, str] | None = None) -> Config:
+def validate(parsed: ParsedDocument, *, base_dir: Path, identity: tuple[str, str] | None = None) -> Config:
     """Validate parsed data; see :func:`load_config`.
 
     Args:
-        located: the parsed document.
+        parsed: the parsed document.
         base_dir: where relative paths in it resolve.
         identity: (readable name, identity text) of the config; without `state_dir`, the
             state dir is :func:`config_state_dir` of it (else the user's shared state dir).
     """
-    data = located.data if located.data is not None else {}
+    data = parsed.data if parsed.data is not None else {}
     if not isinstance(data, dict):
-        raise ConfigError([f"{located.where(())}: the config must be a mapping of keys"])
+        raise ConfigError([f"{parsed.where(())}: the config must be a mapping of keys"])
     data, unknown = keys.normalize(data, Config)
     if identity is not None and "state_dir" not in data:
         data = {**data, "state_dir": str(config_state_dir(*identity))}
-    problems = [_line(located, loc, message, value=False) for loc, message in unknown]
+    problems = [_line(parsed, loc, message, value=False) for loc, message in unknown]
     try:
-        context = {"base_dir": base_dir, "extra_tools": _skill_names(data, base_dir), "config_file": located.source}
+        context = {"base_dir": base_dir, "extra_tools": _skill_names(data, base_dir), "config_file": parsed.source}
         config = Config.model_validate(data, context=context)
     except ValidationError as exc:
-        problems.extend(_line(located, _loc(err["loc"]), _describe(err)) for err in exc.errors())
+        problems.extend(_line(parsed, _loc(err["loc"]), _describe(err)) for err in exc.errors())
         raise ConfigError(_in_file_order(problems)) from exc
-    problems.extend(_line(located, loc, message) for loc, message in semantic_problems(config))
+    problems.extend(_line(parsed, loc, message) for loc, message in semantic_problems(config))
     if problems:
         raise ConfigError(_in_file_order(problems))
     return config
@@ -124,11 +124,11 @@ def _describe(err: Any) -> str:
     return f"{message[0].lower()}{message[1:]} (got {shown})"
 
 
-def _line(located: Located, loc: Loc, message: str, *, value: bool = True) -> tuple[tuple[int, int], str]:
+def _line(parsed: ParsedDocument, loc: Loc, message: str, *, value: bool = True) -> tuple[tuple[int, int], str]:
     # unknown keys point at the key; bad values point at the value
-    pos = located.position(loc, value=value)
+    pos = parsed.position(loc, value=value)
     order = (pos.line, pos.column) if pos else (0, 0)
-    return order, f"{located.where(loc, value=value)}: {format_loc(loc)}: {message}"
+    return order, f"{parsed.where(loc, value=value)}: {format_loc(loc)}: {message}"
 
 
 def semantic_problems(config: Config) -> list[tuple[Loc, str]]:

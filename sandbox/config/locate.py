@@ -20,7 +20,7 @@ class Position:
 
 
 @dataclass(frozen=True)
-class Located:
+class ParsedDocument:
     """A parsed document and the position of every key path in it."""
 
     data: Any
@@ -142,7 +142,7 @@ class BoundedLoader(yaml.SafeLoader):
                 first[key] = mark
 
 
-def parse(text: str, source: str) -> Located:
+def parse(text: str, source: str) -> ParsedDocument:
     """Parse YAML (or JSON) text, keeping positions of every key path.
 
     Raises:
@@ -166,7 +166,7 @@ def parse(text: str, source: str) -> Located:
     values: dict[Loc, Position] = {}
     if node is not None:
         _walk(node, (), keys, values)
-    return Located(data=data, positions=keys, values=values, source=source)
+    return ParsedDocument(data=data, positions=keys, values=values, source=source)
 
 
 def _walk(node: yaml.Node, loc: Loc, keys: dict[Loc, Position], values: dict[Loc, Position]) -> None:
@@ -185,7 +185,7 @@ def _walk(node: yaml.Node, loc: Loc, keys: dict[Loc, Position], values: dict[Loc
             _walk(item, (*loc, index), keys, values)
 
 
-def read(path: Path) -> Located:
+def read(path: Path) -> ParsedDocument:
     """Read and parse a config file."""
     return parse(path.read_text(encoding="utf-8"), str(path))
 
