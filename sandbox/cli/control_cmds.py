@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
@@ -13,12 +13,16 @@ import click
 from sandbox.cli import State, _emit, handled, json_option, main
 from sandbox.cli.escape import cut_marked, escape, escape_json
 from sandbox.errors import UsageError
-from sandbox.journal.store import Approval, Event, Journal
+
+if TYPE_CHECKING:  # the journal (sqlite3) loads when a command uses it, not on every start
+    from sandbox.journal.store import Approval, Event, Journal
 
 PREVIEW_CHARS = 80  # of the arguments, per line of `approvals list`; the cut is always marked
 
 
 def _journal(state: State) -> Journal:
+    from sandbox.journal.store import Journal
+
     return Journal(state.config.state_dir / "journal.sqlite3")
 
 

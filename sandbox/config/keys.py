@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -107,6 +106,8 @@ def _normalize_value(value: Any, schema: tuple[str, Any] | None, loc: Loc) -> tu
 
 
 def _unknown_key_message(name: str, valid: list[str]) -> str:
+    import difflib  # only a config with a mistake pays for it
+
     candidates = {field: field for field in valid}
     candidates.update({snake_to_camel(field): field for field in valid})
     near = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)

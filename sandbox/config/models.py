@@ -18,7 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 class StrictModel(BaseModel):
     """Base: unknown keys are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # validators are built on first use: a start-up then builds only the models it validates
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def _check_tool_pattern(value: str, info: ValidationInfo) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sandbox.config.models import Config
@@ -63,19 +64,57 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
 
 
 def _live_state(name: str) -> str:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        import docker
-        import docker.errors
-
-        client = docker.from_env(timeout=3)
-        try:
-            return str(client.api.inspect_container(name)["State"]["Status"])
-        except docker.errors.NotFound:
-            return "not created yet (created on first use)"
-        finally:
-            client.close()
+        if host.startswith("unix://"):
+            status = _inspect_over_socket(host.removeprefix("unix://"), name)
+        else:
+            status = _inspect_with_sdk(name)
     except Exception as exc:
         return f"unknown (engine unreachable: {exc.__class__.__name__})"
+    return status or "not created yet (created on first use)"
+
+
+def _inspect_over_socket(socket_path: str, name: str) -> str | None:
+    """The container's status, or None when there is none; asked with one HTTP request, because
+    importing the docker SDK would cost `sandbox explain` more than everything else it does."""
+    import http.client
+    import json
+    import socket
+    from urllib.parse import quote
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self.timeout)
+            self.sock.connect(socket_path)
+
+    conn = UnixConnection("localhost", timeout=3)
+    try:
+        conn.request("GET", f"/containers/{quote(name, safe='')}/json")
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    if response.status == 404:
+        return None
+    if response.status != 200:
+        raise ConnectionError(f"engine answered HTTP {response.status}")
+    return str(json.loads(body)["State"]["Status"])
+
+
+def _inspect_with_sdk(name: str) -> str | None:
+    """The same question of an engine behind tcp:// or ssh:// (what the SDK speaks)."""
+    import docker
+    import docker.errors
+
+    client = docker.from_env(timeout=3)
+    try:
+        return str(client.api.inspect_container(name)["State"]["Status"])
+    except docker.errors.NotFound:
+        return None
+    finally:
+        client.close()
 
 
 def container_text(facts: dict[str, Any]) -> str:
