@@ -253,10 +253,6 @@ class DockerBackend:
 
         return [info_from_container(c) for c in await self.call("list sandboxes", get)]
 
-    async def inspect(self, name_or_id: str) -> dict[str, Any] | None:
-        """Full `docker inspect`, or None."""
-        return await self.find(name_or_id)
-
     async def remove(self, name_or_id: str) -> None:
         """Force-remove a container and its anonymous volumes; missing is fine."""
 
