@@ -9,7 +9,6 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -191,8 +190,3 @@ def _age_s(iso: str) -> float:
         return (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
     except ValueError:
         return float("inf")
-
-
-def state_path(config: Config, name: str) -> Path:
-    """A file in the orchestrator's state dir."""
-    return config.state_dir / name
