@@ -373,12 +373,16 @@ class Session:
             quota = WorkspaceQuota(roots[0].host, limit, f"{self.agent.key_path}.sandbox.workspace_quota")
         return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner, quota)
 
+    def _owner(self) -> tuple[int, int] | None:
+        # spills are written host-side like the session's own files, as the sandbox user
+        return self._files.safe_owner if self._files is not None else None
+
     async def _spill_file(self, ctx: ToolContext, host_file: Path) -> str:
         root = ctx.files.roots[0]
         if root.read_only:
             return os.fspath(host_file)
         name = f"{ctx.call_id}.txt"
-        safe = SafeRoot(root.host, ctx.files.safe_owner, ctx.files.quota)
+        safe = SafeRoot(root.host, self._owner(), ctx.files.quota)
         where = WorkspacePath((".sandbox", "outputs"))
         await anyio.to_thread.run_sync(spill.save, safe, where, name, host_file, spill.Budget())
         await anyio.to_thread.run_sync(host_file.unlink)
@@ -399,7 +403,7 @@ class Session:
         data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
         outputs = WorkspacePath((spill.STATE_SUBDIR,))
         if not root.read_only:
-            safe = SafeRoot(root.host, ctx.files.safe_owner)
+            safe = SafeRoot(root.host, self._owner())
             where = WorkspacePath((".sandbox", "outputs"))
             await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
             return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,29 @@ class WorkspaceFiles:
                 "it stays read-only even in a writable workspace",
                 path=loc.display,
             )
+
+    async def stat(self, loc: Located) -> FileStat | None:
+        """A path's stat (links not followed), or None when it does not exist."""
+        return await anyio.to_thread.run_sync(self.safe(loc).stat, loc.path)
+
+    async def read_raw(self, loc: Located) -> tuple[bytes, FileStat]:
+        """A regular file's bytes (up to tools.fs.max_read_bytes), without recording a version."""
+        return await anyio.to_thread.run_sync(self.safe(loc).read_bytes, loc.path, self.fs.max_read_bytes)
+
+    async def write_raw(self, loc: Located, data: bytes, mode: int | None = None) -> FileStat:
+        """Replace a file atomically (no write checks, no version recorded: the caller holds the lock)."""
+        safe = self.safe(loc)
+        if mode is None:
+            return await anyio.to_thread.run_sync(safe.write_atomic, loc.path, data)
+        return await anyio.to_thread.run_sync(safe.write_atomic, loc.path, data, mode)
+
+    async def unlink(self, loc: Located) -> None:
+        """Remove a file (a link is removed itself, never its target)."""
+        await anyio.to_thread.run_sync(self.safe(loc).unlink, loc.path)
+
+    def lock(self, loc: Located) -> AbstractAsyncContextManager[None]:
+        """The cross-process lock of one file (one writer at a time)."""
+        return file_lock(self.lock_dir, loc.key)
 
     def safe(self, loc: Located) -> SafeRoot:
         """The symlink-proof accessor of a location's root."""

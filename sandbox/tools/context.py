@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
-from sandbox.fs.workspace import WorkspaceFiles
+from sandbox.fs.protocol import Files
 from sandbox.runtime.protocol import Shell
 
 
@@ -31,7 +31,7 @@ class ToolContext:
     session: str
     sandboxed: bool
     shell: Shell
-    files: WorkspaceFiles
+    files: Files
     workdir: str  # where commands start: /workspace in a sandbox, the workspace on the host
     state_dir: Path  # this session's state folder
     emit: Callable[..., None] = _no_progress  # emit(kind, **detail): progress events for UIs

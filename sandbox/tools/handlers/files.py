@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio.to_thread
-
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.fs.locks import file_lock
 from sandbox.tools.builtin import EditArgs, ReadArgs, WriteArgs
 from sandbox.tools.context import ToolContext
 
@@ -83,9 +80,8 @@ async def edit_tool(ctx: ToolContext, args: EditArgs) -> dict[str, Any]:
     files = ctx.files
     loc = files.locate(args.path)
     files.check_writable(loc)
-    async with file_lock(files.lock_dir, loc.key):
-        safe = files.safe(loc)
-        data, _ = await anyio.to_thread.run_sync(safe.read_bytes, loc.path, files.fs.max_read_bytes)
+    async with files.lock(loc):
+        data, _ = await files.read_raw(loc)
         if files.changed_since_seen(loc, data):
             raise SandboxError(
                 ErrorCode.CONFLICT,
@@ -118,6 +114,6 @@ async def edit_tool(ctx: ToolContext, args: EditArgs) -> dict[str, Any]:
             else text.replace(args.old_string, args.new_string, 1)
         )
         new_data = new_text.encode("utf-8")
-        st = await anyio.to_thread.run_sync(safe.write_atomic, loc.path, new_data)
+        st = await files.write_raw(loc, new_data)
     files.states.record(loc.key, new_data, st.mtime_ns)
     return {"path": loc.display, "replacements": count if args.replace_all else 1}

@@ -15,9 +15,9 @@ from typing import Any
 import anyio.to_thread
 
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.fs.locks import file_lock
 from sandbox.fs.patch import FileOp, PatchError, apply_hunks, parse
-from sandbox.fs.workspace import Located, WorkspaceFiles
+from sandbox.fs.protocol import Files
+from sandbox.fs.workspace import Located
 from sandbox.tools.builtin import ApplyPatchArgs
 from sandbox.tools.context import ToolContext
 from sandbox.tools.handlers.files import check_write_size, decode_text
@@ -43,7 +43,7 @@ class Step:
 Target = tuple[FileOp, Located, Located | None]  # an operation, its file, its "Move to" destination
 
 
-def _locate_all(files: WorkspaceFiles, ops: list[FileOp]) -> tuple[list[Target], dict[str, Located]]:
+def _locate_all(files: Files, ops: list[FileOp]) -> tuple[list[Target], dict[str, Located]]:
     located: list[Target] = []
     touched: dict[str, Located] = {}
     for op in ops:
@@ -70,9 +70,8 @@ def _locate_all(files: WorkspaceFiles, ops: list[FileOp]) -> tuple[list[Target],
     return located, touched
 
 
-async def _snapshot(files: WorkspaceFiles, loc: Located) -> Before:
-    safe = files.safe(loc)
-    st = await anyio.to_thread.run_sync(safe.stat, loc.path)
+async def _snapshot(files: Files, loc: Located) -> Before:
+    st = await files.stat(loc)
     if st is None:
         return Before(None)
     if not st.is_file:
@@ -81,7 +80,7 @@ async def _snapshot(files: WorkspaceFiles, loc: Located) -> Before:
             f"{loc.display}: exists and is not a regular file; nothing changed",
             path=loc.display,
         )
-    data, read = await anyio.to_thread.run_sync(safe.read_bytes, loc.path, files.fs.max_read_bytes)
+    data, read = await files.read_raw(loc)
     return Before(data, stat.S_IMODE(read.mode))
 
 
@@ -131,7 +130,7 @@ async def apply_patch_tool(ctx: ToolContext, args: ApplyPatchArgs) -> dict[str, 
     located, touched = _locate_all(files, ops)
     async with AsyncExitStack() as stack:
         for key in sorted(touched):  # sorted: two patches never lock in opposite orders
-            await stack.enter_async_context(file_lock(files.lock_dir, key))
+            await stack.enter_async_context(files.lock(touched[key]))
         before = {key: await _snapshot(files, loc) for key, loc in touched.items()}
         plan, summary = _plan(ctx, located, before)
         await _commit(ctx, plan, before)
@@ -144,11 +143,10 @@ async def _commit(ctx: ToolContext, plan: list[Step], before: dict[str, Before])
     written: list[tuple[Located, bytes, int]] = []
     try:
         for step in plan:
-            safe = ctx.files.safe(step.loc)
             if step.data is None:
-                await anyio.to_thread.run_sync(safe.unlink, step.loc.path)
+                await ctx.files.unlink(step.loc)
             else:
-                st = await anyio.to_thread.run_sync(safe.write_atomic, step.loc.path, step.data, step.mode)
+                st = await ctx.files.write_raw(step.loc, step.data, step.mode)
                 written.append((step.loc, step.data, st.mtime_ns))
             done.append(step.loc)
     except BaseException as exc:
@@ -169,12 +167,11 @@ async def _restore(ctx: ToolContext, done: list[Located], before: dict[str, Befo
     failed: list[str] = []
     for loc in reversed(done):
         old = before[loc.key]
-        safe = ctx.files.safe(loc)
         try:
             if old.data is not None:
-                await anyio.to_thread.run_sync(safe.write_atomic, loc.path, old.data, old.mode)
+                await ctx.files.write_raw(loc, old.data, old.mode)
             else:
-                await anyio.to_thread.run_sync(safe.unlink, loc.path)
+                await ctx.files.unlink(loc)
         except (SandboxError, OSError):
             failed.append(loc.display)
     return failed

@@ -1,0 +1,83 @@
+"""What the file tools need from a workspace: the `Files` protocol.
+
+Tools are written against this, never against where the files are. Today's implementation,
+:class:`sandbox.fs.workspace.WorkspaceFiles`, works host-side on the directory a sandbox mounts
+(every path walked with O_NOFOLLOW / dir_fd). A backend whose workspace is not a host directory
+(a volume served by an agent in the sandbox, a remote engine, a pod) provides its own.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from sandbox.config.models import FsSection
+    from sandbox.fs.quota import WorkspaceQuota
+    from sandbox.fs.safe import FileStat
+    from sandbox.fs.states import FileStates
+    from sandbox.fs.workspace import Located, Root
+
+
+class Files(Protocol):
+    """Safe access to one session's workspace (and, when allowed, its bind mounts)."""
+
+    @property
+    def roots(self) -> list[Root]:
+        """The workspace first, then bind mounts the tools may reach."""
+        ...
+
+    @property
+    def fs(self) -> FsSection:
+        """The `tools.fs` settings (caps, deny patterns, protected paths)."""
+        ...
+
+    @property
+    def states(self) -> FileStates:
+        """The versions this session last read or wrote (for CONFLICT)."""
+        ...
+
+    @property
+    def quota(self) -> WorkspaceQuota | None:
+        """The workspace's quota, when one applies."""
+        ...
+
+    def locate(self, raw: str) -> Located:
+        """Resolve a tool's path argument; refuse escapes, deny patterns and malformed paths."""
+        ...
+
+    def check_writable(self, loc: Located) -> None:
+        """Refuse writes to read-only mounts and protected paths."""
+        ...
+
+    async def read(self, loc: Located) -> tuple[bytes, FileStat]:
+        """Read a file and remember the version this session saw."""
+        ...
+
+    async def write(self, loc: Located, data: bytes) -> FileStat:
+        """Write atomically after the write checks, and remember the version written."""
+        ...
+
+    async def stat(self, loc: Located) -> FileStat | None:
+        """A path's stat (links not followed), or None when it does not exist."""
+        ...
+
+    async def read_raw(self, loc: Located) -> tuple[bytes, FileStat]:
+        """A regular file's bytes, without recording a version."""
+        ...
+
+    async def write_raw(self, loc: Located, data: bytes, mode: int | None = None) -> FileStat:
+        """Replace a file atomically, no checks (the caller checked and holds the lock)."""
+        ...
+
+    async def unlink(self, loc: Located) -> None:
+        """Remove a file (never a link's target)."""
+        ...
+
+    def lock(self, loc: Located) -> AbstractAsyncContextManager[None]:
+        """The lock of one file: one writer at a time, across processes."""
+        ...
+
+    def changed_since_seen(self, loc: Located, current: bytes) -> bool:
+        """Whether a file differs from what this session last read or wrote."""
+        ...
