@@ -1,7 +1,10 @@
 """One error root with stable, model-facing codes.
 
-Every failure the library reports carries an :class:`ErrorCode`. The CLI exit code and (later)
-the HTTP status of a code come from the single table below, so the three views never disagree.
+Every error the library raises on purpose is a :class:`SandboxError` and carries an
+:class:`ErrorCode`. The CLI exit code and the HTTP status of a code come from the single table
+below, so the three views never disagree; the one exception is the usage family
+(:class:`ConfigError`, :class:`UsageError`: INVALID_ARGUMENTS, but exit code 2, the Unix
+convention for "you asked wrongly"), whose exit code is :data:`USAGE_EXIT_CODE`.
 """
 
 from __future__ import annotations
@@ -100,21 +103,52 @@ class SandboxError(Exception):
         """Whether retrying the same call may succeed."""
         return self.code in RETRYABLE_CODES
 
+    @property
+    def exit_code(self) -> int:
+        """The CLI exit code for this error."""
+        return exit_code_for(self.code)
 
-class ConfigError(Exception):
-    """The configuration is invalid; each problem names its key path (exit code 2).
+    @property
+    def http_status(self) -> int:
+        """The HTTP status for this error."""
+        return http_status_for(self.code)
+
+
+class ConfigError(SandboxError):
+    """The configuration is invalid; each problem names its key path.
+
+    Code INVALID_ARGUMENTS; CLI exit code 2.
 
     Args:
         problems: one human-readable line per problem, already located.
     """
 
     def __init__(self, problems: list[str]) -> None:
+        super().__init__(ErrorCode.INVALID_ARGUMENTS, "\n".join(problems), problems=problems)
         self.problems = problems
-        super().__init__("\n".join(problems))
+
+    @property
+    def exit_code(self) -> int:
+        """Exit code 2, like every usage error."""
+        return USAGE_EXIT_CODE
 
 
-class UsageError(Exception):
-    """The caller asked for something that cannot mean anything (unknown agent, bad flag)."""
+class UsageError(SandboxError):
+    """The caller asked for something that cannot mean anything (unknown agent, bad session key,
+    bad flag). Code INVALID_ARGUMENTS; CLI exit code 2.
+
+    Args:
+        message: what was asked and why it cannot be done.
+        **details: structured context (names); never secrets.
+    """
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(ErrorCode.INVALID_ARGUMENTS, message, **details)
+
+    @property
+    def exit_code(self) -> int:
+        """Exit code 2, like every usage error."""
+        return USAGE_EXIT_CODE
 
 
 class SandboxUnavailable(SandboxError):

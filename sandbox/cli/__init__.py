@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from sandbox.cli.escape import escape, escape_json
-from sandbox.errors import USAGE_EXIT_CODE, ConfigError, SandboxError, UsageError, exit_code_for
+from sandbox.errors import ConfigError, SandboxError, UsageError
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `--help` stays cheap
     from sandbox.config import Config
@@ -73,17 +73,18 @@ def handled(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        # both are SandboxErrors: caught before their root, for their own wording
         except ConfigError as exc:
             click.echo("config error:", err=True)
             for problem in exc.problems:
                 click.echo(f"  {escape(problem)}", err=True)
-            sys.exit(USAGE_EXIT_CODE)
+            sys.exit(exc.exit_code)
         except UsageError as exc:
-            click.echo(f"error: {escape(str(exc))}", err=True)
-            sys.exit(USAGE_EXIT_CODE)
+            click.echo(f"error: {escape(exc.message)}", err=True)
+            sys.exit(exc.exit_code)
         except SandboxError as exc:
             click.echo(f"error [{exc.code}]: {escape(exc.message)}", err=True)
-            sys.exit(exit_code_for(exc.code))
+            sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
 

@@ -71,7 +71,7 @@ async def execute(
     with bound(call):
         try:
             return await _stages(call, arguments, refused, make_context, spill)
-        except SandboxError as exc:  # the journal could not be written: nothing ran unrecorded
+        except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
             logger.bind(code=exc.code.value).error("tool_call_not_journaled")
             return call.failed(exc)
         except Exception as exc:
