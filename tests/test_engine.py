@@ -3,6 +3,7 @@ progress and context (host mode: no container needed)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +75,15 @@ async def test_category_limit_and_queue_full(config: Any) -> None:
     reg = make_registry()
     running = 0
     peak = 0
+    release = anyio.Event()
 
     @reg.tool(category="custom")
     async def slow(ctx: Any) -> None:
-        """Slow."""
+        """Runs until released."""
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await anyio.sleep(0.05)
+        await release.wait()
         running -= 1
 
     async with Orchestrator(config, registry=reg) as orch:
@@ -94,7 +96,9 @@ async def test_category_limit_and_queue_full(config: Any) -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(30):
                 tg.start_soon(one)
-        assert peak == 3 and all(r.ok for r in results)
+            await wait_until(lambda: running == 3)  # the category limit, reached
+            release.set()
+        assert peak == 3 and len(results) == 30 and all(r.ok for r in results)
     small = config.model_copy(
         update={
             "limits": config.limits.model_copy(
@@ -102,12 +106,15 @@ async def test_category_limit_and_queue_full(config: Any) -> None:
             )
         }
     )
+    release = anyio.Event()
     async with Orchestrator(small, registry=reg) as orch:
         sess = orch.session("agent:a:main")
         results = []
         async with anyio.create_task_group() as tg:
             for _ in range(30):
                 tg.start_soon(one)
+            await wait_until(lambda: len(results) == 22)  # refused at once while 3 run and 5 wait
+            release.set()
         codes = [r.error.code if r.error else "ok" for r in results]
         assert codes.count("ok") == 8 and codes.count("QUEUE_FULL") == 22  # 3 running + 5 waiting
 
@@ -167,23 +174,40 @@ async def test_batches(config: Any) -> None:
 
 
 async def test_progress_events(config: Any) -> None:
-    """A call emits queued, started, running (heartbeats) and finished to subscribers."""
-    bus = ProgressBus(heartbeat_s=0.1)
+    """A call emits queued, started, running (heartbeats) and finished to subscribers; exec streams its output."""
+    bus = ProgressBus(heartbeat_s=0.01)
     events: list[ProgressEvent] = []
-    bus.subscribe(events.append)
+    two_heartbeats = anyio.Event()
+
+    def record(event: ProgressEvent) -> None:
+        events.append(event)
+        if sum(e.kind == "running" for e in events) >= 2:
+            two_heartbeats.set()
 
     def broken(event: ProgressEvent) -> None:
         raise RuntimeError(event.kind)
 
+    bus.subscribe(record)
     bus.subscribe(broken)  # a broken subscriber does not break the call
-    async with Orchestrator(config, registry=make_registry(), progress=bus) as orch:
-        r = await orch.session("agent:a:main").call("exec", {"command": "echo one; sleep 0.35; echo two"})
-    assert r.ok
-    chunks = "".join(e.detail["chunk"] for e in events if e.kind == "output")
-    assert chunks == "one\ntwo\n"
-    kinds = [e.kind for e in events if e.kind != "output"]
+    reg = make_registry()
+
+    @reg.tool(category="custom")
+    async def patient(ctx: Any) -> str:
+        """Returns once two heartbeats went out."""
+        with anyio.fail_after(5):
+            await two_heartbeats.wait()
+        return "done"
+
+    async with Orchestrator(config, registry=reg, progress=bus) as orch:
+        sess = orch.session("agent:a:main")
+        r = await sess.call("patient", {})
+        echoed = await sess.call("exec", {"command": "echo one; echo two"})
+    assert r.ok and echoed.ok
+    kinds = [e.kind for e in events if e.call_id == r.call_id]
     assert kinds[0] == "queued" and kinds[1] == "started" and kinds[-1] == "finished"
-    assert kinds.count("running") >= 2 and all(e.call_id == r.call_id for e in events)
+    assert kinds.count("running") >= 2 and set(kinds[2:-1]) == {"running"}
+    chunks = "".join(e.detail["chunk"] for e in events if e.kind == "output")
+    assert chunks == "one\ntwo\n" and {e.call_id for e in events} == {r.call_id, echoed.call_id}
 
 
 async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
@@ -210,7 +234,7 @@ async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     async def slowpoke(ctx: Any) -> None:
         """Sleeps."""
         logger.info("handler_says_hi")
-        await anyio.sleep(5)
+        await anyio.sleep_forever()
 
     lines: list[dict[str, Any]] = []
     logger.enable("sandbox")
@@ -225,3 +249,10 @@ async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     hi = next(line for line in lines if line["msg"] == "handler_says_hi")
     assert hi["call_id"] == result.call_id and hi["tool"] == "slowpoke" and hi["agent"] == "a"
     assert any(line["msg"] == "tool_call_failed" and line["call_id"] == result.call_id for line in lines)
+
+
+async def wait_until(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
+    """Poll a condition with a deadline (no timing assumptions)."""
+    with anyio.fail_after(deadline_s):
+        while not condition():
+            await anyio.sleep(0.001)

@@ -54,10 +54,10 @@ async def test_fifo_order() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(first)
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.in_use(("global",)) == 1)
         for i in range(5):
             tg.start_soon(later, i)
-            await anyio.sleep(0.001)
+            await wait_until(lambda i=i: lim.waiting == i + 1)  # arrived, in this order
         gate.set()
     assert order == [0, 1, 2, 3, 4]
 
@@ -82,9 +82,9 @@ async def test_other_levels_are_not_blocked() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(hold_exec)
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.in_use(("global",)) == 1)
         tg.start_soon(wait_exec)
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.waiting == 1)
         tg.start_soon(file_call)
         with anyio.fail_after(2):
             await file_done.wait()
@@ -110,11 +110,11 @@ async def test_queue_full_and_queue_timeout() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(hold)
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.in_use(("global",)) == 1)
         tg.start_soon(try_call)  # waits, then times out
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.waiting == 1)
         tg.start_soon(try_call)  # queue full
-        await anyio.sleep(0.4)
+        await wait_until(lambda: len(errors) == 2)
         gate.set()
     assert sorted(errors) == [ErrorCode.QUEUE_FULL, ErrorCode.QUEUE_TIMEOUT]
     assert SandboxError(ErrorCode.QUEUE_TIMEOUT, "").retryable
@@ -136,12 +136,11 @@ async def test_thousand_cancelled_waiters_leak_nothing() -> None:
     async with anyio.create_task_group() as holders:
         for _ in range(3):
             holders.start_soon(hold)
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.in_use(("global",)) == 3)
         async with anyio.create_task_group() as tg:
             for _ in range(1000):
                 tg.start_soon(waiter)
-            await anyio.sleep(0.05)
-            assert lim.waiting == 1000
+            await wait_until(lambda: lim.waiting == 1000)
             tg.cancel_scope.cancel()
         gate.set()
     assert lim.waiting == 0 and lim.in_use(("global",)) == 0
@@ -180,7 +179,7 @@ async def test_one_tenant_cannot_take_everything() -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(10):
             tg.start_soon(greedy)
-        await anyio.sleep(0.01)
+        await wait_until(lambda: lim.waiting == 8)
         assert lim.in_use(("tenant", "greedy")) == 2
         tg.start_soon(other)
         with anyio.fail_after(2):

@@ -76,8 +76,10 @@ def test_background_exec_is_reattached_not_restarted(tmp_path: Path, instance: s
     kill(proc)
     outcomes, stages = anyio.run(recover, cfg)
     assert [o["now"] for o in outcomes] == ["process_reattached"] and stages[-1] == "process_reattached"
-    time.sleep(4.5)
-    outcomes, stages = anyio.run(recover, cfg)
+    deadline = time.monotonic() + 60  # the command takes 4 s: poll for its end, do not time it
+    while [o["now"] for o in outcomes] == ["process_reattached"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        outcomes, stages = anyio.run(recover, cfg)
     assert [o["now"] for o in outcomes] == ["process_exited"]
     assert (tmp_path / "ws" / "starts.log").read_text() == "start\n"  # never restarted
 
