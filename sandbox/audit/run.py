@@ -123,7 +123,30 @@ def mount_map(config: Config) -> dict[str, list[dict[str, Any]]]:
 
 
 def run_audit(config: Config, client: Any | None, *, all_containers: bool = False) -> AuditResult:
-    """Audit the config, and with an engine client its live containers and the engine itself."""
+    """Audit the config, and with an engine client its live containers and the engine itself.
+
+    Raises:
+        SandboxError: the engine failed or could not be reached (mapped like every engine call).
+    """
+    if client is None:
+        return _run_audit(config, None, all_containers=all_containers)
+    from sandbox.runtime.docker_errors import mapped
+
+    with mapped("audit"):
+        return _run_audit(config, client, all_containers=all_containers)
+
+
+def _inspect_or_none(client: Any, container_id: str) -> dict[str, Any] | None:
+    # a container removed between the listing and its inspect is simply not there any more
+    import docker.errors
+
+    try:
+        return dict(client.api.inspect_container(container_id))
+    except docker.errors.NotFound:
+        return None
+
+
+def _run_audit(config: Config, client: Any | None, *, all_containers: bool = False) -> AuditResult:
     scratch = scratch_roots(config)
     findings = audit_config(config, scratch, senders_from_journal(config)) + control_findings(config)
     mounts = mount_map(config)
@@ -143,7 +166,10 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
     )
     tenants_by_source: dict[str, set[str]] = {}
     for summary in client.api.containers(all=True, filters=filters):
-        doc = enrich(client, client.api.inspect_container(summary["Id"]))
+        inspected = _inspect_or_none(client, summary["Id"])
+        if inspected is None:
+            continue
+        doc = enrich(client, inspected)
         labels = doc.get("Config", {}).get("Labels") or {}
         kind = labels.get(Labels.KIND, "")
         target = f"container {doc['Name'].lstrip('/')}" + (f" ({_users(config, labels)}, {kind})" if kind else "")
