@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sandbox.audit.findings import Finding
+from sandbox.audit.ownership import write_problem
 from sandbox.audit.rule_helpers import Doc
 from sandbox.runtime.binds import CONTAINER_WORKDIR, SYSTEM_PATHS, credential_paths
 
@@ -40,6 +41,8 @@ def is_scratch(real: str, scratch_roots: Sequence[str]) -> bool:
 def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]:
     """Bind rules; scratch workspaces in `scratch_roots` (see :func:`is_scratch`) are benign wherever they live."""
     out = []
+    user = str((doc.get("Config") or {}).get("User") or "")
+    cap_add = (doc.get("HostConfig") or {}).get("CapAdd") or []
     for m in doc.get("Mounts") or []:
         kind = m.get("Type", "bind")
         if kind == "bind":
@@ -86,8 +89,21 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
                     "5.5",
                 )
             )
+        inside_workdir = dest.startswith(CONTAINER_WORKDIR + "/")  # the workspace's own pinned parents
+        problem = write_problem(real, user, cap_add) if m.get("RW") and not inside_workdir else None
+        if problem is not None:
+            out.append(
+                Finding(
+                    "SBX-M008",
+                    "medium",
+                    "read-write mount the sandbox user cannot write",
+                    f"{where}: {problem.detail}",
+                    problem.fix,
+                    t,
+                )
+            )
         # binds may not target /workspace/*: mounts there are the workspace's own pinned parents
-        if m.get("RW") and dest != CONTAINER_WORKDIR and not dest.startswith(CONTAINER_WORKDIR + "/"):
+        if m.get("RW") and dest != CONTAINER_WORKDIR and not inside_workdir:
             out.append(
                 Finding(
                     "SBX-M004",

@@ -193,9 +193,12 @@ def doctor(state: State, as_json: bool) -> None:
     try:
         client = backend.client
     except Exception as exc:
-        from sandbox.runtime.doctor import Check
+        from sandbox.runtime.doctor import Check, workspace_checks
 
-        checks = [Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST")]
+        checks = [
+            Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST"),
+            *workspace_checks(state.config),
+        ]
     else:
         checks = run_checks(client, state.config, _targets(state))
     marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}

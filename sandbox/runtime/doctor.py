@@ -9,11 +9,14 @@ from typing import Any, Literal
 
 import docker.errors
 
+from sandbox.audit.ownership import write_problem
+from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.spec import spec_from_config
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -100,6 +103,26 @@ def _provenance_check(client: Any, target: ImageTarget) -> Check:
     return Check("ok", f"image {target.name} provenance", "; ".join(f"{k} {v}" for k, v in found.items()))
 
 
+def workspace_checks(config: Config) -> list[Check]:
+    """Each sandboxed agent's read-write workspace: can the sandbox user write it? (SBX-M008)"""
+    checks = []
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        if agent.sandbox.mode == "off" or agent.sandbox.workspace_access != "rw":
+            continue
+        try:
+            spec = spec_from_config(config, agent, f"agent:{agent_id}:doctor", "doctor")
+        except SandboxError:
+            continue  # a refused workspace or bind: loading and `sandbox audit` say why
+        workspace = spec.mounts[0].source
+        problem = write_problem(workspace, spec.user, agent.sandbox.docker.cap_add)
+        if problem is None:
+            checks.append(Check("ok", f"workspace {agent_id}", f"{workspace} (rw) is writable by {spec.user}"))
+        else:
+            checks.append(Check("warn", f"workspace {agent_id}", problem.detail, problem.fix))
+    return checks
+
+
 def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[Check]:
     """All doctor checks, in order; never raises for a failing check."""
     checks: list[Check] = []
@@ -114,7 +137,8 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
                 "engine",
                 exc.message,
                 "start the Docker engine (dockerd) or set DOCKER_HOST",
-            )
+            ),
+            *workspace_checks(config),
         ]
     checks.append(
         Check(
@@ -181,4 +205,4 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
                 "orchestrator runs as root; created workspace files are given to the sandbox user",
             )
         )
-    return checks
+    return checks + workspace_checks(config)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from sandbox.audit.ownership import write_problem
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
+from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.naming import instance_id
-from sandbox.runtime.spec import create_kwargs, spec_from_config
+from sandbox.runtime.spec import spec_from_config
 
 
 def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
@@ -57,6 +60,13 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
                 "dangerously_allow_sockets",
             )
             if getattr(docker, k)
+        ],
+        "unwritable": [
+            {"host": p.path, "problem": p.detail, "fix": p.fix}
+            for m in spec.engine_mounts
+            # mounts below the workdir are the workspace's own pinned parents, checked with it
+            if not m.read_only and not m.target.startswith(CONTAINER_WORKDIR + "/")
+            if (p := write_problem(m.source, spec.user, kwargs.get("cap_add", []))) is not None
         ],
         "state": _live_state(spec.name),
     }
@@ -132,4 +142,6 @@ def container_text(facts: dict[str, Any]) -> str:
     lines += [f"mount      {m['host']} -> {m['container']} ({m['mode']})  [{m['from']}]" for m in facts["mounts"]]
     if facts["escape_hatches"]:
         lines.append(f"WARNING    escape hatches on: {', '.join(facts['escape_hatches'])}")
+    for u in facts["unwritable"]:
+        lines += [f"WARNING    {u['problem']}", f"           fix: {u['fix']}"]
     return "\n".join(lines)
