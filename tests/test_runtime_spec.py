@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox.config import effective_agent, load_config_text
+from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.naming import Labels, container_name
-from sandbox.runtime.spec import build_spec, create_kwargs
+from sandbox.runtime.spec import build_spec
 
 
 def spec_for(text: str, session: str = "agent:main:s", tmp: Path = Path("/tmp/sbx-spec")) -> Any:

@@ -21,12 +21,13 @@ from docker.types import Ulimit
 from loguru import logger
 
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.hostpaths import prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.protocol import SandboxInfo
-from sandbox.runtime.spec import SandboxSpec, create_kwargs
+from sandbox.runtime.spec import SandboxSpec
 
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"

@@ -31,11 +31,12 @@ import anyio
 from docker.types import Mount as DockerMount
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_exec import exec_stream
 from sandbox.runtime.naming import container_name
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
-from sandbox.runtime.spec import Mount, SandboxSpec, create_kwargs
+from sandbox.runtime.spec import Mount, SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker_backend import DockerBackend

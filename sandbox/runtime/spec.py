@@ -15,7 +15,7 @@ from typing import Any
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
-from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, refuse_sockets, validate_binds
+from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, validate_binds
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -244,57 +244,3 @@ def spec_from_config(
         skill_dirs=config.skills.dirs,
         protected_paths=config.tools.fs.protected_paths,
     )
-
-
-def _bytes(size: str) -> int:
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    last = size[-1].lower()
-    return int(size[:-1]) * units[last] if last in units else int(size)
-
-
-def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
-    """docker-py `containers.create` keyword arguments: the hardened defaults, made explicit.
-
-    Raises:
-        BindRefused: a mount holds a Unix socket (a bounded scan, run whenever a container is made).
-    """
-    d = spec.docker
-    refuse_sockets([m.source for m in spec.engine_mounts], d)
-    security = []
-    if d.no_new_privileges:
-        security.append("no-new-privileges:true")
-    if d.seccomp_profile:
-        profile = d.seccomp_profile
-        if profile != "unconfined" and os.path.isfile(profile):
-            profile = Path(profile).read_text()
-        security.append(f"seccomp={profile}")
-    if d.apparmor_profile:
-        security.append(f"apparmor={d.apparmor_profile}")
-    memory = _bytes(d.memory)
-    kwargs: dict[str, Any] = {
-        "image": spec.image,
-        "name": spec.name,
-        "command": ["sleep", "infinity"],
-        "detach": True,
-        "hostname": "sandbox",
-        "user": spec.user,
-        "working_dir": CONTAINER_WORKDIR,
-        "environment": dict(d.env),
-        "labels": spec.labels(),
-        "network_mode": d.network,
-        "cap_drop": list(d.cap_drop),
-        "cap_add": list(d.cap_add) or None,
-        "security_opt": security,
-        "read_only": d.read_only_root,
-        "tmpfs": dict(d.tmpfs),
-        "pids_limit": d.pids_limit,
-        "mem_limit": memory,
-        "memswap_limit": _bytes(d.memory_swap) if d.memory_swap else memory,
-        "nano_cpus": int(d.cpus * 1e9),
-        "init": d.init,
-        "restart_policy": {"Name": "no"},
-        "dns": list(d.dns) or None,
-        "extra_hosts": dict(h.split(":", 1) for h in d.extra_hosts) or None,
-        "runtime": d.runtime,
-    }
-    return {k: v for k, v in kwargs.items() if v is not None}

@@ -1,0 +1,63 @@
+"""docker-py `containers.create` arguments from a spec: the one place a spec becomes Docker's.
+
+The spec itself (runtime/spec.py) is pure data; reading a seccomp profile file and scanning mounts
+for sockets happen here, when a container is about to be made (or shown by explain and audit).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sandbox.fs.quota import parse_size
+from sandbox.runtime.binds import CONTAINER_WORKDIR, refuse_sockets
+from sandbox.runtime.spec import SandboxSpec
+
+
+def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
+    """docker-py `containers.create` keyword arguments: the hardened defaults, made explicit.
+
+    Raises:
+        BindRefused: a mount holds a Unix socket (a bounded scan, run whenever a container is made).
+    """
+    d = spec.docker
+    refuse_sockets([m.source for m in spec.engine_mounts], d)
+    security = []
+    if d.no_new_privileges:
+        security.append("no-new-privileges:true")
+    if d.seccomp_profile:
+        profile = d.seccomp_profile
+        if profile != "unconfined" and os.path.isfile(profile):
+            profile = Path(profile).read_text()
+        security.append(f"seccomp={profile}")
+    if d.apparmor_profile:
+        security.append(f"apparmor={d.apparmor_profile}")
+    memory = parse_size(d.memory)
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "name": spec.name,
+        "command": ["sleep", "infinity"],
+        "detach": True,
+        "hostname": "sandbox",
+        "user": spec.user,
+        "working_dir": CONTAINER_WORKDIR,
+        "environment": dict(d.env),
+        "labels": spec.labels(),
+        "network_mode": d.network,
+        "cap_drop": list(d.cap_drop),
+        "cap_add": list(d.cap_add) or None,
+        "security_opt": security,
+        "read_only": d.read_only_root,
+        "tmpfs": dict(d.tmpfs),
+        "pids_limit": d.pids_limit,
+        "mem_limit": memory,
+        "memswap_limit": parse_size(d.memory_swap) if d.memory_swap else memory,
+        "nano_cpus": int(d.cpus * 1e9),
+        "init": d.init,
+        "restart_policy": {"Name": "no"},
+        "dns": list(d.dns) or None,
+        "extra_hosts": dict(h.split(":", 1) for h in d.extra_hosts) or None,
+        "runtime": d.runtime,
+    }
+    return {k: v for k, v in kwargs.items() if v is not None}
