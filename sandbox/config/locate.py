@@ -149,7 +149,11 @@ def parse(text: str, source: str) -> ParsedDocument:
         YamlSyntaxError: the text is not valid YAML, repeats a key in one mapping, or its
             aliases expand past :data:`MAX_NODES` or :data:`MAX_DEPTH`.
     """
-    loader = BoundedLoader(text)
+    try:
+        # the reader checks the characters when the loader is made (a NUL byte is refused here)
+        loader = BoundedLoader(text)
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError([f"{source}: YAML syntax error: {exc}"]) from exc
     try:
         node = loader.get_single_node()
         if loader.duplicates:
