@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ from sandbox.journal.redact import redact
 
 POLL_LIKE = frozenset({"process", "session_status", "sessions_list", "sessions_history"})
 MAX_WINDOW = 1000  # the query reads at most this many rows, whatever the config says
+MAX_MEMORY_SESSIONS = 4096  # sessions the in-memory history keeps, least recently used out
 
 History = list[tuple[str, str, str]]  # (tool, args digest, result digest), oldest first
 
@@ -49,16 +51,30 @@ class LoopStore(Protocol):
 
 @dataclass
 class MemoryLoopStore:
-    """The history in this process only (an orchestrator built without a journal)."""
+    """The history in this process only (an orchestrator built without a journal).
 
-    calls: dict[tuple[str, str], History] = field(default_factory=dict)
+    Bounded for a service that runs for weeks: at most `max_sessions` sessions (least recently
+    used out, their breaker with them) of at most MAX_WINDOW calls each; a closed session's
+    state is dropped at once (:meth:`LoopDetector.forget`).
+    """
+
+    calls: OrderedDict[tuple[str, str], History] = field(default_factory=OrderedDict)
     tripped: set[tuple[str, str]] = field(default_factory=set)
+    max_sessions: int = MAX_MEMORY_SESSIONS
 
     def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
         """Append one call, keeping at most MAX_WINDOW."""
-        history = self.calls.setdefault((tenant, session), [])
+        history = self._touch((tenant, session))
         history.append((tool, args, result))
         del history[:-MAX_WINDOW]
+
+    def _touch(self, key: tuple[str, str]) -> History:
+        history = self.calls.setdefault(key, [])
+        self.calls.move_to_end(key)
+        while len(self.calls) > self.max_sessions:
+            old, _ = self.calls.popitem(last=False)
+            self.tripped.discard(old)  # a breaker lives as long as its session's entry
+        return history
 
     def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]:
         """The breaker state and the last `window` calls."""
@@ -66,6 +82,7 @@ class MemoryLoopStore:
 
     def loop_trip(self, tenant: str, session: str) -> None:
         """Trip the breaker."""
+        self._touch((tenant, session))
         self.tripped.add((tenant, session))
 
     def loop_reset(self, tenant: str, session: str) -> None:
@@ -115,6 +132,15 @@ class LoopDetector:
     def reset(self, tenant: str, session: str) -> None:
         """Clear a session's history and its circuit breaker."""
         self.store.loop_reset(tenant, session)
+
+    def forget(self, tenant: str, session: str) -> None:
+        """A session ended: drop what this process holds of it in memory.
+
+        The journal's history stays (it is on disk, shared with other processes, and a breaker
+        tripped there must outlive a close); the in-memory store forgets the session.
+        """
+        if isinstance(self.store, MemoryLoopStore):
+            self.store.loop_reset(tenant, session)
 
     def check(self, tenant: str, session: str, tool: str, args: dict[str, Any]) -> Verdict:
         """The verdict for a call about to run.

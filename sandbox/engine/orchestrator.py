@@ -144,7 +144,8 @@ class Orchestrator:
         if self._backend is not None:
             await self._backend.aclose()
         if self.journal is not None:
-            self.journal.close()
+            # writes what is queued and joins the writer thread: off the event loop
+            await anyio.to_thread.run_sync(self.journal.close)
 
     def pending_approvals(self) -> list[Approval]:
         """Calls waiting for a human."""
@@ -244,7 +245,7 @@ class Session:
 
     async def call(self, name: str, arguments: Any = None, *, trace_id: str | None = None) -> ToolResult:
         """Run one tool call; every failure comes back as a ToolResult with an error code."""
-        return await execute(
+        result = await execute(
             self._orch.engine,
             name=name,
             arguments=arguments,
@@ -255,6 +256,7 @@ class Session:
             sender=self.sender,
             trace_id=trace_id,
         )
+        return await self._settled(result)
 
     async def call_many(
         self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
@@ -264,7 +266,7 @@ class Session:
 
     async def _refuse(self, name: str, arguments: Any, error: SandboxError) -> ToolResult:
         """Journal a call that is not run (skipped or refused in a batch) and return its result."""
-        return await execute(
+        result = await execute(
             self._orch.engine,
             name=name,
             arguments=arguments,
@@ -275,15 +277,31 @@ class Session:
             sender=self.sender,
             refused=error,
         )
+        return await self._settled(result)
+
+    async def _settled(self, result: ToolResult) -> ToolResult:
+        # a call's record is complete when its caller sees the result (the last stages and its
+        # loop history were queued); waiting yields the loop, so concurrent calls share a commit
+        if self._orch.journal is not None:
+            await self._orch.journal.settle(result.call_id)
+        return result
 
     def reset_loops(self) -> None:
         """Clear this session's loop history and its circuit breaker (in every process)."""
         self._orch.loops.reset(self.agent.tenant, self.key)
 
     async def close(self) -> None:
-        """End the session: a session-scoped sandbox is removed; agent and shared ones stay."""
+        """End the session: a session-scoped sandbox is removed; agent and shared ones stay.
+
+        What the orchestrator holds in memory for the session goes too (its cached policy, its
+        in-memory loop history), so a service that opens and closes sessions for weeks stays flat.
+        """
         if self.sandboxed:
             await self._orch.manager.close_session(self.agent, self.key)
+        self._orch.policy.forget(self.policy.identity)
+        self._orch.loops.forget(self.agent.tenant, self.key)
+        self._files = None
+        self._host_shell = None
 
     async def shell(self, *, create: bool = True) -> Any:
         """The Shell this session's tools use (its sandbox, or the host); None if absent and not created."""
@@ -317,6 +335,9 @@ class Session:
         return await manager.ensure(self.agent, self.key, browser_allowed="browser" in self.policy.allowed)
 
     async def _context(self, task: TaskContext) -> ToolContext:
+        if self._orch.journal is not None:
+            # the handler runs next: the call's stages must be durable first (INTERNAL if not)
+            await self._orch.journal.commit(task.call_id)
         config = self._orch.config
         if self.sandboxed:
             box = await self._orch.manager.sandbox_for(self.agent, self.key)

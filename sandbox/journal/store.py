@@ -1,23 +1,30 @@
 """The journal: an append-only SQLite log (WAL) of every stage of every call, and the approvals.
 
-Each event is committed before the call moves on, so a crash (kill -9) loses no event that was
-written; a journal that cannot be written fails the call instead of letting it run unrecorded.
+Event writes leave the event loop: :meth:`Journal.append` queues them for a writer thread that
+commits in batches (see writer.py), and :meth:`Journal.commit` is the barrier a call awaits
+before it runs, so a crash (kill -9) never loses the record of a call that ran, and a journal
+that cannot be written fails the call instead of letting it run unrecorded. Reads and the
+approval writes stay synchronous: they first write whatever is queued, on the same connection
+under the same lock, so they never miss a queued event nor race the writer.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.redact import redact
+from sandbox.journal.writer import Writer
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -66,6 +73,11 @@ CREATE TABLE IF NOT EXISTS loop_sessions (
     PRIMARY KEY (tenant, session)
 );
 """
+INSERT_EVENT = (
+    "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?)"
+)
+INSERT_LOOP_CALL = "INSERT INTO loop_calls(tenant, session, tool, args, result) VALUES (?,?,?,?,?)"
 TERMINAL = frozenset({"finished", "failed", "blocked", "denied", "invalid", "not_found", "abandoned"})
 
 
@@ -115,25 +127,78 @@ class Journal:
     def __init__(self, path: Path, *, busy_timeout_s: float = 5.0) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._pending: dict[str, list[tuple[Any, ...]]] = {}
+        self._closed = False
         try:
             _private_files(path)
             self._db = sqlite3.connect(str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
             self._db.executescript(SCHEMA)
+            # reads get their own connection: in WAL mode they never wait for the writer thread
+            self._reader = sqlite3.connect(
+                str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
+            self._reader.execute("PRAGMA query_only=ON")
             _private_files(path)  # the -wal and -shm files exist now
         except (sqlite3.Error, OSError) as exc:
             raise SandboxError(ErrorCode.INTERNAL, f"the journal at {path} cannot be opened: {exc}") from exc
+        self._writer = Writer(self._db, self._lock, path.name)
+        _OPEN.add(self)
 
     def close(self) -> None:
-        """Close the connection."""
+        """Write what is queued, stop the writer thread and close the connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN.discard(self)
+        try:
+            self._writer.close()
+        finally:
+            with self._lock:
+                self._db.close()
+            with self._read_lock:
+                self._reader.close()
+
+    def flush(self) -> None:
+        """Write everything queued, on this thread (a blocking barrier for synchronous callers)."""
         with self._lock:
-            self._db.close()
+            self._writer.drain_locked()
+
+    async def commit(self, call_id: str | None = None) -> None:
+        """Wait, without blocking the event loop, until every event queued so far is written.
+
+        A call awaits this before its handler runs: its stages are then durable.
+
+        Args:
+            call_id: report a failed write of this call's events (others were logged).
+
+        Raises:
+            SandboxError: INTERNAL when the call's events could not be written (the call must
+                not run).
+        """
+        await self._writer.wait()
+        failed = self._writer.failure(call_id) if call_id is not None else None
+        if failed is not None:
+            raise SandboxError(
+                ErrorCode.INTERNAL,
+                f"the journal at {self.path} cannot be written ({failed}); the call was not run",
+            ) from failed
+
+    async def settle(self, call_id: str) -> None:
+        """Wait, without blocking the event loop, until a finished call's events are written.
+
+        Never raises: the call has run and its result must reach the caller; a failed write
+        was logged (`journal_write_failed`).
+        """
+        await self._writer.wait()
+        self._writer.failure(call_id)
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> None:
         try:
             with self._lock:
+                self._writer.drain_locked()  # after what is queued: the file keeps the order of events
                 self._db.execute(sql, args)
         except sqlite3.Error as exc:
             raise SandboxError(
@@ -157,12 +222,14 @@ class Journal:
     ) -> None:
         """Record one event (data is redacted first).
 
-        With `commit=False` the event waits for the next committed one of the same call and is
-        written in the same transaction: a call commits before it runs and when it ends, and its
-        intermediate stages are never lost once a later one is committed.
+        With `commit=False` the event waits for the next committed one of the same call and goes
+        into the same transaction. Inside an event loop a committed one is queued with them for
+        the writer thread: await :meth:`commit` for it to be durable (a call does before it
+        runs). Outside one it is written before this returns.
 
         Raises:
-            SandboxError: INTERNAL when the journal cannot be written.
+            SandboxError: INTERNAL when the journal is closed or (outside an event loop) cannot
+                be written.
         """
         payload = json.dumps(redact(data), default=str) if data else "{}"
         row = (time.time(), trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, payload)
@@ -172,25 +239,18 @@ class Journal:
             return
         rows = self._pending.pop(call_id)
         try:
-            with self._lock:
-                self._db.execute("BEGIN")
-                self._db.executemany(
-                    "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?)",
-                    rows,
-                )
-                self._db.execute("COMMIT")
+            self._writer.submit(call_id, ((INSERT_EVENT, rows),))
         except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
             raise SandboxError(
                 ErrorCode.INTERNAL,
                 f"the journal at {self.path} cannot be written ({exc}); the call was not run",
             ) from exc
 
     def forget_pending(self, call_id: str) -> None:
-        """Drop events of a call that will never commit (it crashed inside the orchestrator)."""
+        """Drop a finished call's bookkeeping: events that will never commit (it crashed inside
+        the orchestrator), and a write failure nobody will ask about."""
         self._pending.pop(call_id, None)
+        self._writer.failure(call_id)
 
     def events(
         self,
@@ -207,19 +267,17 @@ class Journal:
             if value:
                 where.append(f"{column} = ?")
                 args.append(value)  # type: ignore[arg-type]
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",  # noqa: S608 - fixed columns
-                (*args, limit),
-            ).fetchall()
+        rows = self._read(
+            f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",  # noqa: S608 - fixed columns
+            (*args, limit),
+        )
         return [_event(row) for row in rows]
 
     def unfinished_calls(self) -> list[Event]:
         """The last event of every call whose last stage is not terminal."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) ORDER BY id"
-            ).fetchall()
+        rows = self._read(
+            "SELECT * FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) ORDER BY id", ()
+        )
         events = [_event(row) for row in rows]
         return [e for e in events if e.stage not in TERMINAL]
 
@@ -262,6 +320,7 @@ class Journal:
         won = False
         try:
             with self._lock:
+                self._writer.drain_locked()
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     row = self._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
@@ -296,10 +355,12 @@ class Journal:
         assert decided is not None
         return decided
 
-    def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _read(self, sql: str, args: tuple[Any, ...], *, flush: bool = True) -> list[tuple[Any, ...]]:
         try:
-            with self._lock:
-                return self._db.execute(sql, args).fetchall()
+            if flush and self._writer.backlog():
+                self.flush()  # a read sees every write queued before it
+            with self._read_lock:
+                return self._reader.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
             raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be read ({exc})") from exc
 
@@ -323,11 +384,15 @@ class Journal:
     # -- loop detection: the calls of a session, wherever they were made -------------------
 
     def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
-        """Remember one finished call of a session (digests only) for loop detection."""
-        self._write(
-            "INSERT INTO loop_calls(tenant, session, tool, args, result) VALUES (?,?,?,?,?)",
-            (tenant, session, tool, args, result),
-        )
+        """Remember one finished call of a session (digests only) for loop detection.
+
+        Queued like an event: the call has run, so a lost row is logged, never the call's failure;
+        :meth:`loop_recent` writes what is queued before it reads.
+        """
+        try:
+            self._writer.submit(None, ((INSERT_LOOP_CALL, [(tenant, session, tool, args, result)]),))
+        except sqlite3.Error as exc:
+            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be written ({exc})") from exc
 
     def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
         """Whether the session's breaker is tripped, and its last `window` calls, oldest first.
@@ -335,14 +400,19 @@ class Journal:
         Raises:
             SandboxError: INTERNAL when the journal cannot be read.
         """
+        # no flush: a call's loop row is written before its caller sees the result (Session.call
+        # settles it), so the session's next call finds it; waiting here would stall the loop
         state = self._read(
-            "SELECT tripped, since_id FROM loop_sessions WHERE tenant = ? AND session = ?", (tenant, session)
+            "SELECT tripped, since_id FROM loop_sessions WHERE tenant = ? AND session = ?",
+            (tenant, session),
+            flush=False,
         )
         tripped, since = (bool(state[0][0]), int(state[0][1])) if state else (False, 0)
         rows = self._read(
             "SELECT tool, args, result FROM loop_calls WHERE tenant = ? AND session = ? AND id > ? "
             "ORDER BY id DESC LIMIT ?",
             (tenant, session, since, window),
+            flush=False,
         )
         return tripped, [(r[0], r[1], r[2]) for r in reversed(rows)]
 
@@ -366,6 +436,7 @@ class Journal:
     def health(self) -> dict[str, Any]:
         """Integrity, size and counts, for `sandbox status --deep`."""
         with self._lock:
+            self._writer.drain_locked()
             integrity = self._db.execute("PRAGMA integrity_check").fetchone()[0]
             events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
             pending = self._db.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
@@ -379,6 +450,17 @@ class Journal:
             "pending_approvals": pending,
             "bytes": size,
         }
+
+
+# queued writes of journals still open when the process exits (no close()) are written then
+_OPEN: weakref.WeakSet[Journal] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_open_journals() -> None:
+    for journal in list(_OPEN):
+        with contextlib.suppress(Exception):  # exiting: a journal that cannot be written was logged
+            journal.flush()
 
 
 def _private_files(path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
@@ -24,6 +25,14 @@ from sandbox.policy.layers import (
     list_layer,
 )
 from sandbox.policy.sessions import SessionKey, parse_session_key
+
+# Resolutions kept per identity (one per session key: a long-running service sees unbounded
+# many), least recently used first out; the tool sets they share are kept per layer stack.
+MAX_CACHED_IDENTITIES = 16_384
+MAX_CACHED_OUTCOMES = 4096
+
+# (trace, decisions, allowed): what a stack of layers leaves, the same for every session on it
+Outcome = tuple[tuple["LayerTrace", ...], tuple[Decision, ...], frozenset[str]]
 
 
 @dataclass(frozen=True)
@@ -91,19 +100,24 @@ def sandbox_status(agent: EffectiveAgent, session: SessionKey) -> SandboxStatus:
 
 
 class PolicyResolver:
-    """Resolves effective tool sets; compiled layers and results are cached per identity.
+    """Resolves effective tool sets; compiled layers and results are cached (bounded, LRU).
 
     Args:
         config: a loaded config (immutable, so caching on it is safe).
         extra_tools: tool names beyond the built-ins (skills), part of the universe.
+        max_identities: resolutions kept, one per identity (session), least recently used out.
     """
 
-    def __init__(self, config: Config, extra_tools: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, config: Config, extra_tools: tuple[str, ...] = (), *, max_identities: int = MAX_CACHED_IDENTITIES
+    ) -> None:
         self.config = config
         self.universe: tuple[str, ...] = BUILTIN_TOOLS + tuple(t for t in extra_tools if t not in BUILTIN_TOOLS)
         self._agents: dict[str, EffectiveAgent] = {}
         self._static: dict[str, tuple[Layer, ...]] = {}
-        self._cache: dict[Identity, ResolvedPolicy] = {}
+        self._max_identities = max_identities
+        self._cache: OrderedDict[Identity, ResolvedPolicy] = OrderedDict()
+        self._outcomes: OrderedDict[tuple[str, ...], Outcome] = OrderedDict()
         self._global = self._lists_layer("global", "tools", config.tools)
         self._providers = {
             key.lower(): self._lists_layer(f"provider:{key}", f"tools.by_provider[{key!r}]", lists)
@@ -126,27 +140,49 @@ class PolicyResolver:
         """The effective policy for `identity` (cached)."""
         cached = self._cache.get(identity)
         if cached is not None:
+            self._cache.move_to_end(identity)
             return cached
         result = self._resolve(identity)
         self._cache[identity] = result
+        if len(self._cache) > self._max_identities:
+            self._cache.popitem(last=False)
         return result
+
+    def forget(self, identity: Identity) -> None:
+        """Drop one identity's cached resolution (its session ended); resolving again is exact."""
+        self._cache.pop(identity, None)
 
     def _resolve(self, identity: Identity) -> ResolvedPolicy:
         agent = self.agent(identity.agent)
         session = parse_session_key(identity.session, agent.id)
         status = sandbox_status(agent, session)
-        layers = [self._global, *self._provider_layers(identity), self._agent_layer(agent)]
+        providers = self._provider_layers(identity)
+        layers = [self._global, *providers, self._agent_layer(agent)]
         if status.sandboxed:
             layers.append(self._sandbox_layer(agent))
         if session.spawn_depth > 0:
             layers.append(self._subagent_layer(session.spawn_depth))
+        # what picks the layers: sessions that agree on it share one outcome
+        key = (agent.id, str(status.sandboxed), str(session.spawn_depth), *(p.name for p in providers))
+        trace, decisions, remaining = self._outcome(key, layers)
+        return ResolvedPolicy(identity, session, agent, status, trace, decisions, remaining)
+
+    def _outcome(self, key: tuple[str, ...], layers: list[Layer]) -> Outcome:
+        found = self._outcomes.get(key)
+        if found is not None:
+            self._outcomes.move_to_end(key)
+            return found
         remaining = frozenset(self.universe)
         trace = []
         for layer in layers:
             remaining = apply_layer(layer, remaining)
             trace.append(LayerTrace(layer, remaining))
         decisions = tuple(self._decide(tool, layers) for tool in self.universe)
-        return ResolvedPolicy(identity, session, agent, status, tuple(trace), decisions, remaining)
+        found = (tuple(trace), decisions, remaining)
+        self._outcomes[key] = found
+        if len(self._outcomes) > MAX_CACHED_OUTCOMES:
+            self._outcomes.popitem(last=False)
+        return found
 
     @staticmethod
     def _decide(tool: str, layers: list[Layer]) -> Decision:

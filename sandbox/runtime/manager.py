@@ -7,9 +7,12 @@ import json
 import os
 import socket
 import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from loguru import logger
@@ -24,8 +27,14 @@ from sandbox.runtime.spec import SandboxSpec, spec_from_config
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
     from sandbox.runtime.protocol import Backend, Sandbox
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 REVALIDATE_AFTER_S = 30.0  # a cached sandbox is re-checked (drift, image) this often
 LAST_USED_EVERY_S = 30.0
+# identities (sessions, agents, shared) whose sandbox, spec and claim are remembered, least
+# recently used out: a service that runs for weeks sees unbounded many sessions, and one
+# evicted is found again in the engine (adopted) on its next call
+MAX_REMEMBERED = 4096
 
 
 @dataclass
@@ -50,12 +59,12 @@ class SandboxManager:
         self.backend = backend
         self.instance = instance_id(config.state_dir, config.instance)
         # keyed by full identity (tenant, scope key, config hash), never by container name
-        self._entries: dict[str, _Entry] = {}
-        self._specs: dict[tuple[str, str, str], SandboxSpec] = {}
-        self._locks: dict[str, anyio.Lock] = {}
-        self._names: dict[str, str] = {}  # container name -> the identity it was handed to
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._specs: OrderedDict[tuple[str, str, str], SandboxSpec] = OrderedDict()
+        self._locks: dict[str, anyio.Lock] = {}  # only while held or awaited (see _locked)
+        self._names: OrderedDict[str, str] = OrderedDict()  # container name -> the identity it was handed to
         self._last_used_path = config.state_dir / "last-used.json"
-        self._last_used_written: dict[str, float] = {}
+        self._last_used_written: OrderedDict[str, float] = OrderedDict()
 
     def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:
         """The spec a session maps to (cached; the config is immutable)."""
@@ -63,12 +72,13 @@ class SandboxManager:
         spec = self._specs.get(key)
         if spec is None:
             spec = spec_from_config(self.config, agent, session, self.instance)
-            self._specs[key] = spec
+        _remember(self._specs, key, spec)
         return spec
 
     def _claim(self, spec: SandboxSpec) -> None:
         """Refuse to hand one container to two identities (configs that skipped validation)."""
         owner = self._names.setdefault(spec.name, spec.identity)
+        _remember(self._names, spec.name, owner)
         if owner != spec.identity:
             raise SandboxUnavailable(
                 f"sandbox {spec.name} is already in use by a session whose effective sandbox differs "
@@ -85,10 +95,10 @@ class SandboxManager:
         entry = self._entries.get(ident)
         now = time.monotonic()
         if entry is not None and not entry.sandbox.gone and now - entry.checked_at < REVALIDATE_AFTER_S:
+            self._entries.move_to_end(ident)
             self._touch(spec.name, now)
             return entry.sandbox
-        lock = self._locks.setdefault(ident, anyio.Lock())
-        async with lock:
+        async with self._locked(ident):
             entry = self._entries.get(ident)
             if (
                 entry is not None
@@ -106,7 +116,7 @@ class SandboxManager:
                 return (await self.sandbox_for(agent, session)).id
 
             sandbox.set_reviver(revive)
-            self._entries[ident] = _Entry(sandbox, time.monotonic())
+            _remember(self._entries, ident, _Entry(sandbox, time.monotonic()))
             self._touch(spec.name, time.monotonic(), force=True)
             return sandbox
 
@@ -115,14 +125,30 @@ class SandboxManager:
         if agent.sandbox.scope != "session":
             return False
         spec = self.spec_for(agent, session)
-        async with self._locks.setdefault(spec.identity, anyio.Lock()):
+        async with self._locked(spec.identity):
             self._entries.pop(spec.identity, None)
             await self.backend.remove(spec.name)
         self._specs.pop((agent.tenant, agent.id, spec.scope_key), None)
         self._names.pop(spec.name, None)
-        self._locks.pop(spec.identity, None)
+        self._last_used_written.pop(spec.name, None)
         logger.bind(container=spec.name, session=session).info("sandbox_removed")
         return True
+
+    @asynccontextmanager
+    async def _locked(self, ident: str) -> AsyncIterator[None]:
+        """Hold the identity's lock; the map keeps a lock only while someone holds or awaits it.
+
+        A lock is dropped only when free with no waiter (a release hands it straight to the next
+        waiter, which then holds it), and no task can pick it up in between: there is no await
+        between taking it from the map and acquiring it.
+        """
+        lock = self._locks.setdefault(ident, anyio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and lock.statistics().tasks_waiting == 0 and self._locks.get(ident) is lock:
+                del self._locks[ident]
 
     async def remove(self, info: SandboxInfo) -> None:
         """Remove one sandbox and forget it."""
@@ -165,7 +191,7 @@ class SandboxManager:
     def _touch(self, name: str, now: float, *, force: bool = False) -> None:
         if not force and now - self._last_used_written.get(name, 0.0) < LAST_USED_EVERY_S:
             return
-        self._last_used_written[name] = now
+        _remember(self._last_used_written, name, now)
         data = self.last_used()
         data[name] = datetime.now(UTC).isoformat(timespec="seconds")
         path = self._last_used_path
@@ -173,6 +199,14 @@ class SandboxManager:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(path)
+
+
+def _remember(cache: OrderedDict[_K, _V], key: _K, value: _V) -> None:
+    """Put `key` last (most recently used) and drop the oldest past MAX_REMEMBERED."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > MAX_REMEMBERED:
+        cache.popitem(last=False)
 
 
 def _pid_alive(pid: int) -> bool:

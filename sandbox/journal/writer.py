@@ -1,0 +1,216 @@
+"""The journal's writer: one thread commits queued writes in batches, off the event loop.
+
+Inside an event loop, writers enqueue statement batches and move on; the thread takes
+everything queued so far and commits it as one transaction (group commit: concurrent calls
+share one commit). Whoever needs a write to be durable awaits :meth:`Writer.wait` (a barrier on
+a sequence number). Synchronous readers call :meth:`Writer.drain_locked` under the connection
+lock, so a read never misses a queued write and never runs beside the thread's transaction.
+Outside an event loop a write is simply synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
+from loguru import logger
+
+MAX_FAILURES = 1024  # failures kept for a barrier to report; older ones were logged and dropped
+
+Statement = tuple[str, list[tuple[Any, ...]]]  # SQL, and the rows it runs for (executemany)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Statements that commit together, in order; `owner` is told if they fail (a call id)."""
+
+    seq: int
+    owner: str | None
+    statements: tuple[Statement, ...]
+
+
+class Writer:
+    """A queue of batches, one thread that commits them, and barriers that wait for a commit.
+
+    Args:
+        db: the connection (shared with readers; every use holds `lock`).
+        lock: the connection lock.
+        name: for the thread's name and logs.
+    """
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.Lock, name: str) -> None:
+        self._db = db
+        self._lock = lock
+        self._name = name
+        self._cond = threading.Condition()  # guards the queue, the counters and the waiters
+        self._queue: deque[Batch] = deque()
+        self._seq = 0  # the last sequence number handed out
+        self._done = 0  # every batch up to here is written (or failed and recorded)
+        self._failures: OrderedDict[str, sqlite3.Error] = OrderedDict()
+        self._waiters: list[tuple[int, Callable[[], None]]] = []
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.transactions = 0  # committed so far (group commit makes this fewer than batches)
+
+    def backlog(self) -> int:
+        """Batches queued and not yet written."""
+        with self._cond:
+            return len(self._queue)
+
+    def submit(self, owner: str | None, statements: tuple[Statement, ...]) -> None:
+        """Queue one batch for the thread (inside an event loop), else write it now.
+
+        Outside an event loop (a CLI command, a script) nothing would await a barrier, so the
+        batch is written before this returns, as a plain synchronous write.
+
+        Raises:
+            sqlite3.Error: the journal is closed, or (written now) the write failed.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no asyncio loop in this thread (another anyio backend also lands here)
+            with self._lock:
+                self.drain_locked()
+                self._transaction([Batch(0, owner, statements)])
+            return
+        with self._cond:
+            if self._closing:
+                raise sqlite3.ProgrammingError("the journal is closed")
+            self._seq += 1
+            self._queue.append(Batch(self._seq, owner, statements))
+            if self._thread is None:  # started on the first write: readers never pay for a thread
+                self._thread = threading.Thread(target=self._run, name=f"journal-writer:{self._name}", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def failure(self, owner: str) -> sqlite3.Error | None:
+        """The error of the owner's failed batch (reported once), or None."""
+        with self._cond:
+            return self._failures.pop(owner, None)
+
+    async def wait(self) -> None:
+        """Wait, without blocking the event loop, until every batch queued so far is written."""
+        with self._cond:
+            target = self._seq
+            if self._done >= target:
+                return
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # another anyio backend: a worker thread waits instead
+                loop = None
+            if loop is not None:
+                # the cheapest wake-up from a thread: one call_soon_threadsafe, no worker thread
+                future: asyncio.Future[None] = loop.create_future()
+
+                def wake() -> None:
+                    if not future.done():
+                        future.set_result(None)
+
+                def notify() -> None:
+                    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                        loop.call_soon_threadsafe(wake)
+
+                self._waiters.append((target, notify))
+        if loop is not None:
+            await future
+        else:
+            await anyio.to_thread.run_sync(self._wait_sync, target, abandon_on_cancel=True)
+
+    def _wait_sync(self, target: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._done >= target)
+
+    def drain_locked(self) -> None:
+        """Write everything queued now, on this thread; the caller holds the connection lock."""
+        with self._cond:
+            if not self._queue:
+                return
+            batches = list(self._queue)
+            self._queue.clear()
+        failed = self._commit(batches)
+        with self._cond:
+            for batch, exc in failed:
+                if batch.owner is not None:
+                    self._failures[batch.owner] = exc
+                    self._failures.move_to_end(batch.owner)
+                    while len(self._failures) > MAX_FAILURES:
+                        self._failures.popitem(last=False)
+            self._done = max(self._done, batches[-1].seq)
+            ready = [w for w in self._waiters if w[0] <= self._done]
+            self._waiters = [w for w in self._waiters if w[0] > self._done]
+            self._cond.notify_all()
+        for _, notify in ready:
+            notify()
+
+    def close(self) -> None:
+        """Write what is queued and stop the thread (idempotent)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._lock:
+            self.drain_locked()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queue) or self._closing)
+                if not self._queue:
+                    return
+            with self._lock:
+                self.drain_locked()
+
+    def _commit(self, batches: list[Batch]) -> list[tuple[Batch, sqlite3.Error]]:
+        """One transaction for all. When it fails, each batch is retried alone so only a bad one
+        fails; but a busy or locked database, or a closed connection, fails them all at once
+        rather than waiting the busy timeout once per batch."""
+        try:
+            self._transaction(batches)
+            return []
+        except sqlite3.Error as exc:
+            if len(batches) == 1 or _whole_database(exc):
+                return self._failed(batches, exc)
+        failed = []
+        for batch in batches:
+            try:
+                self._transaction([batch])
+            except sqlite3.Error as exc:
+                failed += self._failed([batch], exc)
+        return failed
+
+    def _failed(self, batches: list[Batch], exc: sqlite3.Error) -> list[tuple[Batch, sqlite3.Error]]:
+        for batch in batches:
+            logger.bind(journal=self._name, owner=batch.owner, reason=str(exc)).error("journal_write_failed")
+        return [(batch, exc) for batch in batches]
+
+    def _transaction(self, batches: list[Batch]) -> None:
+        db = self._db
+        try:
+            db.execute("BEGIN")
+            for batch in batches:
+                for sql, rows in batch.statements:
+                    db.executemany(sql, rows)
+            db.execute("COMMIT")
+            self.transactions += 1
+        except Exception as exc:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise
+            # a bug (a row that cannot bind) must fail its batch, not kill the thread and its waiters
+            raise sqlite3.InterfaceError(f"{exc.__class__.__name__}: {exc}") from exc
+
+
+def _whole_database(exc: sqlite3.Error) -> bool:
+    """An error of the database, not of one statement: SQLITE_BUSY, SQLITE_LOCKED, or closed."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.ProgrammingError) or (code is not None and code & 0xFF in (5, 6))
