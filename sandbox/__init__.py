@@ -7,8 +7,6 @@ use (PEP 562), so `import sandbox` and the CLI's start stay cheap.
 import importlib as _importlib
 import typing as _typing
 
-from loguru import logger as _logger
-
 if _typing.TYPE_CHECKING:
     from sandbox.config import Config, load_config, load_config_text
     from sandbox.engine.orchestrator import Orchestrator, Session
@@ -57,5 +55,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-# A library stays quiet until the application (our CLI, or yours) enables its logs.
-_logger.disable("sandbox")
+# The library stays quiet until the application enables its logs: see sandbox/_log.py.

@@ -52,7 +52,9 @@ async def test_a_handler_fault_becomes_a_tool_result(make_config: Any) -> None:
 
     async with Orchestrator(make_config(SANDBOXED), backend=FakeBackend(handler)) as orch:
         result = await orch.session("agent:main:fault").call("exec", {"command": "true"})
-    assert not result.ok and result.error is not None and result.error.code in ("SANDBOX_UNAVAILABLE", "RETRY_EXHAUSTED")
+    assert (
+        not result.ok and result.error is not None and result.error.code in ("SANDBOX_UNAVAILABLE", "RETRY_EXHAUSTED")
+    )
 
 
 async def test_capture_logs_collects_events_with_fields(make_config: Any) -> None:

@@ -43,9 +43,15 @@ class State:
     def resolver(self) -> PolicyResolver:
         """A policy resolver over the config and every registered tool."""
         from sandbox.policy import PolicyResolver
-        from sandbox.tools import BUILTIN_BY_NAME
 
-        extra = tuple(n for n in self.registry().names() if n not in BUILTIN_BY_NAME)
+        if self._registry is not None:
+            from sandbox.tools import BUILTIN_BY_NAME
+
+            extra = tuple(n for n in self._registry.names() if n not in BUILTIN_BY_NAME)
+        else:  # the names are enough: no tool handler is loaded to explain a policy
+            from sandbox.tools.catalog import skill_tool_names
+
+            extra = skill_tool_names(self.config)
         return PolicyResolver(self.config, extra_tools=extra)
 
     @property
@@ -114,11 +120,9 @@ def _identity(state: State, agent: str | None, session: str, provider: str | Non
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, log_level: str, log_json: bool) -> None:
     """Decide which tools an AI agent may call, and run them in hardened Docker sandboxes."""
-    from loguru import logger
+    from sandbox import _edge
 
-    logger.remove()
-    logger.add(sys.stderr, level=log_level.upper(), serialize=log_json)
-    logger.enable("sandbox")
+    _edge.want_logging(log_level, serialize=log_json)  # applied when the library first logs
     ctx.obj = State(config_path)
 
 

@@ -98,11 +98,11 @@ def _in_file_order(problems: list[tuple[tuple[int, int], str]]) -> list[str]:
 
 def _skill_names(data: dict[str, Any], base_dir: Path) -> tuple[str, ...]:
     """Names of the SKILL.md tools the config points at, so policies may name them."""
-    from sandbox.tools.skills import skill_names
-
     dirs = (data.get("skills") or {}).get("dirs") if isinstance(data.get("skills"), dict) else None
-    if not isinstance(dirs, list):
+    if not isinstance(dirs, list) or not dirs:
         return ()
+    from sandbox.tools.skills import skill_names  # only a config with skills pays for it
+
     paths = [base_dir / Path(str(d)).expanduser() for d in dirs if isinstance(d, str)]
     return tuple(skill_names(paths))
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loguru import logger
+from sandbox._log import logger
 
 from sandbox.engine import context as ctxvars
 from sandbox.engine.progress import Kind, ProgressEvent

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from loguru import logger
+from sandbox._log import logger
 
 from sandbox.engine.context import TaskContext
 from sandbox.tools.spec import ToolResult

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from loguru import logger
+from sandbox._log import logger
 
 from sandbox.config.models import LoopDetectionSection
 from sandbox.errors import SandboxError

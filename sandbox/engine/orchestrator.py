@@ -9,8 +9,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio.to_thread
-from loguru import logger
 
+from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine import spill

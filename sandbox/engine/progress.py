@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from loguru import logger
+from sandbox._log import logger
 
 Kind = Literal["queued", "started", "running", "output", "finished"]
 

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from loguru import logger
 
+from sandbox._log import logger
 from sandbox.engine.call import Call, Checked, Ran
 from sandbox.engine.results import shape
 from sandbox.errors import ErrorCode, SandboxError

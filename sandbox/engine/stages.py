@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loguru import logger
 from pydantic import ValidationError
 
+from sandbox._log import logger
 from sandbox.engine.arguments import check_arguments, describe
 from sandbox.engine.call import Call, Checked, Refusal
 from sandbox.errors import ErrorCode, SandboxError

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
-from loguru import logger
+from sandbox._log import logger
 
 MAX_FAILURES = 1024  # failures kept for a barrier to report; older ones were logged and dropped
 

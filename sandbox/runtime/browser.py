@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import docker.errors
-from loguru import logger
 
+from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime import hostfirewall

@@ -18,8 +18,8 @@ import docker
 import docker.errors
 from docker.types import Mount as DockerMount
 from docker.types import Ulimit
-from loguru import logger
 
+from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped

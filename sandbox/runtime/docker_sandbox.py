@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from loguru import logger
 
+from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import docker_kill, shellwrap
 from sandbox.runtime.docker_exec import SandboxGone, exec_stream

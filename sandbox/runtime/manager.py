@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-from loguru import logger
 
+from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable

@@ -1,0 +1,31 @@
+"""Settings the application (the CLI) makes at its edge, before the library is loaded.
+
+Imports nothing, so setting them costs nothing; `sandbox._log` applies them when the library's
+logger is first needed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+_logging: dict[str, Any] | None = None
+
+
+def want_logging(level: str, *, serialize: bool) -> None:
+    """Log to stderr at `level` (JSON lines with `serialize`), from now on or when first needed."""
+    global _logging
+    _logging = {"level": level.upper(), "serialize": serialize}
+    if "sandbox._log" in sys.modules:  # already loaded (an in-process caller): apply now
+        apply_logging()
+
+
+def apply_logging() -> None:
+    """Apply what `want_logging` asked for (called by sandbox._log on its first import)."""
+    if _logging is None:
+        return
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level=_logging["level"], serialize=_logging["serialize"])
+    logger.enable("sandbox")
