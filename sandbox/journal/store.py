@@ -357,8 +357,8 @@ class Journal:
 
     def _read(self, sql: str, args: tuple[Any, ...], *, flush: bool = True) -> list[tuple[Any, ...]]:
         try:
-            if flush and self._writer.backlog():
-                self.flush()  # a read sees every write queued before it
+            if flush and not self._writer.idle():
+                self.flush()  # a read sees every write queued before it (waits for one in progress)
             with self._read_lock:
                 return self._reader.execute(sql, args).fetchall()
         except sqlite3.Error as exc:

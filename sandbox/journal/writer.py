@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
+
 from sandbox._log import logger
 
 MAX_FAILURES = 1024  # failures kept for a barrier to report; older ones were logged and dropped
@@ -57,12 +58,18 @@ class Writer:
         self._waiters: list[tuple[int, Callable[[], None]]] = []
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._writing = 0  # batches taken from the queue and not yet committed (or failed)
         self.transactions = 0  # committed so far (group commit makes this fewer than batches)
 
     def backlog(self) -> int:
         """Batches queued and not yet written."""
         with self._cond:
             return len(self._queue)
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing being written: a read on another connection misses nothing."""
+        with self._cond:
+            return not self._queue and self._writing == 0
 
     def submit(self, owner: str | None, statements: tuple[Statement, ...]) -> None:
         """Queue one batch for the thread (inside an event loop), else write it now.
@@ -134,7 +141,12 @@ class Writer:
                 return
             batches = list(self._queue)
             self._queue.clear()
-        failed = self._commit(batches)
+            self._writing += len(batches)
+        try:
+            failed = self._commit(batches)
+        finally:
+            with self._cond:
+                self._writing -= len(batches)
         with self._cond:
             for batch, exc in failed:
                 if batch.owner is not None:
