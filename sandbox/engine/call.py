@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sandbox._log import logger
-
 from sandbox.engine import context as ctxvars
 from sandbox.engine.progress import Kind, ProgressEvent
 from sandbox.errors import SandboxError

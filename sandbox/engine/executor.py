@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 
 from sandbox._log import logger
-
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES, MAX_DEPTH
 from sandbox.engine.call import Call, Refusal, bound, open_call

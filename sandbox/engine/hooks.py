@@ -10,7 +10,6 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from sandbox._log import logger
-
 from sandbox.engine.context import TaskContext
 from sandbox.tools.spec import ToolResult
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandbox._log import logger
-
 from sandbox.config.models import LoopDetectionSection
 from sandbox.errors import SandboxError
 from sandbox.journal.redact import redact
