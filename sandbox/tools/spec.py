@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Category = Literal["exec", "file", "network", "session", "ui", "automation", "memory", "messaging"]
 Risk = Literal["low", "medium", "high"]
 
 
