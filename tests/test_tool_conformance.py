@@ -1,9 +1,12 @@
-"""One suite of tool behaviour, run against every backend (`runtime.backend`): the host backend
-(no isolation, fast) and the Docker backend (the real engine). A new backend joins by adding a
-parameter; whatever only one backend can promise (isolation, hardening) stays in its own tests."""
+"""One suite of tool behaviour, run against every way tools run: mode `off` (the host shell of an
+unsandboxed session), the host backend (`runtime.backend: host`, no isolation) and the Docker
+backend (the real engine). A new backend joins by adding a parameter; whatever only one backend
+can promise (isolation, hardening, mounts) stays in its own tests."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,14 +17,21 @@ from sandbox import Orchestrator
 pytestmark = pytest.mark.anyio
 
 BACKENDS = [
+    pytest.param("off", id="mode-off"),
     pytest.param("host", id="host"),
     pytest.param("docker", id="docker", marks=pytest.mark.docker),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
-def config(request: Any, make_config: Any) -> Any:
-    """A sandboxed, session-scoped config on the backend under test (images built for Docker)."""
+def config(request: Any, make_config: Any, tmp_path: Path) -> Any:
+    """A session-scoped config on the backend under test (images built for Docker)."""
+    if request.param == "off":
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        return make_config(
+            f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: main, workspace: '{ws}'}}]}}"
+        )
     if request.param == "docker":
         request.getfixturevalue("images")
     return make_config(
@@ -72,9 +82,8 @@ async def test_timeout_kills_everything_the_command_started(config: Any) -> None
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:main:c4")
         result = await sess.call("exec", {"command": "sleep 97 & sleep 97", "timeout_s": 1})
-        box = await sess.sandbox()
         assert result.error is not None and result.error.code == "TIMEOUT"
-        assert await box.alive(result.call_id) == []
+    assert await gone("sleep 9[7]")
 
 
 async def test_background_process_poll_and_kill(config: Any) -> None:
@@ -102,3 +111,52 @@ async def test_missing_file_and_escape_are_coded_errors(config: Any) -> None:
         escape = await sess.call("read", {"path": "../../etc/passwd"})
     assert missing.error is not None and missing.error.code == "FILE_NOT_FOUND"
     assert escape.error is not None and escape.error.code == "PERMISSION_DENIED"
+
+
+async def gone(pattern: str) -> bool:
+    """No process matching `pattern` (pgrep -f) is left, polled with a deadline.
+
+    Sandboxes' processes are visible from the host's pid namespace too, so one check serves all.
+    """
+    with anyio.fail_after(10):
+        while subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.strip():
+            await anyio.sleep(0.05)
+    return True
+
+
+async def test_a_cancelled_call_kills_its_command(config: Any) -> None:
+    """When the caller gives up (its task is cancelled), the command and its children die too."""
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:c7")
+        assert (await sess.call("exec", {"command": "true"})).ok  # the sandbox exists first
+        with anyio.move_on_after(1.0):
+            await sess.call("exec", {"command": "sleep 979 & sleep 979"})
+    assert await gone("sleep 97[9]")
+
+
+async def test_workdir_outside_the_workspace_is_refused(config: Any) -> None:
+    """exec's workdir may not leave the workspace (PERMISSION_DENIED), and `.` is the workspace."""
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:c8")
+        assert (await sess.call("write", {"path": "here.txt", "content": "x"})).ok
+        inside = await sess.call("exec", {"command": "ls", "workdir": "."})
+        outside = await sess.call("exec", {"command": "pwd", "workdir": "../.."})
+    assert inside.ok and "here.txt" in inside.output["output"]
+    assert outside.error is not None and outside.error.code == "PERMISSION_DENIED"
+
+
+async def test_mode_off_accepts_absolute_paths_inside_the_workspace(make_config: Any, tmp_path: Path) -> None:
+    """On the host (mode off) the workspace's own absolute path is a valid tool path; others are not."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "decoy.txt").write_text("DECOY\n")
+    config = make_config(f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{ws}'}}]}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:main")
+        assert not sess.sandboxed
+        assert (await sess.call("write", {"path": f"{ws}/f.txt", "content": "three\n"})).ok
+        read = await sess.call("read", {"path": f"{ws}/f.txt"})
+        other = await sess.call("write", {"path": str(tmp_path / "decoy.txt"), "content": "X"})
+    assert read.ok and read.output["content"] == "three\n"
+    assert other.error is not None and other.error.code == "PERMISSION_DENIED"
+    assert (tmp_path / "decoy.txt").read_text() == "DECOY\n"
