@@ -4,7 +4,6 @@ processes that outlive their caller, and one tenant taking every permit (real en
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -40,35 +39,35 @@ def cli_config(tmp_path: Path, instance: str, extra: dict[str, Any] | None = Non
     return path
 
 
+PEAK_RSS_WRAPPER = """
+import runpy, sys
+sys.argv = ["sandbox", *sys.argv[1:]]
+try:
+    runpy.run_module("sandbox", run_name="__main__")
+finally:
+    print(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).strip(), file=sys.stderr)
+"""
+
+
 async def test_flood_of_output_keeps_orchestrator_memory_bounded(tmp_path: Path, instance: str) -> None:
     """A sandbox printing 400 MB: the orchestrator stays under 150 MB RSS and saves the whole output."""
     config = cli_config(tmp_path, instance, {"tools": {"exec": {"max_output_bytes": 1024**3}}})
     size = 400 * 1024 * 1024
     cmd = f"head -c {size} /dev/zero | tr '\\0' x; echo; echo END-OF-OUTPUT"
-    # the CLI is the orchestrator here: measure that one process (wait4 gives its own rusage)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandbox",
-            "--config",
-            str(config),
-            "call",
-            "--session",
-            "flood",
-            "exec",
-            json.dumps({"command": cmd}),
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+    # The CLI is the orchestrator here. Its peak RSS is read by the process itself at exit from
+    # /proc/self/status VmHWM: the high-water mark of its own memory since exec. (wait4's
+    # ru_maxrss would also count the forking parent's pages before exec: a big test worker.)
+    argv = ["--config", str(config), "call", "--session", "flood", "exec", json.dumps({"command": cmd}), "--json"]
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, *argv], capture_output=True, text=True, timeout=600
+        )
     )
-    assert proc.stdout is not None
-    stdout = await anyio.to_thread.run_sync(proc.stdout.read)
-    _, status, usage = await anyio.to_thread.run_sync(os.wait4, proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, not by Popen
-    proc.stdout.close()
-    rss_mib = usage.ru_maxrss / 1024
+    stdout = done.stdout
+    peak = [line for line in done.stderr.splitlines() if line.startswith("VmHWM:")]
+    assert peak, done.stderr[-2000:]
+    rss_mib = int(peak[-1].split()[1]) / 1024
+    proc = done
     result = json.loads(stdout)
     assert proc.returncode == 0 and result["ok"], result
     text = result["output"]["output"]

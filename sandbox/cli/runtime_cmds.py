@@ -68,7 +68,10 @@ def images_build(state: State, offline: bool, force: bool, as_json: bool) -> Non
     def log(line: str) -> None:
         click.echo(line, err=as_json)
 
-    built = build_all(backend.client, _targets(state), log, offline=offline, force=force)
+    try:
+        built = build_all(backend.client, _targets(state), log, offline=offline, force=force)
+    finally:
+        backend.client.close()
     if as_json:
         _emit(built, True, "")
 
@@ -200,7 +203,10 @@ def doctor(state: State, as_json: bool) -> None:
             *workspace_checks(state.config),
         ]
     else:
-        checks = run_checks(client, state.config, _targets(state))
+        try:
+            checks = run_checks(client, state.config, _targets(state))
+        finally:
+            client.close()  # its connection pool holds the engine's socket open otherwise
     marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
     text = "\n".join(
         f"[{marks[c.status]}] {c.name:<16} {c.detail}" + (f"\n       fix: {c.fix}" if c.fix else "") for c in checks
@@ -235,7 +241,11 @@ def audit(ctx: click.Context, all_containers: bool, fail_on: str, sarif: bool, n
 
     state: State = ctx.obj
     client = None if no_engine else _docker().client
-    result = run_audit(state.config, client, all_containers=all_containers)
+    try:
+        result = run_audit(state.config, client, all_containers=all_containers)
+    finally:
+        if client is not None:
+            client.close()
     if sarif:
         click.echo(json.dumps(to_sarif(result.findings, __version__), indent=2))
     else:
