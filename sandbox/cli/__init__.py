@@ -98,6 +98,14 @@ def handled(fn: F) -> F:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
 
+def _not_provided(state: State, allowed: frozenset[str] | set[str]) -> list[str]:
+    from sandbox.tools.catalog import skill_tool_names
+    from sandbox.tools.handlers import PROVIDED_BUILTINS
+
+    provided = PROVIDED_BUILTINS | set(skill_tool_names(state.config))
+    return sorted(t for t in allowed if t not in provided)
+
+
 def _identity(state: State, agent: str | None, session: str, provider: str | None, model: str | None) -> Identity:
     from sandbox.config.merge import default_agent_id
     from sandbox.policy import Identity
@@ -148,6 +156,14 @@ def explain(
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
     data = explain_data(policy)
     text = explain_text(policy)
+    missing = _not_provided(state, policy.allowed)
+    if missing:
+        data["not_provided"] = missing
+        text += (
+            "\n\nallowed by policy, not provided by this build (the model is not offered them): "
+            + ", ".join(missing)
+            + "\n  to provide one: register a handler (ToolRegistry.register) or add a SKILL.md tool (skills.dirs)"
+        )
     if policy.sandbox.sandboxed:
         from sandbox.runtime.explain import container_facts, container_text
 
@@ -179,7 +195,8 @@ def tools_cmd(
 
     registry = state.registry()
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
-    specs = [registry.get(d.tool) for d in policy.decisions if d.allowed and d.tool in registry]
+    runnable = registry.runnable()  # allowed *and* provided: a model is never offered a tool that cannot run
+    specs = [registry.get(d.tool) for d in policy.decisions if d.allowed and d.tool in runnable]
     data = render(specs, fmt)  # type: ignore[arg-type]
     _emit(data, True, "")  # definitions are JSON either way; --json is accepted for symmetry
     del as_json

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from sandbox.tools.registry import Handler
 
+# the built-in tools this build runs (kept beside their handlers; a test checks they agree), so
+# `explain` can say what is provided without importing every handler
+PROVIDED_BUILTINS = frozenset({"exec", "process", "read", "write", "edit", "apply_patch"})
+
 
 def builtin_handlers() -> dict[str, Handler]:
     """name -> handler for every built-in tool this build runs."""

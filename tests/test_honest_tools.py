@@ -1,0 +1,48 @@
+"""A model is offered exactly the tools that are allowed and can run; explain names the others."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.tools.handlers import PROVIDED_BUILTINS, builtin_handlers
+from tests.cli_helpers import ROOT, run_cli
+
+DEFAULT = ROOT / "policies" / "default.yaml"
+NO_HANDLER = {"sessions_list", "sessions_history", "sessions_send", "sessions_spawn", "session_status"}
+
+
+def test_provided_builtins_match_the_handlers() -> None:
+    """The cheap list explain uses is exactly the handlers this build has."""
+    assert set(builtin_handlers()) == PROVIDED_BUILTINS
+
+
+def test_tools_cli_offers_only_tools_that_run() -> None:
+    """`sandbox tools` under the default policy lists no tool without a handler."""
+    run = run_cli("--config", str(DEFAULT), "tools", "--session", "agent:main:x")
+    names = {t["function"]["name"] if "function" in t else t["name"] for t in json.loads(run.stdout)}
+    assert names and not names & NO_HANDLER
+    assert {"exec", "read", "write", "edit", "apply_patch", "process"} <= names
+
+
+def test_explain_names_allowed_tools_this_build_does_not_provide() -> None:
+    """explain says which allowed tools are not provided, and how to provide one."""
+    text = run_cli("--config", str(DEFAULT), "explain", "--session", "agent:main:x").stdout
+    data = json.loads(run_cli("--config", str(DEFAULT), "explain", "--session", "agent:main:x", "--json").stdout)
+    assert set(data["not_provided"]) >= NO_HANDLER
+    assert "allowed by policy, not provided by this build" in text and "SKILL.md" in text
+
+
+@pytest.mark.anyio
+async def test_session_tools_and_schemas_match_what_runs(make_config: Any, tmp_path: Path) -> None:
+    """session.tools() and tool_schemas() contain only runnable tools, so every offered call can run."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:x")
+        names = {t.name for t in sess.tools()}
+        schemas = {s["name"] for s in sess.tool_schemas()}
+    assert names == schemas and not names & NO_HANDLER and "exec" in names
