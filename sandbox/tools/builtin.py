@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from sandbox.policy.sessions import SessionKeyArg
 from sandbox.tools.spec import SIDE_EFFECTS, RetryPolicy, ToolArgs, ToolSpec
@@ -77,12 +77,18 @@ class WebSearchArgs(ToolArgs):
 
 
 class MemorySearchArgs(ToolArgs):
-    query: str = Field(min_length=1)
-    limit: int = Field(5, ge=1, le=50)
+    query: str = Field(min_length=1, description="Words to look for in MEMORY.md and memory/**/*.md.")
+    limit: int = Field(5, ge=1, le=50, description="Most results to return, best first.")
 
 
 class MemoryGetArgs(ToolArgs):
-    path: str = Field(min_length=1)
+    # `from` is a Python keyword: the field is from_, the model writes `from` (both accepted, so a
+    # hook's rewrite of the dumped arguments validates again)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    path: str = Field(min_length=1, description="MEMORY.md or a file under memory/ (e.g. memory/2026-01-05.md).")
+    from_: int | None = Field(None, alias="from", ge=1, description="First line, 1-based.")
+    lines: int | None = Field(None, ge=1, description="Number of lines.")
 
 
 class SessionsListArgs(ToolArgs):
@@ -207,8 +213,25 @@ BUILTIN_SPECS: tuple[ToolSpec, ...] = (
         False,
     ),
     _spec("web_search", "Search the web.", WebSearchArgs, "network", "low", 60, False),
-    _spec("memory_search", "Search the agent's memory.", MemorySearchArgs, "memory", "low", 30, False),
-    _spec("memory_get", "Read one memory file.", MemoryGetArgs, "memory", "low", 30, False),
+    # read-only over workspace files (retried like read), so they run wherever the workspace is
+    _spec(
+        "memory_search",
+        "Search the agent's memory files (MEMORY.md, memory/**/*.md); ranked snippets with line numbers.",
+        MemorySearchArgs,
+        "memory",
+        "low",
+        30,
+        True,
+    ),
+    _spec(
+        "memory_get",
+        "Read lines of one memory file (MEMORY.md or memory/**/*.md).",
+        MemoryGetArgs,
+        "memory",
+        "low",
+        30,
+        True,
+    ),
     _spec(
         "sessions_list",
         "List sessions this agent can see.",

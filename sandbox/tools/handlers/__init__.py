@@ -6,13 +6,16 @@ from sandbox.tools.registry import Handler
 
 # the built-in tools this build runs (kept beside their handlers; a test checks they agree), so
 # `explain` can say what is provided without importing every handler
-PROVIDED_BUILTINS = frozenset({"exec", "process", "read", "write", "edit", "apply_patch"})
+PROVIDED_BUILTINS = frozenset(
+    {"exec", "process", "read", "write", "edit", "apply_patch", "memory_search", "memory_get"}
+)
 
 
 def builtin_handlers() -> dict[str, Handler]:
     """name -> handler for every built-in tool this build runs."""
     from sandbox.tools.handlers.execs import exec_tool
     from sandbox.tools.handlers.files import edit_tool, read_tool, write_tool
+    from sandbox.tools.handlers.memory import memory_get_tool, memory_search_tool
     from sandbox.tools.handlers.patch import apply_patch_tool
     from sandbox.tools.handlers.processes import process_tool
 
@@ -23,4 +26,6 @@ def builtin_handlers() -> dict[str, Handler]:
         "write": write_tool,
         "edit": edit_tool,
         "apply_patch": apply_patch_tool,
+        "memory_search": memory_search_tool,
+        "memory_get": memory_get_tool,
     }
