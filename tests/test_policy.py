@@ -222,12 +222,13 @@ agents: {list: [{id: main, tools: {sandbox: {tools: {deny: [read]}}}}]}
 
 
 def test_subagent_fixed_deny_and_leaf_rule() -> None:
-    """Sub-agents never get gateway/cron/sessions_send; at max depth no spawn/list/history."""
+    """Sub-agents do not get gateway/cron/sessions_send/session_status by default; at max depth no spawn/list/history."""
     depth1 = resolve("tools: {profile: full}", session="agent:main:subagent:a")
     for tool in (
         "gateway",
         "cron",
         "sessions_send",
+        "session_status",
         "sessions_spawn",
         "sessions_list",
         "sessions_history",

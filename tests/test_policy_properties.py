@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from sandbox.config import load_config_text
 from sandbox.policy import Identity, PolicyResolver, ResolvedPolicy
-from sandbox.policy.groups import BUILTIN_TOOLS, GROUPS, expand, expand_all
+from sandbox.policy.groups import BUILTIN_TOOLS, GROUPS, PROFILES, expand, expand_all
 
 PATTERNS = [*BUILTIN_TOOLS, *GROUPS, "web_*", "sessions_*", "*_get", "BASH", "Exec", "*"]
 pattern_lists = st.lists(st.sampled_from(PATTERNS), max_size=6)
@@ -65,7 +66,10 @@ SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @SETTINGS
 @given(scenarios())
 def test_each_layer_only_narrows(scenario: tuple[dict[str, Any], Identity]) -> None:
-    """The set left after layer k+1 is a subset of the set after layer k."""
+    """The set left after layer k+1 is a subset of the set after layer k.
+
+    A profile is not a layer of its own: it restricts within the layer that holds it (the agent's
+    layer when the agent has one, which then replaces the global profile; else the global layer)."""
     policy = _resolve(*scenario)
     previous = frozenset(BUILTIN_TOOLS)
     for step in policy.trace:
@@ -119,3 +123,20 @@ def test_provenance_names_a_layer_that_holds_the_pattern(
             index = [s.layer.name for s in policy.trace].index(decision.layer)
             before = policy.trace[index - 1].remaining if index else frozenset(BUILTIN_TOOLS)
             assert decision.tool in before and decision.tool not in policy.trace[index].remaining
+
+
+@SETTINGS
+@given(scenarios())
+def test_agent_profile_replaces_the_global_profile(scenario: tuple[dict[str, Any], Identity]) -> None:
+    """With an agent profile the global profile changes nothing; without one it bounds the result."""
+    config, identity = scenario
+    policy = _resolve(config, identity)
+    agent_tools = config["agents"]["list"][0]["tools"]
+    glob = config["tools"]
+    if "profile" in agent_tools:
+        without = copy.deepcopy(config)
+        without["tools"].pop("profile", None)
+        assert _resolve(without, identity).allowed == policy.allowed
+    elif (members := PROFILES.get(glob.get("profile", "full"))) is not None:
+        base = expand_all([*members, *glob.get("also_allow", [])], BUILTIN_TOOLS)
+        assert policy.allowed <= base

@@ -108,8 +108,9 @@ DEFAULT_SANDBOX_DENY: tuple[str, ...] = (
     "group:messaging",
 )
 
-# Sub-agents never get these: they could reconfigure the host or talk past their parent.
-SUBAGENT_ALWAYS_DENY: tuple[str, ...] = ("gateway", "cron", "sessions_send")
+# Sub-agents do not get these unless the sub-agent allow / also_allow names them: they could
+# reconfigure the host, talk past their parent, or read the parent's status.
+SUBAGENT_ALWAYS_DENY: tuple[str, ...] = ("gateway", "cron", "sessions_send", "session_status")
 # At the maximum spawn depth a sub-agent is a leaf: it can neither spawn nor look around.
 SUBAGENT_LEAF_DENY: tuple[str, ...] = ("sessions_spawn", "sessions_list", "sessions_history")
 
@@ -154,6 +155,16 @@ def expand(pattern: str, universe: Iterable[str]) -> frozenset[str]:
     if "write" in result:
         result |= frozenset(WRITES_FILES) & known
     return result
+
+
+def explicitly_named(patterns: Iterable[str], universe: Iterable[str]) -> frozenset[str]:
+    """The tools `patterns` name by name, alias or group; a wildcard names no tool explicitly.
+
+    This is what lifts a tool from a default deny list: `allow: ["*"]` is not a decision about
+    `gateway`, `allow: [gateway]` or `allow: [group:automation]` is.
+    """
+    known = tuple(universe)
+    return expand_all((p for p in patterns if "*" not in p), known)
 
 
 def expand_all(patterns: Iterable[str], universe: Iterable[str]) -> frozenset[str]:

@@ -118,7 +118,7 @@ def _deny_fix(layer: Layer, rule: Rule, tool: str) -> str:
     if rule.fixed_fix is not None:
         return rule.fixed_fix
     if rule.default:
-        return f"name {tool!r} in {layer.fix_hint} to lift it from the default deny list"
+        return f"name {tool!r} in {layer.fix_hint} to lift it from the {rule.key.strip('()')}"
     if pattern.lower() == tool:
         return f"remove {pattern!r} from {key}"
     return f"remove {pattern!r} from {key} (it covers {tool!r})"

@@ -14,6 +14,7 @@ from sandbox.policy.groups import (
     DEFAULT_SANDBOX_DENY,
     SUBAGENT_ALWAYS_DENY,
     SUBAGENT_LEAF_DENY,
+    explicitly_named,
 )
 from sandbox.policy.layers import (
     Decision,
@@ -119,6 +120,17 @@ class PolicyResolver:
         self._cache: OrderedDict[Identity, ResolvedPolicy] = OrderedDict()
         self._outcomes: OrderedDict[tuple[str, ...], Outcome] = OrderedDict()
         self._global = self._lists_layer("global", "tools", config.tools)
+        # for agents with their own profile: the agent's profile replaces the global one, global
+        # allow / deny still apply (OpenClaw's tools.profile semantics)
+        self._global_unprofiled = list_layer(
+            "global",
+            key_prefix="tools",
+            profile=None,
+            allow=config.tools.allow,
+            also_allow=config.tools.also_allow,
+            deny=config.tools.deny,
+            universe=self.universe,
+        )
         self._providers = {
             key.lower(): self._lists_layer(f"provider:{key}", f"tools.by_provider[{key!r}]", lists)
             for key, lists in config.tools.by_provider.items()
@@ -157,7 +169,8 @@ class PolicyResolver:
         session = parse_session_key(identity.session, agent.id)
         status = sandbox_status(agent, session)
         providers = self._provider_layers(identity)
-        layers = [self._global, *providers, self._agent_layer(agent)]
+        glob = self._global_unprofiled if agent.tools.profile is not None else self._global
+        layers = [glob, *providers, self._agent_layer(agent)]
         if status.sandboxed:
             layers.append(self._sandbox_layer(agent))
         if session.spawn_depth > 0:
@@ -295,13 +308,12 @@ class PolicyResolver:
             deny=lists.deny,
             universe=self.universe,
         )
-        always = compile_rule(
-            "deny",
-            "(fixed sub-agent deny list)",
-            SUBAGENT_ALWAYS_DENY,
-            self.universe,
-            fixed_fix="none: sub-agents never get this tool",
-        )
+        fixed = compile_rule("deny", "(fixed sub-agent deny list)", SUBAGENT_ALWAYS_DENY, self.universe)
+        # explicit configuration wins over the fixed list (OpenClaw): a tool named in allow or
+        # also_allow is lifted from it; `deny` still wins over both (base.denies)
+        named = explicitly_named([*(lists.allow or []), *(lists.also_allow or [])], self.universe)
+        lifted = {t: p for t, p in fixed.members.items() if t not in named}
+        always = Rule("deny", fixed.key, fixed.patterns, lifted, default=True)
         denies = (*base.denies, always)
         if depth >= section.max_spawn_depth:
             leaf = compile_rule(
