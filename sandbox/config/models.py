@@ -312,10 +312,19 @@ class SkillsConfig(StrictModel):
     )
 
 
+SYSTEM_STATE_DIR = Path("/var/lib/agent-sandbox")
+
+
 def default_state_dir() -> Path:
-    """The user's state dir for the orchestrator (XDG_STATE_HOME or ~/.local/state)."""
-    root = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(root) / "agent-sandbox"
+    """The orchestrator's state dir: $XDG_STATE_HOME/agent-sandbox, else ~/.local/state/agent-sandbox,
+    and for root (without XDG_STATE_HOME) /var/lib/agent-sandbox: root's home is a system path no
+    sandbox may mount, and scratch workspaces live in the state dir."""
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "agent-sandbox"
+    if os.geteuid() == 0:
+        return SYSTEM_STATE_DIR
+    return Path(os.path.expanduser("~/.local/state")) / "agent-sandbox"
 
 
 class RuntimeSection(StrictModel):
