@@ -22,7 +22,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 # Property tests: a quick profile for the loop while you work, a thorough one for CI
 # (`.ci/run` sets HYPOTHESIS_PROFILE=thorough); each test's own settings add to the profile.
-settings.register_profile("quick", max_examples=30, deadline=None, database=None)
+settings.register_profile("quick", max_examples=15, deadline=None, database=None)
 settings.register_profile("thorough", max_examples=400, deadline=None, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 

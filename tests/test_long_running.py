@@ -39,13 +39,13 @@ def noop_registry() -> ToolRegistry:
 
 
 async def test_closed_sessions_leave_nothing_behind(make_config: Any, tmp_path: Path) -> None:
-    """500 sessions opened, called and closed: the policy cache, loop memory and journal bookkeeping stay empty.
+    """200 sessions opened, called and closed: the policy cache, loop memory and journal bookkeeping stay empty.
 
     (bench/sessions.py runs 10,000 and prints memory; here the claim is that nothing is left.)"""
     config = host(make_config, tmp_path / "ws", "tools: {profile: full}")
     for journal in (True, False):
         async with Orchestrator(config, registry=noop_registry(), journal=journal) as orch:
-            for i in range(500):
+            for i in range(200):
                 session = orch.session(f"agent:a:s{i}")
                 assert (await session.call("noop", {"n": i})).ok
                 await session.close()
@@ -55,7 +55,7 @@ async def test_closed_sessions_leave_nothing_behind(make_config: Any, tmp_path: 
                 assert not orch.loops.store.calls and not orch.loops.store.tripped
             if orch.journal is not None:
                 assert not orch.journal._pending and orch.journal._writer.backlog() == 0
-                assert len(orch.journal.events(limit=10**9)) == 500 * 6
+                assert len(orch.journal.events(limit=10**9)) == 200 * 6
 
 
 def test_policy_cache_is_bounded_for_sessions_never_closed(make_config: Any, tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import builtins
+import gc
 import hashlib
 import json
 import os
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -64,6 +66,15 @@ def info_from_container(attrs: Mapping[str, Any]) -> SandboxInfo:
     )
 
 
+def _collect_half_made_client() -> None:
+    # docker.from_env() asks the engine for its API version while it is built; when that fails
+    # the SDK drops its half-made client with the socket it opened still open. Collect it now,
+    # quietly, rather than let the garbage collector warn later in some unrelated place.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
 class DockerBackend:
     """Sandboxes as Docker containers.
 
@@ -86,8 +97,15 @@ class DockerBackend:
     def client(self) -> Any:
         """The docker SDK client (created lazily)."""
         if self._client is None:
-            with mapped("connect"):
-                self._client = docker.from_env()
+            failure: SandboxError | None = None
+            try:
+                with mapped("connect"):
+                    self._client = docker.from_env()
+            except SandboxError as exc:
+                failure = SandboxUnavailable(exc.message, **exc.details)
+            if failure is not None:  # outside `except`: nothing holds the half-made client now
+                _collect_half_made_client()
+                raise failure
         return self._client
 
     async def call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
