@@ -182,21 +182,7 @@ class FakeBackend:
         """The sandboxes made so far."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
         return [
-            SandboxInfo(
-                id=box.id,
-                name=box.id,
-                kind="exec",
-                instance=box.spec.instance,
-                tenant=box.spec.tenant,
-                agent=box.spec.agent,
-                scope=box.spec.scope,
-                scope_key=box.spec.scope_key,
-                session=box.spec.session if box.spec.scope == "session" else "",
-                config_hash=box.spec.config_hash,
-                created_at=now,
-                status="running",
-                image=box.spec.image,
-            )
+            SandboxInfo.from_spec(box.spec, created_at=now)
             for box in self.sandboxes.values()
             if instance is None or box.spec.instance == instance
         ]

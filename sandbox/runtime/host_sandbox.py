@@ -140,21 +140,7 @@ class HostBackend:
     async def list(self, *, instance: str | None) -> builtins.list[SandboxInfo]:
         """The sandboxes this process made (host sandboxes leave nothing to adopt)."""
         return [
-            SandboxInfo(
-                id=box.id,
-                name=box.id,
-                kind="exec",
-                instance=box.spec.instance,
-                tenant=box.spec.tenant,
-                agent=box.spec.agent,
-                scope=box.spec.scope,
-                scope_key=box.spec.scope_key,
-                session=box.spec.session if box.spec.scope == "session" else "",
-                config_hash=box.spec.config_hash,
-                created_at=box.created_at,
-                status="running",
-                image=box.spec.image,
-            )
+            SandboxInfo.from_spec(box.spec, created_at=box.created_at)
             for box in self._sandboxes.values()
             if instance is None or box.spec.instance == instance
         ]

@@ -72,6 +72,25 @@ class SandboxInfo:
         """Whether the container is running."""
         return self.status == "running"
 
+    @classmethod
+    def from_spec(cls, spec: SandboxSpec, *, created_at: str, status: str = "running") -> SandboxInfo:
+        """What a backend that keeps its sandboxes in memory reports about one of them."""
+        return cls(
+            id=spec.name,
+            name=spec.name,
+            kind="exec",
+            instance=spec.instance,
+            tenant=spec.tenant,
+            agent=spec.agent,
+            scope=spec.scope,
+            scope_key=spec.scope_key,
+            session=spec.session if spec.scope == "session" else "",
+            config_hash=spec.config_hash,
+            created_at=created_at,
+            status=status,
+            image=spec.image,
+        )
+
 
 class Shell(Protocol):
     """Run commands in one sandbox (or on the host): all the tools need to run things."""
