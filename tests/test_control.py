@@ -77,7 +77,7 @@ async def test_after_hook_redacts_result(make_config: Any, ws: Path) -> None:
 
 async def test_approval_approve_deny_timeout(make_config: Any, ws: Path) -> None:
     """A call needing approval waits; approve runs it, deny returns the reason, silence times out."""
-    config = host(make_config, ws, "tools: {approvals: {require: [exec], timeout_s: 1}}")
+    config = host(make_config, ws, "tools: {approvals: {require: [exec], timeout_s: 0.4}}")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:a:main")
 

@@ -258,7 +258,7 @@ async def test_deny_write_removes_edit(make_config: Any, ws: Path) -> None:
 @anyio_mark
 async def test_process_write_to_an_approved_interpreter_needs_approval(make_config: Any, ws: Path) -> None:
     """With exec gated, `process write` and `kill` to an approved shell wait for approval too; poll does not."""
-    config = host(make_config, ws, "tools: {approvals: {require: [exec], timeout_s: 0.5}}")
+    config = host(make_config, ws, "tools: {approvals: {require: [exec], timeout_s: 0.25}}")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:a:main")
         started: list[Any] = []
