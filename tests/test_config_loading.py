@@ -170,14 +170,14 @@ def test_text_configs_get_their_own_state_dir(tmp_path: Path, monkeypatch: pytes
     assert one.state_dir.name.startswith("defaults-")
 
 
-def test_root_keeps_its_state_outside_its_home(monkeypatch: Any) -> None:
+def test_root_keeps_its_state_outside_its_home(monkeypatch: pytest.MonkeyPatch) -> None:
     """Root without XDG_STATE_HOME keeps state in /var/lib/agent-sandbox (scratch under /root would be refused)."""
     from sandbox.config import models
 
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
-    monkeypatch.setattr(models.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
     assert models.default_state_dir() == Path("/var/lib/agent-sandbox")
-    monkeypatch.setattr(models.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setenv("HOME", "/home/bob")
     assert models.default_state_dir() == Path("/home/bob/.local/state/agent-sandbox")
     monkeypatch.setenv("XDG_STATE_HOME", "/tmp/x")

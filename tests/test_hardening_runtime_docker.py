@@ -101,7 +101,8 @@ async def test_fork_bomb_timeout_kills_from_outside_and_sandbox_recovers(make_co
         sess = orch.session("agent:main:bomb2")
         result = await sess.call(
             # the main shell then loops on builtins only: it needs no fork, so it reliably hits the timeout
-            "exec", {"command": "bomb() { bomb | bomb & }; bomb; while :; do :; done", "timeout_s": 4}
+            "exec",
+            {"command": "bomb() { bomb | bomb & }; bomb; while :; do :; done", "timeout_s": 4},
         )
         assert not result.ok and result.error is not None and result.error.code == "TIMEOUT"
         assert await tagged_left(sess, result.call_id) == []

@@ -86,7 +86,7 @@ async def test_paths_outside_memory_are_refused(config: Any) -> None:
         ]
     for result in results:
         assert result.error is not None and result.error.code == "PERMISSION_DENIED", result
-    assert "MEMORY.md and memory/**/*.md" in results[0].error.message  # type: ignore[union-attr]
+    assert "MEMORY.md and memory/**/*.md" in results[0].error.message
 
 
 async def test_missing_memory_is_an_empty_result(config: Any) -> None:

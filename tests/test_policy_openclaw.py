@@ -100,9 +100,9 @@ def test_agent_profile_replaces_global_profile(
     for tool, (layer, key) in denied.items():
         decision = policy.decision(tool)
         assert not decision.allowed and (decision.layer, decision.key) == (layer, key), decision
-    for tool, (layer, key) in deciding.items():
+    for tool, (allowing_layer, allowing_key) in deciding.items():
         decision = policy.decision(tool)
-        assert decision.allowed and (decision.layer, decision.key) == (layer, key), decision
+        assert decision.allowed and (decision.layer, decision.key) == (allowing_layer, allowing_key), decision
 
 
 def test_replaced_global_profile_leaves_no_trace_in_the_global_layer() -> None:
