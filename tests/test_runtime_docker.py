@@ -149,7 +149,9 @@ async def test_fork_bomb_hits_pids_limit_and_host_stays_responsive(make_config: 
 
         async def bomb() -> None:
             results.append(
-                await sess.call("exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 60", "timeout_s": 6})
+                await sess.call(
+                    "exec", {"command": "bomb() { bomb | bomb & }; bomb; while :; do :; done", "timeout_s": 6}
+                )
             )
 
         async with anyio.create_task_group() as tg:
@@ -160,9 +162,9 @@ async def test_fork_bomb_hits_pids_limit_and_host_stays_responsive(make_config: 
                 peak = max(peak, len(docker_client.api.top(box.id)["Processes"]))
             assert subprocess.run(["true"], timeout=5).returncode == 0  # the host still answers
         assert peak <= 64, peak
-        # the bomb either runs into the timeout (and is killed) or collapses on its own
-        # when a fork fails; either way nothing of it may be left afterwards
-        assert (results[0].error and results[0].error.code == "TIMEOUT") or results[0].output["exit_code"] != 0
+        # the main shell loops on builtins (it needs no fork), so the call runs into its timeout
+        # and everything it started is killed: nothing of the bomb may be left afterwards
+        assert results[0].error and results[0].error.code == "TIMEOUT", results[0]
         after = await sess.call(
             "exec",
             {
