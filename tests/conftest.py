@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+
+# hypothesis keeps a folder of its own (even without an example database): not in the repo
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="sbx-test-hypothesis-"))
+from hypothesis import settings  # imported after its storage directory is chosen
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 

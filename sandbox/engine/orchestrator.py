@@ -245,6 +245,21 @@ class Session:
 
     async def call(self, name: str, arguments: Any = None, *, trace_id: str | None = None) -> ToolResult:
         """Run one tool call; every failure comes back as a ToolResult with an error code."""
+        return await self._execute(name, arguments, trace_id=trace_id)
+
+    async def call_many(
+        self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
+    ) -> BatchResult:
+        """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
+        return await run_batch(self.call, calls, mode=mode, refuse=self._refuse)
+
+    async def _refuse(self, name: str, arguments: Any, error: SandboxError) -> ToolResult:
+        """Journal a call that is not run (skipped or refused in a batch) and return its result."""
+        return await self._execute(name, arguments, refused=error)
+
+    async def _execute(
+        self, name: str, arguments: Any, *, trace_id: str | None = None, refused: SandboxError | None = None
+    ) -> ToolResult:
         result = await execute(
             self._orch.engine,
             name=name,
@@ -255,27 +270,7 @@ class Session:
             tenant=self.agent.tenant,
             sender=self.sender,
             trace_id=trace_id,
-        )
-        return await self._settled(result)
-
-    async def call_many(
-        self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
-    ) -> BatchResult:
-        """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
-        return await run_batch(self.call, calls, mode=mode, refuse=self._refuse)
-
-    async def _refuse(self, name: str, arguments: Any, error: SandboxError) -> ToolResult:
-        """Journal a call that is not run (skipped or refused in a batch) and return its result."""
-        result = await execute(
-            self._orch.engine,
-            name=name,
-            arguments=arguments,
-            policy=self.policy,
-            make_context=self._context,
-            spill=self._spill,
-            tenant=self.agent.tenant,
-            sender=self.sender,
-            refused=error,
+            refused=refused,
         )
         return await self._settled(result)
 
