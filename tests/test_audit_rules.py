@@ -17,8 +17,13 @@ from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import at_or_above
 from sandbox.audit.report import to_json, to_sarif, to_text
 from sandbox.config import load_config, load_config_text
+from sandbox.runtime.seccomp import strict_profile_json
 
 ROOT = Path(__file__).resolve().parent.parent
+# deny by default, but socket() allowed for every family, as the engine's default profile does
+ENGINE_LIKE = json.dumps(
+    {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read", "socket"], "action": "SCMP_ACT_ALLOW"}]}
+)
 
 GOOD: dict[str, Any] = {
     "Name": "/sbx-good",
@@ -27,7 +32,7 @@ GOOD: dict[str, Any] = {
         "Privileged": False,
         "CapDrop": ["ALL"],
         "CapAdd": None,
-        "SecurityOpt": ["no-new-privileges:true"],
+        "SecurityOpt": ["no-new-privileges:true", "seccomp=" + strict_profile_json()],
         "NetworkMode": "none",
         "PidMode": "",
         "IpcMode": "private",
@@ -78,6 +83,8 @@ def test_hardened_container_has_no_findings() -> None:
         ("HostConfig.SecurityOpt", ["no-new-privileges:true", "seccomp=unconfined"], "SBX-C005"),
         ("HostConfig.SecurityOpt", ["no-new-privileges:true", "apparmor=unconfined"], "SBX-C006"),
         ("HostConfig.SecurityOpt", ["no-new-privileges:true", "label=disable"], "SBX-C007"),
+        ("HostConfig.SecurityOpt", ["no-new-privileges:true"], "SBX-C030"),
+        ("HostConfig.SecurityOpt", ["no-new-privileges:true", f"seccomp={ENGINE_LIKE}"], "SBX-C030"),
         ("HostConfig.NetworkMode", "host", "SBX-C008"),
         ("HostConfig.NetworkMode", "container:abc", "SBX-C009"),
         ("HostConfig.PidMode", "host", "SBX-C010"),

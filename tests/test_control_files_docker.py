@@ -137,8 +137,9 @@ async def test_folder_name_with_command_substitution_runs_nothing_in_the_sandbox
 async def test_socket_planted_after_creation_is_reported_by_the_live_audit(
     make_config: Any, tmp_path: Path, docker_client: Any
 ) -> None:
-    """Residual risk, measured: a host process binds run/api.sock in the workspace after the sandbox
-    exists; the live audit reports it (SBX-K003) and a new sandbox over it is refused (contains-socket)."""
+    """A host process binds run/api.sock in the workspace after the sandbox exists: the sandbox cannot
+    connect (strict seccomp), the live audit reports it (SBX-K003) and a new sandbox over it is
+    refused (contains-socket)."""
     import socket
     import threading
 
@@ -179,9 +180,12 @@ async def test_socket_planted_after_creation_is_reported_by_the_live_audit(
                 'python3 -c "import socket; s = socket.socket(socket.AF_UNIX); '
                 "s.connect('/workspace/run/api.sock'); print(s.recv(64).decode().strip())\""
             )
-            reached = await sess.call("exec", {"command": probe})
-            # no seccomp rule ships by default: the sandbox reaches the socket (README: residual risk)
-            print("sandbox reached the planted socket:", reached.output)
+            reached = await sess.call("exec", {"command": probe + " 2>&1"})
+            # the strict seccomp profile (the default) denies socket(AF_UNIX): nothing is served
+            assert "Operation not permitted" in reached.output["output"], reached.output
+            assert "host-secret" not in reached.output["output"]
+            thread.join(timeout=0.5)
+            assert served == []
             result = run_audit(config, docker_client)
             mine = [f for f in result.findings if f.rule == "SBX-K003" and str(path) in f.evidence]
             assert mine and mine[0].severity == "high", [f.rule for f in result.findings]

@@ -28,7 +28,11 @@ agents:
 
 
 async def test_socket_made_in_the_sandbox_is_not_read(make_config: Any, tmp_path: Path) -> None:
-    """A Unix socket the sandbox binds in its workspace: `read` says PERMISSION_DENIED, not INTERNAL."""
+    """A Unix socket the sandbox makes in its workspace: `read` says PERMISSION_DENIED, not INTERNAL.
+
+    The strict seccomp profile denies socket(AF_UNIX), so the sandbox makes the socket node with
+    mknod, which needs no privilege and no socket.
+    """
     ws = tmp_path / "ws"
     async with Orchestrator(sandbox_config(make_config, ws)) as orch:
         sess = orch.session("agent:a:s1")
@@ -36,8 +40,8 @@ async def test_socket_made_in_the_sandbox_is_not_read(make_config: Any, tmp_path
             made = await sess.call(
                 "exec",
                 {
-                    "command": 'python3 -c "import socket; s = socket.socket(socket.AF_UNIX); '
-                    "s.bind('/workspace/agent.sock')\" && ls -l /workspace/agent.sock"
+                    "command": 'python3 -c "import os, stat; '
+                    "os.mknod('/workspace/agent.sock', stat.S_IFSOCK | 0o600)\" && ls -l /workspace/agent.sock"
                 },
             )
             assert made.ok and made.output["exit_code"] == 0, made

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sandbox.config import effective_agent, load_config_text
 from sandbox.runtime.docker_create import create_kwargs
+from sandbox.runtime.seccomp import strict_profile_json
 from sandbox.runtime.naming import Labels, container_name
 from sandbox.runtime.spec import build_spec
 
@@ -37,7 +38,7 @@ def test_hardened_defaults_in_create_kwargs() -> None:
     kwargs = create_kwargs(spec_for(""))
     assert kwargs["network_mode"] == "none"
     assert kwargs["cap_drop"] == ["ALL"] and "cap_add" not in kwargs
-    assert kwargs["security_opt"] == ["no-new-privileges:true"]
+    assert kwargs["security_opt"] == ["no-new-privileges:true", f"seccomp={strict_profile_json()}"]
     assert kwargs["read_only"] is True
     assert kwargs["pids_limit"] == 256
     assert kwargs["mem_limit"] == kwargs["memswap_limit"] == 1024**3

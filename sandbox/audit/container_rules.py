@@ -14,7 +14,7 @@ from sandbox.audit.findings import Finding
 from sandbox.audit.mount_rules import mounts
 from sandbox.audit.resource_rules import filesystem, limits, ports_restart_user
 from sandbox.audit.rule_helpers import Doc, host_config
-from sandbox.audit.spellings import seccomp_weakness
+from sandbox.audit.spellings import denies_unix_sockets, seccomp_weakness
 
 ALLOWED_CAP_ADD = frozenset({"NET_BIND_SERVICE", "CAP_NET_BIND_SERVICE"})
 
@@ -94,6 +94,20 @@ def security_options(doc: Doc, t: str) -> list[Finding]:
                 "profile whose defaultAction is SCMP_ACT_ERRNO",
                 t,
                 "5.21",
+            )
+        )
+    if (doc.get("Mounts") or host_config(doc).get("Binds")) and not denies_unix_sockets(opts):
+        # a socket that appears below a mount after the sandbox started is reachable through it
+        out.append(
+            Finding(
+                "SBX-C030",
+                "low",
+                "Unix sockets allowed in a sandbox with host mounts",
+                "the seccomp profile allows socket(AF_UNIX): a socket created below a mount after "
+                "the sandbox started (a dev database in the workspace) is reachable",
+                "keep docker.seccomp_profile: strict (the default)",
+                t,
+                "",
             )
         )
     if any(o.replace(":", "=") == "apparmor=unconfined" for o in opts):

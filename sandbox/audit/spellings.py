@@ -63,3 +63,30 @@ def seccomp_weakness(value: str) -> str | None:
         f"seccomp profile's defaultAction is {default}: every syscall it does not list runs "
         f"(it restricts only {len(denied)}: {shown})"
     )
+
+
+def denies_unix_sockets(opts: list[str]) -> bool:
+    """Whether the seccomp option among `opts` refuses socket(AF_UNIX, ...), judged by content.
+
+    True when the profile denies by default and every rule allowing `socket` excludes family 1
+    (the built-in `strict` profile's shape); False for the engine's default profile, which allows
+    every family.
+    """
+    values = [o[8:] for o in opts if o[:8] in ("seccomp=", "seccomp:")]
+    if not values:
+        return False
+    try:
+        profile: Any = json.loads(values[-1])
+    except ValueError:
+        return False
+    if not isinstance(profile, dict) or str(profile.get("defaultAction") or "") in _ALLOWING:
+        return False
+    for rule in profile.get("syscalls") or []:
+        if not isinstance(rule, dict) or "socket" not in (rule.get("names") or []):
+            continue
+        if str(rule.get("action") or "") not in _ALLOWING:
+            continue
+        args = rule.get("args") or []
+        if not any(a.get("index") == 0 and a.get("op") == "SCMP_CMP_NE" and a.get("value") == 1 for a in args):
+            return False
+    return True

@@ -188,7 +188,7 @@ class DockerConfig(StrictModel):
     dns: list[str] = []
     extra_hosts: list[str] = []
     ulimits: dict[str, UlimitConfig] = {}
-    seccomp_profile: str | None = None
+    seccomp_profile: str | None = "strict"
     apparmor_profile: str | None = None
     allowed_bind_roots: list[ConfigPath] | None = None
     dangerously_allow_system_paths: bool = False

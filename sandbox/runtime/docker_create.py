@@ -12,6 +12,7 @@ from typing import Any
 
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.binds import CONTAINER_WORKDIR, refuse_sockets
+from sandbox.runtime.seccomp import ENGINE_DEFAULT, STRICT, strict_profile_json
 from sandbox.runtime.spec import SandboxSpec
 
 
@@ -26,7 +27,9 @@ def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
     security = []
     if d.no_new_privileges:
         security.append("no-new-privileges:true")
-    if d.seccomp_profile:
+    if d.seccomp_profile == STRICT:
+        security.append(f"seccomp={strict_profile_json()}")
+    elif d.seccomp_profile and d.seccomp_profile != ENGINE_DEFAULT:
         profile = d.seccomp_profile
         if profile != "unconfined" and os.path.isfile(profile):
             profile = Path(profile).read_text()

@@ -26,6 +26,7 @@ from sandbox.runtime.naming import (
     tenant_scope,
 )
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
+from sandbox.runtime.seccomp import seccomp_identity
 
 DEFAULT_UID_GID = "1000:1000"
 SKILLS_MOUNT = "/opt/skills"
@@ -206,7 +207,7 @@ def build_spec(
             docker.no_new_privileges,
             docker.init,
             docker.tmpfs,
-            docker.seccomp_profile,
+            seccomp_identity(docker.seccomp_profile),
             docker.apparmor_profile,
         ],
         "dns": [docker.dns, docker.extra_hosts],
