@@ -101,3 +101,13 @@ def test_profile_choice_and_version_are_part_of_the_sandbox_identity(tmp_path: P
     assert a != b
     assert seccomp.seccomp_identity("strict") == f"strict:v{seccomp.PROFILE_VERSION}"
     assert "AF_UNIX" in seccomp.seccomp_label("strict") and "engine default" in seccomp.seccomp_label(None)
+
+
+def test_security_opts_are_described_not_dumped() -> None:
+    """explain and the demo name the inline profile instead of printing its JSON."""
+    opts = ["no-new-privileges:true", f"seccomp={seccomp.strict_profile_json()}"]
+    shown = seccomp.describe_security_opts(opts)
+    assert shown[0] == "no-new-privileges:true" and shown[1].startswith("seccomp=strict (built-in v")
+    assert seccomp.describe_security_opts(["seccomp=unconfined"]) == ["seccomp=unconfined"]
+    assert "engine default" in seccomp.describe_security_opts([])[0]
+    assert "custom profile" in seccomp.describe_security_opts(['seccomp={"defaultAction": "x"}'])[0]

@@ -13,6 +13,7 @@ import click
 from sandbox.config.merge import default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
+from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.tools.display import describe
 from sandbox.tools.spec import ToolResult
 
@@ -140,7 +141,7 @@ async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[s
         "user": attrs["Config"]["User"],
         "network": host["NetworkMode"],
         "cap_drop": host["CapDrop"],
-        "security_opt": host["SecurityOpt"],
+        "security_opt": describe_security_opts(host["SecurityOpt"] or []),
         "read_only_root": host["ReadonlyRootfs"],
         "pids_limit": host["PidsLimit"],
         "memory": host["Memory"],

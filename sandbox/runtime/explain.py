@@ -12,7 +12,7 @@ from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.naming import instance_id
-from sandbox.runtime.seccomp import seccomp_label
+from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.runtime.spec import spec_from_config
 
 
@@ -35,12 +35,7 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
             "network": kwargs["network_mode"],
             "cap_drop": kwargs["cap_drop"],
             "cap_add": kwargs.get("cap_add", []),
-            # the strict profile is a whole allowlist: show its name, not its JSON
-            "security_opt": [
-                seccomp_label(docker.seccomp_profile) if o.startswith("seccomp=") else o
-                for o in kwargs["security_opt"]
-            ]
-            + ([] if any(o.startswith("seccomp=") for o in kwargs["security_opt"]) else [seccomp_label(None)]),
+            "security_opt": describe_security_opts(kwargs["security_opt"]),
             "read_only_root": kwargs["read_only"],
             "tmpfs": kwargs["tmpfs"],
             "pids_limit": kwargs["pids_limit"],

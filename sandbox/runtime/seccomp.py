@@ -141,3 +141,19 @@ def seccomp_label(setting: str | None) -> str:
     if not setting or setting == ENGINE_DEFAULT:
         return "seccomp=engine default"
     return f"seccomp={setting}"
+
+
+def describe_security_opts(opts: list[str]) -> list[str]:
+    """SecurityOpt as a person reads it: an inline profile is named, not printed whole."""
+    out = [o for o in opts if not o.startswith("seccomp=")]
+    profiles = [o[8:] for o in opts if o.startswith("seccomp=")]
+    if not profiles:
+        out.append(seccomp_label(None))
+    for profile in profiles:
+        if profile == strict_profile_json():
+            out.append(seccomp_label(STRICT))
+        elif profile.lstrip().startswith("{"):
+            out.append(f"seccomp=custom profile ({len(profile)} bytes)")
+        else:
+            out.append(f"seccomp={profile}")
+    return out
