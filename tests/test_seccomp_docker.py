@@ -20,7 +20,7 @@ from sandbox import Orchestrator
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
 CONNECT = (
-    "python3 -c \"import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+    'python3 -c "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); '
     "s.sendall(b'hello from the sandbox'); print('CONNECTED')\" {path} 2>&1 | tail -1"
 )
 
@@ -67,7 +67,9 @@ agents:
 """)
 
 
-async def planted_socket_attack(make_config: Any, tmp_path: Path, access: str, profile: str | None) -> tuple[str, list[bytes]]:
+async def planted_socket_attack(
+    make_config: Any, tmp_path: Path, access: str, profile: str | None
+) -> tuple[str, list[bytes]]:
     """Start a sandbox, then plant a listening socket in its workspace and connect from inside."""
     ws = tmp_path / "ws"
     async with Orchestrator(config(make_config, ws, access, profile)) as orch:
@@ -106,12 +108,12 @@ async def test_strict_profile_keeps_an_ordinary_userland_working(make_config: An
         [
             "python3 -c \"import socket; a, b = socket.socketpair(); a.send(b'x'); print('pair', b.recv(1))\"",
             "python3 -c \"import socket; socket.socket(socket.AF_INET6); socket.socket(socket.AF_INET); print('inet ok')\"",
-            'python3 -c "import concurrent.futures as f; print(\'threads\', sum(f.ThreadPoolExecutor(4).map(abs, [1, 2])))"',
+            "python3 -c \"import concurrent.futures as f; print('threads', sum(f.ThreadPoolExecutor(4).map(abs, [1, 2])))\"",
             "python3 -c \"import subprocess; print('sub', subprocess.run(['true']).returncode)\"",
             "mkfifo /tmp/f && echo fifo ok",
             "git init -q /tmp/r && echo git ok",
             "unshare -U true 2>/dev/null || echo no userns",
-            "python3 -c \"import socket; socket.socket(socket.AF_UNIX)\" 2>/dev/null || echo no unix",
+            'python3 -c "import socket; socket.socket(socket.AF_UNIX)" 2>/dev/null || echo no unix',
         ]
     )
     async with Orchestrator(config(make_config, ws, "rw")) as orch:
