@@ -113,19 +113,27 @@ class FakeSandbox:
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        pid_dir: str | None = None,
     ) -> ExecResult:
         """Record the command and return what the handler says."""
-        del user, capture
+        del user, capture, pid_dir
         call = FakeCall(self.id, command, (), call_id, dict(env or {}), workdir, timeout_s)
         result = await self._backend.handle(call)
         if on_output is not None and result.output:
             on_output(result.output)
         return result
 
-    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
         """Record the argv and return what the handler says."""
         del user
-        return await self._backend.handle(FakeCall(self.id, None, tuple(argv), None, {}, None, timeout_s))
+        return await self._backend.handle(FakeCall(self.id, None, tuple(argv), None, dict(env or {}), None, timeout_s))
 
     async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
         """Record the kill."""

@@ -12,7 +12,16 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    model_validator,
+)
 
 
 class StrictModel(BaseModel):
@@ -216,6 +225,11 @@ class PruneConfig(StrictModel):
 Mode = Literal["off", "non-main", "all"]
 Scope = Literal["session", "agent", "shared"]
 WorkspaceAccess = Literal["none", "ro", "rw"]
+# YAML 1.1 reads a bare on/off as a boolean: take both spellings
+SessionUsers = Annotated[
+    Literal["auto", "on", "off"],
+    BeforeValidator(lambda v: {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v),
+]
 
 
 class SandboxConfig(StrictModel):
@@ -227,6 +241,8 @@ class SandboxConfig(StrictModel):
     workspace_root: ConfigPath | None = None
     # bytes a writable workspace may hold (measured); 0 disables the quota
     workspace_quota: str = Field("1g", pattern=r"^\d+[bkmgBKMG]?$")
+    # a uid of its own for each session in an agent- or shared-scope container (see README)
+    session_users: SessionUsers = "auto"
     docker: DockerConfig = DockerConfig()
     browser: BrowserConfig = BrowserConfig()
     prune: PruneConfig = PruneConfig()

@@ -35,6 +35,7 @@ from sandbox.policy.sessions import agent_of
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
+from sandbox.runtime.session_users import session_shell
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.context import ToolContext
@@ -307,7 +308,13 @@ class Session:
             spec = self._orch.manager.spec_for(self.agent, self.key)
             if not await self._orch.backend.exists(spec.name):
                 return None
-        return await self._orch.manager.sandbox_for(self.agent, self.key)
+        return await self._sandbox_shell()
+
+    async def _sandbox_shell(self) -> Any:
+        """The sandbox as this session's commands see it: as its own uid where sessions share it."""
+        box = await self._orch.manager.sandbox_for(self.agent, self.key)
+        registry = self._orch.config.state_dir / "session-users"
+        return await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
 
     async def sandbox(self) -> Any:
         """The live sandbox of this session (created on first use); None when not sandboxed."""
@@ -335,8 +342,8 @@ class Session:
             await self._orch.journal.commit(task.call_id)
         config = self._orch.config
         if self.sandboxed:
-            box = await self._orch.manager.sandbox_for(self.agent, self.key)
-            shell: Any = box
+            shell: Any = await self._sandbox_shell()
+            box = shell
             workdir = CONTAINER_WORKDIR
             if self._files is None:
                 spec = box.spec
@@ -353,7 +360,7 @@ class Session:
                 ]
                 uid, _, gid = spec.user.partition(":")
                 owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
-                self._files = self._make_files(roots, owner)
+                self._files = self._make_files(roots, owner, group_shared=spec.session_users)
         else:
             workspace = self.agent.workspace
             if self._host_shell is None:
@@ -380,14 +387,21 @@ class Session:
         tool_ctx.publish = partial(self._spill, tool_ctx)
         return tool_ctx
 
-    def _make_files(self, roots: list[Root], owner: tuple[int, int] | None) -> WorkspaceFiles:
+    def _make_files(
+        self, roots: list[Root], owner: tuple[int, int] | None, *, group_shared: bool = False
+    ) -> WorkspaceFiles:
         config = self._orch.config
         states = FileStates(self.state_dir / "file-states.json")
         quota = None
         if self.sandboxed and roots:  # on the host (mode off) commands can write anywhere anyway
             limit = parse_size(self.agent.sandbox.workspace_quota)
             quota = WorkspaceQuota(roots[0].host, limit, f"{self.agent.key_path}.sandbox.workspace_quota")
-        return WorkspaceFiles(roots, config.tools.fs, states, config.state_dir / "locks", owner, quota)
+        return WorkspaceFiles(
+            roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
+        )
+
+    def _group_shared(self) -> bool:
+        return self._files is not None and self._files.group_shared
 
     def _owner(self) -> tuple[int, int] | None:
         # spills are written host-side like the session's own files, as the sandbox user
@@ -398,7 +412,7 @@ class Session:
         if root.read_only:
             return os.fspath(host_file)
         name = f"{ctx.call_id}.txt"
-        safe = SafeRoot(root.host, self._owner(), ctx.files.quota)
+        safe = SafeRoot(root.host, self._owner(), ctx.files.quota, group_shared=self._group_shared())
         where = WorkspacePath((".sandbox", "outputs"))
         await anyio.to_thread.run_sync(spill.save, safe, where, name, host_file, spill.Budget())
         await anyio.to_thread.run_sync(host_file.unlink)
@@ -419,7 +433,7 @@ class Session:
         data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
         outputs = WorkspacePath((spill.STATE_SUBDIR,))
         if not root.read_only:
-            safe = SafeRoot(root.host, self._owner())
+            safe = SafeRoot(root.host, self._owner(), group_shared=self._group_shared())
             where = WorkspacePath((".sandbox", "outputs"))
             await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
             return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"

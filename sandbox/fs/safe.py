@@ -84,12 +84,22 @@ class SafeRoot:
         root: the directory (itself trusted: it comes from the config).
         owner: (uid, gid) given to files and directories this process creates, when it can.
         quota: the measured quota every write that grows a file is checked against first.
+        group_shared: new files are 0664 and new folders 2775 (group-writable, group inherited).
     """
 
-    def __init__(self, root: Path, owner: tuple[int, int] | None = None, quota: WorkspaceQuota | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        owner: tuple[int, int] | None = None,
+        quota: WorkspaceQuota | None = None,
+        *,
+        group_shared: bool = False,
+    ) -> None:
         self.root = root
         self.owner = owner if os.geteuid() == 0 else None
         self.quota = quota
+        self.file_mode = 0o664 if group_shared else 0o644
+        self.dir_mode = 0o2775 if group_shared else 0o755
 
     @contextmanager
     def _dir(self, parts: tuple[str, ...], rel: str, *, create: bool = False) -> Iterator[int]:
@@ -111,11 +121,15 @@ class SafeRoot:
                     if not create:
                         raise
                     # made concurrently? then it is opened (without following) just below
+                    made = False
                     with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o755, dir_fd=fd)
+                        os.mkdir(part, self.dir_mode, dir_fd=fd)
+                        made = True
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    if self.owner:
+                    if made and self.owner:
                         os.fchown(nxt, *self.owner)
+                    if made:
+                        os.fchmod(nxt, self.dir_mode)  # past the process umask, after chown
                 os.close(fd)
                 fd = nxt
             yield fd
@@ -178,13 +192,15 @@ class SafeRoot:
             finally:
                 os.close(fd)
 
-    def write_atomic(self, path: WorkspacePath, data: bytes | Path, mode: int = 0o644) -> FileStat:
+    def write_atomic(self, path: WorkspacePath, data: bytes | Path, mode: int | None = None) -> FileStat:
         """Write via a temp file in the same directory and rename: readers see old or new, never a mix.
 
         `data` is the content, or a trusted host file whose content is copied in chunks (never
         whole in memory). A symlink at the final name is replaced by the file, never written
-        through. An existing regular file keeps its mode; a new one gets `mode`.
+        through. An existing regular file keeps its mode; a new one gets `mode` (default 0644,
+        0664 when group-shared).
         """
+        mode = self.file_mode if mode is None else mode
         size = data.stat().st_size if isinstance(data, Path) else len(data)
         rel = path.relative
         if not path.parts:

@@ -57,6 +57,8 @@ class WorkspaceFiles:
         lock_dir: where cross-process file locks live.
         owner: (uid, gid) for files this process creates (the sandbox user).
         quota: the workspace's measured quota (writes to the workspace are checked against it).
+        group_shared: new files and folders are group-writable (sessions with uids of their own
+            share the workspace through the sandbox user's group).
     """
 
     def __init__(
@@ -67,6 +69,8 @@ class WorkspaceFiles:
         lock_dir: Path,
         owner: tuple[int, int] | None = None,
         quota: WorkspaceQuota | None = None,
+        *,
+        group_shared: bool = False,
     ) -> None:
         self.roots = roots if not fs.workspace_only else roots[:1]
         self.quota = quota if quota is not None and quota.enabled and roots and not roots[0].read_only else None
@@ -74,8 +78,10 @@ class WorkspaceFiles:
         self.states = states
         self.lock_dir = lock_dir
         self.safe_owner = owner
+        self.group_shared = group_shared
         self._safe = {
-            r.container_path: SafeRoot(r.host, owner, self.quota if i == 0 else None) for i, r in enumerate(self.roots)
+            r.container_path: SafeRoot(r.host, owner, self.quota if i == 0 else None, group_shared=group_shared)
+            for i, r in enumerate(self.roots)
         }
 
     def locate(self, raw: str) -> Located:

@@ -72,10 +72,11 @@ class DockerSandbox:
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        pid_dir: str | None = None,
     ) -> ExecResult:
         """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
         environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
-        argv = shellwrap.wrapped_argv(command, call_id)
+        argv = shellwrap.wrapped_argv(command, call_id, pid_dir or shellwrap.PID_DIR)
         try:
             result = await self._exec(
                 argv,
@@ -114,9 +115,16 @@ class DockerSandbox:
         await self._backend.remove(self._id)
         return KILL_NOT_CONFIRMED
 
-    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
         """Run an argv directly (helpers and probes)."""
-        return await self._exec(list(argv), user=user, timeout_s=timeout_s)
+        return await self._exec(list(argv), user=user, timeout_s=timeout_s, environment=dict(env) if env else None)
 
     async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
         try:

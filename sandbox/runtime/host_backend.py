@@ -47,11 +47,12 @@ class HostShell:
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        pid_dir: str | None = None,
     ) -> ExecResult:
         """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
         del user  # the host runs as the orchestrator's user
         environment = {**os.environ, **self._env, **(env or {}), shellwrap.TAG_VAR: call_id}
-        argv = shellwrap.wrapped_argv(command, call_id, self.pid_dir)
+        argv = shellwrap.wrapped_argv(command, call_id, pid_dir or self.pid_dir)
         try:
             result = await self._exec(argv, environment, workdir, timeout_s, on_output, capture)
         except anyio.get_cancelled_exc_class():
@@ -65,10 +66,17 @@ class HostShell:
                 await self.kill(call_id, "KILL")
         return result
 
-    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
         """Run an argv directly."""
         del user
-        return await self._exec(list(argv), {**os.environ, **self._env}, None, timeout_s)
+        return await self._exec(list(argv), {**os.environ, **self._env, **(env or {})}, None, timeout_s)
 
     async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
         """Signal everything `call_id` started (read from /proc: no shell, no fork per process)."""

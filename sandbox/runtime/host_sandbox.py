@@ -73,6 +73,7 @@ class HostSandbox:
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        pid_dir: str | None = None,
     ) -> ExecResult:
         """Run `command` on the host in the workspace (see the Shell protocol)."""
         return await self._shell.run(
@@ -84,12 +85,20 @@ class HostSandbox:
             user=user,
             on_output=on_output,
             capture=capture,
+            pid_dir=pid_dir,
         )
 
-    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
         """Run an argv on the host in the workspace (arguments that are /workspace paths translated)."""
         translated = [self.host_path(arg) or arg for arg in argv]
-        return await self._shell.run_argv(translated, user=user, timeout_s=timeout_s)
+        return await self._shell.run_argv(translated, user=user, timeout_s=timeout_s, env=env)
 
     async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
         """Signal everything `call_id` started."""

@@ -73,6 +73,10 @@ def anchor(root: Path) -> Iterator[int]:
         os.close(fd)
 
 
+# group-writable and setgid: what one session makes there, the agent's other sessions can change
+SHARED_DIR_MODE = 0o2775
+
+
 def _walk(root: Path, parts: Sequence[str], owner: tuple[int, int] | None, chown_existing: bool) -> tuple[int, str]:
     """Open (making what is missing) `root/parts...`; the caller closes the returned fd."""
     with anchor(root) as top:
@@ -94,7 +98,14 @@ def _walk(root: Path, parts: Sequence[str], owner: tuple[int, int] | None, chown
     return fd, shown
 
 
-def ensure_dir(root: Path, parts: Sequence[str], *, owner: tuple[int, int] | None, chown_existing: bool) -> str:
+def ensure_dir(
+    root: Path,
+    parts: Sequence[str],
+    *,
+    owner: tuple[int, int] | None,
+    chown_existing: bool,
+    mode: int | None = None,
+) -> str:
     """Make `root/parts...` as real directories, never following a link at any component.
 
     Args:
@@ -102,6 +113,7 @@ def ensure_dir(root: Path, parts: Sequence[str], *, owner: tuple[int, int] | Non
         parts: the components below it.
         owner: uid, gid given to every directory this call creates (None: leave as made).
         chown_existing: also give the last directory to `owner` when it already existed.
+        mode: permissions set on the last directory (through its fd), whether made or found.
 
     Returns:
         The real path of the directory (what the engine gets as a mount source).
@@ -110,7 +122,11 @@ def ensure_dir(root: Path, parts: Sequence[str], *, owner: tuple[int, int] | Non
         SandboxError: PERMISSION_DENIED when a component is a link or not a directory.
     """
     fd, shown = _walk(root, parts, owner, chown_existing)
-    os.close(fd)
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     return shown
 
 
@@ -196,7 +212,8 @@ def prepare_workspace(spec: SandboxSpec) -> None:
     """
     source = Path(spec.mounts[0].source)
     if spec.workspace_access == "none":
-        _prepare_scratch(source, _sandbox_owner(spec))
+        # sessions with users of their own share the scratch workspace through its group
+        _prepare_scratch(source, _sandbox_owner(spec), SHARED_DIR_MODE if spec.session_users else None)
         return
     ensure_dir(source.parent, [source.name], owner=_sandbox_owner(spec), chown_existing=False)
     info = os.stat(source)
@@ -216,7 +233,7 @@ def _sandbox_owner(spec: SandboxSpec) -> tuple[int, int] | None:
     return int(uid), int(gid or uid)
 
 
-def _prepare_scratch(workspace: Path, owner: tuple[int, int] | None) -> None:
+def _prepare_scratch(workspace: Path, owner: tuple[int, int] | None, mode: int | None) -> None:
     root = workspace.parent
     root.mkdir(parents=True, exist_ok=True)
     info = os.stat(root)
@@ -228,4 +245,4 @@ def _prepare_scratch(workspace: Path, owner: tuple[int, int] | None) -> None:
             "the sandbox was not created",
             path=str(root),
         )
-    ensure_dir(root, [workspace.name], owner=owner, chown_existing=True)
+    ensure_dir(root, [workspace.name], owner=owner, chown_existing=True, mode=mode)

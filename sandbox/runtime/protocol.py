@@ -111,8 +111,11 @@ class Shell(Protocol):
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        pid_dir: str | None = None,
     ) -> ExecResult:
         """Run `command` with /bin/sh -lc; on timeout (or cancellation) kill its whole process group.
+
+        `pid_dir` overrides where its pid file goes (a session's private directory).
 
         `on_output` gets each chunk of output as it arrives (for progress events). `capture`
         bounds what is kept in memory and where the rest goes; when its maximum is passed the
@@ -121,8 +124,15 @@ class Shell(Protocol):
         """
         ...
 
-    async def run_argv(self, argv: Sequence[str], *, user: str | None = None, timeout_s: float = 30.0) -> ExecResult:
-        """Run an argv directly (helpers, probes); no kill tracking."""
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run an argv directly (helpers, probes); no kill tracking. `env` adds to its environment."""
         ...
 
     async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:

@@ -38,11 +38,26 @@ alive() {
 # The pid file only helps the in-sandbox kill; the tag finds every process anyway, so a full
 # /tmp (another session's doing, in agent scope) must not stop the command from running.
 _WRAP = (
-    "__sbx_c=$1; __sbx_p=$0; set --; "
-    '{ echo $$ > "$__sbx_p" || { mkdir -p -m 1777 "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
+    "__sbx_c=$1; __sbx_p=$0; __sbx_m=$2; set --; "
+    '[ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"; '
+    '{ echo $$ > "$__sbx_p" || { mkdir -p -m "$__sbx_m" "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
     '[ -z "$SBX_TMPDIR" ] || { mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null && export TMPDIR="$SBX_TMPDIR"; }; '
-    'unset __sbx_p SBX_TMPDIR; eval "$__sbx_c"'
+    'unset __sbx_p __sbx_m SBX_TMPDIR SBX_UMASK; eval "$__sbx_c"'
 )
+
+# A private record directory (a session's own, see runtime/session_users.py) is trusted only
+# when it is a real directory owned by the caller: one squatted by another uid, or a link, is
+# refused (exit 96), so no other session's files are ever read or written as this session's.
+_OWN_DIR = """
+own_dir() {
+  if [ "$2" = 1 ]; then
+    [ -d "$1" ] || [ -L "$1" ] || mkdir -p -m 700 "$1" || exit 97
+    [ -d "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] || exit 96
+  else
+    { [ -d "$1" ] || mkdir -p -m 1777 "$1"; } || exit 97
+  fi
+}
+"""
 
 _KILL = (
     _PID_OF
@@ -67,9 +82,12 @@ done
 true
 """
 
-_START_BG = f"""
-id="$1"; cmd="$2"; d="$3"; limit="$4"; watchdog="$5"
-{{ [ -d "$d" ] || mkdir -p -m 1777 "$d"; }} || exit 97
+_START_BG = (
+    _OWN_DIR
+    + f"""
+id="$1"; cmd="$2"; d="$3"; limit="$4"; watchdog="$5"; private="$6"
+[ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"
+own_dir "$d" "$private"
 rm -f "$d/$id.rc" "$d/$id".exit-* "$d/$id".pid-* "$d/$id.in" "$d/$id.timeout" || exit 97
 mkfifo "$d/$id.in" && : > "$d/$id.out" || exit 97
 setsid sh -c '
@@ -80,7 +98,7 @@ setsid sh -c '
     w=$!
   fi
   [ -z "$SBX_TMPDIR" ] || {{ mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null && export TMPDIR="$SBX_TMPDIR"; }}
-  unset SBX_TMPDIR
+  unset SBX_TMPDIR SBX_UMASK
   exec 3<>"$0/$1.in"
   /bin/sh -lc "$2" <&3 >>"$0/$1.out" 2>&1
   : > "$0/$1.exit-$?"
@@ -94,6 +112,7 @@ for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
 done
 echo started
 """
+)
 
 # The deadline of a background command: not tagged itself, it marks the timeout, kills every
 # tagged process (also those that left the group), then the whole group (itself included).
@@ -114,6 +133,7 @@ _POLL = (
     _PID_OF
     + """
 id="$1"; off="$2"; lim="$3"; d="$4"
+if [ "$5" = 1 ] && { [ -L "$d" ] || [ ! -O "$d" ]; }; then echo gone; exit 0; fi
 if [ ! -f "$d/$id.out" ]; then echo gone; exit 0; fi
 rc=; for f in "$d/$id".exit-*; do [ -e "$f" ] && rc="${f##*.exit-}"; done
 [ -z "$rc" ] && [ -f "$d/$id.rc" ] && rc=$(cat "$d/$id.rc")
@@ -128,13 +148,19 @@ tail -c +"$((off + 1))" "$d/$id.out" | head -c "$lim"
 
 # A write that does not fit in the pipe (the process does not read) is killed after a deadline.
 _WRITE = (
-    'id="$1"; d="$2"; t="$3"; shift 3; '
+    'id="$1"; d="$2"; t="$3"; private="$4"; shift 4; '
+    '[ "$private" != 1 ] || { [ ! -L "$d" ] && [ -O "$d" ]; } || exit 96; '
     'exec timeout -s KILL "$t" sh -c \'f="$0"; printf "%s" "$@" > "$f"\' "$d/$id.in" "$@"'
 )
 STDIN_CHUNK = 64 * 1024  # one argv string stays far below the kernel's 128 KiB per argument
 
 _CALL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SIGNALS = frozenset({"TERM", "KILL", "INT", "HUP"})
+
+
+def is_private(pid_dir: str) -> bool:
+    """Whether `pid_dir` is one caller's own (mode 700, checked) rather than the shared 1777 one."""
+    return pid_dir != PID_DIR
 
 
 def check_call_id(call_id: str) -> str:
@@ -150,7 +176,8 @@ def wrapped_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str
     The caller must start it as a process group leader (docker exec does; on the host use a
     new session).
     """
-    return ["/bin/sh", "-lc", _WRAP, f"{pid_dir}/{check_call_id(call_id)}.pid", command]
+    mode = "700" if is_private(pid_dir) else "1777"
+    return ["/bin/sh", "-lc", _WRAP, f"{pid_dir}/{check_call_id(call_id)}.pid", command, mode]
 
 
 def kill_argv(call_id: str, signal: str, pid_dir: str = PID_DIR) -> list[str]:
@@ -174,7 +201,8 @@ def start_background_argv(
     or not anybody is still waiting for it.
     """
     limit = str(max(1, round(timeout_s))) if timeout_s else "0"
-    return ["/bin/sh", "-c", _START_BG, "sbx", check_call_id(call_id), command, pid_dir, limit, _WATCHDOG]
+    private = "1" if is_private(pid_dir) else "0"
+    return ["/bin/sh", "-c", _START_BG, "sbx", check_call_id(call_id), command, pid_dir, limit, _WATCHDOG, private]
 
 
 def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> list[str]:
@@ -188,6 +216,7 @@ def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> 
         str(int(offset)),
         str(int(limit)),
         pid_dir,
+        "1" if is_private(pid_dir) else "0",
     ]
 
 
@@ -197,4 +226,6 @@ def write_stdin_argv(call_id: str, data: str, pid_dir: str = PID_DIR, timeout_s:
     Exit status 137 (killed) means the pipe stayed full: the process is not reading its stdin.
     """
     chunks = [data[i : i + STDIN_CHUNK // 4] for i in range(0, len(data), STDIN_CHUNK // 4)] or [""]
-    return ["/bin/sh", "-c", _WRITE, "sbx", check_call_id(call_id), pid_dir, str(max(1, round(timeout_s))), *chunks]
+    private = "1" if is_private(pid_dir) else "0"
+    deadline = str(max(1, round(timeout_s)))
+    return ["/bin/sh", "-c", _WRITE, "sbx", check_call_id(call_id), pid_dir, deadline, private, *chunks]

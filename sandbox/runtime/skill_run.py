@@ -228,6 +228,7 @@ def backend_of(shell: object) -> DockerBackend:
     """
     from sandbox.runtime.docker_sandbox import DockerSandbox
 
+    shell = getattr(shell, "sandbox", shell)  # a session's own-uid view of its sandbox
     if not isinstance(shell, DockerSandbox):
         raise SandboxError(
             ErrorCode.SANDBOX_UNAVAILABLE, "skills in a sandboxed session need the Docker backend to run in"

@@ -27,6 +27,7 @@ from sandbox.runtime.naming import (
 )
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
 from sandbox.runtime.seccomp import seccomp_identity
+from sandbox.runtime.session_users import uses_session_users
 
 DEFAULT_UID_GID = "1000:1000"
 SKILLS_MOUNT = "/opt/skills"
@@ -63,6 +64,8 @@ class SandboxSpec:
     hashed: dict[str, Any] = field(hash=False, compare=False)
     # read-only protected paths over a writable workspace, and the parents they pin
     protected: tuple[ProtectedMount, ...] = ()
+    # each session runs as a uid of its own (group: the sandbox user's), see runtime/session_users
+    session_users: bool = False
     for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
 
     @property
@@ -189,6 +192,7 @@ def build_spec(
         source = check_source(str(folder), docker, what="skills dir")
         mounts.append(Mount(source, f"{SKILLS_MOUNT}/{index}", True, f"skills.dirs[{index}]"))
     user = docker.user or owner_user(workspace)
+    session_users = uses_session_users(cfg.session_users, cfg.scope, cfg.workspace_access, user)
     ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
     hashed = {
         "image": image_id or docker.image,
@@ -212,6 +216,7 @@ def build_spec(
         ],
         "dns": [docker.dns, docker.extra_hosts],
         "layout": MOUNT_LAYOUT_VERSION,
+        "session_users": session_users,
     }
     return SandboxSpec(
         name=container_name(instance, "exec", key, tenant=agent.tenant),
@@ -230,6 +235,7 @@ def build_spec(
         docker=docker,
         hashed=hashed,
         protected=tuple(protected),
+        session_users=session_users,
     )
 
 

@@ -68,6 +68,17 @@ def session_env(ctx: ToolContext) -> dict[str, str]:
     return {"SBX_TMPDIR": f"/tmp/session-{short_hash(ctx.session, 16)}"}
 
 
+FOREIGN_RECORDS = 96  # the scripts' exit status when the session's record directory is not its own
+
+
+def _foreign(ctx: ToolContext) -> str:
+    return (
+        f"this session's process records ({ctx.shell.pid_dir}) are held by another user of the "
+        "sandbox, so nothing was started or written; report this to the operator (another session "
+        "tried to take them over)"
+    )
+
+
 async def start(
     ctx: ToolContext, command: str, *, workdir: str, env: dict[str, str], timeout_s: float | None = None
 ) -> str:
@@ -96,6 +107,8 @@ async def start(
             f"the sandbox's temporary space ({ctx.shell.pid_dir.rsplit('/', 1)[0] or '/'}) is full, so the "
             "process could not be started; remove files from /tmp (your own TMPDIR first) and try again",
         )
+    if result.exit_code == FOREIGN_RECORDS:
+        raise SandboxError(ErrorCode.PERMISSION_DENIED, _foreign(ctx))
     if result.exit_code != 0 or b"started" not in result.stdout:
         raise SandboxError(
             ErrorCode.INTERNAL,
@@ -179,6 +192,8 @@ async def write_stdin(ctx: ToolContext, proc_id: str, data: str) -> dict[str, An
             f"process {proc_id} is not reading its standard input: the pipe stayed full for "
             f"{STDIN_TIMEOUT_S:g}s, so the write was stopped (part of the data may have been delivered)",
         )
+    if result.exit_code == FOREIGN_RECORDS:
+        raise SandboxError(ErrorCode.PERMISSION_DENIED, _foreign(ctx))
     if result.exit_code != 0:
         raise SandboxError(
             ErrorCode.INTERNAL,

@@ -1,0 +1,209 @@
+"""A uid of its own for each session sharing an agent- or shared-scope container.
+
+Sessions of one agent share its container. Under one uid, any of them could read another's
+process environments (`/proc/*/environ`), signal its processes, and rewrite the output, stdin
+fifo and exit status files of its background processes, so `process poll` would return what an
+other session wrote. With session users, every command of a session runs as its own uid (group:
+the sandbox user's group, so the workspace stays shared), and its process records live in a
+directory only that uid can enter (`/tmp/.sbx-<uid>-<random>`, mode 700, checked to be owned by
+it before it is trusted). The kernel then keeps sessions apart: environments, signals and files.
+
+uids are allocated per container in the state dir, as an open-addressing table of small files
+(`<registry>/<uid>` holds the session key and the random part of its directory name), created
+atomically with `link`, so concurrent orchestrators never hand one uid to two sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox.errors import ErrorCode, SandboxError
+
+if TYPE_CHECKING:  # spec.py imports this module; the protocol imports spec.py
+    from sandbox.runtime.output import OutputCapture
+    from sandbox.runtime.protocol import ExecResult, Sandbox
+
+UID_BASE = 20000
+# up to 65535: an engine with userns-remap maps 65536 ids per container, no more
+UID_SPAN = 65536 - UID_BASE
+MAX_PROBES = 256
+UMASK = "002"  # what one session makes, the agent's other sessions (same group) can change
+
+
+def uses_session_users(setting: str, scope: str, workspace_access: str, user: str) -> bool:
+    """Whether sessions get uids of their own.
+
+    `auto` turns them on where sessions share a container (agent or shared scope) and the
+    workspace is not the user's own writable folder: there, files made by a session would be
+    owned on the host by a uid nobody has, in folders the sandbox group may not write.
+    `on` forces them (the workspace must be group-writable for the sandbox user's group);
+    a non-numeric sandbox user (`docker.user: name`) has no group id to share, so never.
+    """
+    uid, _, gid = user.partition(":")
+    if not (uid.isdigit() and (gid or uid).isdigit()):
+        return False
+    if setting == "on":
+        return True
+    return setting == "auto" and scope != "session" and workspace_access != "rw"
+
+
+@dataclass(frozen=True)
+class SessionUser:
+    """The uid a session runs as in its container, and where its process records live."""
+
+    uid: int
+    gid: int
+    token: str
+
+    @property
+    def user(self) -> str:
+        """`uid:gid` for the engine's exec."""
+        return f"{self.uid}:{self.gid}"
+
+    @property
+    def pid_dir(self) -> str:
+        """The session's private record directory in the container's /tmp."""
+        return f"/tmp/.sbx-{self.uid}-{self.token}"
+
+
+def allocate(registry: Path, session: str, gid: int) -> SessionUser:
+    """The session's uid in one container: found when allocated before, else claimed.
+
+    Raises:
+        SandboxError: SANDBOX_UNAVAILABLE when no free uid is found near the session's hash
+            (tens of thousands of sessions in one container; uids are never reused).
+    """
+    registry.mkdir(parents=True, exist_ok=True, mode=0o700)
+    start = int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % UID_SPAN
+    for probe in range(MAX_PROBES):
+        uid = UID_BASE + (start + probe) % UID_SPAN
+        entry = registry / str(uid)
+        found = _read(entry)
+        if found is None:
+            found = _claim(registry, entry, session)
+        if found[0] == session:
+            return SessionUser(uid, gid, found[1])
+    raise SandboxError(
+        ErrorCode.SANDBOX_UNAVAILABLE,
+        f"no free session uid for this sandbox after {MAX_PROBES} tries: about {UID_SPAN:,} sessions "
+        f"have used it; remove the sandbox and its registry ({registry}) or use scope: session",
+    )
+
+
+def _read(entry: Path) -> tuple[str, str] | None:
+    try:
+        data = json.loads(entry.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return ("", "")  # unreadable: taken, by nobody we know
+    return str(data.get("session", "")), str(data.get("token", ""))
+
+
+def _claim(registry: Path, entry: Path, session: str) -> tuple[str, str]:
+    """Create `entry` for `session` whole or not at all; return whoever holds it afterwards."""
+    token = secrets.token_hex(8)
+    tmp = registry / f".{entry.name}.{secrets.token_hex(4)}.tmp"
+    tmp.write_text(json.dumps({"session": session, "token": token}))
+    try:
+        os.link(tmp, entry)  # atomic, and fails when a concurrent claim won
+    except FileExistsError:
+        pass
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return _read(entry) or ("", "")
+
+
+class SessionShell:
+    """A session's view of a shared sandbox: every command runs as the session's own uid.
+
+    It is the Shell the session's tools get; the sandbox itself (for skills, explain) is
+    :attr:`sandbox`.
+    """
+
+    def __init__(self, sandbox: Sandbox, user: SessionUser) -> None:
+        self.sandbox = sandbox
+        self.session_user = user
+
+    @property
+    def pid_dir(self) -> str:
+        """The session's private record directory."""
+        return self.session_user.pid_dir
+
+    @property
+    def spec(self) -> Any:
+        """The sandbox's spec."""
+        return self.sandbox.spec
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id."""
+        return self.sandbox.id
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        return {"SBX_UMASK": UMASK, **(env or {})}
+
+    async def run(
+        self,
+        command: str,
+        *,
+        call_id: str,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
+    ) -> ExecResult:
+        """Run `command` as the session's uid, its pid file in the session's directory."""
+        return await self.sandbox.run(
+            command,
+            call_id=call_id,
+            env=self._env(env),
+            workdir=workdir,
+            timeout_s=timeout_s,
+            user=user or self.session_user.user,
+            on_output=on_output,
+            capture=capture,
+            pid_dir=self.pid_dir,
+        )
+
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run an argv as the session's uid."""
+        return await self.sandbox.run_argv(
+            argv, user=user or self.session_user.user, timeout_s=timeout_s, env=self._env(env)
+        )
+
+    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+        """Signal what `call_id` started (from the host; inside, as the session's uid)."""
+        await self.sandbox.kill(call_id, signal, user=user or self.session_user.user)
+
+    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
+        """Pids `call_id` started that are still alive."""
+        return await self.sandbox.alive(call_id, user=user or self.session_user.user)
+
+
+def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbox | SessionShell:
+    """The Shell a session's tools use: its own-uid view when the spec asks for session users."""
+    spec = sandbox.spec
+    if not spec.session_users:
+        return sandbox
+    gid = int(spec.user.partition(":")[2] or spec.user)
+    registry = registry_root / hashlib.sha256(spec.identity.split("|", 1)[0].encode()).hexdigest()[:32]
+    return SessionShell(sandbox, allocate(registry, session, gid))
