@@ -92,6 +92,8 @@ def test_explain_shows_container_and_mounts(cfg: Path) -> None:
     assert container["name"].startswith("sbx-") and container["user"] == "1000:1000"
     assert container["hardening"]["network"] == "none" and container["hardening"]["cap_drop"] == ["ALL"]
     assert container["mounts"][0]["container"] == "/workspace"
+    assert "seccomp=strict" in " ".join(container["hardening"]["security_opt"])
+    assert container["session_users"] is False  # scope: session, one session per container
 
 
 def test_doctor_all_ok_and_images_idempotent(cfg: Path) -> None:

@@ -31,6 +31,7 @@ def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
         "scope_key": spec.scope_key,
         "image": spec.image,
         "user": spec.user,
+        "session_users": spec.session_users,
         "hardening": {
             "network": kwargs["network_mode"],
             "cap_drop": kwargs["cap_drop"],
@@ -135,7 +136,9 @@ def container_text(facts: dict[str, Any]) -> str:
     h = facts["hardening"]
     lines = [
         f"container  {facts['name']} ({facts['state']})",
-        f"           image {facts['image']}, user {facts['user']}, network {h['network']}, runtime {h['runtime']}",
+        f"           image {facts['image']}, user {facts['user']}"
+        f"{' (each session: a uid of its own, this group)' if facts.get('session_users') else ''}, "
+        f"network {h['network']}, runtime {h['runtime']}",
         f"           cap_drop {h['cap_drop']}, {', '.join(h['security_opt'])}, "
         f"{'read-only root' if h['read_only_root'] else 'WRITABLE root'}",
         f"           pids {h['pids_limit']}, memory {h['memory']}, cpus {h['cpus']:g}, init {h['init']}",
