@@ -544,3 +544,35 @@ async def test_read_of_a_unix_socket_is_permission_denied(make_config: Any, ws: 
     finally:
         server.close()
     assert r.error is not None and r.error.code == "PERMISSION_DENIED" and "not a regular file" in r.error.message
+
+
+def test_opening_the_journal_never_drops_sqlite_locks(tmp_path: Path) -> None:
+    """Opening the journal leaves SQLite's own locks in place.
+
+    Closing any descriptor of a file drops every POSIX lock the process holds on it; the
+    permission fix-up used to open and close the -shm file after SQLite had it, so a concurrent
+    process found no reader, reset the shared-memory index and the first died of SIGBUS. A
+    child process checks the lock every open connection holds (SQLite's "DMS" byte, offset 128
+    of the -shm file): it must be taken.
+    """
+    import subprocess
+    import sys
+
+    from sandbox.journal.store import Journal
+
+    path = tmp_path / "state" / "journal.sqlite3"
+    probe = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)\n"
+        "    print('free')\n"
+        "except OSError:\n"
+        "    print('held')\n"
+    )
+    journal = Journal(path)
+    try:
+        seen = subprocess.run([sys.executable, "-c", probe, f"{path}-shm"], capture_output=True, text=True, check=True)
+        assert seen.stdout.strip() == "held"
+    finally:
+        journal.close()

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 import weakref
@@ -467,22 +469,28 @@ def _private_files(path: Path) -> None:
     """The state dir 0700, the database and its -wal/-shm files 0600 (they hold every call's arguments).
 
     SQLite gives the -wal and -shm files the database file's mode, so creating the database
-    0600 before SQLite opens it covers files made later; existing ones are tightened.
+    0600 before SQLite opens it covers files made later; existing ones are tightened by path.
+    An existing file is never opened here: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, SQLite's included, and another process then resets the
+    shared-memory index under SQLite's feet (SIGBUS, "locking protocol").
     """
     directory = path.parent
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if directory.stat().st_uid == os.geteuid():  # a directory someone else owns is left alone
         directory.chmod(0o700)
-    for name, create in ((str(path), True), (f"{path}-wal", False), (f"{path}-shm", False)):
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass
+    for name in (str(path), f"{path}-wal", f"{path}-shm"):
         try:
-            fd = os.open(name, flags, 0o600)
+            info = os.lstat(name)
         except FileNotFoundError:
             continue
-        try:
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
+        if stat.S_ISLNK(info.st_mode):
+            raise OSError(errno.ELOOP, "the journal or one of its files is a symbolic link", name)
+        if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != 0o600 and info.st_uid == os.geteuid():
+            os.chmod(name, 0o600)
 
 
 def _approval(row: tuple[Any, ...], raw: bool) -> Approval:
