@@ -478,10 +478,8 @@ def _private_files(path: Path) -> None:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if directory.stat().st_uid == os.geteuid():  # a directory someone else owns is left alone
         directory.chmod(0o700)
-    try:
+    with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-    except FileExistsError:
-        pass
     for name in (str(path), f"{path}-wal", f"{path}-shm"):
         try:
             info = os.lstat(name)
