@@ -90,7 +90,7 @@ def test_tools_formats() -> None:
         tools = json.loads(run.stdout)
         names = {t["function"]["name"] if fmt == "openai" else t["name"] for t in tools}
         # allowed: read, web_fetch, web_search, session_status; offered: only what this build runs
-        assert names == {"read"}
+        assert names == {"read", "session_status"}
         assert all(key in t for t in tools)
 
 

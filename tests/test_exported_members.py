@@ -22,6 +22,7 @@ def test_all_is_sorted_and_complete() -> None:
         "journal",
         "api",
         "testing",
+        "sessions",
     }
     assert public - modules == set(sandbox.__all__)
 

@@ -41,6 +41,8 @@ class EffectiveAgent:
     workspace: Path
     tools: AgentToolsConfig
     sandbox: SandboxConfig
+    # a spawned session's view of its parent's workspace: (host folder, read_only), see sessions/
+    parent_view: tuple[str, bool] | None = None
 
     @property
     def main_session_key(self) -> str:

@@ -88,6 +88,18 @@ class SubagentsSection(StrictModel):
 
     tools: ToolLists = ToolLists()
     max_spawn_depth: int = Field(1, ge=1, le=8)
+    # open children one session may have at a time (sessions_spawn)
+    max_children: int = Field(5, ge=1, le=100)
+    # how a child sees its parent's workspace, at /parent: none, read-only, or (only when set) rw
+    parent_workspace: Literal["none", "ro", "rw"] = "ro"
+    # `session`: every child gets its own container and scratch workspace; `inherit`: the child
+    # agent's own scope rules (agent scope shares the agent's container and workspace)
+    sandbox_scope: Literal["session", "inherit"] = "session"
+    # other agents (same tenant) a session may spawn children of; its own agent always
+    allow_agents: list[str] = []
+    # sessions_list/history/send see: `tree` itself and its descendants (an agent's main session
+    # sees all of its agent's sessions); `agent` every session of the same agent and tenant
+    visibility: Literal["tree", "agent"] = "tree"
 
 
 class FsSection(StrictModel):

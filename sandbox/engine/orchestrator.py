@@ -36,6 +36,8 @@ from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.session_users import session_shell
+from sandbox.sessions.registry import Child, Message
+from sandbox.sessions.service import BoundSessions, SessionsService, end_session_work
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.context import ToolContext
@@ -85,6 +87,8 @@ class Orchestrator:
         for spec in (self.registry.get(n) for n in self.registry.names()):
             self.limiter.declare_tool(spec.name, spec.max_concurrency)
         self.progress = progress or ProgressBus()
+        # spawned sessions: lineage, inboxes, cascades (its database is made on the first spawn)
+        self.sessions = SessionsService(self)
         # the journal is opened now: a state dir that cannot hold it fails loudly, before any call
         if journal is True:
             journal = Journal(config.state_dir / "journal.sqlite3")
@@ -147,6 +151,7 @@ class Orchestrator:
         if self.journal is not None:
             # writes what is queued and joins the writer thread: off the event loop
             await anyio.to_thread.run_sync(self.journal.close)
+        self.sessions.shutdown()
 
     def pending_approvals(self) -> list[Approval]:
         """Calls waiting for a human."""
@@ -180,7 +185,18 @@ class Orchestrator:
         """After a restart: settle every call the journal shows unfinished (see engine/recovery.py)."""
         from sandbox.engine.recovery import recover
 
-        return await recover(self)
+        outcomes = await recover(self)
+        for key in await self.sessions.finish_cascades():
+            outcomes.append({"session": key, "now": "closed (a cascade the last orchestrator began)"})
+        return outcomes
+
+    def children(self, session: str, *, tenant: str = "default") -> list[Child]:
+        """The open children `session` spawned (the host application runs their model loops)."""
+        return self.sessions.children(tenant, session)
+
+    def messages(self, session: str, *, tenant: str = "default", after_id: int = 0) -> list[Message]:
+        """`session`'s inbox (what `sessions_send` delivered), after `after_id`."""
+        return self.sessions.messages(tenant, session, after_id)
 
     def session(
         self,
@@ -197,17 +213,23 @@ class Orchestrator:
             UsageError: unknown agent, or a key that belongs to another agent.
         """
         agent_id = agent or agent_of(key) or default_agent_id(self.config)
-        policy = self.policy.resolve(Identity(agent_id, key, provider, model))
-        return Session(self, policy, sender)
+        child = self.sessions.lineage(key)
+        narrow = child.tools if child is not None else None
+        policy = self.policy.resolve(Identity(agent_id, key, provider, model, narrow))
+        return Session(self, policy, sender, child)
 
 
 class Session:
     """One agent session: the tools it may see, and calls to them."""
 
-    def __init__(self, orchestrator: Orchestrator, policy: ResolvedPolicy, sender: str | None) -> None:
+    def __init__(
+        self, orchestrator: Orchestrator, policy: ResolvedPolicy, sender: str | None, child: Child | None = None
+    ) -> None:
         self._orch = orchestrator
         self.policy = policy
         self.sender = sender
+        self.child = child  # the lineage of a spawned session (None for any other)
+        self._agent = orchestrator.sessions.child_agent(policy.agent, child) if child else policy.agent
         self._files: WorkspaceFiles | None = None
         self._host_shell: HostShell | None = None
 
@@ -218,8 +240,8 @@ class Session:
 
     @property
     def agent(self) -> EffectiveAgent:
-        """The merged agent config."""
-        return self.policy.agent
+        """The merged agent config (for a spawned session: its own sandbox, its parent's at /parent)."""
+        return self._agent
 
     @property
     def sandboxed(self) -> bool:
@@ -286,12 +308,19 @@ class Session:
         """Clear this session's loop history and its circuit breaker (in every process)."""
         self._orch.loops.reset(self.agent.tenant, self.key)
 
-    async def close(self) -> None:
-        """End the session: a session-scoped sandbox is removed; agent and shared ones stay.
+    async def close(self) -> list[str]:
+        """End the session and every session it spawned (deepest first); return the keys closed.
 
-        What the orchestrator holds in memory for the session goes too (its cached policy, its
-        in-memory loop history), so a service that opens and closes sessions for weeks stays flat.
+        For each: pending approvals are denied, background processes killed, a session-scoped
+        sandbox is removed (agent and shared ones stay). What the orchestrator holds in memory for
+        the session goes too (its cached policy, its in-memory loop history), so a service that
+        opens and closes sessions for weeks stays flat.
         """
+        return await self._orch.sessions.close_session(self)
+
+    async def release(self, *, reason: str) -> None:
+        """Close this session alone (see :meth:`close`); `reason` goes on its cancelled approvals."""
+        await end_session_work(self._orch, self, reason)
         if self.sandboxed:
             await self._orch.manager.close_session(self.agent, self.key)
         self._orch.policy.forget(self.policy.identity)
@@ -340,6 +369,13 @@ class Session:
         if self._orch.journal is not None:
             # the handler runs next: the call's stages must be durable first (INTERNAL if not)
             await self._orch.journal.commit(task.call_id)
+        if self.child is not None:
+            current = await anyio.to_thread.run_sync(self._orch.sessions.lineage, self.key)
+            if current is not None and current.status == "closed":
+                raise SandboxError(
+                    ErrorCode.CONFLICT,
+                    f"session {self.key} was closed (it or its parent ended); nothing runs in it any more",
+                )
         config = self._orch.config
         if self.sandboxed:
             shell: Any = await self._sandbox_shell()
@@ -385,6 +421,8 @@ class Session:
             state_dir=self.state_dir,
         )
         tool_ctx.publish = partial(self._spill, tool_ctx)
+        if self._orch.journal is not None:
+            tool_ctx.sessions = BoundSessions(self._orch.sessions, self, task.call_id)
         return tool_ctx
 
     def _make_files(

@@ -275,6 +275,15 @@ class Journal:
         )
         return [_event(row) for row in rows]
 
+    def sessions(self, tenant: str, agent: str) -> list[tuple[str, float, int]]:
+        """(session, last activity, calls) of every session of `agent` in `tenant` the journal saw."""
+        rows = self._read(
+            "SELECT session, MAX(ts), COUNT(DISTINCT call_id) FROM events WHERE tenant = ? AND agent = ? "
+            "GROUP BY session ORDER BY MAX(ts) DESC LIMIT 10000",
+            (tenant, agent),
+        )
+        return [(str(r[0]), float(r[1]), int(r[2])) for r in rows]
+
     def unfinished_calls(self) -> list[Event]:
         """The last event of every call whose last stage is not terminal."""
         rows = self._read(

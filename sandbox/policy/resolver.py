@@ -44,6 +44,8 @@ class Identity:
     session: str
     provider: str | None = None
     model: str | None = None
+    # a spawned session's `sessions_spawn {tools}`: one more layer that can only narrow
+    narrow: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,21 @@ class PolicyResolver:
             layers.append(self._sandbox_layer(agent))
         if session.spawn_depth > 0:
             layers.append(self._subagent_layer(session.spawn_depth))
+        if identity.narrow is not None:
+            layers.append(
+                list_layer(
+                    "spawn",
+                    key_prefix="sessions_spawn.tools",
+                    profile=None,
+                    allow=list(identity.narrow),
+                    also_allow=None,
+                    deny=None,
+                    universe=self.universe,
+                )
+            )
         # what picks the layers: sessions that agree on it share one outcome
-        key = (agent.id, str(status.sandboxed), str(session.spawn_depth), *(p.name for p in providers))
+        narrow = ("narrow", *identity.narrow) if identity.narrow is not None else ()
+        key = (agent.id, str(status.sandboxed), str(session.spawn_depth), *(p.name for p in providers), *narrow)
         trace, decisions, remaining = self._outcome(key, layers)
         return ResolvedPolicy(identity, session, agent, status, trace, decisions, remaining)
 

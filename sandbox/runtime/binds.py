@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from sandbox.config.models import Config, DockerConfig
 
 CONTAINER_WORKDIR = "/workspace"
+PARENT_MOUNT = "/parent"  # where a spawned session sees its parent's workspace
 
 SYSTEM_PATHS: tuple[str, ...] = (
     "/etc",

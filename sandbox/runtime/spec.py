@@ -15,7 +15,7 @@ from typing import Any
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
-from sandbox.runtime.binds import CONTAINER_WORKDIR, BindSpec, check_source, validate_binds
+from sandbox.runtime.binds import CONTAINER_WORKDIR, PARENT_MOUNT, BindSpec, check_source, validate_binds
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -185,6 +185,10 @@ def build_spec(
         if cfg.workspace_access == "rw":
             protected = protected_mounts(Path(ws_source), protected_paths)
     mounts = [Mount(ws_source, CONTAINER_WORKDIR, cfg.workspace_access == "ro", ws_origin)]
+    if agent.parent_view is not None:
+        # a spawned session sees its parent's workspace here (tools.subagents.parent_workspace)
+        source, read_only = agent.parent_view
+        mounts.append(Mount(source, PARENT_MOUNT, read_only, "sessions_spawn (tools.subagents.parent_workspace)"))
     binds: list[BindSpec] = validate_binds(docker.binds, docker)
     mounts += [Mount(b.source, b.target, b.read_only, f"docker.binds: {b.declared}") for b in binds]
     for index, folder in enumerate(skill_dirs):
@@ -217,6 +221,7 @@ def build_spec(
         "dns": [docker.dns, docker.extra_hosts],
         "layout": MOUNT_LAYOUT_VERSION,
         "session_users": session_users,
+        "parent_view": list(agent.parent_view) if agent.parent_view else None,
     }
     return SandboxSpec(
         name=container_name(instance, "exec", key, tenant=agent.tenant),

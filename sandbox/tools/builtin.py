@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from sandbox.policy.sessions import SessionKeyArg
 from sandbox.tools.spec import SIDE_EFFECTS, RetryPolicy, ToolArgs, ToolSpec
@@ -92,22 +92,30 @@ class MemoryGetArgs(ToolArgs):
 
 
 class SessionsListArgs(ToolArgs):
-    limit: int = Field(20, ge=1, le=200)
+    limit: int = Field(20, ge=1, le=200, description="Most sessions to list.")
 
 
 class SessionsHistoryArgs(ToolArgs):
-    session: SessionKeyArg
-    limit: int = Field(20, ge=1, le=200)
+    session: SessionKeyArg = Field(description="A session key from sessions_list or sessions_spawn.")
+    limit: int = Field(20, ge=1, le=200, description="Most recent items (calls and messages) to return.")
 
 
 class SessionsSendArgs(ToolArgs):
-    session: SessionKeyArg
-    message: str = Field(min_length=1)
+    session: SessionKeyArg = Field(description="A visible session's key.")
+    text: str = Field(
+        min_length=1,
+        validation_alias=AliasChoices("text", "message"),
+        description="The message (also accepted as `message`).",
+    )
 
 
 class SessionsSpawnArgs(ToolArgs):
-    task: str = Field(min_length=1)
-    agent: str | None = None
+    task: str = Field(min_length=1, description="What the sub-agent is to do (recorded with its lineage).")
+    name: str | None = Field(None, description="Short name: the child's key ends in :subagent:<name>.")
+    agent: str | None = Field(None, description="Another agent to run the child (tools.subagents.allow_agents).")
+    tools: list[str] | None = Field(
+        None, description="Narrow the child's tools to these names or groups; can only narrow."
+    )
 
 
 class SessionStatusArgs(ToolArgs):

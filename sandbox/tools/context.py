@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
@@ -18,6 +19,32 @@ def _no_progress(kind: str, **detail: object) -> None:
 
 async def _no_publish(host_file: Path) -> str | None:
     return str(host_file)
+
+
+class SessionsPort(Protocol):
+    """The sessions tools' view of the orchestrator, bound to the calling session and call."""
+
+    async def spawn(
+        self, *, task: str, name: str | None, agent: str | None, tools: list[str] | None
+    ) -> dict[str, Any]:
+        """Create a child session; return its key and what it sees."""
+        ...
+
+    async def list_sessions(self, *, limit: int) -> dict[str, Any]:
+        """The sessions the caller may see, with status."""
+        ...
+
+    async def history(self, *, session: str, limit: int) -> dict[str, Any]:
+        """Calls and messages of a visible session."""
+        ...
+
+    async def send(self, *, session: str, text: str) -> dict[str, Any]:
+        """Append a message to a visible session's inbox."""
+        ...
+
+    async def status(self) -> dict[str, Any]:
+        """The caller's sandbox, policy summary, limits and usage."""
+        ...
 
 
 @dataclass
@@ -37,3 +64,5 @@ class ToolContext:
     emit: Callable[..., None] = _no_progress  # emit(kind, **detail): progress events for UIs
     # publish(host file) -> where the model finds a full output (the engine's spill rule)
     publish: Callable[[Path], Awaitable[str | None]] = _no_publish
+    # the sessions tools (spawn, list, history, send, status); None without a journal
+    sessions: SessionsPort | None = None

@@ -7,7 +7,21 @@ from sandbox.tools.registry import Handler
 # the built-in tools this build runs (kept beside their handlers; a test checks they agree), so
 # `explain` can say what is provided without importing every handler
 PROVIDED_BUILTINS = frozenset(
-    {"exec", "process", "read", "write", "edit", "apply_patch", "memory_search", "memory_get"}
+    {
+        "exec",
+        "process",
+        "read",
+        "write",
+        "edit",
+        "apply_patch",
+        "memory_search",
+        "memory_get",
+        "sessions_spawn",
+        "sessions_list",
+        "sessions_history",
+        "sessions_send",
+        "session_status",
+    }
 )
 
 
@@ -18,6 +32,13 @@ def builtin_handlers() -> dict[str, Handler]:
     from sandbox.tools.handlers.memory import memory_get_tool, memory_search_tool
     from sandbox.tools.handlers.patch import apply_patch_tool
     from sandbox.tools.handlers.processes import process_tool
+    from sandbox.tools.handlers.sessions import (
+        session_status_tool,
+        sessions_history_tool,
+        sessions_list_tool,
+        sessions_send_tool,
+        sessions_spawn_tool,
+    )
 
     return {
         "exec": exec_tool,
@@ -28,4 +49,9 @@ def builtin_handlers() -> dict[str, Handler]:
         "apply_patch": apply_patch_tool,
         "memory_search": memory_search_tool,
         "memory_get": memory_get_tool,
+        "sessions_spawn": sessions_spawn_tool,
+        "sessions_list": sessions_list_tool,
+        "sessions_history": sessions_history_tool,
+        "sessions_send": sessions_send_tool,
+        "session_status": session_status_tool,
     }

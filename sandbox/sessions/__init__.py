@@ -1,0 +1,1 @@
+"""Sub-agent sessions: lineage, inboxes, visibility and the cascade (see service.py)."""

@@ -1,0 +1,409 @@
+"""Sub-agent sessions: spawn, what a session may see, its inbox, and the cascade when one closes.
+
+The registry (sessions/registry.py) holds the lineage; the journal holds the calls. Visibility
+never crosses tenants: every lookup is by the caller's tenant, and a key that resolves to
+another tenant's agent is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox._log import logger
+from sandbox.config.merge import EffectiveAgent
+from sandbox.errors import ErrorCode, SandboxError, UsageError
+from sandbox.policy.groups import expand
+from sandbox.policy.sessions import key_problem, parse_session_key
+from sandbox.sessions.registry import Child, Message, Registry
+
+if TYPE_CHECKING:
+    from sandbox.engine.orchestrator import Orchestrator, Session
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+MAX_MESSAGE_CHARS = 32_000
+REGISTRY_FILE = "sessions.sqlite3"
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class SessionsService:
+    """Lineage, visibility, inboxes and cascades for one orchestrator."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self._orch = orch
+        self._registry: Registry | None = None
+        self._listeners: list[Listener] = []
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The registry's database file."""
+        return self._orch.config.state_dir / REGISTRY_FILE
+
+    @property
+    def registry(self) -> Registry:
+        """The registry (opened, and made, on first use)."""
+        if self._registry is None:
+            self._registry = Registry(self.path)
+        return self._registry
+
+    def _existing(self) -> Registry | None:
+        # nothing was ever spawned in this instance: no database, no lookups
+        return self.registry if self._registry is not None or self.path.exists() else None
+
+    def shutdown(self) -> None:
+        """Close the registry."""
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(kind, data)` on `session_spawned`, `session_message` and `session_closed`."""
+        self._listeners.append(listener)
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        logger.bind(**data).info(kind)
+        for listener in list(self._listeners):
+            try:
+                listener(kind, data)
+            except Exception:  # a listener's bug must not undo what happened
+                logger.bind(kind=kind).exception("session_listener_failed")
+
+    def lineage(self, key: str) -> Child | None:
+        """The lineage of a spawned session; None for any other."""
+        registry = self._existing()
+        return registry.child(key) if registry is not None else None
+
+    def children(self, tenant: str, key: str) -> list[Child]:
+        """Open children of a session (for the host application's model loops)."""
+        registry = self._existing()
+        return registry.children(tenant, key) if registry is not None else []
+
+    def messages(self, tenant: str, key: str, after_id: int = 0) -> list[Message]:
+        """A session's inbox, after `after_id`."""
+        registry = self._existing()
+        return registry.messages(tenant, key, after_id=after_id) if registry is not None else []
+
+    def child_agent(self, agent: EffectiveAgent, child: Child) -> EffectiveAgent:
+        """The agent as a spawned session runs it: its own sandbox, its parent's workspace at /parent."""
+        section = self._orch.config.tools.subagents
+        sandbox = agent.sandbox
+        if section.sandbox_scope == "session":
+            sandbox = sandbox.model_copy(update={"scope": "session", "workspace_access": "none"})
+        view = (child.parent_source, child.parent_view == "ro") if child.parent_view != "none" else None
+        return dataclasses.replace(agent, sandbox=sandbox, parent_view=view)
+
+    # -- spawn -----------------------------------------------------------------------------
+
+    async def spawn(
+        self, caller: Session, call_id: str, *, task: str, name: str | None, agent: str | None, tools: list[str] | None
+    ) -> dict[str, Any]:
+        """Create `<caller>:subagent:<name>` and record its lineage before anything else exists."""
+        section = self._orch.config.tools.subagents
+        tenant = caller.agent.tenant
+        target = self._target_agent(caller, agent)
+        name = name or f"child-{secrets.token_hex(3)}"
+        if not NAME.match(name):
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS, f"name {name!r}: use 1-32 of a-z 0-9 _ -, starting with a letter or digit"
+            )
+        rest = caller.policy.session.rest
+        key = f"agent:{target.id}:{rest}:subagent:{name}"
+        problem = key_problem(key)
+        if problem:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"the child's key would be invalid: {problem}")
+        depth = parse_session_key(key, target.id).spawn_depth
+        if depth > section.max_spawn_depth:
+            raise SandboxError(
+                ErrorCode.PERMISSION_DENIED,
+                f"a child here would be {depth} spawns deep; tools.subagents.max_spawn_depth is "
+                f"{section.max_spawn_depth}",
+            )
+        narrow = self._narrowing(tools)
+        view = section.parent_workspace
+        source = await self._parent_source(caller) if view != "none" else ""
+        child = Child(
+            key, tenant, target.id, caller.key, depth, name, task, narrow, view, source, call_id, time.time(), "open", None
+        )
+        await anyio.to_thread.run_sync(lambda: self.registry.add_child(child, max_children=section.max_children))
+        self._emit("session_spawned", tenant=tenant, parent=caller.key, session=key, agent=target.id, task=task)
+        return {
+            "session": key,
+            "agent": target.id,
+            "parent": caller.key,
+            "depth": depth,
+            "task": task,
+            "parent_workspace": f"/parent ({view})" if view != "none" else None,
+            "tools": list(narrow) if narrow is not None else None,
+            "note": "the host application runs the child's model loop; its sandbox is made on its first call",
+        }
+
+    def _target_agent(self, caller: Session, agent: str | None) -> EffectiveAgent:
+        if agent is None or agent == caller.agent.id:
+            return caller.agent
+        section = self._orch.config.tools.subagents
+        if agent not in section.allow_agents:
+            raise SandboxError(
+                ErrorCode.PERMISSION_DENIED,
+                f"this session may spawn children of its own agent only; agent {agent!r} is not in "
+                "tools.subagents.allow_agents",
+            )
+        try:
+            target = self._orch.policy.agent(agent)
+        except UsageError as exc:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, exc.message) from exc
+        if target.tenant != caller.agent.tenant:
+            raise SandboxError(ErrorCode.PERMISSION_DENIED, f"agent {agent!r} belongs to another tenant")
+        return target
+
+    def _narrowing(self, tools: list[str] | None) -> tuple[str, ...] | None:
+        if tools is None:
+            return None
+        if not tools:
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS, "tools must name at least one tool (omit it to keep the policy's tools)"
+            )
+        universe = self._orch.policy.universe
+        unknown = [t for t in tools if not expand(t, universe)]
+        if unknown:
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS,
+                f"unknown tools {unknown}; name tools or groups this policy knows (e.g. exec, read, group:fs)",
+            )
+        return tuple(tools)
+
+    async def _parent_source(self, caller: Session) -> str:
+        """The host folder of the caller's workspace (made now, so the child can mount it)."""
+        if not caller.sandboxed:
+            workspace = caller.agent.workspace
+            await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
+            return str(workspace)
+        box = await caller.sandbox()  # its workspace exists once its sandbox does
+        return str(box.spec.mounts[0].source)
+
+    # -- what a session may see ------------------------------------------------------------
+
+    def visible(self, caller: Session) -> dict[str, dict[str, Any]]:
+        """key -> what is known of it, for every session `caller` may see (never another tenant's)."""
+        tenant, agent = caller.agent.tenant, caller.agent.id
+        registry = self._existing()
+        journal = self._orch.journal
+        seen: dict[str, dict[str, Any]] = {caller.key: {"relation": "self"}}
+        whole_agent = caller.policy.session.is_main or self._orch.config.tools.subagents.visibility == "agent"
+        if whole_agent:
+            for key, last, calls in journal.sessions(tenant, agent) if journal else []:
+                seen.setdefault(key, {"relation": "same agent"}).update(last_activity=last, calls=calls)
+            for c in registry.of_agent(tenant, agent) if registry else []:
+                seen.setdefault(c.key, {"relation": "same agent"})
+        for c in registry.descendants(tenant, caller.key, include_closed=True) if registry else []:
+            seen[c.key] = {"relation": "child" if c.parent == caller.key else "descendant"}
+        if registry is not None:
+            for key, info in seen.items():
+                row = registry.child(key)
+                if row is not None:
+                    c = row
+                    if c.tenant != tenant:  # a key can name another tenant's lineage row: never shown
+                        info["hidden"] = True
+                        continue
+                    info.update(parent=c.parent, depth=c.depth, status=c.status, task=c.task)
+        return {k: v for k, v in seen.items() if not v.get("hidden")}
+
+    def _visible_target(self, caller: Session, key: str) -> dict[str, Any]:
+        info = self.visible(caller).get(key)
+        if info is None:
+            raise SandboxError(
+                ErrorCode.PERMISSION_DENIED,
+                f"session {key!r} is not visible to this session (it sees itself and the sessions it "
+                "spawned; see tools.subagents.visibility)",
+                session=key,
+            )
+        return info
+
+    async def list_visible(self, caller: Session, limit: int) -> dict[str, Any]:
+        """sessions_list."""
+        seen = await anyio.to_thread.run_sync(self.visible, caller)
+        rows = [{"session": k, "status": v.get("status", "open"), **v} for k, v in seen.items()]
+        return {"sessions": rows[:limit], "total": len(rows)}
+
+    async def history(self, caller: Session, key: str, limit: int) -> dict[str, Any]:
+        """sessions_history: the session's calls (from the journal) and messages, oldest first."""
+        info = await anyio.to_thread.run_sync(self._visible_target, caller, key)
+        tenant = caller.agent.tenant
+        items: list[dict[str, Any]] = []
+        journal = self._orch.journal
+        if journal is not None:
+            events = await anyio.to_thread.run_sync(lambda: journal.events(session=key, limit=5000))
+            calls: dict[str, dict[str, Any]] = {}
+            for e in events:
+                if e.tenant != tenant:
+                    continue
+                entry = calls.setdefault(e.call_id, {"kind": "call", "call_id": e.call_id, "tool": e.tool, "ts": e.ts})
+                entry["stage"] = e.stage
+                if "code" in e.data:
+                    entry["error"] = e.data["code"]
+            items.extend(calls.values())
+        for m in await anyio.to_thread.run_sync(lambda: self.messages(tenant, key)):
+            items.append({"kind": "message", "id": m.id, "from": m.sender, "text": m.text, "ts": m.created_at})
+        items.sort(key=lambda i: float(i["ts"]))
+        return {"session": key, "task": info.get("task"), "items": items[-limit:], "total": len(items)}
+
+    async def send(self, caller: Session, key: str, text: str) -> dict[str, Any]:
+        """sessions_send: append to a visible session's inbox (durable)."""
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS, f"the message is {len(text):,} characters; at most {MAX_MESSAGE_CHARS:,}"
+            )
+        info = await anyio.to_thread.run_sync(self._visible_target, caller, key)
+        if info.get("status") == "closed":
+            raise SandboxError(ErrorCode.CONFLICT, f"session {key!r} was closed; nobody reads its inbox")
+        tenant = caller.agent.tenant
+        msg = await anyio.to_thread.run_sync(lambda: self.registry.send(tenant, key, caller.key, text))
+        self._emit("session_message", tenant=tenant, session=key, sender=caller.key, message_id=msg.id)
+        return {"sent": True, "session": key, "message_id": msg.id}
+
+    async def status(self, caller: Session) -> dict[str, Any]:
+        """session_status: this session's sandbox, policy, limits and usage."""
+        agent = caller.agent
+        section = self._orch.config.tools.subagents
+        sandbox: dict[str, Any] | None = None
+        if caller.sandboxed:
+            spec = self._orch.manager.spec_for(agent, caller.key)
+            exists = await self._orch.backend.exists(spec.name)
+            sandbox = {
+                "name": spec.name,
+                "exists": exists,
+                "scope": agent.sandbox.scope,
+                "image": spec.image,
+                "workspace_access": agent.sandbox.workspace_access,
+                "network": agent.sandbox.docker.network,
+                "mounts": [{"container": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts],
+            }
+        child = caller.child
+        registry = self._existing()
+        open_children = len(registry.children(agent.tenant, caller.key)) if registry else 0
+        return {
+            "session": caller.key,
+            "agent": agent.id,
+            "tenant": agent.tenant,
+            "sandboxed": caller.sandboxed,
+            "sandbox": sandbox,
+            "tools": sorted(t.name for t in caller.tools()),
+            "parent": child.parent if child else None,
+            "depth": child.depth if child else 0,
+            "limits": {
+                "max_children": section.max_children,
+                "max_spawn_depth": section.max_spawn_depth,
+                "workspace_quota": agent.sandbox.workspace_quota,
+                "memory": agent.sandbox.docker.memory,
+                "pids": agent.sandbox.docker.pids_limit,
+            },
+            "usage": {"open_children": open_children, "calls": self._calls(caller)},
+        }
+
+    def _calls(self, caller: Session) -> int:
+        journal = self._orch.journal
+        if journal is None:
+            return 0
+        return sum(c for k, _, c in journal.sessions(caller.agent.tenant, caller.agent.id) if k == caller.key)
+
+    # -- cascade ---------------------------------------------------------------------------
+
+    async def close_session(self, session: Session) -> list[str]:
+        """Close `session` and every descendant (deepest first); return the keys closed.
+
+        The cascade is marked in the registry first and unmarked last, so an orchestrator killed
+        half-way finishes it in :meth:`finish_cascades`.
+        """
+        registry = self._existing()
+        tenant = session.agent.tenant
+        descendants = registry.descendants(tenant, session.key) if registry else []
+        marked = registry is not None and (bool(descendants) or session.child is not None)
+        if marked:
+            assert registry is not None
+            registry.begin_cascade(tenant, session.key, session.agent.id)
+        closed = []
+        for d in reversed(descendants):
+            await self._orch.session(d.key, agent=d.agent).release(reason=f"its ancestor {session.key} was closed")
+            assert registry is not None
+            registry.mark_closed(d.key)
+            closed.append(d.key)
+            self._emit("session_closed", tenant=tenant, session=d.key, by=session.key)
+        await session.release(reason="the session was closed")
+        if registry is not None and session.child is not None:
+            registry.mark_closed(session.key)
+            self._emit("session_closed", tenant=tenant, session=session.key, by=session.key)
+        if marked:
+            assert registry is not None
+            registry.end_cascade(tenant, session.key)
+        return [*closed, session.key]
+
+    async def finish_cascades(self) -> list[str]:
+        """After a restart: finish every cascade an orchestrator began and did not end."""
+        registry = self._existing()
+        if registry is None:
+            return []
+        done = []
+        for _tenant, key, agent in registry.pending_cascades():
+            done += await self.close_session(self._orch.session(key, agent=agent))
+        return done
+
+
+class BoundSessions:
+    """:class:`~sandbox.tools.context.SessionsPort` for one call of one session."""
+
+    def __init__(self, service: SessionsService, session: Session, call_id: str) -> None:
+        self._service = service
+        self._session = session
+        self._call_id = call_id
+
+    async def spawn(self, *, task: str, name: str | None, agent: str | None, tools: list[str] | None) -> dict[str, Any]:
+        """See :meth:`SessionsService.spawn`."""
+        return await self._service.spawn(self._session, self._call_id, task=task, name=name, agent=agent, tools=tools)
+
+    async def list_sessions(self, *, limit: int) -> dict[str, Any]:
+        """See :meth:`SessionsService.list_visible`."""
+        return await self._service.list_visible(self._session, limit)
+
+    async def history(self, *, session: str, limit: int) -> dict[str, Any]:
+        """See :meth:`SessionsService.history`."""
+        return await self._service.history(self._session, session, limit)
+
+    async def send(self, *, session: str, text: str) -> dict[str, Any]:
+        """See :meth:`SessionsService.send`."""
+        return await self._service.send(self._session, session, text)
+
+    async def status(self) -> dict[str, Any]:
+        """See :meth:`SessionsService.status`."""
+        return await self._service.status(self._session)
+
+
+async def end_session_work(orch: Orchestrator, session: Session, reason: str) -> None:
+    """What closing one session stops: its pending approvals (denied) and background processes."""
+    journal = orch.journal
+    if journal is not None:
+        pending = await anyio.to_thread.run_sync(journal.approvals, "pending")
+        for approval in (a for a in pending if a.session == session.key):
+            with contextlib.suppress(SandboxError):  # decided meanwhile: that decision stands
+                await anyio.to_thread.run_sync(journal.decide, approval.id, "denied", f"cancelled: {reason}")
+    try:
+        table = json.loads((session.state_dir / "processes.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not table:
+        return
+    shell = await session.shell(create=False)
+    if shell is None:  # its sandbox is gone, and its processes with it
+        return
+    for proc_id in table:
+        with contextlib.suppress(SandboxError, ValueError):
+            await shell.kill(proc_id, "KILL")

@@ -1,0 +1,219 @@
+"""The sessions tools on the host backend (mode off): lineage, narrowing, limits, visibility,
+inbox, status and the cascade. Container behaviour (the child's own sandbox, /parent read-only,
+a cascade that removes containers, kill -9 half-way) is in test_sessions_docker.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.journal.store import Approval
+
+pytestmark = pytest.mark.anyio
+
+PARENT = "agent:a:work"
+
+
+def config(make_config: Any, tmp_path: Path, extra: str = "", subagents: str = "") -> Any:
+    ws, other = tmp_path / "ws", tmp_path / "ws-b"
+    return make_config(f"""
+tools:
+  profile: full
+  subagents: {{max_spawn_depth: 2, {subagents}}}
+agents:
+  defaults: {{sandbox: {{mode: 'off'}}}}
+  list:
+    - {{id: a, workspace: "{ws}"}}
+    - {{id: helper, workspace: "{ws}-h"}}
+    - {{id: b, tenant: other, workspace: "{other}"}}
+{extra}""")
+
+
+async def spawn(sess: Any, **args: Any) -> Any:
+    result = await sess.call("sessions_spawn", {"task": "look around", **args})
+    return result
+
+
+async def test_spawn_records_lineage_and_the_child_policy(make_config: Any, tmp_path: Path) -> None:
+    """The child's key, depth and task are durable; its tools pass the sub-agent layer."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        r = await spawn(parent, name="scout")
+        assert r.ok, r
+        key = f"{PARENT}:subagent:scout"
+        assert r.output["session"] == key and r.output["depth"] == 1 and r.output["parent"] == PARENT
+        [child] = orch.children(PARENT)
+        assert child.key == key and child.task == "look around" and child.created_by_call == r.call_id
+        names = {t.name for t in orch.session(key).tools()}
+        assert "exec" in names and "session_status" not in names and "sessions_send" not in names
+    async with Orchestrator(config(make_config, tmp_path)) as again:  # durable: another process sees it
+        assert [c.key for c in again.children(PARENT)] == [key]
+
+
+async def test_tools_argument_only_narrows(make_config: Any, tmp_path: Path) -> None:
+    """`tools` keeps the named tools the child already had; it cannot add one the policy denies."""
+    async with Orchestrator(config(make_config, tmp_path, subagents="tools: {deny: [write]}")) as orch:
+        parent = orch.session(PARENT)
+        r = await spawn(parent, name="reader", tools=["read", "write", "group:fs"])
+        assert r.ok, r
+        child = orch.session(r.output["session"])
+        names = {t.name for t in child.tools()}
+        assert "read" in names and "write" not in names and "exec" not in names
+        denied = await child.call("exec", {"command": "true"})
+        assert denied.error is not None and denied.error.code in ("TOOL_NOT_FOUND", "PERMISSION_DENIED"), denied
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        ({"tools": []}, "INVALID_ARGUMENTS", "at least one tool"),
+        ({"tools": ["no_such_tool"]}, "INVALID_ARGUMENTS", "unknown tools"),
+        ({"name": "Bad Name"}, "INVALID_ARGUMENTS", "name"),
+        ({"agent": "helper"}, "PERMISSION_DENIED", "allow_agents"),
+    ],
+)
+async def test_bad_spawns_are_clear_errors(
+    make_config: Any, tmp_path: Path, args: dict[str, Any], code: str, words: str
+) -> None:
+    """Each refusal names what to change; nothing is recorded."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        r = await spawn(orch.session(PARENT), **args)
+        assert r.error is not None and r.error.code == code and words in r.error.message, r
+        assert orch.children(PARENT) == []
+
+
+async def test_other_agents_only_when_allowed_and_never_across_tenants(make_config: Any, tmp_path: Path) -> None:
+    """allow_agents lets a session spawn another agent's child in its tenant, not in another."""
+    async with Orchestrator(config(make_config, tmp_path, subagents="allow_agents: [helper, b]")) as orch:
+        ok = await spawn(orch.session(PARENT), agent="helper", name="h")
+        assert ok.ok and ok.output["session"] == "agent:helper:work:subagent:h", ok
+        other = await spawn(orch.session(PARENT), agent="b", name="x")
+        assert other.error is not None and other.error.code == "PERMISSION_DENIED" and "tenant" in other.error.message
+
+
+async def test_depth_and_fan_out_limits(make_config: Any, tmp_path: Path) -> None:
+    """max_children open children at a time; at max_spawn_depth a child cannot spawn further."""
+    async with Orchestrator(config(make_config, tmp_path, subagents="max_children: 2")) as orch:
+        parent = orch.session(PARENT)
+        assert (await spawn(parent, name="c1")).ok and (await spawn(parent, name="c2")).ok
+        third = await spawn(parent, name="c3")
+        assert third.error is not None and third.error.code == "QUOTA_EXCEEDED" and "max_children" in third.error.message
+        await orch.session(f"{PARENT}:subagent:c2").close()  # room for one more
+        dup = await spawn(parent, name="c1")
+        assert dup.error is not None and dup.error.code == "CONFLICT" and "choose another name" in dup.error.message
+        child = orch.session(f"{PARENT}:subagent:c1")
+        grand = await spawn(child, name="g")
+        assert grand.ok and grand.output["depth"] == 2, grand
+        leaf = await spawn(orch.session(grand.output["session"]), name="too-deep")
+        assert leaf.error is not None and leaf.error.code in ("TOOL_NOT_FOUND", "PERMISSION_DENIED"), leaf
+
+
+async def test_visibility_tree_by_default(make_config: Any, tmp_path: Path) -> None:
+    """A parent sees its children; a child sees itself, not its sibling or its parent."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        a = (await spawn(parent, name="a1")).output["session"]
+        b = (await spawn(parent, name="b1")).output["session"]
+        listed = await parent.call("sessions_list", {})
+        assert {s["session"] for s in listed.output["sessions"]} == {PARENT, a, b}
+        child = orch.session(a)
+        mine = await child.call("sessions_list", {})
+        assert {s["session"] for s in mine.output["sessions"]} == {a}
+        for target in (b, PARENT):
+            peek = await child.call("sessions_history", {"session": target})
+            assert peek.error is not None and peek.error.code == "PERMISSION_DENIED", peek
+
+
+async def test_visibility_agent_lets_family_see(make_config: Any, tmp_path: Path) -> None:
+    """With visibility: agent, a child reads its parent's history."""
+    async with Orchestrator(config(make_config, tmp_path, subagents="visibility: agent")) as orch:
+        parent = orch.session(PARENT)
+        await parent.call("read", {"path": "nothing.txt"})
+        a = (await spawn(parent, name="a1")).output["session"]
+        seen = await orch.session(a).call("sessions_history", {"session": PARENT})
+        assert seen.ok and any(i.get("tool") == "read" for i in seen.output["items"]), seen
+
+
+async def test_main_session_sees_its_agent_and_never_another_tenant(make_config: Any, tmp_path: Path) -> None:
+    """agent:a:main lists a's sessions; agent:b:main (another tenant) cannot read them."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        await parent.call("read", {"path": "x.txt"})
+        a = (await spawn(parent, name="a1")).output["session"]
+        main = await orch.session("agent:a:main").call("sessions_list", {})
+        assert {PARENT, a} <= {s["session"] for s in main.output["sessions"]}
+        intruder = orch.session("agent:b:main")
+        listed = await intruder.call("sessions_list", {})
+        assert {s["session"] for s in listed.output["sessions"]} == {"agent:b:main"}
+        for target in (PARENT, a):
+            peek = await intruder.call("sessions_history", {"session": target})
+            assert peek.error is not None and peek.error.code == "PERMISSION_DENIED"
+            sent = await intruder.call("sessions_send", {"session": target, "text": "hi"})
+            assert sent.error is not None and sent.error.code == "PERMISSION_DENIED"
+        assert orch.messages(a) == []
+
+
+async def test_send_history_and_events(make_config: Any, tmp_path: Path) -> None:
+    """A message lands in the child's inbox, its history and the host application's listener."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        orch.sessions.add_listener(lambda kind, data: events.append((kind, data)))
+        parent = orch.session(PARENT)
+        child = (await spawn(parent, name="c")).output["session"]
+        sent = await parent.call("sessions_send", {"session": child, "message": "start with README"})
+        assert sent.ok, sent
+        [msg] = orch.messages(child)
+        assert msg.sender == PARENT and msg.text == "start with README"
+        history = await parent.call("sessions_history", {"session": child})
+        assert history.output["task"] == "look around"
+        assert [i["text"] for i in history.output["items"] if i["kind"] == "message"] == ["start with README"]
+        too_long = await parent.call("sessions_send", {"session": child, "text": "x" * 40_000})
+        assert too_long.error is not None and too_long.error.code == "INVALID_ARGUMENTS"
+    assert [k for k, _ in events] == ["session_spawned", "session_message"]
+    assert events[0][1]["session"] == child
+
+
+async def test_status_reports_policy_limits_and_usage(make_config: Any, tmp_path: Path) -> None:
+    """session_status names the tools, the lineage, the limits and the open children."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        await spawn(parent, name="c")
+        status = await parent.call("session_status", {})
+        out = status.output
+        assert status.ok and out["session"] == PARENT and out["sandboxed"] is False and out["depth"] == 0
+        assert "sessions_spawn" in out["tools"] and out["limits"]["max_children"] == 5
+        assert out["usage"]["open_children"] == 1 and out["usage"]["calls"] >= 1
+
+
+async def test_cascade_closes_descendants_and_cancels_their_approvals(make_config: Any, tmp_path: Path) -> None:
+    """Closing the parent closes child and grandchild, denies their pending approvals, refuses later calls."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        child = (await spawn(parent, name="c")).output["session"]
+        grand = (await spawn(orch.session(child), name="g")).output["session"]
+        assert orch.journal is not None
+        orch.journal.add_approval(Approval("ap-g", "call-g", "t", grand, "a", "exec", {}, "pending", "", 0.0, None))
+        closed = await parent.close()
+        assert closed == [grand, child, PARENT]
+        assert orch.children(PARENT) == [] and orch.children(child) == []
+        approval = orch.journal.approval("ap-g")
+        assert approval is not None and approval.status == "denied" and "cancelled" in approval.reason
+        late = await orch.session(grand).call("read", {"path": "x"})
+        assert late.error is not None and late.error.code == "CONFLICT" and "closed" in late.error.message
+        assert orch.sessions.registry.pending_cascades() == []
+
+
+async def test_recover_finishes_a_cascade_that_was_begun(make_config: Any, tmp_path: Path) -> None:
+    """A cascade marked but not finished (the orchestrator died) is finished by recover()."""
+    cfg = config(make_config, tmp_path)
+    async with Orchestrator(cfg) as orch:
+        parent = orch.session(PARENT)
+        child = (await spawn(parent, name="c")).output["session"]
+        orch.sessions.registry.begin_cascade("default", PARENT, "a")  # ... and then it died
+    async with Orchestrator(cfg) as orch:
+        outcomes = await orch.recover()
+        assert {o.get("session") for o in outcomes} >= {child, PARENT}
+        assert orch.children(PARENT) == [] and orch.sessions.registry.pending_cascades() == []
