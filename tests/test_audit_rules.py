@@ -20,6 +20,15 @@ from sandbox.config import load_config, load_config_text
 from sandbox.runtime.seccomp import strict_profile_json
 
 ROOT = Path(__file__).resolve().parent.parent
+# socket() allowed when the family "is not 1": 0x100000001 passes, and the kernel reads AF_UNIX
+NOT_UNIX_ONLY = json.dumps(
+    {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": [
+            {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 1, "op": "SCMP_CMP_NE"}]}
+        ],
+    }
+)
 # deny by default, but socket() allowed for every family, as the engine's default profile does
 ENGINE_LIKE = json.dumps(
     {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read", "socket"], "action": "SCMP_ACT_ALLOW"}]}
@@ -85,6 +94,7 @@ def test_hardened_container_has_no_findings() -> None:
         ("HostConfig.SecurityOpt", ["no-new-privileges:true", "label=disable"], "SBX-C007"),
         ("HostConfig.SecurityOpt", ["no-new-privileges:true"], "SBX-C030"),
         ("HostConfig.SecurityOpt", ["no-new-privileges:true", f"seccomp={ENGINE_LIKE}"], "SBX-C030"),
+        ("HostConfig.SecurityOpt", ["no-new-privileges:true", f"seccomp={NOT_UNIX_ONLY}"], "SBX-C030"),
         ("HostConfig.NetworkMode", "host", "SBX-C008"),
         ("HostConfig.NetworkMode", "container:abc", "SBX-C009"),
         ("HostConfig.PidMode", "host", "SBX-C010"),

@@ -20,7 +20,7 @@ NEVER = [
     "userfaultfd", "keyctl", "add_key", "request_key", "init_module", "finit_module",
     "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
     "open_by_handle_at", "name_to_handle_at", "clock_settime", "settimeofday", "socketcall",
-    "socket", "clone", "clone3", "personality", "iopl", "ioperm", "acct", "quotactl", "syslog",
+    "socket", "socketpair", "clone", "clone3", "personality", "iopl", "ioperm", "acct", "quotactl", "syslog",
 ]  # fmt: skip
 
 
@@ -46,12 +46,22 @@ def test_dangerous_syscalls_are_never_unconditionally_allowed() -> None:
     assert allowed.isdisjoint(NEVER), sorted(allowed & set(NEVER))
 
 
-def test_socket_is_allowed_for_every_family_but_af_unix() -> None:
-    """socket() has one rule, conditional on the family not being AF_UNIX; socketpair is free."""
-    [rule] = rules_for("socket")
-    assert rule["action"] == "SCMP_ACT_ALLOW"
-    assert rule["args"] == [{"index": 0, "value": seccomp.AF_UNIX, "op": "SCMP_CMP_NE"}]
-    assert "socketpair" in seccomp.ALLOWED_SYSCALLS
+def test_socket_is_allowed_for_listed_families_only() -> None:
+    """socket() rules match IP and netlink families exactly (no "not AF_UNIX": high bits would pass)."""
+    rules = rules_for("socket")
+    assert all(r["action"] == "SCMP_ACT_ALLOW" for r in rules)
+    assert [r["args"] for r in rules] == [[{"index": 0, "value": f, "op": "SCMP_CMP_EQ"}] for f in (2, 10, 16)]
+    assert "socket" not in seccomp.ALLOWED_SYSCALLS
+
+
+def test_socketpair_only_for_connected_types() -> None:
+    """socketpair() is allowed for stream and seqpacket pairs (flags free), never datagram ones."""
+    rules = rules_for("socketpair")
+    conds = [r["args"] for r in rules]
+    assert conds == [
+        [{"index": 1, "value": 0xF, "valueTwo": kind, "op": "SCMP_CMP_MASKED_EQ"}] for kind in (1, 5)
+    ]
+    assert "socketpair" not in seccomp.ALLOWED_SYSCALLS
 
 
 def test_clone_cannot_make_namespaces_and_clone3_falls_back() -> None:

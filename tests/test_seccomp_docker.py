@@ -125,3 +125,48 @@ async def test_strict_profile_keeps_an_ordinary_userland_working(make_config: An
     out = str(r.output["output"])
     for expected in ("pair b'x'", "inet ok", "threads 3", "sub 0", "fifo ok", "git ok", "no userns", "no unix"):
         assert expected in out, out
+
+
+# AF_UNIX with a high bit set (the kernel reads the low 32 bits), then connect to the canary
+HIGH_BITS = (
+    "python3 -c \"import ctypes, socket, sys; libc = ctypes.CDLL(None, use_errno=True); "
+    "fd = libc.syscall(41, ctypes.c_long(0x100000001), 1, 0); "
+    "print('FD', fd, ctypes.get_errno()); s = socket.socket(fileno=fd) if fd >= 0 else None; "
+    "s and s.connect(sys.argv[1]); s and s.sendall(b'high bits'); print('CONNECTED' if s else 'REFUSED')\" "
+    "{path} 2>&1 | tail -2"
+)
+# a datagram pair may sendto() any datagram socket by path
+DGRAM_PAIR = (
+    "python3 -c \"import socket, sys; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); "
+    "a.sendto(b'dgram', sys.argv[1]); print('SENT')\" {path} 2>&1 | tail -1"
+)
+
+
+async def test_af_unix_with_high_bits_and_datagram_pairs_are_refused(make_config: Any, tmp_path: Path) -> None:
+    """The two ways round a "not AF_UNIX" rule: a 64-bit family value and a datagram pair's sendto."""
+    ws = tmp_path / "ws"
+    async with Orchestrator(config(make_config, ws, "rw")) as orch:
+        sess = orch.session("agent:a:s3")
+        try:
+            await sess.call("exec", {"command": "true"})
+            with canary(ws / "db.sock") as received:
+                high = await sess.call("exec", {"command": HIGH_BITS.format(path="/workspace/db.sock")})
+            dgram_path = ws / "log.sock"
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            server.bind(str(dgram_path))
+            os.chmod(dgram_path, 0o777)
+            server.settimeout(1)
+            try:
+                sent = await sess.call("exec", {"command": DGRAM_PAIR.format(path="/workspace/log.sock")})
+                try:
+                    got: bytes | None = server.recv(100)
+                except TimeoutError:
+                    got = None
+            finally:
+                server.close()
+        finally:
+            await sess.close()
+    assert "REFUSED" in high.output["output"] and "FD -1 1" in high.output["output"], high.output
+    assert received == []
+    assert "SENT" not in sent.output["output"] and "Operation not permitted" in sent.output["output"], sent.output
+    assert got is None

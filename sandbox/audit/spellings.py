@@ -68,9 +68,10 @@ def seccomp_weakness(value: str) -> str | None:
 def denies_unix_sockets(opts: list[str]) -> bool:
     """Whether the seccomp option among `opts` refuses socket(AF_UNIX, ...), judged by content.
 
-    True when the profile denies by default and every rule allowing `socket` excludes family 1
-    (the built-in `strict` profile's shape); False for the engine's default profile, which allows
-    every family.
+    True when the profile denies by default and every rule allowing `socket` pins the family to
+    one value that is not AF_UNIX in its low 32 bits (the built-in `strict` profile's shape). A
+    "not equal to 1" rule does not count: 0x100000001 passes it and the kernel reads AF_UNIX.
+    False for the engine's default profile, which allows every family.
     """
     values = [o[8:] for o in opts if o[:8] in ("seccomp=", "seccomp:")]
     if not values:
@@ -87,6 +88,9 @@ def denies_unix_sockets(opts: list[str]) -> bool:
         if str(rule.get("action") or "") not in _ALLOWING:
             continue
         args = rule.get("args") or []
-        if not any(a.get("index") == 0 and a.get("op") == "SCMP_CMP_NE" and a.get("value") == 1 for a in args):
+        if not any(
+            a.get("index") == 0 and a.get("op") == "SCMP_CMP_EQ" and (int(a.get("value") or 0) & 0xFFFFFFFF) != 1
+            for a in args
+        ):
             return False
     return True

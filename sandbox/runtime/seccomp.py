@@ -3,8 +3,9 @@
 A Unix socket that appears below a mounted folder after a sandbox started (a dev database's
 `.s.PGSQL.5432` in the workspace) is reachable through the mount, read-only or not, whatever the
 network mode. Seccomp cannot read `connect`'s address, so the filter is on socket creation:
-`socket(AF_UNIX, ...)` fails with EPERM, while `socketpair` (an anonymous pair, reaching nothing
-on disk) and every other family still work. The engine applies one profile only, so this one is
+`socket()` is allowed for IP and netlink families only (matched exactly, all 64 bits), so
+AF_UNIX fails with EPERM; `socketpair` only for stream and seqpacket pairs (connected, they
+reach nothing on disk; a datagram pair could `sendto` a path). The engine applies one profile only, so this one is
 a whole allowlist, written here from the syscalls an ordinary userland needs; whatever it does
 not name is EPERM. Left out on purpose: namespaces and mounts (`unshare`, `setns`, `mount`, new
 mount API), `ptrace` and `process_vm_*` and `pidfd_getfd` (reading or stealing from another
@@ -22,9 +23,16 @@ from typing import Any
 
 STRICT = "strict"
 ENGINE_DEFAULT = "default"
-PROFILE_VERSION = 1  # bump when the allowlist changes: sandboxes are recreated under the new one
+PROFILE_VERSION = 2  # bump when the allowlist changes: sandboxes are recreated under the new one
 
 AF_UNIX = 1
+# socket() families allowed, each matched exactly on all 64 bits of the argument: a "not AF_UNIX"
+# rule let 0x100000001 through (the kernel reads only the low 32 bits: AF_UNIX again)
+SOCKET_FAMILIES = (2, 10, 16)  # AF_INET, AF_INET6, AF_NETLINK
+# socketpair() types (low 4 bits of the type; the flags above them are free): a datagram pair
+# could still sendto() a datagram socket by path (/dev/log, a notify socket)
+SOCKETPAIR_TYPES = (1, 5)  # SOCK_STREAM, SOCK_SEQPACKET
+SOCK_TYPE_MASK = 0xF
 EPERM = 1
 ENOSYS = 38
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
@@ -78,7 +86,7 @@ select _newselect pselect6 pselect6_time64 poll ppoll ppoll_time64 epoll_create 
 epoll_ctl epoll_ctl_old epoll_wait epoll_wait_old epoll_pwait epoll_pwait2 eventfd eventfd2
 pipe pipe2 ioctl
 
-socketpair bind listen accept accept4 connect getsockname getpeername getsockopt setsockopt
+bind listen accept accept4 connect getsockname getpeername getsockopt setsockopt
 sendto recvfrom sendmsg recvmsg sendmmsg recvmmsg recvmmsg_time64 shutdown
 
 shmget shmat shmdt shmctl semget semop semtimedop semtimedop_time64 semctl msgget msgsnd
@@ -99,8 +107,20 @@ def strict_profile_json() -> str:
     """The `strict` profile as the JSON the engine takes inline (`seccomp=<json>`)."""
     rules = [
         _rule(list(ALLOWED_SYSCALLS), "SCMP_ACT_ALLOW"),
-        # every address family but AF_UNIX
-        _rule(["socket"], "SCMP_ACT_ALLOW", [{"index": 0, "value": AF_UNIX, "op": "SCMP_CMP_NE"}]),
+        # IP and netlink sockets only, never AF_UNIX however the argument is spelled
+        *(
+            _rule(["socket"], "SCMP_ACT_ALLOW", [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}])
+            for family in SOCKET_FAMILIES
+        ),
+        # connected pairs only: a stream or seqpacket pair cannot reach a path
+        *(
+            _rule(
+                ["socketpair"],
+                "SCMP_ACT_ALLOW",
+                [{"index": 1, "value": SOCK_TYPE_MASK, "valueTwo": kind, "op": "SCMP_CMP_MASKED_EQ"}],
+            )
+            for kind in SOCKETPAIR_TYPES
+        ),
         # fork-like clones only: no new namespaces (a user namespace would bring capabilities back)
         _rule(
             ["clone"],
