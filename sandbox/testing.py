@@ -135,9 +135,11 @@ class FakeSandbox:
         del user
         return await self._backend.handle(FakeCall(self.id, None, tuple(argv), None, dict(env or {}), None, timeout_s))
 
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
         """Record the kill."""
-        del user
+        del user, pid_dir
         self.killed.append((call_id, signal))
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:

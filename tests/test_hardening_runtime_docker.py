@@ -132,7 +132,9 @@ async def test_unconfirmed_kill_restarts_the_sandbox(make_config: Any, monkeypat
 
     monkeypatch.setattr(docker_kill, "container_pids", lambda api, cid: None)
 
-    async def never_confirms(self: Any, call_id: str, signal: str, *, user: str | None) -> bool:
+    async def never_confirms(
+        self: Any, call_id: str, signal: str, *, user: str | None, pid_dir: str | None = None
+    ) -> bool:
         return False
 
     monkeypatch.setattr(DockerSandbox, "_kill", never_confirms)
@@ -306,7 +308,8 @@ agents: {defaults: {sandbox: {mode: all, scope: agent, docker: {tmpfs: {/tmp: "r
         assert filled.ok and " 100% " in filled.output["output"]
         ran = await two.call("exec", {"command": "echo still-running; echo $TMPDIR"})
         assert ran.ok and ran.output["exit_code"] == 0, ran
-        assert ran.output["output"].startswith("still-running\n/tmp/session-")
+        # a TMPDIR per session, inside its own record directory (session users are on here)
+        assert ran.output["output"].startswith("still-running\n/tmp/.sbx-")
         assert ran.output["output"].split()[1] not in filled.output["output"]  # a TMPDIR per session
         # a background process still starts, and its exit status is kept though /tmp is full
         bg = await two.call("exec", {"command": "sleep 1; exit 3", "background": True})

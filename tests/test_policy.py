@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 
 from sandbox.config import load_config, load_config_text
@@ -14,7 +16,7 @@ from sandbox.policy.groups import acting_as
 EXAMPLES = Path(__file__).resolve().parent.parent / "policies"
 
 
-def resolve(yaml_text: str, agent: str = "main", session: str = "agent:main:main", **kw: str) -> ResolvedPolicy:
+def resolve(yaml_text: str, agent: str = "main", session: str = "agent:main:main", **kw: Any) -> ResolvedPolicy:
     config = load_config_text(yaml_text, base_dir=Path("/tmp"))
     return PolicyResolver(config).resolve(Identity(agent=agent, session=session, **kw))
 

@@ -58,9 +58,7 @@ def test_socketpair_only_for_connected_types() -> None:
     """socketpair() is allowed for stream and seqpacket pairs (flags free), never datagram ones."""
     rules = rules_for("socketpair")
     conds = [r["args"] for r in rules]
-    assert conds == [
-        [{"index": 1, "value": 0xF, "valueTwo": kind, "op": "SCMP_CMP_MASKED_EQ"}] for kind in (1, 5)
-    ]
+    assert conds == [[{"index": 1, "value": 0xF, "valueTwo": kind, "op": "SCMP_CMP_MASKED_EQ"}] for kind in (1, 5)]
     assert "socketpair" not in seccomp.ALLOWED_SYSCALLS
 
 

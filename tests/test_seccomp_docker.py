@@ -129,7 +129,7 @@ async def test_strict_profile_keeps_an_ordinary_userland_working(make_config: An
 
 # AF_UNIX with a high bit set (the kernel reads the low 32 bits), then connect to the canary
 HIGH_BITS = (
-    "python3 -c \"import ctypes, socket, sys; libc = ctypes.CDLL(None, use_errno=True); "
+    'python3 -c "import ctypes, socket, sys; libc = ctypes.CDLL(None, use_errno=True); '
     "fd = libc.syscall(41, ctypes.c_long(0x100000001), 1, 0); "
     "print('FD', fd, ctypes.get_errno()); s = socket.socket(fileno=fd) if fd >= 0 else None; "
     "s and s.connect(sys.argv[1]); s and s.sendall(b'high bits'); print('CONNECTED' if s else 'REFUSED')\" "
@@ -137,7 +137,7 @@ HIGH_BITS = (
 )
 # a datagram pair may sendto() any datagram socket by path
 DGRAM_PAIR = (
-    "python3 -c \"import socket, sys; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); "
+    'python3 -c "import socket, sys; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); '
     "a.sendto(b'dgram', sys.argv[1]); print('SENT')\" {path} 2>&1 | tail -1"
 )
 

@@ -43,9 +43,11 @@ def test_allocation_is_stable_and_distinct(tmp_path: Path) -> None:
     """A session gets the same uid and directory every time; two sessions never share one."""
     a1, b = allocate(tmp_path, "agent:main:a", 1000), allocate(tmp_path, "agent:main:b", 1000)
     a2 = allocate(tmp_path, "agent:main:a", 1000)
-    assert a1 == a2 and a1.uid != b.uid and a1.pid_dir != b.pid_dir
+    assert a1 == a2 and a1.uid != b.uid and a1.pid_dir("c1") != b.pid_dir("c1")
     assert a1.user == f"{a1.uid}:1000" and UID_BASE <= a1.uid < UID_BASE + UID_SPAN
-    assert a1.pid_dir.startswith(f"/tmp/.sbx-{a1.uid}-") and shellwrap.is_private(a1.pid_dir)
+    assert a1.pid_dir("c1").startswith(f"/tmp/.sbx-{a1.uid}-") and shellwrap.is_private(a1.pid_dir("c1"))
+    # a recreated container gets a new, unguessable name (a squat of the old one is useless)
+    assert a1.pid_dir("c2") != a1.pid_dir("c1") and a1.token not in a1.pid_dir("c1")
 
 
 @given(st.lists(st.text(min_size=1, max_size=30), min_size=2, max_size=40, unique=True))
@@ -94,3 +96,5 @@ def test_scripts_are_told_whether_their_directory_is_private() -> None:
     assert shellwrap.start_background_argv("x", "p1")[-1] == "0"
     assert shellwrap.poll_argv("p1", 0, 10, "/tmp/.sbx-20001-ab")[-1] == "1"
     assert shellwrap.write_stdin_argv("p1", "hi", "/tmp/.sbx-20001-ab")[7] == "1"
+    assert shellwrap.kill_argv("p1", "KILL", "/tmp/.sbx-20001-ab")[-1] == "1"
+    assert shellwrap.kill_argv("p1", "KILL")[-1] == "0"

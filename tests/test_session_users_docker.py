@@ -121,12 +121,13 @@ async def test_a_squatted_record_directory_is_refused(make_config: Any, tmp_path
         carol = orch.session("agent:main:carol")
         await bob.call("exec", {"command": "true"})  # the container exists
         box = await bob.sandbox()
-        scope = box.spec.identity.split("|", 1)[0]
+        scope = box.spec.identity.rsplit("|", 1)[0]
         registry = config.state_dir / "session-users" / hashlib.sha256(scope.encode()).hexdigest()[:32]
-        carols = allocate(registry, carol.key, 1000)  # what Carol will get (Bob guessed the name)
+        # what Carol will get (as if Bob had guessed the name: he cannot, it hangs on a secret)
+        carol_dir = allocate(registry, carol.key, 1000).pid_dir(box.id)
         squat = await bob.call(
             "exec",
-            {"command": f"mkdir -m 777 {carols.pid_dir} && echo forged > {carols.pid_dir}/p_x.out && echo squatted"},
+            {"command": f"mkdir -m 777 {carol_dir} && echo forged > {carol_dir}/p_x.out && echo squatted"},
         )
         assert "squatted" in squat.output["output"], squat
         started = await carol.call("exec", {"command": "echo hi", "background": True})
@@ -160,3 +161,45 @@ async def test_control_one_uid_lets_the_attack_through(make_config: Any) -> None
         assert "WROTE" in out and "FORGED EXIT" in out and "KILLED" in out, out
         log = await alice.call("process", {"action": "log", "id": proc_id})
         assert "INJECTED" in log.output["output"], log
+
+
+async def test_tmpdir_is_private_and_git_works_across_sessions(make_config: Any) -> None:
+    """A session's TMPDIR is inside its own directory (Bob cannot read Alice's temp files), and
+    git works on a repository another session made (the workspace is shared on purpose)."""
+    async with Orchestrator(agent_config(make_config)) as orch:
+        alice, bob = orch.session("agent:main:alice"), orch.session("agent:main:bob")
+        tmp = await alice.call("exec", {"command": 'echo secret-temp > "$TMPDIR/t" && echo "$TMPDIR"'})
+        alice_tmp = tmp.output["output"].strip()
+        assert alice_tmp.startswith("/tmp/.sbx-") and alice_tmp.endswith("/tmp"), tmp
+        peek = await bob.call("exec", {"command": f"cat {alice_tmp}/t 2>&1; ls {alice_tmp} 2>&1; echo end"})
+        assert "secret-temp" not in peek.output["output"] and "Permission denied" in peek.output["output"]
+        made = await alice.call(
+            "exec",
+            {
+                "command": "git init -q repo && cd repo && echo x > f && git add f && "
+                "git -c user.email=a@x -c user.name=a commit -qm one && echo made"
+            },
+        )
+        assert "made" in made.output["output"], made
+        status = await bob.call("exec", {"command": "cd repo && git log --oneline | wc -l && git status --short"})
+        assert status.ok and status.output["exit_code"] == 0, status
+        assert status.output["output"].split()[0] == "1", status
+
+
+async def test_a_planted_pid_file_never_redirects_a_kill(make_config: Any) -> None:
+    """In-container kills read only the caller's own pid files, and only numbers above 1:
+    "1" planted in the shared directory does not turn a kill of one call into `kill -1`."""
+    from sandbox.runtime import shellwrap
+
+    async with Orchestrator(agent_config(make_config, ", session_users: off")) as orch:
+        sess = orch.session("agent:main:alice")
+        bg = await sess.call("exec", {"command": "sleep 120", "background": True})
+        assert bg.ok, bg
+        box = await sess.sandbox()
+        planted = await box.run_argv(["sh", "-c", "mkdir -p /tmp/.sbx && echo 1 > /tmp/.sbx/c_victim.pid"])
+        assert planted.exit_code == 0
+        killed = await box.run_argv(shellwrap.kill_argv("c_victim", "KILL"))
+        assert killed.exit_code == 0
+        polled = await sess.call("process", {"action": "poll", "id": bg.output["process_id"]})
+        assert polled.output["status"] == "running", polled
+        await sess.call("process", {"action": "kill", "id": bg.output["process_id"]})

@@ -100,7 +100,9 @@ async def test_depth_and_fan_out_limits(make_config: Any, tmp_path: Path) -> Non
         parent = orch.session(PARENT)
         assert (await spawn(parent, name="c1")).ok and (await spawn(parent, name="c2")).ok
         third = await spawn(parent, name="c3")
-        assert third.error is not None and third.error.code == "QUOTA_EXCEEDED" and "max_children" in third.error.message
+        assert (
+            third.error is not None and third.error.code == "QUOTA_EXCEEDED" and "max_children" in third.error.message
+        )
         await orch.session(f"{PARENT}:subagent:c2").close()  # room for one more
         dup = await spawn(parent, name="c1")
         assert dup.error is not None and dup.error.code == "CONFLICT" and "choose another name" in dup.error.message

@@ -90,24 +90,24 @@ class DockerSandbox:
         except anyio.get_cancelled_exc_class():
             # the caller gave up (an outer timeout, a cancelled task): the work still dies
             with anyio.CancelScope(shield=True):
-                await self.stop(call_id, user=user)
+                await self.stop(call_id, user=user, pid_dir=pid_dir)
             raise
         if result.timed_out or result.overflowed:
             with anyio.CancelScope(shield=True):
-                note = await self.stop(call_id, user=user)
+                note = await self.stop(call_id, user=user, pid_dir=pid_dir)
             if note:
                 result = dataclasses.replace(result, notes=(*result.notes, note))
         return result
 
-    async def stop(self, call_id: str, *, user: str | None = None) -> str | None:
+    async def stop(self, call_id: str, *, user: str | None = None, pid_dir: str | None = None) -> str | None:
         """TERM, a grace period, then KILL everything `call_id` started, and confirm it.
 
         Returns None when confirmed; otherwise the sandbox is removed (so nothing of the call can
         go on) and the returned note says so.
         """
-        await self.kill(call_id, "TERM", user=user)
+        await self.kill(call_id, "TERM", user=user, pid_dir=pid_dir)
         await anyio.sleep(TERM_GRACE_S)
-        confirmed = await self._kill(call_id, "KILL", user=user)
+        confirmed = await self._kill(call_id, "KILL", user=user, pid_dir=pid_dir)
         if confirmed:
             return None
         logger.bind(container=self._spec.name, call_id=call_id).warning("sandbox_kill_unconfirmed")
@@ -142,11 +142,13 @@ class DockerSandbox:
             self.gone = True
             raise
 
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
         """Signal everything `call_id` started (see :meth:`stop` for a confirmed kill)."""
-        await self._kill(call_id, signal, user=user)
+        await self._kill(call_id, signal, user=user, pid_dir=pid_dir)
 
-    async def _kill(self, call_id: str, signal: str, *, user: str | None) -> bool:
+    async def _kill(self, call_id: str, signal: str, *, user: str | None, pid_dir: str | None = None) -> bool:
         # From the host first: it needs no new process in the sandbox (whose pids limit may be
         # used up) and no engine exec round trip. Then from inside, when the host cannot see.
         api = self._backend.client.api
@@ -155,7 +157,8 @@ class DockerSandbox:
         if confirmed is not None:
             return confirmed
         try:
-            result = await self._exec(shellwrap.kill_argv(call_id, signal), user=user or self._spec.user, timeout_s=15)
+            argv = shellwrap.kill_argv(call_id, signal, pid_dir or shellwrap.PID_DIR)
+            result = await self._exec(argv, user=user or self._spec.user, timeout_s=15)
             if result.exit_code != 0:
                 return False
             return signal != "KILL" or not await self.alive(call_id, user=user)

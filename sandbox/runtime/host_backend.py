@@ -78,9 +78,11 @@ class HostShell:
         del user
         return await self._exec(list(argv), {**os.environ, **self._env, **(env or {})}, None, timeout_s)
 
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
         """Signal everything `call_id` started (read from /proc: no shell, no fork per process)."""
-        del user
+        del user, pid_dir  # the host reads /proc: no pid file needed
         shellwrap.check_call_id(call_id)
         if signal not in shellwrap.SIGNALS:
             raise ValueError(f"bad signal {signal!r}")

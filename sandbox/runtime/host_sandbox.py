@@ -100,9 +100,11 @@ class HostSandbox:
         translated = [self.host_path(arg) or arg for arg in argv]
         return await self._shell.run_argv(translated, user=user, timeout_s=timeout_s, env=env)
 
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
         """Signal everything `call_id` started."""
-        await self._shell.kill(call_id, signal, user=user)
+        await self._shell.kill(call_id, signal, user=user, pid_dir=pid_dir)
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids a call started that are still alive."""

@@ -135,8 +135,13 @@ class Shell(Protocol):
         """Run an argv directly (helpers, probes); no kill tracking. `env` adds to its environment."""
         ...
 
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
-        """Signal every process a call started (its group and anything tagged with its id)."""
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
+        """Signal every process a call started (its group and anything tagged with its id).
+
+        `pid_dir`: where the call's pid file is (a session's private directory), when not the default.
+        """
         ...
 
 

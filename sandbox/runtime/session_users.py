@@ -36,6 +36,12 @@ UID_BASE = 20000
 UID_SPAN = 65536 - UID_BASE
 MAX_PROBES = 256
 UMASK = "002"  # what one session makes, the agent's other sessions (same group) can change
+SESSION_ENV = {
+    "SBX_UMASK": UMASK,
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
 
 
 def uses_session_users(setting: str, scope: str, workspace_access: str, user: str) -> bool:
@@ -68,10 +74,14 @@ class SessionUser:
         """`uid:gid` for the engine's exec."""
         return f"{self.uid}:{self.gid}"
 
-    @property
-    def pid_dir(self) -> str:
-        """The session's private record directory in the container's /tmp."""
-        return f"/tmp/.sbx-{self.uid}-{self.token}"
+    def pid_dir(self, container_id: str) -> str:
+        """The session's private record directory in one container's /tmp.
+
+        Derived from the secret token and the container: after a sandbox is recreated the name
+        is new, so nobody who saw the old one in `ls /tmp` can create it first.
+        """
+        tag = hashlib.sha256(f"{self.token}|{container_id}".encode()).hexdigest()[:16]
+        return f"/tmp/.sbx-{self.uid}-{tag}"
 
 
 def allocate(registry: Path, session: str, gid: int) -> SessionUser:
@@ -136,8 +146,13 @@ class SessionShell:
 
     @property
     def pid_dir(self) -> str:
-        """The session's private record directory."""
-        return self.session_user.pid_dir
+        """The session's private record directory (in the sandbox's current container)."""
+        return self.session_user.pid_dir(self.sandbox.id)
+
+    @property
+    def tmp_dir(self) -> str:
+        """The session's TMPDIR: inside its private directory, so no other session can squat it."""
+        return f"{self.pid_dir}/tmp"
 
     @property
     def spec(self) -> Any:
@@ -150,7 +165,9 @@ class SessionShell:
         return self.sandbox.id
 
     def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        return {"SBX_UMASK": UMASK, **(env or {})}
+        # git refuses repositories another uid owns ("dubious ownership"); sessions share the
+        # workspace on purpose (README: what sessions of one agent share)
+        return {**SESSION_ENV, **(env or {})}
 
     async def run(
         self,
@@ -190,9 +207,11 @@ class SessionShell:
             argv, user=user or self.session_user.user, timeout_s=timeout_s, env=self._env(env)
         )
 
-    async def kill(self, call_id: str, signal: str = "KILL", *, user: str | None = None) -> None:
-        """Signal what `call_id` started (from the host; inside, as the session's uid)."""
-        await self.sandbox.kill(call_id, signal, user=user or self.session_user.user)
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
+        """Signal what `call_id` started (from the host; inside, as the session's uid, its own pid files)."""
+        await self.sandbox.kill(call_id, signal, user=user or self.session_user.user, pid_dir=pid_dir or self.pid_dir)
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids `call_id` started that are still alive."""
@@ -205,5 +224,6 @@ def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbo
     if not spec.session_users:
         return sandbox
     gid = int(spec.user.partition(":")[2] or spec.user)
-    registry = registry_root / hashlib.sha256(spec.identity.split("|", 1)[0].encode()).hexdigest()[:32]
+    # per container: the identity without its config hash (`<tenant>|<scope key>`)
+    registry = registry_root / hashlib.sha256(spec.identity.rsplit("|", 1)[0].encode()).hexdigest()[:32]
     return SessionShell(sandbox, allocate(registry, session, gid))

@@ -24,6 +24,8 @@ _PID_OF = """
 pid_of() {
   p=$(cat "$1/$2.pid" 2>/dev/null)
   [ -n "$p" ] || for f in "$1/$2".pid-*; do [ -e "$f" ] && p="${f##*.pid-}"; done
+  # a pid file is data: only a number above 1 is a process group we may signal (never -1)
+  case "$p" in ''|*[!0-9]*) p= ;; *) [ "$p" -gt 1 ] || p= ;; esac
   echo "$p"
 }
 # alive and not a zombie (an orphan's zombie lingers where nothing reaps it, e.g. on a host
@@ -41,7 +43,8 @@ _WRAP = (
     "__sbx_c=$1; __sbx_p=$0; __sbx_m=$2; set --; "
     '[ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"; '
     '{ echo $$ > "$__sbx_p" || { mkdir -p -m "$__sbx_m" "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
-    '[ -z "$SBX_TMPDIR" ] || { mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null && export TMPDIR="$SBX_TMPDIR"; }; '
+    '[ -z "$SBX_TMPDIR" ] || { mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null; '
+    '[ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }; '
     'unset __sbx_p __sbx_m SBX_TMPDIR SBX_UMASK; eval "$__sbx_c"'
 )
 
@@ -62,8 +65,10 @@ own_dir() {
 _KILL = (
     _PID_OF
     + f"""
-id="$1"; sig="$2"; d="$3"
-pg=$(pid_of "$d" "$id")
+id="$1"; sig="$2"; d="$3"; private="$4"
+pg=
+# a private directory someone else made is not ours: its pid files are not trusted
+if [ "$private" != 1 ] || {{ [ -O "$d" ] && [ ! -L "$d" ]; }}; then pg=$(pid_of "$d" "$id"); fi
 [ -n "$pg" ] && kill -s "$sig" -- -"$pg" 2>/dev/null
 for p in /proc/[0-9]*; do
   if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then
@@ -97,7 +102,8 @@ setsid sh -c '
     env -u {TAG_VAR} sh -c "$4" "$0" "$1" "$3" "$$" </dev/null >/dev/null 2>&1 &
     w=$!
   fi
-  [ -z "$SBX_TMPDIR" ] || {{ mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null && export TMPDIR="$SBX_TMPDIR"; }}
+  [ -z "$SBX_TMPDIR" ] || {{ mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null;
+    [ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }}
   unset SBX_TMPDIR SBX_UMASK
   exec 3<>"$0/$1.in"
   /bin/sh -lc "$2" <&3 >>"$0/$1.out" 2>&1
@@ -184,7 +190,8 @@ def kill_argv(call_id: str, signal: str, pid_dir: str = PID_DIR) -> list[str]:
     """argv that signals everything `call_id` started."""
     if signal not in SIGNALS:
         raise ValueError(f"bad signal {signal!r}")
-    return ["/bin/sh", "-c", _KILL, "sbx", check_call_id(call_id), signal, pid_dir]
+    private = "1" if is_private(pid_dir) else "0"
+    return ["/bin/sh", "-c", _KILL, "sbx", check_call_id(call_id), signal, pid_dir, private]
 
 
 def alive_argv(call_id: str) -> list[str]:

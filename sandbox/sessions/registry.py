@@ -227,7 +227,9 @@ class Registry:
 
     def pending_cascades(self) -> list[tuple[str, str, str]]:
         """(tenant, key, agent) of every cascade an orchestrator began and did not finish."""
-        return [(r[0], r[1], r[2]) for r in self._rows("SELECT tenant, key, agent FROM cascades ORDER BY started_at", ())]
+        return [
+            (r[0], r[1], r[2]) for r in self._rows("SELECT tenant, key, agent FROM cascades ORDER BY started_at", ())
+        ]
 
     # -- inbox -----------------------------------------------------------------------------
 
@@ -255,5 +257,18 @@ class Registry:
 def _child(row: tuple[Any, ...]) -> Child:
     tools = tuple(json.loads(row[7])) if row[7] is not None else None
     return Child(
-        row[0], row[1], row[2], row[3], int(row[4]), row[5], row[6], tools, row[8], row[9], row[10], row[11], row[12], row[13]
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        int(row[4]),
+        row[5],
+        row[6],
+        tools,
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
     )

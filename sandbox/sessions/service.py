@@ -133,7 +133,20 @@ class SessionsService:
         view = section.parent_workspace
         source = await self._parent_source(caller) if view != "none" else ""
         child = Child(
-            key, tenant, target.id, caller.key, depth, name, task, narrow, view, source, call_id, time.time(), "open", None
+            key,
+            tenant,
+            target.id,
+            caller.key,
+            depth,
+            name,
+            task,
+            narrow,
+            view,
+            source,
+            call_id,
+            time.time(),
+            "open",
+            None,
         )
         await anyio.to_thread.run_sync(lambda: self.registry.add_child(child, max_children=section.max_children))
         self._emit("session_spawned", tenant=tenant, parent=caller.key, session=key, agent=target.id, task=task)

@@ -24,9 +24,7 @@ async def _no_publish(host_file: Path) -> str | None:
 class SessionsPort(Protocol):
     """The sessions tools' view of the orchestrator, bound to the calling session and call."""
 
-    async def spawn(
-        self, *, task: str, name: str | None, agent: str | None, tools: list[str] | None
-    ) -> dict[str, Any]:
+    async def spawn(self, *, task: str, name: str | None, agent: str | None, tools: list[str] | None) -> dict[str, Any]:
         """Create a child session; return its key and what it sees."""
         ...
 

@@ -65,7 +65,10 @@ def session_env(ctx: ToolContext) -> dict[str, str]:
     """
     if not ctx.sandboxed:
         return {}
-    return {"SBX_TMPDIR": f"/tmp/session-{short_hash(ctx.session, 16)}"}
+    # with a uid of its own, the session's TMPDIR is inside its private directory (a predictable
+    # /tmp path could be made first by another session, which would then read its temp files)
+    own = getattr(ctx.shell, "tmp_dir", None)
+    return {"SBX_TMPDIR": own if isinstance(own, str) else f"/tmp/session-{short_hash(ctx.session, 16)}"}
 
 
 FOREIGN_RECORDS = 96  # the scripts' exit status when the session's record directory is not its own
@@ -88,19 +91,10 @@ async def start(
     """
     proc_id = new_id("p").replace("-", "_")
     argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s)
-    quoted_env = {**session_env(ctx), **env, shellwrap.TAG_VAR: proc_id}
-    # the start helper runs with the tag so that the detached process inherits it
-    result = await ctx.shell.run_argv(
-        [
-            "env",
-            *(f"{k}={v}" for k, v in quoted_env.items()),
-            "sh",
-            "-c",
-            'cd "$0" && exec "$@"',
-            workdir,
-            *argv,
-        ]
-    )
+    # the start helper runs with the tag so that the detached process inherits it; values go
+    # through the exec's environment (argv would show them to every `ps` in the sandbox)
+    environment = {**session_env(ctx), **env, shellwrap.TAG_VAR: proc_id}
+    result = await ctx.shell.run_argv(["sh", "-c", 'cd "$0" && exec "$@"', workdir, *argv], env=environment)
     if result.exit_code == 97 and b"No space left" in result.output:
         raise SandboxError(
             ErrorCode.QUOTA_EXCEEDED,
