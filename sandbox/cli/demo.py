@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import click
 
+from sandbox.cli.demo_subagents import subagents_part
 from sandbox.config.merge import default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
@@ -265,6 +266,8 @@ async def run_demo(config: Config, agent: str | None, keep: bool, as_json: bool)
                 echo("         (session closed: its session-scoped sandbox was removed)")
         echo("")
     all_ok &= await _control_part(config, agent_id, key, echo, report)
+    echo("")
+    all_ok &= await subagents_part(config, agent_id, key, echo, report)
     echo("")
     echo("demo: every step behaved as expected" if all_ok else "demo: SOME STEPS DID NOT BEHAVE AS EXPECTED")
     if as_json:
