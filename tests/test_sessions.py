@@ -219,3 +219,26 @@ async def test_recover_finishes_a_cascade_that_was_begun(make_config: Any, tmp_p
         outcomes = await orch.recover()
         assert {o.get("session") for o in outcomes} >= {child, PARENT}
         assert orch.children(PARENT) == [] and orch.sessions.registry.pending_cascades() == []
+
+
+async def test_a_child_never_gets_more_than_its_parent_has(make_config: Any, tmp_path: Path) -> None:
+    """A parent narrowed by its provider layer spawns a child: the child is as narrow (its own
+    resolution has no provider), and `tools` naming something the parent lacks does not add it."""
+    extra = "  by_provider: {acme: {allow: [read, exec, sessions_spawn]}}\n"
+    text = f"""
+tools:
+  profile: full
+{extra}  subagents: {{max_spawn_depth: 2}}
+agents:
+  defaults: {{sandbox: {{mode: 'off'}}}}
+  list: [{{id: a, workspace: "{tmp_path / "ws"}"}}]
+"""
+    async with Orchestrator(make_config(text)) as orch:
+        parent = orch.session(PARENT, provider="acme")
+        assert {t.name for t in parent.tools()} == {"read", "exec", "sessions_spawn"}
+        r = await spawn(parent, name="c")
+        assert r.ok and set(r.output["tools"]) <= {"read", "exec", "sessions_spawn"}, r
+        child = orch.session(r.output["session"])
+        assert {t.name for t in child.tools()} <= {"read", "exec", "sessions_spawn"}
+        wider = await spawn(parent, name="w", tools=["write"])
+        assert wider.error is not None and "none of" in wider.error.message

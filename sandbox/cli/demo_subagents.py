@@ -65,7 +65,9 @@ async def subagents_part(
         closed = await parent.close()
         gone = not await orch.backend.exists(child_box.spec.name)
         echo(f"🧹 close        {parent.key}")
-        echo(f"     {'✓' if gone else '✗ UNEXPECTED'} the cascade closed {len(closed) - 1} child; its container is gone")
+        echo(
+            f"     {'✓' if gone else '✗ UNEXPECTED'} the cascade closed {len(closed) - 1} child; its container is gone"
+        )
         ok &= gone
         late = await child.call("exec", {"command": "true"})
         refused = late.error is not None and late.error.code == "CONFLICT"

@@ -22,7 +22,7 @@ import anyio
 from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, UsageError
-from sandbox.policy.groups import expand
+from sandbox.policy.groups import expand, expand_all
 from sandbox.policy.sessions import key_problem, parse_session_key
 from sandbox.sessions.registry import Child, Message, Registry
 
@@ -129,7 +129,7 @@ class SessionsService:
                 f"a child here would be {depth} spawns deep; tools.subagents.max_spawn_depth is "
                 f"{section.max_spawn_depth}",
             )
-        narrow = self._narrowing(tools)
+        narrow = self._narrowing(tools, caller.policy.allowed)
         view = section.parent_workspace
         source = await self._parent_source(caller) if view != "none" else ""
         child = Child(
@@ -157,7 +157,7 @@ class SessionsService:
             "depth": depth,
             "task": task,
             "parent_workspace": f"/parent ({view})" if view != "none" else None,
-            "tools": list(narrow) if narrow is not None else None,
+            "tools": sorted(t.name for t in self._orch.session(key, agent=target.id).tools()),
             "note": "the host application runs the child's model loop; its sandbox is made on its first call",
         }
 
@@ -179,9 +179,11 @@ class SessionsService:
             raise SandboxError(ErrorCode.PERMISSION_DENIED, f"agent {agent!r} belongs to another tenant")
         return target
 
-    def _narrowing(self, tools: list[str] | None) -> tuple[str, ...] | None:
+    def _narrowing(self, tools: list[str] | None, parent_allowed: frozenset[str]) -> tuple[str, ...]:
+        """The child's spawn layer: never more than the parent has now (its provider layers
+        included, which the child's own resolution would not see), narrowed by `tools`."""
         if tools is None:
-            return None
+            return tuple(sorted(parent_allowed))
         if not tools:
             raise SandboxError(
                 ErrorCode.INVALID_ARGUMENTS, "tools must name at least one tool (omit it to keep the policy's tools)"
@@ -193,7 +195,13 @@ class SessionsService:
                 ErrorCode.INVALID_ARGUMENTS,
                 f"unknown tools {unknown}; name tools or groups this policy knows (e.g. exec, read, group:fs)",
             )
-        return tuple(tools)
+        kept = expand_all(tools, universe) & parent_allowed
+        if not kept:
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS,
+                f"none of {tools} is available to this session, so the child would have no tools",
+            )
+        return tuple(sorted(kept))
 
     async def _parent_source(self, caller: Session) -> str:
         """The host folder of the caller's workspace (made now, so the child can mount it)."""
