@@ -242,3 +242,26 @@ agents:
         assert {t.name for t in child.tools()} <= {"read", "exec", "sessions_spawn"}
         wider = await spawn(parent, name="w", tools=["write"])
         assert wider.error is not None and "none of" in wider.error.message
+
+
+async def test_explain_and_tools_see_a_spawned_session_as_it_runs(make_config: Any, tmp_path: Path) -> None:
+    """The CLI resolves a child with its spawn layer: `tools` offers only what the child may call."""
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(
+        f"state_dir: {tmp_path / 'state'}\ntools: {{profile: full}}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{tmp_path / 'ws'}'}}]}}\n"
+    )
+    from sandbox import load_config
+
+    async with Orchestrator(load_config(cfg_path)) as orch:
+        r = await spawn(orch.session(PARENT), name="r", tools=["read"])
+        assert r.ok, r
+    key = r.output["session"]
+    offered = json.loads(run_cli("--config", str(cfg_path), "tools", "--session", key).stdout)
+    assert [t["function"]["name"] for t in offered] == ["read"]
+    explained = json.loads(run_cli("--config", str(cfg_path), "explain", "--session", key, "--json").stdout)
+    assert [layer["name"] for layer in explained["layers"]][-1] == "spawn"

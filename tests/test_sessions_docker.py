@@ -4,6 +4,7 @@ with SIGKILL half-way through it and the restart that finishes it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from sandbox import Orchestrator, load_config
+from tests.cli_helpers import run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
@@ -60,6 +62,14 @@ async def test_child_runs_in_its_own_sandbox_and_sees_the_parent_read_only(tmp_p
             assert parent_box.spec.name != child_box.spec.name and child_box.spec.scope == "session"
             listed = await parent.call("exec", {"command": "ls -A /workspace"})
             assert "new.txt" not in listed.output["output"]
+            # explain shows the child as it runs: its own container, the parent's workspace at /parent
+            shown = json.loads(
+                run_cli("--config", str(tmp_path / "sandbox.yaml"), "explain", "--session", child.key, "--json").stdout
+            )["container"]
+            assert shown["name"] == child_box.spec.name
+            assert {"container": "/parent", "mode": "ro"}.items() <= next(
+                m for m in shown["mounts"] if m["container"] == "/parent"
+            ).items()
         finally:
             await parent.close()
 

@@ -17,6 +17,7 @@ from sandbox.errors import ConfigError, SandboxError, UsageError
 if TYPE_CHECKING:  # the commands import what they use when they run: `--help` stays cheap
     from sandbox.config import Config
     from sandbox.policy import Identity, PolicyResolver
+    from sandbox.sessions.registry import Child
     from sandbox.tools.registry import ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,6 +40,12 @@ class State:
             for problem in problems:
                 click.echo(f"warning: skill {problem.file}: {problem.message}", err=True)
         return self._registry
+
+    def lineage(self, session: str) -> Child | None:
+        """The lineage of a spawned session (None for any other, or when nothing was spawned)."""
+        from sandbox.sessions.child import lineage_of
+
+        return lineage_of(self.config.state_dir, session)
 
     def resolver(self) -> PolicyResolver:
         """A policy resolver over the config and every registered tool."""
@@ -112,7 +119,9 @@ def _identity(state: State, agent: str | None, session: str, provider: str | Non
     from sandbox.policy.sessions import agent_of
 
     agent_id = agent or agent_of(session) or default_agent_id(state.config)
-    return Identity(agent=agent_id, session=session, provider=provider, model=model)
+    child = state.lineage(session)
+    narrow = child.tools if child is not None else None
+    return Identity(agent=agent_id, session=session, provider=provider, model=model, narrow=narrow)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -166,8 +175,11 @@ def explain(
         )
     if policy.sandbox.sandboxed:
         from sandbox.runtime.explain import container_facts, container_text
+        from sandbox.sessions.child import child_agent
 
-        data["container"] = container_facts(state.config, policy)
+        child = state.lineage(session)
+        agent_view = child_agent(state.config, policy.agent, child) if child is not None else None
+        data["container"] = container_facts(state.config, policy, agent=agent_view)
         text += "\n\n" + container_text(data["container"])
     _emit(data, as_json, text)
 

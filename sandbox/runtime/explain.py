@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from sandbox.audit.ownership import write_problem
+from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
@@ -16,11 +17,15 @@ from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.runtime.spec import spec_from_config
 
 
-def container_facts(config: Config, policy: ResolvedPolicy) -> dict[str, Any]:
-    """The container's name, hardening and mounts (from config), and whether it exists now."""
+def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveAgent | None = None) -> dict[str, Any]:
+    """The container's name, hardening and mounts (from config), and whether it exists now.
+
+    `agent`: the agent as this session runs it, when that differs from the policy's (a spawned
+    session: its own sandbox, its parent's workspace at /parent).
+    """
     try:
         spec = spec_from_config(
-            config, policy.agent, policy.session.raw, instance_id(config.state_dir, config.instance)
+            config, agent or policy.agent, policy.session.raw, instance_id(config.state_dir, config.instance)
         )
         kwargs = create_kwargs(spec)  # refuses mounts that hold a socket, like creation does
     except SandboxError as exc:

@@ -8,7 +8,6 @@ another tenant's agent is refused.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import re
 import secrets
@@ -24,6 +23,7 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, UsageError
 from sandbox.policy.groups import expand, expand_all
 from sandbox.policy.sessions import key_problem, parse_session_key
+from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 MAX_MESSAGE_CHARS = 32_000
-REGISTRY_FILE = "sessions.sqlite3"
 Listener = Callable[[str, dict[str, Any]], None]
 
 
@@ -95,13 +94,8 @@ class SessionsService:
         return registry.messages(tenant, key, after_id=after_id) if registry is not None else []
 
     def child_agent(self, agent: EffectiveAgent, child: Child) -> EffectiveAgent:
-        """The agent as a spawned session runs it: its own sandbox, its parent's workspace at /parent."""
-        section = self._orch.config.tools.subagents
-        sandbox = agent.sandbox
-        if section.sandbox_scope == "session":
-            sandbox = sandbox.model_copy(update={"scope": "session", "workspace_access": "none"})
-        view = (child.parent_source, child.parent_view == "ro") if child.parent_view != "none" else None
-        return dataclasses.replace(agent, sandbox=sandbox, parent_view=view)
+        """The agent as a spawned session runs it (see :func:`sandbox.sessions.child.child_agent`)."""
+        return child_agent(self._orch.config, agent, child)
 
     # -- spawn -----------------------------------------------------------------------------
 
