@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
-from sandbox.sessions.registry import Child, Registry
+
+if TYPE_CHECKING:  # sqlite3 loads only where something was spawned (explain stays light)
+    from sandbox.sessions.registry import Child
 
 REGISTRY_FILE = "sessions.sqlite3"
 
@@ -17,6 +20,8 @@ def lineage_of(state_dir: Path, key: str) -> Child | None:
     path = state_dir / REGISTRY_FILE
     if not path.exists():
         return None
+    from sandbox.sessions.registry import Registry
+
     registry = Registry(path)
     try:
         return registry.child(key)
