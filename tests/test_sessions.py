@@ -265,3 +265,25 @@ async def test_explain_and_tools_see_a_spawned_session_as_it_runs(make_config: A
     assert [t["function"]["name"] for t in offered] == ["read"]
     explained = json.loads(run_cli("--config", str(cfg_path), "explain", "--session", key, "--json").stdout)
     assert [layer["name"] for layer in explained["layers"]][-1] == "spawn"
+
+
+def test_an_inheriting_child_in_a_shared_container_gets_no_mount_of_its_own(tmp_path: Path) -> None:
+    """sandbox_scope: inherit in agent scope: the child uses the agent's container as it is (no
+    /parent mount that would give the shared container a second spec)."""
+    from sandbox.config import effective_agent, load_config_text
+    from sandbox.sessions.child import child_agent
+    from sandbox.sessions.registry import Child
+
+    def agent_for(scope: str) -> Any:
+        text = (
+            f"state_dir: {tmp_path}\ntools: {{subagents: {{sandbox_scope: inherit}}}}\n"
+            f"agents: {{defaults: {{sandbox: {{mode: all, scope: {scope}}}}}}}\n"
+        )
+        cfg = load_config_text(text)
+        row = Child("k", "default", "main", "p", 1, "n", "t", None, "ro", str(tmp_path), "c", 0.0, "open", None)
+        return child_agent(cfg, effective_agent(cfg, "main"), row)
+
+    shared = agent_for("agent")
+    assert shared.sandbox.scope == "agent" and shared.parent_view is None
+    own = agent_for("session")
+    assert own.parent_view == (str(tmp_path), True)

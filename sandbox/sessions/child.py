@@ -35,4 +35,8 @@ def child_agent(config: Config, agent: EffectiveAgent, child: Child) -> Effectiv
     if config.tools.subagents.sandbox_scope == "session":
         sandbox = sandbox.model_copy(update={"scope": "session", "workspace_access": "none"})
     view = (child.parent_source, child.parent_view == "ro") if child.parent_view != "none" else None
+    if sandbox.scope != "session":
+        # a child in its agent's shared container already works in that workspace; a mount of
+        # its own would give the shared container a second spec (and recreate it under the parent)
+        view = None
     return dataclasses.replace(agent, sandbox=sandbox, parent_view=view)
