@@ -70,6 +70,8 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
     for round_ in range(ROUNDS):
         time.sleep(0.05 * 2**round_)  # killed processes take a moment to exit (longer on a busy host)
         members = call_members(api, container_id, call_id)
+        if not members.visible:
+            return None  # not seeing the processes is not seeing them gone: the caller checks inside
         if not members.pids:
             return True
         frozen = round_ > 0 and _pause(api, container_id)
@@ -81,7 +83,8 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
             if frozen:
                 _unpause(api, container_id)
     time.sleep(0.5)
-    return not call_members(api, container_id, call_id).pids
+    last = call_members(api, container_id, call_id)
+    return None if not last.visible else not last.pids
 
 
 def _pause(api: Any, container_id: str) -> bool:
