@@ -76,6 +76,8 @@ def _run_call(
         bus = ProgressBus(heartbeat_s=0.2)
         bus.subscribe(Spinner())
         async with Orchestrator(state.config, registry=state.registry(), progress=bus) as orch:
+            # calls a killed orchestrator left behind (its commands may still run): settled first
+            await orch.recover()
             sess = orch.session(
                 session,
                 agent=agent or agent_of(session) or default_agent_id(state.config),

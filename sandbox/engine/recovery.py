@@ -1,4 +1,6 @@
-"""Recovery after a restart: every call the journal shows unfinished is settled, none is re-run.
+"""Recovery after a restart: every call the journal shows unfinished *whose orchestrator is gone*
+is settled, none is re-run. A call another live process is running (two CLI calls, the CLI beside
+a service) is left alone: each call records its owner (journal/owners.py).
 
 - awaiting_approval: still pending -> left waiting (listed by `sandbox approvals list`); decided
   while nobody waited -> `abandoned` (the caller is gone; the call is not run).
@@ -27,7 +29,13 @@ async def recover(orch: Orchestrator) -> list[dict[str, Any]]:
     if journal is None:
         return []
     outcomes = []
-    for last in journal.unfinished_calls():
+    for call_id, _owner, _stage, alive in journal.open_calls():
+        if alive:
+            continue  # its orchestrator runs: the call is not ours to settle
+        events = journal.events(call_id=call_id)
+        if not events:
+            continue
+        last = events[-1]
         outcome = await _settle(orch, last)
         outcomes.append(
             {"call_id": last.call_id, "tool": last.tool, "session": last.session, "was": last.stage, "now": outcome}

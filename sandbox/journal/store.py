@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
 from sandbox.journal.redact import redact
-from sandbox.journal.writer import Writer
+from sandbox.journal.writer import Statement, Writer
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -74,7 +75,34 @@ CREATE TABLE IF NOT EXISTS loop_sessions (
     since_id INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, session)
 );
+CREATE TABLE IF NOT EXISTS open_calls (
+    call_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    ts REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS owners (
+    owner TEXT PRIMARY KEY,
+    lease_until REAL NOT NULL
+);
 """
+# a call leaves open_calls with its last stage; these end what recovery has to look at
+SETTLED = frozenset({"process_reattached", "process_exited", "process_gone"})
+UPSERT_OPEN = (
+    "INSERT INTO open_calls(call_id, owner, stage, ts) VALUES (?,?,?,?) "
+    "ON CONFLICT(call_id) DO UPDATE SET owner = excluded.owner, stage = excluded.stage, ts = excluded.ts"
+)
+DELETE_OPEN = "DELETE FROM open_calls WHERE call_id = ?"
+UPSERT_LEASE = (
+    "INSERT INTO owners(owner, lease_until) VALUES (?,?) "
+    "ON CONFLICT(owner) DO UPDATE SET lease_until = excluded.lease_until"
+)
+# journals written before open_calls existed: their unfinished calls, owner unknown (= gone)
+BACKFILL_OPEN = (
+    "INSERT OR IGNORE INTO open_calls(call_id, owner, stage, ts) "
+    "SELECT call_id, '', stage, ts FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) "
+    "AND stage NOT IN ({})"
+)
 INSERT_EVENT = (
     "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
     "VALUES (?,?,?,?,?,?,?,?,?,?)"
@@ -132,12 +160,19 @@ class Journal:
         self._read_lock = threading.Lock()
         self._pending: dict[str, list[tuple[Any, ...]]] = {}
         self._closed = False
+        self._mine: set[str] = set()  # calls this process has open (its lease is renewed meanwhile)
+        self._heartbeat: threading.Thread | None = None
+        self._stop = threading.Event()
         try:
             _private_files(path)
             self._db = sqlite3.connect(str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
+            had_open = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'open_calls'").fetchone()
             self._db.executescript(SCHEMA)
+            if not had_open:
+                closed = ",".join("?" * len(TERMINAL | SETTLED))
+                self._db.execute(BACKFILL_OPEN.format(closed), tuple(sorted(TERMINAL | SETTLED)))
             # reads get their own connection: in WAL mode they never wait for the writer thread
             self._reader = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
@@ -149,11 +184,37 @@ class Journal:
         self._writer = Writer(self._db, self._lock, path.name)
         _OPEN.add(self)
 
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._renew, name="journal-lease", daemon=True)
+            self._heartbeat.start()
+
+    def _renew(self) -> None:
+        # a long call writes nothing for minutes: its owner's lease must not lapse meanwhile
+        while not self._stop.wait(LEASE_S / 3):
+            if not self._mine:
+                continue
+            with contextlib.suppress(sqlite3.Error), self._lock:
+                self._db.execute(UPSERT_LEASE, (current_owner(), time.time() + LEASE_S))
+
+    def open_calls(self) -> list[tuple[str, str, str, bool]]:
+        """(call id, owner, last stage, owner alive) of every call that has not ended."""
+        rows = self._read(
+            "SELECT o.call_id, o.owner, o.stage, w.lease_until FROM open_calls o "
+            "LEFT JOIN owners w ON w.owner = o.owner ORDER BY o.ts",
+            (),
+        )
+        now = time.time()
+        return [(r[0], r[1], r[2], owner_alive(r[1], r[3], now)) for r in rows]
+
     def close(self) -> None:
         """Write what is queued, stop the writer thread and close the connection (idempotent)."""
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
         _OPEN.discard(self)
         try:
             self._writer.close()
@@ -240,8 +301,18 @@ class Journal:
         if not commit:
             return
         rows = self._pending.pop(call_id)
+        now = time.time()
+        owner = current_owner()
+        if stage in TERMINAL or stage in SETTLED:
+            tracking: Statement = (DELETE_OPEN, [(call_id,)])
+            self._mine.discard(call_id)
+        else:
+            tracking = (UPSERT_OPEN, [(call_id, owner, stage, now)])
+            self._mine.add(call_id)
+            self._start_heartbeat()
+        lease = (UPSERT_LEASE, [(owner, now + LEASE_S)])
         try:
-            self._writer.submit(call_id, ((INSERT_EVENT, rows),))
+            self._writer.submit(call_id, ((INSERT_EVENT, rows), tracking, lease))
         except sqlite3.Error as exc:
             raise SandboxError(
                 ErrorCode.INTERNAL,

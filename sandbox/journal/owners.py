@@ -1,0 +1,65 @@
+"""Who runs a call: the owner identity of an orchestrator process, and whether it is alive.
+
+Recovery must settle only the calls of orchestrators that are gone: two processes on one state
+dir (two CLI calls, the CLI beside a service) would otherwise kill each other's running
+commands. An owner is `<host>|<boot id>|<pid>|<process start time>`: on the same host and boot
+the kernel answers (the pid runs and started at that time, so a reused pid is not mistaken for
+it); elsewhere the owner's lease in the journal does (renewed while it has calls open).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import cache
+
+LEASE_S = 60.0  # an owner on another host is alive while its lease is younger than this
+
+
+@cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None  # a zombie has finished
+    return fields[19].decode()
+
+
+_owner: tuple[int, str] | None = None
+
+
+def current_owner() -> str:
+    """This process's owner identity (computed again after a fork)."""
+    global _owner
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}|{_boot_id()}|{pid}|{_start_time(pid) or '?'}")
+    return _owner[1]
+
+
+def owner_alive(owner: str, lease_until: float | None, now: float) -> bool:
+    """Whether the orchestrator that wrote `owner` still runs.
+
+    Same host and boot: the kernel says (pid present with the same start time). Otherwise: the
+    lease. An owner of an older journal (empty) is gone.
+    """
+    parts = owner.split("|")
+    if len(parts) != 4:
+        return False
+    host, boot, pid, start = parts
+    if host == socket.gethostname() and boot == _boot_id():
+        return pid.isdigit() and _start_time(int(pid)) == start
+    return lease_until is not None and lease_until > now
