@@ -45,10 +45,10 @@ def test_open_calls_track_unfinished_calls_with_their_owner(tmp_path: Path) -> N
     """A call is open from its first stage to a terminal one, owned by the process that runs it."""
     journal = Journal(tmp_path / "journal.sqlite3")
     try:
-        common = {"trace_id": "t", "session": "s", "tenant": "default", "agent": "a", "tool": "exec"}
-        journal.append(call_id="c1", stage="proposed", **common)
-        journal.append(call_id="c2", stage="proposed", **common)
-        journal.append(call_id="c2", stage="finished", **common)
+        for call_id, stage in (("c1", "proposed"), ("c2", "proposed"), ("c2", "finished")):
+            journal.append(
+                call_id=call_id, stage=stage, trace_id="t", session="s", tenant="default", agent="a", tool="exec"
+            )
         [(call_id, owner, stage, alive)] = journal.open_calls()
         assert (call_id, owner, stage, alive) == ("c1", current_owner(), "proposed", True)
     finally:
