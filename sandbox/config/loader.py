@@ -177,10 +177,42 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
                     f"unknown agent {agent_id!r} (known: {', '.join(sorted(known_agents))})",
                 )
             )
+    problems.extend(_tenant_problems(config))
     problems.extend(_network_problems(config))
     problems.extend(_workspace_root_problems(config))
     problems.extend(bind_problems(config))
     problems.extend(isolation_problems(config))
+    return problems
+
+
+def _tenant_problems(config: Config) -> list[tuple[Loc, str]]:
+    """With `tenants` declared, every agent belongs to one of them; ids and token hashes are unique."""
+    if not config.tenants:
+        return []
+    problems: list[tuple[Loc, str]] = []
+    ids = [t.id for t in config.tenants]
+    seen: set[str] = set()
+    for i, tid in enumerate(ids):
+        if tid in seen:
+            problems.append((("tenants", i, "id"), f"tenant {tid!r} is declared twice"))
+        seen.add(tid)
+    hashes: dict[str, str] = {}
+    for i, tenant in enumerate(config.tenants):
+        for j, token in enumerate(tenant.tokens):
+            other = hashes.setdefault(token.sha256, tenant.id)
+            if other != tenant.id or [t.sha256 for t in tenant.tokens].count(token.sha256) > 1:
+                problems.append((("tenants", i, "tokens", j, "sha256"), "this token hash is used twice"))
+    for i, agent in enumerate(config.agents.list):
+        if agent.tenant not in seen:
+            problems.append(
+                (
+                    ("agents", "list", i, "tenant"),
+                    f"agent {agent.id!r} belongs to tenant {agent.tenant!r}, which is not in tenants "
+                    f"(declared: {', '.join(ids)})",
+                )
+            )
+    if not config.agents.list and "default" not in seen:
+        problems.append((("tenants",), "the implicit agent 'main' belongs to tenant 'default'; declare it"))
     return problems
 
 

@@ -361,6 +361,35 @@ class RuntimeSection(StrictModel):
     backend: Literal["docker", "host"] = "docker"
 
 
+class TenantToken(StrictModel):
+    """One API token of a tenant: its name and the SHA-256 of the token (never the token)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class TenantQuotas(StrictModel):
+    """What one tenant may use at a time (0: no limit)."""
+
+    max_sandboxes: int = Field(0, ge=0)
+    max_sessions: int = Field(0, ge=0)
+    max_concurrent_calls: int = Field(0, ge=0)
+    max_calls_per_minute: int = Field(0, ge=0)
+    max_workspace_bytes: str = Field("0", pattern=r"^\d+[bkmgBKMG]?$")
+
+
+class TenantConfig(StrictModel):
+    """`tenants[]`: who may use the service, and the floor every one of its agents stands on."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    tokens: list[TenantToken] = []
+    # the tenant floor: narrows every agent of this tenant; nothing below can widen it
+    tools: ToolLists = ToolLists()
+    quotas: TenantQuotas = TenantQuotas()
+    # the API reaches unsandboxed sessions (mode off, or a main session under non-main) only if set
+    allow_unsandboxed: bool = False
+
+
 class Config(StrictModel):
     """The whole configuration file."""
 
@@ -368,6 +397,7 @@ class Config(StrictModel):
     instance: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,15}$")
     state_dir: ConfigPath = Field(default_factory=default_state_dir)
     tools: ToolsConfig = ToolsConfig()
+    tenants: list[TenantConfig] = []
     agents: AgentsSection = AgentsSection()
     limits: LimitsConfig = LimitsConfig()
     results: ResultsConfig = ResultsConfig()

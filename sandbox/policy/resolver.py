@@ -172,7 +172,8 @@ class PolicyResolver:
         status = sandbox_status(agent, session)
         providers = self._provider_layers(identity)
         glob = self._global_unprofiled if agent.tools.profile is not None else self._global
-        layers = [glob, *providers, self._agent_layer(agent)]
+        floor = self._tenant_layer(agent.tenant)
+        layers = [glob, *([floor] if floor else []), *providers, self._agent_layer(agent)]
         if status.sandboxed:
             layers.append(self._sandbox_layer(agent))
         if session.spawn_depth > 0:
@@ -306,6 +307,28 @@ class PolicyResolver:
         elif deny:
             denies = (compile_rule("deny", deny_key, deny, self.universe),)
         return Layer("sandbox", restrictions, denies, fix_hint=fix_hint)
+
+    def _tenant_layer(self, tenant: str) -> Layer | None:
+        """The tenant floor (`tenants[i].tools`): narrows every agent of the tenant, after global."""
+        cache_key = f"tenant:{tenant}"
+        cached = self._static.get(cache_key)
+        if cached is not None:
+            return cached[0] if cached else None
+        found = next(((i, t) for i, t in enumerate(self.config.tenants) if t.id == tenant), None)
+        layer = None
+        if found is not None and (found[1].tools.allow or found[1].tools.also_allow or found[1].tools.deny):
+            index, declared = found
+            layer = list_layer(
+                "tenant",
+                key_prefix=f"tenants[{index}].tools",
+                profile=None,
+                allow=declared.tools.allow,
+                also_allow=declared.tools.also_allow,
+                deny=declared.tools.deny,
+                universe=self.universe,
+            )
+        self._static[cache_key] = (layer,) if layer is not None else ()
+        return layer
 
     def _subagent_layer(self, depth: int) -> Layer:
         cache_key = f"subagent:{depth}"

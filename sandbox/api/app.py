@@ -1,0 +1,252 @@
+"""The HTTP service (FastAPI): one Orchestrator, many tenants, each behind its bearer tokens.
+
+Every request is authenticated first (401 without a valid token); a resource of another tenant
+is 404, exactly like one that does not exist. Tool-level failures are ToolResults (200); HTTP
+errors are kept for auth, tenancy, quotas (429 with Retry-After), unsandboxed sessions (403)
+and malformed requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from sandbox.api.tenants import Caller, authenticate, default_agent, tenant_agents
+from sandbox.config.merge import EffectiveAgent
+from sandbox.config.models import Config
+from sandbox.engine.orchestrator import Orchestrator, Session
+from sandbox.errors import SandboxError, UsageError
+from sandbox.policy.sessions import agent_of, key_problem
+
+MAX_BODY_BYTES = 40 * 1024 * 1024
+
+
+class CallRequest(BaseModel):
+    """`POST /v1/sessions/{key}/calls`."""
+
+    model_config = {"extra": "forbid"}
+
+    agent: str | None = Field(None, description="The agent; default: the key's, else the tenant's default.")
+    tool: str = Field(min_length=1, max_length=128)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+def current_caller(request: Request) -> Caller:
+    """The tenant behind the request's bearer token; 401 otherwise."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    found = authenticate(request.app.state.config, token.strip()) if scheme.lower() == "bearer" else None
+    if found is None:
+        raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+    return found
+
+
+# FastAPI reads the annotations by name from this module (routes are made inside create_app)
+CallerDep = Annotated[Caller, Depends(current_caller)]
+Format = Literal["openai", "anthropic", "mcp"]
+Verdict = Literal["approve", "deny"]
+SessionQuery = Annotated[str, Query(max_length=256)]
+
+
+class RateWindow:
+    """Calls per minute of one tenant (a sliding window) and calls in flight."""
+
+    def __init__(self) -> None:
+        self.started: deque[float] = deque()
+        self.in_flight = 0
+
+
+def create_app(config: Config, orchestrator: Orchestrator | None = None) -> FastAPI:
+    """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
+    windows: dict[str, RateWindow] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if orchestrator is not None:
+            app.state.orch = orchestrator
+            yield
+            return
+        async with Orchestrator(config) as orch:
+            await orch.recover()  # calls of orchestrators that are gone, never a live one's
+            app.state.orch = orch
+            yield
+
+    app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan)
+    app.state.config = config
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": f"the body is larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
+        return await call_next(request)
+
+    def orch(request: Request) -> Orchestrator:
+        found: Orchestrator = request.app.state.orch
+        return found
+
+    def agent_for(who: Caller, key: str, agent: str | None) -> EffectiveAgent:
+        problem = key_problem(key)
+        if problem:
+            raise HTTPException(400, problem)
+        wanted = agent or agent_of(key)
+        mine = {a.id: a for a in tenant_agents(config, who.tenant.id)}
+        if wanted is None:
+            fallback = default_agent(config, who.tenant.id)
+            if fallback is None:
+                raise HTTPException(404, "this tenant has no agents")
+            return fallback
+        if wanted not in mine:  # another tenant's agent looks exactly like a missing one
+            raise HTTPException(404, f"no agent {wanted!r}")
+        return mine[wanted]
+
+    def session_for(request: Request, who: Caller, key: str, agent: str | None) -> Session:
+        target = agent_for(who, key, agent)
+        try:
+            session = orch(request).session(key, agent=target.id)
+        except UsageError as exc:
+            raise HTTPException(400, exc.message) from exc
+        if not session.sandboxed and not who.tenant.allow_unsandboxed:
+            raise HTTPException(
+                403,
+                f"session {key!r} of agent {target.id!r} is not sandboxed; this tenant may reach only "
+                "sandboxed sessions (tenants[].allow_unsandboxed)",
+            )
+        return session
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        checks: dict[str, str] = {}
+        o = orch(request)
+        try:
+            if o.journal is not None:
+                o.journal.health()
+            checks["journal"] = "ok"
+        except Exception as exc:  # any failure is "not ready", said plainly
+            checks["journal"] = f"failed: {exc}"
+        try:
+            agent = o.policy.agent(default_agent_id_of(config))
+            await o.backend.image_id(agent.sandbox.docker.image)
+            checks["engine"] = "ok"
+        except SandboxError as exc:
+            checks["engine"] = f"failed: {exc.message}"
+        ready = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/v1/agents")
+    async def agents(who: CallerDep) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": a.id,
+                "tenant": a.tenant,
+                "sandbox": {"mode": a.sandbox.mode, "scope": a.sandbox.scope},
+            }
+            for a in tenant_agents(config, who.tenant.id)
+        ]
+
+    @app.get("/v1/tools")
+    async def tools(
+        request: Request,
+        who: CallerDep,
+        session: SessionQuery,
+        agent: str | None = None,
+        format: Format = "openai",
+    ) -> list[dict[str, Any]]:
+        from sandbox.tools import render
+
+        return render(session_for(request, who, session, agent).tools(), format)
+
+    @app.get("/v1/explain")
+    async def explain(
+        request: Request, who: CallerDep, session: SessionQuery, agent: str | None = None
+    ) -> dict[str, Any]:
+        from sandbox.policy import explain_data
+
+        return explain_data(session_for(request, who, session, agent).policy)
+
+    @app.post("/v1/sessions/{key}/calls")
+    async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> dict[str, Any]:
+        session = session_for(request, who, key, body.agent)
+        window = windows.setdefault(who.tenant.id, RateWindow())
+        _admit(who, window)
+        window.in_flight += 1
+        try:
+            result = await session.call(body.tool, body.args)
+        finally:
+            window.in_flight -= 1
+        return result.model_dump(mode="json")
+
+    @app.delete("/v1/sessions/{key}")
+    async def close(request: Request, who: CallerDep, key: str, agent: str | None = None) -> dict[str, Any]:
+        return {"closed": await session_for(request, who, key, agent).close()}
+
+    @app.get("/v1/approvals")
+    async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
+        mine = {a.id for a in tenant_agents(config, who.tenant.id)}
+        return [a.__dict__ for a in orch(request).pending_approvals() if a.agent in mine]
+
+    @app.post("/v1/approvals/{approval_id}/{verdict}")
+    async def decide(request: Request, who: CallerDep, approval_id: str, verdict: Verdict) -> dict[str, Any]:
+        o = orch(request)
+        mine = {a.id for a in tenant_agents(config, who.tenant.id)}
+        pending = {a.id: a for a in o.pending_approvals() if a.agent in mine}
+        if approval_id not in pending:
+            raise HTTPException(404, f"no pending approval {approval_id!r}")
+        try:
+            decided = o.approve(approval_id) if verdict == "approve" else o.deny(approval_id)
+        except SandboxError as exc:
+            raise HTTPException(409, exc.message) from exc
+        return decided.__dict__
+
+    @app.get("/v1/logs")
+    async def logs(
+        request: Request, who: CallerDep, session: str | None = None, trace: str | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        journal = orch(request).journal
+        if journal is None:
+            return []
+        events = journal.events(session=session, trace_id=trace, limit=max(1, min(limit, 10_000)))
+        return [e.__dict__ for e in events if e.tenant == who.tenant.id]
+
+    return app
+
+
+def default_agent_id_of(config: Config) -> str:
+    """An agent whose image `/readyz` checks (the default one)."""
+    from sandbox.config.merge import default_agent_id
+
+    return default_agent_id(config)
+
+
+def _admit(who: Caller, window: RateWindow) -> None:
+    quotas = who.tenant.quotas
+    now = time.monotonic()
+    while window.started and window.started[0] < now - 60:
+        window.started.popleft()
+    if quotas.max_calls_per_minute and len(window.started) >= quotas.max_calls_per_minute:
+        retry = max(1, int(60 - (now - window.started[0])) + 1)
+        raise HTTPException(
+            429,
+            f"tenant {who.tenant.id!r} made {len(window.started)} calls in the last minute "
+            f"(tenants[].quotas.max_calls_per_minute is {quotas.max_calls_per_minute})",
+            headers={"Retry-After": str(retry)},
+        )
+    if quotas.max_concurrent_calls and window.in_flight >= quotas.max_concurrent_calls:
+        raise HTTPException(
+            429,
+            f"tenant {who.tenant.id!r} has {window.in_flight} calls running "
+            f"(tenants[].quotas.max_concurrent_calls is {quotas.max_concurrent_calls})",
+            headers={"Retry-After": "1"},
+        )
+    window.started.append(now)

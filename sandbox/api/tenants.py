@@ -1,0 +1,103 @@
+"""Tenants of the service: bearer tokens (stored hashed, compared in constant time) and agents.
+
+A token is 32 random bytes, URL-safe; only its SHA-256 is kept, in the config
+(`tenants[].tokens[].sha256`) or in the state dir's `tenant-tokens.json` (written by
+`sandbox tenants token create`, 0600). Checking a token compares its hash with every known hash,
+each in constant time, and does not stop at the first match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.config.merge import EffectiveAgent, effective_agent
+from sandbox.config.models import Config, TenantConfig
+from sandbox.errors import UsageError
+
+TOKEN_FILE = "tenant-tokens.json"  # noqa: S105 - a file name, not a secret
+TOKEN_PREFIX = "sbx_"  # noqa: S105 - a prefix, not a secret
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated tenant."""
+
+    tenant: TenantConfig
+    token_name: str
+
+
+def token_hash(token: str) -> str:
+    """The SHA-256 (hex) a token is stored as."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _stored(state_dir: Path) -> list[dict[str, str]]:
+    try:
+        data = json.loads((state_dir / TOKEN_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [t for t in data if isinstance(t, dict)] if isinstance(data, list) else []
+
+
+def create_token(config: Config, tenant_id: str, name: str) -> str:
+    """A new token for `tenant_id`: returned once, only its hash written (state dir, 0600).
+
+    Raises:
+        UsageError: an unknown tenant, or a name it already uses.
+    """
+    if not any(t.id == tenant_id for t in config.tenants):
+        known = ", ".join(t.id for t in config.tenants) or "none"
+        raise UsageError(f"unknown tenant {tenant_id!r}; tenants in the config: {known}")
+    stored = _stored(config.state_dir)
+    if any(t.get("tenant") == tenant_id and t.get("name") == name for t in stored):
+        raise UsageError(f"tenant {tenant_id!r} already has a token named {name!r}")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    stored.append({"tenant": tenant_id, "name": name, "sha256": token_hash(token)})
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = config.state_dir / TOKEN_FILE
+    tmp = path.with_name(f".{TOKEN_FILE}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(stored, f, indent=1)
+    tmp.replace(path)
+    return token
+
+
+def authenticate(config: Config, token: str | None) -> Caller | None:
+    """The tenant a bearer token belongs to, or None (no early exit on a match)."""
+    if not token:
+        return None
+    digest = token_hash(token).encode()
+    found: Caller | None = None
+    by_id = {t.id: t for t in config.tenants}
+    candidates = [(t, k.name, k.sha256) for t in config.tenants for k in t.tokens]
+    candidates += [
+        (by_id[s["tenant"]], s.get("name", ""), s.get("sha256", ""))
+        for s in _stored(config.state_dir)
+        if s.get("tenant") in by_id
+    ]
+    for tenant, name, stored_hash in candidates:
+        if hmac.compare_digest(digest, stored_hash.encode()) and found is None:
+            found = Caller(tenant, name)
+    return found
+
+
+def tenant_agents(config: Config, tenant: str) -> list[EffectiveAgent]:
+    """The agents of one tenant (the implicit `main` belongs to `default`)."""
+    if not config.agents.list:
+        return [effective_agent(config, "main")] if tenant == "default" else []
+    return [effective_agent(config, a.id) for a in config.agents.list if a.tenant == tenant]
+
+
+def default_agent(config: Config, tenant: str) -> EffectiveAgent | None:
+    """The tenant's default agent: the one marked `default`, else its first."""
+    agents = tenant_agents(config, tenant)
+    flagged = {c.id for c in config.agents.list if c.tenant == tenant and c.default}
+    ordered = [a for a in agents if a.id in flagged] + agents
+    return ordered[0] if ordered else None

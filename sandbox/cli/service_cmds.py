@@ -1,0 +1,57 @@
+"""Service commands: `serve` (HTTP) and tenant tokens."""
+
+from __future__ import annotations
+
+import click
+
+from sandbox.cli import State, _emit, handled, json_option, main
+from sandbox.errors import UsageError
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless told).")
+@click.option("--port", default=8710, show_default=True, type=int)
+@click.pass_obj
+@handled
+def serve(state: State, host: str, port: int) -> None:
+    """Serve the HTTP API (tenants authenticate with bearer tokens; see README, Service)."""
+    try:
+        import uvicorn
+
+        from sandbox.api.app import create_app
+    except ImportError as exc:
+        raise UsageError(
+            f"the service needs its extra: pip install 'agent-sandbox[service]' ({exc.name} missing)"
+        ) from exc
+    if not state.config.tenants:
+        raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
+    uvicorn.run(create_app(state.config), host=host, port=port, log_level="warning")
+
+
+@main.group("tenants")
+def tenants_group() -> None:
+    """Tenants of the service: tokens."""
+
+
+@tenants_group.group("token")
+def token_group() -> None:
+    """Bearer tokens (only their SHA-256 is stored)."""
+
+
+@token_group.command("create")
+@click.argument("tenant")
+@click.option("--name", default="default", show_default=True, help="A name for the token (to tell them apart).")
+@json_option
+@click.pass_obj
+@handled
+def token_create(state: State, tenant: str, name: str, as_json: bool) -> None:
+    """Make a token for TENANT: printed once, only its hash is written (state dir, 0600)."""
+    from sandbox.api.tenants import create_token, token_hash
+
+    token = create_token(state.config, tenant, name)
+    _emit(
+        {"tenant": tenant, "name": name, "token": token, "sha256": token_hash(token)},
+        as_json,
+        f"{token}\n(shown once; its sha256 {token_hash(token)} is kept in the state dir; "
+        "or put it under tenants[].tokens in the config)",
+    )

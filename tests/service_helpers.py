@@ -1,0 +1,40 @@
+"""Run the HTTP service for real on a loopback port in a thread; tests talk to it with httpx."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+from sandbox.api.app import create_app
+
+TOKEN_A = "sbx_test-token-of-tenant-a"
+TOKEN_B = "sbx_test-token-of-tenant-b"
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@contextmanager
+def serve(config: Any) -> Iterator[str]:
+    """The service over `config` on 127.0.0.1 (an ephemeral port); yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the service did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
