@@ -1,0 +1,64 @@
+"""The service with sandboxed sessions of two tenants, against the real engine: the same session key
+in both tenants is two sessions and two containers; one tenant's process ids and files are not the
+other's; closing a session over HTTP removes its container."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbox.runtime.naming import Labels
+from tests.service_helpers import TOKEN_A, TOKEN_B, serve, sha
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
+
+A = {"Authorization": f"Bearer {TOKEN_A}"}
+B = {"Authorization": f"Bearer {TOKEN_B}"}
+
+
+def config(make_config: Any) -> Any:
+    return make_config(f"""
+tenants:
+  - {{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}
+  - {{id: globex, tokens: [{{name: ci, sha256: {sha(TOKEN_B)}}}]}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session}}}}
+  list:
+    - {{id: alpha, tenant: acme, default: true}}
+    - {{id: beta, tenant: globex}}
+""")
+
+
+def call(url: str, headers: dict[str, str], key: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{url}/v1/sessions/{key}/calls", headers=headers, json={"tool": tool, "args": args}, timeout=120)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_one_key_two_tenants_two_sandboxes(make_config: Any, docker_client: Any, instance: str) -> None:
+    """Key `work` in acme and in globex: different containers, files and process tables."""
+    with serve(config(make_config)) as url:
+        a = call(url, A, "work", "exec", {"command": "echo acme-secret > s.txt; hostname; cat /proc/1/cpuset"})
+        b = call(url, B, "work", "exec", {"command": "cat s.txt 2>&1; hostname"})
+        assert a["ok"] and b["ok"], (a, b)
+        assert "No such file" in b["output"]["output"] and "acme-secret" not in b["output"]["output"]
+        bg = call(url, A, "work", "exec", {"command": "sleep 60", "background": True})
+        proc_id = bg["output"]["process_id"]
+        poked = call(url, B, "work", "process", {"action": "kill", "id": proc_id})
+        assert poked["error"] is not None and "no process" in poked["error"]["message"]
+        polled = call(url, A, "work", "process", {"action": "poll", "id": proc_id})
+        assert polled["output"]["status"] == "running"
+
+        def agents_with_work() -> list[str]:
+            found = docker_client.containers.list(filters={"label": f"{Labels.INSTANCE}={instance}"})
+            return sorted(c.labels[Labels.AGENT] for c in found if c.labels[Labels.SCOPE_KEY].endswith(":work"))
+
+        assert agents_with_work() == ["alpha", "beta"]
+        closed = httpx.delete(f"{url}/v1/sessions/work", headers=A, timeout=120)
+        assert closed.status_code == 200 and closed.json()["closed"] == ["agent:alpha:work"]
+        assert agents_with_work() == ["beta"]
+        httpx.delete(f"{url}/v1/sessions/work", headers=B, timeout=120)
