@@ -4,7 +4,6 @@ other's; closing a session over HTTP removes its container."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import httpx
