@@ -287,3 +287,88 @@ def test_an_inheriting_child_in_a_shared_container_gets_no_mount_of_its_own(tmp_
     assert shared.sandbox.scope == "agent" and shared.parent_view is None
     own = agent_for("session")
     assert own.parent_view == (str(tmp_path), True)
+
+
+async def test_a_spawn_racing_the_parents_close_leaves_nothing_open(make_config: Any, tmp_path: Path) -> None:
+    """Spawning under a session while it is being closed: either refused or closed with it."""
+    import anyio
+
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        for round_ in range(15):
+            parent = orch.session(f"agent:a:race{round_}")
+            child_key = (await spawn(parent, name="c")).output["session"]
+            child = orch.session(child_key)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child.call, "sessions_spawn", {"task": "x", "name": "g"})
+                tg.start_soon(parent.close)
+            registry = orch.sessions.registry
+            left = [d for d in registry.descendants("default", parent.key, include_closed=True) if d.status == "open"]
+            assert left == [], left
+            late = await spawn(child, name="late")
+            assert late.error is not None and late.error.code == "CONFLICT", late
+
+
+async def test_another_agents_child_may_not_run_looser_than_its_parent(make_config: Any, tmp_path: Path) -> None:
+    """A sandboxed parent cannot spawn a child of an agent that runs on the host."""
+    cfg = make_config(f"""
+runtime: {{backend: host}}
+tools: {{profile: full, subagents: {{allow_agents: [hosty]}}}}
+agents:
+  list:
+    - {{id: a, workspace: "{tmp_path / "wa"}", sandbox: {{mode: all}}}}
+    - {{id: hosty, workspace: "{tmp_path / "wh"}", sandbox: {{mode: 'off'}}}}
+""")
+    async with Orchestrator(cfg) as orch:
+        parent = orch.session(PARENT)
+        assert parent.sandboxed
+        r = await spawn(parent, agent="hosty", name="h")
+        assert r.error is not None and r.error.code == "PERMISSION_DENIED" and "on the host" in r.error.message, r
+
+
+async def test_sizes_are_capped_and_history_shows_the_newest(make_config: Any, tmp_path: Path) -> None:
+    """A task over 32,000 characters is refused; history shows the latest items, long texts cut."""
+    from sandbox.sessions import service
+
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        big = await spawn(parent, task="x" * 40_000, name="big")
+        assert big.error is not None and big.error.code == "INVALID_ARGUMENTS" and "task" in big.error.message
+        named = await spawn(parent, name="subagent")
+        assert named.error is not None and named.error.code == "INVALID_ARGUMENTS"
+        child = (await spawn(parent, name="c")).output["session"]
+        for i in range(30):
+            await parent.call("sessions_send", {"session": child, "text": f"m{i}"})
+        await parent.call("sessions_send", {"session": child, "text": "y" * 10_000})
+        history = await parent.call("sessions_history", {"session": child, "limit": 5})
+        texts = [i["text"] for i in history.output["items"] if i["kind"] == "message"]
+        assert texts[:4] == ["m26", "m27", "m28", "m29"] and "chars cut" in texts[-1] and len(texts[-1]) < 5_000
+        orch.sessions.registry.messages("default", child)  # the inbox holds all of them
+        original = service.MAX_INBOX
+        service.MAX_INBOX = 31
+        try:
+            full = await parent.call("sessions_send", {"session": child, "text": "one too many"})
+        finally:
+            service.MAX_INBOX = original
+        assert full.error is not None and full.error.code == "QUOTA_EXCEEDED"
+
+
+async def test_sub_agent_keys_exist_only_through_a_spawn(make_config: Any, tmp_path: Path) -> None:
+    """A hand-made `...:subagent:x` key is refused: it would have no lineage, sandbox or cascade."""
+    from sandbox.errors import UsageError
+
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        with pytest.raises(UsageError) as err:
+            orch.session(f"{PARENT}:subagent:x")
+        assert "sessions_spawn" in err.value.message
+
+
+async def test_another_agents_child_is_seen_through_its_parent_only(make_config: Any, tmp_path: Path) -> None:
+    """A child a's session spawned as agent helper is not visible to helper's main session."""
+    async with Orchestrator(config(make_config, tmp_path, subagents="allow_agents: [helper]")) as orch:
+        child = (await spawn(orch.session(PARENT), agent="helper", name="h")).output["session"]
+        listed = await orch.session("agent:helper:main").call("sessions_list", {})
+        assert child not in {s["session"] for s in listed.output["sessions"]}
+        sent = await orch.session("agent:helper:main").call("sessions_send", {"session": child, "text": "hi"})
+        assert sent.error is not None and sent.error.code == "PERMISSION_DENIED"
+        mine = await orch.session(PARENT).call("sessions_list", {})
+        assert child in {s["session"] for s in mine.output["sessions"]}

@@ -23,7 +23,7 @@ from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import ProgressBus
-from sandbox.errors import ConfigError, ErrorCode, SandboxError
+from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
 from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.safe import SafeRoot
@@ -214,6 +214,9 @@ class Orchestrator:
         """
         agent_id = agent or agent_of(key) or default_agent_id(self.config)
         child = self.sessions.lineage(key)
+        if child is None and ":subagent:" in f":{key}:":
+            # a sub-agent session exists only through sessions_spawn (its lineage, sandbox, cascade)
+            raise UsageError(f"session {key!r} names a sub-agent that was never spawned; use sessions_spawn")
         narrow = child.tools if child is not None else None
         policy = self.policy.resolve(Identity(agent_id, key, provider, model, narrow))
         return Session(self, policy, sender, child)

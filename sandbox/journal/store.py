@@ -333,18 +333,21 @@ class Journal:
         call_id: str | None = None,
         after_id: int = 0,
         limit: int = 10_000,
+        newest: bool = False,
     ) -> list[Event]:
-        """Events in order, filtered."""
+        """Events in order, filtered: the first `limit`, or with `newest` the last `limit`."""
         where, args = ["id > ?"], [after_id]
         for column, value in (("trace_id", trace_id), ("session", session), ("call_id", call_id)):
             if value:
                 where.append(f"{column} = ?")
                 args.append(value)  # type: ignore[arg-type]
+        order = "DESC" if newest else "ASC"
         rows = self._read(
-            f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",  # noqa: S608 - fixed columns
+            f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?",  # noqa: S608 - fixed words
             (*args, limit),
         )
-        return [_event(row) for row in rows]
+        found = [_event(row) for row in rows]
+        return list(reversed(found)) if newest else found
 
     def sessions(self, tenant: str, agent: str) -> list[tuple[str, float, int]]:
         """(session, last activity, calls) of every session of `agent` in `tenant` the journal saw."""

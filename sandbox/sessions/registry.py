@@ -129,6 +129,7 @@ class Registry:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._refuse_closing(child.tenant, child.parent)
                 (open_children,) = self._db.execute(
                     "SELECT COUNT(*) FROM lineage WHERE tenant = ? AND parent = ? AND status = 'open'",
                     (child.tenant, child.parent),
@@ -169,6 +170,25 @@ class Registry:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def _refuse_closing(self, tenant: str, parent: str) -> None:
+        """Inside the spawn's transaction: the parent, or an ancestor, is closed or being closed."""
+        key: str | None = parent
+        while key is not None:
+            if self._db.execute("SELECT 1 FROM cascades WHERE tenant = ? AND key = ?", (tenant, key)).fetchone():
+                raise SandboxError(
+                    ErrorCode.CONFLICT, f"session {key!r} is being closed; nothing new is spawned under it"
+                )
+            row = self._db.execute("SELECT parent, status FROM lineage WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                return
+            if row[1] == "closed":
+                raise SandboxError(ErrorCode.CONFLICT, f"session {key!r} was closed; nothing new is spawned under it")
+            key = row[0]
+
+    def count_messages(self, tenant: str, session: str) -> int:
+        """How many messages `session`'s inbox holds."""
+        return int(self._rows("SELECT COUNT(*) FROM inbox WHERE tenant = ? AND session = ?", (tenant, session))[0][0])
 
     def child(self, key: str) -> Child | None:
         """The lineage row of a spawned session (None for a session nobody spawned)."""
@@ -244,14 +264,18 @@ class Registry:
             msg_id = int(cur.lastrowid or 0)
         return Message(msg_id, session, sender, text, now)
 
-    def messages(self, tenant: str, session: str, *, after_id: int = 0, limit: int = 1000) -> list[Message]:
-        """`session`'s inbox in order, after `after_id`."""
+    def messages(
+        self, tenant: str, session: str, *, after_id: int = 0, limit: int = 1000, newest: bool = False
+    ) -> list[Message]:
+        """`session`'s inbox in order, after `after_id` (the oldest `limit`, or with `newest` the latest)."""
+        order = "DESC" if newest else "ASC"
         rows = self._rows(
             "SELECT id, session, sender, text, created_at FROM inbox "
-            "WHERE tenant = ? AND session = ? AND id > ? ORDER BY id LIMIT ?",
+            f"WHERE tenant = ? AND session = ? AND id > ? ORDER BY id {order} LIMIT ?",
             (tenant, session, after_id, limit),
         )
-        return [Message(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
+        found = [Message(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
+        return list(reversed(found)) if newest else found
 
 
 def _child(row: tuple[Any, ...]) -> Child:

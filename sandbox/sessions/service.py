@@ -22,7 +22,7 @@ from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, UsageError
 from sandbox.policy.groups import expand, expand_all
-from sandbox.policy.sessions import key_problem, parse_session_key
+from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
 
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 MAX_MESSAGE_CHARS = 32_000
+MAX_TASK_CHARS = 32_000
+MAX_INBOX = 1_000  # messages one session's inbox holds
+SHOWN_CHARS = 4_000  # of one message in sessions_history (the cut is marked)
+LISTED_TASK_CHARS = 200
 Listener = Callable[[str, dict[str, Any]], None]
 
 
@@ -106,8 +110,12 @@ class SessionsService:
         section = self._orch.config.tools.subagents
         tenant = caller.agent.tenant
         target = self._target_agent(caller, agent)
+        if len(task) > MAX_TASK_CHARS:
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS, f"the task is {len(task):,} characters; at most {MAX_TASK_CHARS:,}"
+            )
         name = name or f"child-{secrets.token_hex(3)}"
-        if not NAME.match(name):
+        if not NAME.match(name) or name == "subagent":
             raise SandboxError(
                 ErrorCode.INVALID_ARGUMENTS, f"name {name!r}: use 1-32 of a-z 0-9 _ -, starting with a letter or digit"
             )
@@ -124,6 +132,7 @@ class SessionsService:
                 f"{section.max_spawn_depth}",
             )
         narrow = self._narrowing(tools, caller.policy.allowed)
+        self._refuse_weaker_sandbox(caller, target, key)
         view = section.parent_workspace
         source = await self._parent_source(caller) if view != "none" else ""
         child = Child(
@@ -173,6 +182,25 @@ class SessionsService:
             raise SandboxError(ErrorCode.PERMISSION_DENIED, f"agent {agent!r} belongs to another tenant")
         return target
 
+    def _refuse_weaker_sandbox(self, caller: Session, target: EffectiveAgent, key: str) -> None:
+        """Another agent's child must not run looser than its parent: a sandboxed parent never
+        gets an unsandboxed child, nor one with a network when it has none."""
+        if target.id == caller.agent.id or not caller.sandboxed:
+            return
+        from sandbox.policy.resolver import Identity
+
+        child = self._orch.policy.resolve(Identity(target.id, key))
+        looser = []
+        if not child.sandbox.sandboxed:
+            looser.append("it would run on the host (its agent's sandbox mode)")
+        elif caller.agent.sandbox.docker.network == "none" and target.sandbox.docker.network != "none":
+            looser.append(f"it would have network {target.sandbox.docker.network!r} where this session has none")
+        if looser:
+            raise SandboxError(
+                ErrorCode.PERMISSION_DENIED,
+                f"agent {target.id!r} cannot run this session's child: {'; '.join(looser)}",
+            )
+
     def _narrowing(self, tools: list[str] | None, parent_allowed: frozenset[str]) -> tuple[str, ...]:
         """The child's spawn layer: never more than the parent has now (its provider layers
         included, which the child's own resolution would not see), narrowed by `tools`."""
@@ -219,7 +247,8 @@ class SessionsService:
             for key, last, calls in journal.sessions(tenant, agent) if journal else []:
                 seen.setdefault(key, {"relation": "same agent"}).update(last_activity=last, calls=calls)
             for c in registry.of_agent(tenant, agent) if registry else []:
-                seen.setdefault(c.key, {"relation": "same agent"})
+                if agent_of(c.parent) == agent:  # another agent's child is seen through its parent's tree
+                    seen.setdefault(c.key, {"relation": "same agent"})
         for c in registry.descendants(tenant, caller.key, include_closed=True) if registry else []:
             seen[c.key] = {"relation": "child" if c.parent == caller.key else "descendant"}
         if registry is not None:
@@ -248,6 +277,11 @@ class SessionsService:
         """sessions_list."""
         seen = await anyio.to_thread.run_sync(self.visible, caller)
         rows = [{"session": k, "status": v.get("status", "open"), **v} for k, v in seen.items()]
+        for row in rows:
+            if isinstance(row.get("task"), str) and len(row["task"]) > LISTED_TASK_CHARS:
+                row["task"] = (
+                    row["task"][:LISTED_TASK_CHARS] + f" [... {len(row['task']) - LISTED_TASK_CHARS:,} chars cut]"
+                )
         return {"sessions": rows[:limit], "total": len(rows)}
 
     async def history(self, caller: Session, key: str, limit: int) -> dict[str, Any]:
@@ -257,7 +291,7 @@ class SessionsService:
         items: list[dict[str, Any]] = []
         journal = self._orch.journal
         if journal is not None:
-            events = await anyio.to_thread.run_sync(lambda: journal.events(session=key, limit=5000))
+            events = await anyio.to_thread.run_sync(lambda: journal.events(session=key, limit=20 * limit, newest=True))
             calls: dict[str, dict[str, Any]] = {}
             for e in events:
                 if e.tenant != tenant:
@@ -267,8 +301,19 @@ class SessionsService:
                 if "code" in e.data:
                     entry["error"] = e.data["code"]
             items.extend(calls.values())
-        for m in await anyio.to_thread.run_sync(lambda: self.messages(tenant, key)):
-            items.append({"kind": "message", "id": m.id, "from": m.sender, "text": m.text, "ts": m.created_at})
+        registry = self._existing()
+        recent = (
+            await anyio.to_thread.run_sync(lambda: registry.messages(tenant, key, limit=limit, newest=True))
+            if registry is not None
+            else []
+        )
+        for m in recent:
+            text = (
+                m.text
+                if len(m.text) <= SHOWN_CHARS
+                else m.text[:SHOWN_CHARS] + f" [... {len(m.text) - SHOWN_CHARS:,} chars cut]"
+            )
+            items.append({"kind": "message", "id": m.id, "from": m.sender, "text": text, "ts": m.created_at})
         items.sort(key=lambda i: float(i["ts"]))
         return {"session": key, "task": info.get("task"), "items": items[-limit:], "total": len(items)}
 
@@ -282,6 +327,11 @@ class SessionsService:
         if info.get("status") == "closed":
             raise SandboxError(ErrorCode.CONFLICT, f"session {key!r} was closed; nobody reads its inbox")
         tenant = caller.agent.tenant
+        held = await anyio.to_thread.run_sync(lambda: self.registry.count_messages(tenant, key))
+        if held >= MAX_INBOX:
+            raise SandboxError(
+                ErrorCode.QUOTA_EXCEEDED, f"session {key!r} already has {held:,} messages (at most {MAX_INBOX:,})"
+            )
         msg = await anyio.to_thread.run_sync(lambda: self.registry.send(tenant, key, caller.key, text))
         self._emit("session_message", tenant=tenant, session=key, sender=caller.key, message_id=msg.id)
         return {"sent": True, "session": key, "message_id": msg.id}
@@ -347,12 +397,18 @@ class SessionsService:
             assert registry is not None
             registry.begin_cascade(tenant, session.key, session.agent.id)
         closed = []
-        for d in reversed(descendants):
-            await self._orch.session(d.key, agent=d.agent).release(reason=f"its ancestor {session.key} was closed")
+        while descendants:
+            for d in reversed(descendants):
+                await self._orch.session(d.key, agent=d.agent).release(reason=f"its ancestor {session.key} was closed")
+                assert registry is not None
+                registry.mark_closed(d.key)
+                closed.append(d.key)
+                self._emit("session_closed", tenant=tenant, session=d.key, by=session.key)
+            # a spawn that passed its checks before the mark may have landed meanwhile
             assert registry is not None
-            registry.mark_closed(d.key)
-            closed.append(d.key)
-            self._emit("session_closed", tenant=tenant, session=d.key, by=session.key)
+            descendants = [
+                d for d in registry.descendants(tenant, session.key, include_closed=True) if d.status == "open"
+            ]
         await session.release(reason="the session was closed")
         if registry is not None and session.child is not None:
             registry.mark_closed(session.key)
