@@ -269,11 +269,11 @@ class Registry:
     ) -> list[Message]:
         """`session`'s inbox in order, after `after_id` (the oldest `limit`, or with `newest` the latest)."""
         order = "DESC" if newest else "ASC"
-        rows = self._rows(
+        sql = (
             "SELECT id, session, sender, text, created_at FROM inbox "
-            f"WHERE tenant = ? AND session = ? AND id > ? ORDER BY id {order} LIMIT ?",
-            (tenant, session, after_id, limit),
+            f"WHERE tenant = ? AND session = ? AND id > ? ORDER BY id {order} LIMIT ?"  # noqa: S608 - fixed words
         )
+        rows = self._rows(sql, (tenant, session, after_id, limit))
         found = [Message(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
         return list(reversed(found)) if newest else found
 
