@@ -271,7 +271,7 @@ class Registry:
         order = "DESC" if newest else "ASC"
         sql = (
             "SELECT id, session, sender, text, created_at FROM inbox "
-            f"WHERE tenant = ? AND session = ? AND id > ? ORDER BY id {order} LIMIT ?"  # noqa: S608 - fixed words
+            f"WHERE tenant = ? AND session = ? AND id > ? ORDER BY id {order} LIMIT ?"
         )
         rows = self._rows(sql, (tenant, session, after_id, limit))
         found = [Message(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
