@@ -57,6 +57,11 @@ CREATE TABLE IF NOT EXISTS cascades (
 """
 
 
+INBOX = "SELECT id, session, sender, text, created_at FROM inbox WHERE tenant = ? AND session = ? AND id > ? "
+INBOX_OLDEST = INBOX + "ORDER BY id ASC LIMIT ?"
+INBOX_NEWEST = INBOX + "ORDER BY id DESC LIMIT ?"
+
+
 @dataclass(frozen=True)
 class Child:
     """One spawned session, as recorded when it was spawned."""
@@ -268,11 +273,7 @@ class Registry:
         self, tenant: str, session: str, *, after_id: int = 0, limit: int = 1000, newest: bool = False
     ) -> list[Message]:
         """`session`'s inbox in order, after `after_id` (the oldest `limit`, or with `newest` the latest)."""
-        order = "DESC" if newest else "ASC"
-        sql = (
-            "SELECT id, session, sender, text, created_at FROM inbox "
-            f"WHERE tenant = ? AND session = ? AND id > ? ORDER BY id {order} LIMIT ?"
-        )
+        sql = INBOX_NEWEST if newest else INBOX_OLDEST
         rows = self._rows(sql, (tenant, session, after_id, limit))
         found = [Message(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
         return list(reversed(found)) if newest else found
