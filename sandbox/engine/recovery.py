@@ -29,21 +29,21 @@ async def recover(orch: Orchestrator) -> list[dict[str, Any]]:
     if journal is None:
         return []
     outcomes = []
-    for call_id, _owner, _stage, alive in journal.open_calls():
+    for call_id, owner, _stage, alive in journal.open_calls():
         if alive:
             continue  # its orchestrator runs: the call is not ours to settle
         events = journal.events(call_id=call_id)
         if not events:
             continue
         last = events[-1]
-        outcome = await _settle(orch, last)
+        outcome = await _settle(orch, last, owner)
         outcomes.append(
             {"call_id": last.call_id, "tool": last.tool, "session": last.session, "was": last.stage, "now": outcome}
         )
     return outcomes
 
 
-def _note(orch: Orchestrator, last: Event, stage: str, **data: Any) -> None:
+def _note(orch: Orchestrator, last: Event, owner: str, stage: str, **data: Any) -> None:
     assert orch.journal is not None
     orch.journal.append(
         trace_id=last.trace_id,
@@ -54,21 +54,28 @@ def _note(orch: Orchestrator, last: Event, stage: str, **data: Any) -> None:
         tool=last.tool,
         stage=stage,
         data=data,
+        owner=owner,  # the call stays the gone owner's: a note does not make it look alive
     )
 
 
-async def _settle(orch: Orchestrator, last: Event) -> str:
+async def _settle(orch: Orchestrator, last: Event, owner: str) -> str:
     assert orch.journal is not None
     if last.stage == "awaiting_approval":
         pending = [a for a in orch.journal.approvals(None) if a.call_id == last.call_id]
         if pending and pending[-1].status == "pending":
             return "awaiting_approval"
-        _note(orch, last, "abandoned", reason="decided after the orchestrator restarted; the caller is gone, not run")
+        _note(
+            orch,
+            last,
+            owner,
+            "abandoned",
+            reason="decided after the orchestrator restarted; the caller is gone, not run",
+        )
         return "abandoned"
     try:
         session = orch.session(last.session, agent=last.agent)
     except Exception:
-        _note(orch, last, "abandoned", reason="its agent is no longer configured")
+        _note(orch, last, owner, "abandoned", reason="its agent is no longer configured")
         return "abandoned"
     if last.stage in ("process_started", "process_reattached"):
         proc_id = str(last.data.get("process_id", ""))
@@ -80,12 +87,12 @@ async def _settle(orch: Orchestrator, last: Event) -> str:
             status = f"gone ({exc.message})"
         if status == "running":
             if last.stage != "process_reattached":
-                _note(orch, last, "process_reattached", process_id=proc_id)
+                _note(orch, last, owner, "process_reattached", process_id=proc_id)
             return "process_reattached"
         if status.startswith("exited"):
-            _note(orch, last, "process_exited", process_id=proc_id, status=status)
+            _note(orch, last, owner, "process_exited", process_id=proc_id, status=status)
             return "process_exited"
-        _note(orch, last, "process_gone", process_id=proc_id, reason=f"its sandbox or process is gone: {status}")
+        _note(orch, last, owner, "process_gone", process_id=proc_id, reason=f"its sandbox or process is gone: {status}")
         return "process_gone"
     # died mid-call: make sure nothing of it keeps running, and never run it again
     try:
@@ -94,5 +101,5 @@ async def _settle(orch: Orchestrator, last: Event) -> str:
             await shell.kill(last.call_id, "KILL")
     except SandboxError:
         pass
-    _note(orch, last, "abandoned", reason=f"the orchestrator stopped during stage {last.stage}; not re-run")
+    _note(orch, last, owner, "abandoned", reason=f"the orchestrator stopped during stage {last.stage}; not re-run")
     return "abandoned"

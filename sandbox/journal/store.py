@@ -87,7 +87,8 @@ CREATE TABLE IF NOT EXISTS owners (
 );
 """
 # a call leaves open_calls with its last stage; these end what recovery has to look at
-SETTLED = frozenset({"process_reattached", "process_exited", "process_gone"})
+# (a re-attached background process stays open: later recoveries report when it exits)
+SETTLED = frozenset({"process_exited", "process_gone"})
 UPSERT_OPEN = (
     "INSERT INTO open_calls(call_id, owner, stage, ts) VALUES (?,?,?,?) "
     "ON CONFLICT(call_id) DO UPDATE SET owner = excluded.owner, stage = excluded.stage, ts = excluded.ts"
@@ -282,8 +283,12 @@ class Journal:
         duration_ms: float | None = None,
         data: dict[str, Any] | None = None,
         commit: bool = True,
+        owner: str | None = None,
     ) -> None:
         """Record one event (data is redacted first).
+
+        `owner`: who the call belongs to from now on (default: this process). Recovery writes its
+        notes for the owner that is gone, so that a note does not make the call look alive.
 
         With `commit=False` the event waits for the next committed one of the same call and goes
         into the same transaction. Inside an event loop a committed one is queued with them for
@@ -302,15 +307,17 @@ class Journal:
             return
         rows = self._pending.pop(call_id)
         now = time.time()
-        owner = current_owner()
+        mine = current_owner()
+        owner = owner if owner is not None else mine
         if stage in TERMINAL or stage in SETTLED:
             tracking: Statement = (DELETE_OPEN, [(call_id,)])
             self._mine.discard(call_id)
         else:
             tracking = (UPSERT_OPEN, [(call_id, owner, stage, now)])
-            self._mine.add(call_id)
-            self._start_heartbeat()
-        lease = (UPSERT_LEASE, [(owner, now + LEASE_S)])
+            if owner == mine:
+                self._mine.add(call_id)
+                self._start_heartbeat()
+        lease = (UPSERT_LEASE, [(mine, now + LEASE_S)])
         try:
             self._writer.submit(call_id, ((INSERT_EVENT, rows), tracking, lease))
         except sqlite3.Error as exc:
