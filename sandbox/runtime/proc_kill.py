@@ -24,6 +24,9 @@ class Members:
 
     pids: tuple[int, ...]
     visible: bool = True
+    # process groups a tagged member leads or belongs to: signalled whole, in one kernel step,
+    # so a fork bomb cannot add members between the listing and the kill
+    groups: tuple[int, ...] = ()
 
 
 def tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
@@ -66,7 +69,8 @@ def members_of(pids: Iterable[int], call_id: str, *, skip_unreadable: bool = Fal
         if found is not None:
             info[pid] = found
     groups = {pgrp for is_tagged, pgrp in info.values() if is_tagged and pgrp and pgrp != my_group}
-    return Members(tuple(pid for pid, (is_tagged, pgrp) in info.items() if is_tagged or pgrp in groups))
+    members = tuple(pid for pid, (is_tagged, pgrp) in info.items() if is_tagged or pgrp in groups)
+    return Members(members, groups=tuple(sorted(g for g in groups if g > 1)))
 
 
 def all_pids() -> list[int]:
@@ -77,6 +81,9 @@ def all_pids() -> list[int]:
 def signal_members(members: Members, signal: str) -> None:
     """Send `signal` (TERM, KILL, INT, HUP) to every member."""
     number = getattr(signals, f"SIG{signal}")
+    for group in members.groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, number)
     for pid in members.pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, number)
