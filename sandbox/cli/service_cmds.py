@@ -55,3 +55,33 @@ def token_create(state: State, tenant: str, name: str, as_json: bool) -> None:
         f"{token}\n(shown once; its sha256 {token_hash(token)} is kept in the state dir; "
         "or put it under tenants[].tokens in the config)",
     )
+
+
+@main.command("mcp")
+@click.option("--agent", help="The agent whose tools are served (default: the config's default agent).")
+@click.option("--session", help="The session key (default: agent:<agent>:mcp).")
+@click.pass_obj
+@handled
+def mcp_cmd(state: State, agent: str | None, session: str | None) -> None:
+    """Serve one agent's tools over MCP on stdin/stdout (for desktop clients)."""
+    import anyio
+
+    from sandbox.config.merge import default_agent_id
+    from sandbox.policy.sessions import check_session_key
+
+    try:
+        from sandbox.api.mcp_server import serve_stdio
+    except ImportError as exc:
+        raise UsageError(
+            f"MCP needs the service extra: pip install 'agent-sandbox[service]' ({exc.name} missing)"
+        ) from exc
+    from sandbox.engine.orchestrator import Orchestrator
+
+    agent_id = agent or default_agent_id(state.config)
+    key = check_session_key(session or f"agent:{agent_id}:mcp")
+
+    async def go() -> None:
+        async with Orchestrator(state.config, registry=state.registry()) as orch:
+            await serve_stdio(orch, orch.session(key, agent=agent_id))
+
+    anyio.run(go)

@@ -1,0 +1,38 @@
+"""`sandbox mcp` driven by the official MCP client over stdio: tools/list is the policy-filtered
+list, tools/call runs through the engine (mode off here: no containers)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_list_and_call_over_stdio(tmp_path: Path) -> None:
+    """The client sees exactly the session's tools and gets ToolResults, errors flagged isError."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "hello.txt").write_text("hi from the workspace\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path / 'state'}\ntools: {{profile: coding, deny: [exec]}}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{tmp_path / 'ws'}'}}]}}\n"
+    )
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "sandbox", "--config", str(cfg), "mcp", "--agent", "a"]
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        listed = await client.list_tools()
+        names = {t.name for t in listed.tools}
+        assert "read" in names and "exec" not in names  # denied by the config
+        ok = await client.call_tool("read", {"path": "hello.txt"})
+        body = json.loads(ok.content[0].text)
+        assert not ok.is_error and body["ok"] and "hi from the workspace" in body["output"]["content"]
+        refused = await client.call_tool("exec", {"command": "id"})
+        assert refused.is_error and json.loads(refused.content[0].text)["error"]["code"] == "TOOL_NOT_FOUND"
