@@ -179,3 +179,26 @@ def test_tenant_config_errors_name_the_key(tmp_path: Path, text: str, words: str
     with pytest.raises(ConfigError) as err:
         load_config_text(f"state_dir: {tmp_path}\n{text}\n")
     assert words in str(err.value)
+
+
+def test_batches_and_metrics(make_config: Any, tmp_path: Path) -> None:
+    """A batch runs through the engine's batches; /metrics counts calls by tool, code and tenant."""
+    with serve(config(make_config, tmp_path)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions/agent:alpha:b/batches",
+            headers=A,
+            json={
+                "mode": "sequential",
+                "calls": [
+                    {"id": "w", "tool": "write", "args": {"path": "b.txt", "content": "batched"}},
+                    {"id": "r", "tool": "read", "args": {"path": "b.txt"}, "depends_on": ["w"]},
+                ],
+            },
+        )
+        assert r.status_code == 200 and r.json()["status"] == "SUCCESS", r.text
+        assert "batched" in json.dumps(r.json()["results"][1])
+        empty = httpx.post(f"{url}/v1/sessions/agent:alpha:b/batches", headers=A, json={"calls": []})
+        assert empty.status_code == 422
+        text = httpx.get(f"{url}/metrics").text
+        assert 'sandbox_calls_total{code="ok",tenant="acme",tool="write"} 1.0' in text
+        assert 'sandbox_calls_total{code="ok",tenant="acme",tool="read"} 1.0' in text

@@ -57,6 +57,10 @@ def test_one_key_two_tenants_two_sandboxes(make_config: Any, docker_client: Any,
             return sorted(c.labels[Labels.AGENT] for c in found if c.labels[Labels.SCOPE_KEY].endswith(":work"))
 
         assert agents_with_work() == ["alpha", "beta"]
+        listed_a = httpx.get(f"{url}/v1/sandboxes", headers=A).json()
+        listed_b = httpx.get(f"{url}/v1/sandboxes", headers=B).json()
+        assert {s["agent"] for s in listed_a} == {"alpha"} and {s["agent"] for s in listed_b} == {"beta"}
+        assert 'sandbox_sandboxes{state="running"}' in httpx.get(f"{url}/metrics").text
         closed = httpx.delete(f"{url}/v1/sessions/work", headers=A, timeout=120)
         assert closed.status_code == 200 and closed.json()["closed"] == ["agent:alpha:work"]
         assert agents_with_work() == ["beta"]

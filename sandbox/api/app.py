@@ -55,6 +55,56 @@ Verdict = Literal["approve", "deny"]
 SessionQuery = Annotated[str, Query(max_length=256)]
 
 
+class BatchItem(BaseModel):
+    """One call of a batch."""
+
+    model_config = {"extra": "forbid"}
+
+    id: str = Field("", max_length=64)
+    tool: str = Field(min_length=1, max_length=128)
+    args: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[str] = []
+
+
+class BatchRequest(BaseModel):
+    """`POST /v1/sessions/{key}/batches`."""
+
+    model_config = {"extra": "forbid"}
+
+    agent: str | None = None
+    mode: Literal["parallel", "sequential"] = "parallel"
+    calls: list[BatchItem] = Field(min_length=1, max_length=64)
+
+
+class Metrics:
+    """The service's Prometheus metrics (one registry per app)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.calls = Counter(
+            "sandbox_calls_total",
+            "Tool calls by tool, result code and tenant",
+            ["tool", "code", "tenant"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "sandbox_call_duration_seconds", "Tool call duration", ["tool"], registry=self.registry
+        )
+        self.in_flight = Gauge(
+            "sandbox_calls_in_flight", "Calls running now, by tenant", ["tenant"], registry=self.registry
+        )
+        self.sandboxes = Gauge(
+            "sandbox_sandboxes", "Sandboxes of this instance by state", ["state"], registry=self.registry
+        )
+
+    def record(self, tenant: str, result: Any) -> None:
+        code = "ok" if result.ok else (result.error.code if result.error else "error")
+        self.calls.labels(result.tool, code, tenant).inc()
+        self.duration.labels(result.tool).observe(result.duration_ms / 1000)
+
+
 class RateWindow:
     """Calls per minute of one tenant (a sliding window) and calls in flight."""
 
@@ -66,6 +116,7 @@ class RateWindow:
 def create_app(config: Config, orchestrator: Orchestrator | None = None) -> FastAPI:
     """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
     windows: dict[str, RateWindow] = {}
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -181,11 +232,59 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         window = windows.setdefault(who.tenant.id, RateWindow())
         _admit(who, window)
         window.in_flight += 1
+        metrics.in_flight.labels(who.tenant.id).inc()
         try:
             result = await session.call(body.tool, body.args)
         finally:
             window.in_flight -= 1
+            metrics.in_flight.labels(who.tenant.id).dec()
+        metrics.record(who.tenant.id, result)
         return result.model_dump(mode="json")
+
+    @app.post("/v1/sessions/{key}/batches")
+    async def batch(request: Request, who: CallerDep, key: str, body: BatchRequest) -> dict[str, Any]:
+        from sandbox.engine.batch import BatchCall
+
+        session = session_for(request, who, key, body.agent)
+        window = windows.setdefault(who.tenant.id, RateWindow())
+        _admit(who, window)
+        calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
+        window.in_flight += 1
+        try:
+            outcome = await session.call_many(calls, mode=body.mode)
+        finally:
+            window.in_flight -= 1
+        for result in outcome.results:
+            metrics.record(who.tenant.id, result)
+        return {
+            "status": outcome.status,
+            "failed": outcome.failed,
+            "results": [r.model_dump(mode="json") for r in outcome.results],
+        }
+
+    @app.get("/v1/sandboxes")
+    async def sandboxes(request: Request, who: CallerDep) -> list[dict[str, Any]]:
+        o = orch(request)
+        found = await o.backend.list(instance=o.manager.instance)
+        return [
+            {"name": s.name, "agent": s.agent, "scope": s.scope, "status": s.status, "created_at": s.created_at}
+            for s in found
+            if s.tenant == who.tenant.id
+        ]
+
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> Any:
+        from fastapi.responses import Response
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        o = orch(request)
+        metrics.sandboxes.clear()
+        try:
+            for s in await o.backend.list(instance=o.manager.instance):
+                metrics.sandboxes.labels(s.status).inc()
+        except SandboxError:
+            pass  # the engine is away: the call metrics are still worth reading
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.delete("/v1/sessions/{key}")
     async def close(request: Request, who: CallerDep, key: str, agent: str | None = None) -> dict[str, Any]:
