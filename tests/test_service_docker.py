@@ -65,3 +65,28 @@ def test_one_key_two_tenants_two_sandboxes(make_config: Any, docker_client: Any,
         assert closed.status_code == 200 and closed.json()["closed"] == ["agent:alpha:work"]
         assert agents_with_work() == ["beta"]
         httpx.delete(f"{url}/v1/sessions/work", headers=B, timeout=120)
+
+
+def test_a_client_that_goes_away_stops_its_call(make_config: Any, docker_client: Any, instance: str) -> None:
+    """The client disconnects mid-call: the call is cancelled and its command killed in the sandbox."""
+    import time
+
+    with serve(config(make_config)) as url:
+        call(url, A, "gone", "exec", {"command": "true"})  # the sandbox exists
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{url}/v1/sessions/gone/calls",
+                headers=A,
+                json={"tool": "exec", "args": {"command": "sleep 177", "timeout_s": 600}},
+                timeout=2,
+            )
+        [box] = [
+            c
+            for c in docker_client.containers.list(filters={"label": f"{Labels.INSTANCE}={instance}"})
+            if c.labels[Labels.SCOPE_KEY].endswith(":gone")
+        ]
+        deadline = time.monotonic() + 30
+        while "sleep 177" in str(docker_client.api.top(box.id)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "sleep 177" not in str(docker_client.api.top(box.id))
+        httpx.delete(f"{url}/v1/sessions/gone", headers=A, timeout=120)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -26,6 +27,8 @@ from sandbox.errors import SandboxError, UsageError
 from sandbox.policy.sessions import agent_of, key_problem
 
 MAX_BODY_BYTES = 40 * 1024 * 1024
+DISCONNECT_POLL_S = 0.25
+T = TypeVar("T")
 
 
 class CallRequest(BaseModel):
@@ -53,6 +56,26 @@ CallerDep = Annotated[Caller, Depends(current_caller)]
 Format = Literal["openai", "anthropic", "mcp"]
 Verdict = Literal["approve", "deny"]
 SessionQuery = Annotated[str, Query(max_length=256)]
+
+
+class BodyLimit:
+    """413 for a body declared larger than MAX_BODY_BYTES, before it is read.
+
+    Plain ASGI (not BaseHTTPMiddleware, which hides a client's disconnect from the endpoint).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            length = headers.get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+                response = JSONResponse({"detail": f"the body is larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BatchItem(BaseModel):
@@ -132,12 +155,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan)
     app.state.config = config
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"the body is larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit)
 
     def orch(request: Request) -> Orchestrator:
         found: Orchestrator = request.app.state.orch
@@ -227,17 +245,19 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         return explain_data(session_for(request, who, session, agent).policy)
 
     @app.post("/v1/sessions/{key}/calls")
-    async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> dict[str, Any]:
+    async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> Any:
         session = session_for(request, who, key, body.agent)
         window = windows.setdefault(who.tenant.id, RateWindow())
         _admit(who, window)
         window.in_flight += 1
         metrics.in_flight.labels(who.tenant.id).inc()
         try:
-            result = await session.call(body.tool, body.args)
+            result = await _unless_gone(request, session.call(body.tool, body.args))
         finally:
             window.in_flight -= 1
             metrics.in_flight.labels(who.tenant.id).dec()
+        if result is None:  # nobody is listening any more; the call was cancelled, its command killed
+            return JSONResponse({"detail": "the client went away; the call was stopped"}, status_code=499)
         metrics.record(who.tenant.id, result)
         return result.model_dump(mode="json")
 
@@ -326,6 +346,26 @@ def default_agent_id_of(config: Config) -> str:
     from sandbox.config.merge import default_agent_id
 
     return default_agent_id(config)
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`, cancelled when the client disconnects (a cancelled call kills what it started)."""
+    outcome: list[T] = []
+
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await anyio.sleep(DISCONNECT_POLL_S)
+            tg.cancel_scope.cancel()
+
+        async def run() -> None:
+            outcome.append(await work)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(run)
+    return outcome[0] if outcome else None
 
 
 def _admit(who: Caller, window: RateWindow) -> None:
