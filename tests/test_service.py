@@ -202,3 +202,35 @@ def test_batches_and_metrics(make_config: Any, tmp_path: Path) -> None:
         text = httpx.get(f"{url}/metrics").text
         assert 'sandbox_calls_total{code="ok",tenant="acme",tool="write"} 1.0' in text
         assert 'sandbox_calls_total{code="ok",tenant="acme",tool="read"} 1.0' in text
+
+
+def test_events_stream_the_sessions_progress(make_config: Any, tmp_path: Path) -> None:
+    """GET .../events is server-sent events of that session's calls; another tenant gets 404."""
+    import threading
+    import time
+
+    got: list[dict[str, Any]] = []
+    connected = threading.Event()
+    with serve(config(make_config, tmp_path)) as url:
+        assert httpx.get(f"{url}/v1/sessions/agent:alpha:ev/events", headers=B).status_code == 404
+
+        def listen() -> None:
+            with httpx.stream("GET", f"{url}/v1/sessions/agent:alpha:ev/events", headers=A, timeout=30) as r:
+                for line in r.iter_lines():
+                    connected.set()
+                    if line.startswith("data:"):
+                        got.append(json.loads(line[5:]))
+                        if got[-1]["kind"] == "finished":
+                            return
+
+        thread = threading.Thread(target=listen, daemon=True)
+        thread.start()
+        assert connected.wait(10)
+        time.sleep(0.2)
+        r = httpx.post(
+            f"{url}/v1/sessions/agent:alpha:ev/calls", headers=A, json={"tool": "exec", "args": {"command": "echo hi"}}
+        )
+        call_id = r.json()["call_id"]
+        thread.join(15)
+    kinds = [e["kind"] for e in got if e["call_id"] == call_id]
+    assert kinds and kinds[-1] == "finished", got

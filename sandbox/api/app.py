@@ -8,6 +8,8 @@ and malformed requests.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable
@@ -28,6 +30,7 @@ from sandbox.policy.sessions import agent_of, key_problem
 
 MAX_BODY_BYTES = 40 * 1024 * 1024
 DISCONNECT_POLL_S = 0.25
+SSE_KEEPALIVE_S = 15.0
 T = TypeVar("T")
 
 
@@ -282,6 +285,45 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
             "results": [r.model_dump(mode="json") for r in outcome.results],
         }
 
+    @app.get("/v1/sessions/{key}/events")
+    async def events(request: Request, who: CallerDep, key: str, agent: str | None = None) -> Any:
+        """Server-sent events: the progress of this session's calls, as they happen."""
+        from fastapi.responses import StreamingResponse
+
+        session = session_for(request, who, key, agent)
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](max_buffer_size=256)
+
+        def forward(event: Any) -> None:
+            if event.session == session.key:
+                with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    send.send_nowait(
+                        {
+                            "kind": event.kind,
+                            "call_id": event.call_id,
+                            "tool": event.tool,
+                            "elapsed_s": round(event.elapsed_s, 3),
+                            **event.detail,
+                        }
+                    )
+
+        unsubscribe = orch(request).progress.subscribe(forward)
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                yield ": connected\n\n"
+                while not await request.is_disconnected():
+                    with anyio.move_on_after(SSE_KEEPALIVE_S):
+                        item = await receive.receive()
+                        yield f"event: {item['kind']}\ndata: {json.dumps(item, default=str)}\n\n"
+                        continue
+                    yield ": keep-alive\n\n"
+            finally:
+                unsubscribe()
+                send.close()
+                receive.close()
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
     @app.get("/v1/sandboxes")
     async def sandboxes(request: Request, who: CallerDep) -> list[dict[str, Any]]:
         o = orch(request)
@@ -355,7 +397,8 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
-            while not await request.is_disconnected():
+            # the server says "disconnected" only when asked: there is no event to wait on
+            while not await request.is_disconnected():  # noqa: ASYNC110
                 await anyio.sleep(DISCONNECT_POLL_S)
             tg.cancel_scope.cancel()
 
