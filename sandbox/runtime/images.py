@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import contextlib
 import os
 import re
 import subprocess
@@ -134,8 +135,15 @@ def _stamp(client: Any, image_id: str, tag: str, labels: Mapping[str, str]) -> s
     return new_id or str(client.images.get(tag).id)
 
 
-def ensure_base(offline: bool, log: Callable[[str], None]) -> None:
+def ensure_base(offline: bool, log: Callable[[str], None], client: Any = None) -> None:
     """Make sure the base image exists: present, pulled, or debootstrapped (images/bootstrap)."""
+    if client is not None:
+        # asked of the engine itself: where no docker CLI is installed (the service image), the
+        # script could not see it
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.get(BASE_IMAGE)
+            log(f"base: {BASE_IMAGE} present")
+            return
     script = images_dir() / "bootstrap" / "base.sh"
     env = {**os.environ, "OFFLINE": "1" if offline else "0"}
     run = subprocess.run(["bash", str(script), BASE_IMAGE], env=env, capture_output=True, text=True, check=False)
@@ -202,7 +210,7 @@ def build_all(
     force: bool = False,
 ) -> dict[str, str]:
     """Provide the base, then build every target; return tag -> image id."""
-    ensure_base(offline, log)
+    ensure_base(offline, log, client)
     return {t.tag: build_image(client, t, log, force=force) for t in targets}
 
 
