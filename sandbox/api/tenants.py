@@ -37,12 +37,26 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+_cache: dict[Path, tuple[float, list[dict[str, str]]]] = {}
+
+
 def _stored(state_dir: Path) -> list[dict[str, str]]:
+    """The state dir's token hashes, read again only when the file changed."""
+    path = state_dir / TOKEN_FILE
     try:
-        data = json.loads((state_dir / TOKEN_FILE).read_text())
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return []
+    cached = _cache.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    return [t for t in data if isinstance(t, dict)] if isinstance(data, list) else []
+    found = [t for t in data if isinstance(t, dict)] if isinstance(data, list) else []
+    _cache[path] = (mtime, found)
+    return found
 
 
 def create_token(config: Config, tenant_id: str, name: str) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
-import contextlib
 import os
 import re
 import subprocess
