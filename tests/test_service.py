@@ -234,3 +234,16 @@ def test_events_stream_the_sessions_progress(make_config: Any, tmp_path: Path) -
         thread.join(15)
     kinds = [e["kind"] for e in got if e["call_id"] == call_id]
     assert kinds and kinds[-1] == "finished", got
+
+
+def test_max_sessions_quota(make_config: Any, tmp_path: Path) -> None:
+    """A tenant at max_sessions gets 429 for a new session until it closes one."""
+    cfg = config(make_config, tmp_path, tenant_a=", quotas: {max_sessions: 2}")
+    read = {"tool": "read", "args": {"path": "x.txt"}}
+    with serve(cfg) as url:
+        for key in ("agent:alpha:s1", "agent:alpha:s2", "agent:alpha:s1"):
+            assert httpx.post(f"{url}/v1/sessions/{key}/calls", headers=A, json=read).status_code == 200
+        third = httpx.post(f"{url}/v1/sessions/agent:alpha:s3/calls", headers=A, json=read)
+        assert third.status_code == 429 and "max_sessions" in third.text
+        assert httpx.delete(f"{url}/v1/sessions/agent:alpha:s1", headers=A).status_code == 200
+        assert httpx.post(f"{url}/v1/sessions/agent:alpha:s3/calls", headers=A, json=read).status_code == 200

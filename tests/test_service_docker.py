@@ -90,3 +90,26 @@ def test_a_client_that_goes_away_stops_its_call(make_config: Any, docker_client:
             time.sleep(0.2)
         assert "sleep 177" not in str(docker_client.api.top(box.id))
         httpx.delete(f"{url}/v1/sessions/gone", headers=A, timeout=120)
+
+
+def test_max_sandboxes_quota(make_config: Any) -> None:
+    """A tenant at max_sandboxes gets 429 for a session that would need a new sandbox."""
+    cfg = make_config(f"""
+tenants:
+  - {{id: acme, quotas: {{max_sandboxes: 1}}, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session}}}}
+  list: [{{id: alpha, tenant: acme, default: true}}]
+""")
+    with serve(cfg) as url:
+        first = call(url, A, "q1", "exec", {"command": "true"})
+        assert first["ok"], first
+        again = call(url, A, "q1", "exec", {"command": "true"})  # its sandbox exists: fine
+        assert again["ok"]
+        second = httpx.post(
+            f"{url}/v1/sessions/q2/calls", headers=A, json={"tool": "exec", "args": {"command": "true"}}, timeout=120
+        )
+        assert second.status_code == 429 and "max_sandboxes" in second.text
+        httpx.delete(f"{url}/v1/sessions/q1", headers=A, timeout=120)
+        assert call(url, A, "q2", "exec", {"command": "true"})["ok"]
+        httpx.delete(f"{url}/v1/sessions/q2", headers=A, timeout=120)

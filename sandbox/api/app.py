@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from sandbox._log import logger
 from sandbox.api.tenants import Caller, authenticate, default_agent, tenant_agents
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
@@ -31,6 +32,7 @@ from sandbox.policy.sessions import agent_of, key_problem
 MAX_BODY_BYTES = 40 * 1024 * 1024
 DISCONNECT_POLL_S = 0.25
 SSE_KEEPALIVE_S = 15.0
+RECOVER_EVERY_S = 60.0
 T = TypeVar("T")
 
 
@@ -143,6 +145,32 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
     windows: dict[str, RateWindow] = {}
     metrics = Metrics()
+    open_sessions: dict[str, set[str]] = {}  # tenant -> session keys used and not closed (this process)
+
+    async def admit_session(request: Request, who: Caller, session: Session) -> None:
+        """max_sessions and max_sandboxes: a new session or a new sandbox only under the quota."""
+        quotas = who.tenant.quotas
+        mine = open_sessions.setdefault(who.tenant.id, set())
+        if quotas.max_sessions and session.key not in mine and len(mine) >= quotas.max_sessions:
+            raise HTTPException(
+                429,
+                f"tenant {who.tenant.id!r} has {len(mine)} open sessions (tenants[].quotas.max_sessions is "
+                f"{quotas.max_sessions}); close one with DELETE /v1/sessions/{{key}}",
+                headers={"Retry-After": "60"},
+            )
+        if quotas.max_sandboxes and session.sandboxed:
+            o = orch(request)
+            spec = o.manager.spec_for(session.agent, session.key)
+            if not await o.backend.exists(spec.name):
+                live = [s for s in await o.backend.list(instance=o.manager.instance) if s.tenant == who.tenant.id]
+                if len(live) >= quotas.max_sandboxes:
+                    raise HTTPException(
+                        429,
+                        f"tenant {who.tenant.id!r} has {len(live)} sandboxes (tenants[].quotas.max_sandboxes is "
+                        f"{quotas.max_sandboxes}); close a session to free one",
+                        headers={"Retry-After": "60"},
+                    )
+        mine.add(session.key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -150,10 +178,12 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
             app.state.orch = orchestrator
             yield
             return
-        async with Orchestrator(config) as orch:
+        async with Orchestrator(config) as orch, anyio.create_task_group() as tg:
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
+            tg.start_soon(_recover_periodically, orch)
             app.state.orch = orch
             yield
+            tg.cancel_scope.cancel()
 
     app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan)
     app.state.config = config
@@ -252,6 +282,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         session = session_for(request, who, key, body.agent)
         window = windows.setdefault(who.tenant.id, RateWindow())
         _admit(who, window)
+        await admit_session(request, who, session)
         window.in_flight += 1
         metrics.in_flight.labels(who.tenant.id).inc()
         try:
@@ -272,6 +303,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         session = session_for(request, who, key, body.agent)
         window = windows.setdefault(who.tenant.id, RateWindow())
         _admit(who, window)
+        await admit_session(request, who, session)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
         window.in_flight += 1
         try:
@@ -351,7 +383,9 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     @app.delete("/v1/sessions/{key}")
     async def close(request: Request, who: CallerDep, key: str, agent: str | None = None) -> dict[str, Any]:
-        return {"closed": await session_for(request, who, key, agent).close()}
+        closed = await session_for(request, who, key, agent).close()
+        open_sessions.get(who.tenant.id, set()).difference_update(closed)
+        return {"closed": closed}
 
     @app.get("/v1/approvals")
     async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
@@ -389,6 +423,16 @@ def default_agent_id_of(config: Config) -> str:
     from sandbox.config.merge import default_agent_id
 
     return default_agent_id(config)
+
+
+async def _recover_periodically(orch: Orchestrator) -> None:
+    """Settle, every minute, the calls of orchestrators that died meanwhile (a CLI killed with -9)."""
+    while True:
+        await anyio.sleep(RECOVER_EVERY_S)
+        try:
+            await orch.recover()
+        except SandboxError as exc:  # the engine away for a while: try again next time
+            logger.bind(reason=exc.message).warning("service_recovery_failed")
 
 
 async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
