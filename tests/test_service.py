@@ -247,3 +247,14 @@ def test_max_sessions_quota(make_config: Any, tmp_path: Path) -> None:
         assert third.status_code == 429 and "max_sessions" in third.text
         assert httpx.delete(f"{url}/v1/sessions/agent:alpha:s1", headers=A).status_code == 200
         assert httpx.post(f"{url}/v1/sessions/agent:alpha:s3/calls", headers=A, json=read).status_code == 200
+
+
+def test_a_refused_batch_is_400_not_a_server_error(make_config: Any, tmp_path: Path) -> None:
+    """The fuzzer's find: a batch naming an unknown dependency was a 500; it is a 400 saying why."""
+    with serve(config(make_config, tmp_path)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions/agent:alpha:b/batches",
+            headers=A,
+            json={"calls": [{"tool": "read", "args": {}, "depends_on": ["nope"]}]},
+        )
+        assert r.status_code == 400 and r.json()["code"] == "INVALID_ARGUMENTS" and "nope" in r.json()["detail"]

@@ -190,6 +190,14 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     app.add_middleware(BodyLimit)
 
+    @app.exception_handler(SandboxError)
+    async def sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
+        # a refusal that is not a tool call's result (a bad batch, a bad key): its own HTTP status
+        status = exc.http_status
+        if status == 422:  # 422 is FastAPI's documented validation shape; a refusal is a plain 400
+            status = 400
+        return JSONResponse({"detail": exc.message, "code": exc.code.value}, status_code=status)
+
     def orch(request: Request) -> Orchestrator:
         found: Orchestrator = request.app.state.orch
         return found
