@@ -9,10 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import uvicorn
-
-from sandbox.api.app import create_app
-
 TOKEN_A = "sbx_test-token-of-tenant-a"
 TOKEN_B = "sbx_test-token-of-tenant-b"
 
@@ -24,6 +20,10 @@ def sha(token: str) -> str:
 @contextmanager
 def serve(config: Any) -> Iterator[str]:
     """The service over `config` on 127.0.0.1 (an ephemeral port); yields its base URL."""
+    import uvicorn  # imported when a test serves, not when the quick tier is collected
+
+    from sandbox.api.app import create_app
+
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

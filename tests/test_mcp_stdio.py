@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_list_and_call_over_stdio(tmp_path: Path) -> None:
     """The client sees exactly the session's tools and gets ToolResults, errors flagged isError."""
+    from mcp.client.session import ClientSession  # heavy: imported by the test, not at collection
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "hello.txt").write_text("hi from the workspace\n")
     cfg = tmp_path / "c.yaml"
