@@ -10,10 +10,16 @@ import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
 from sandbox.cli.escape import escape
-from sandbox.policy.sessions import check_session_key
 
 if TYPE_CHECKING:
     from sandbox.engine.orchestrator import Orchestrator
+
+
+def check_session_key(key: str) -> str:
+    """The key, validated (imported when a command runs: `--help` stays light)."""
+    from sandbox.policy.sessions import check_session_key as check
+
+    return check(key)
 
 
 def _orchestrator(state: State) -> Orchestrator:
