@@ -150,9 +150,9 @@ async def test_a_locked_journal_at_expiry_runs_nothing(make_config: Any, ws: Pat
     """The journal locked past its busy timeout when the approval expires (then free again): the call does not run."""
     from sandbox.journal.store import Journal
 
-    config = host(make_config, ws, "tools: {approvals: {require: [write], timeout_s: 0.5}}")
+    config = host(make_config, ws, "tools: {approvals: {require: [write], timeout_s: 0.3}}")
     # a short busy timeout (5 s by default) keeps the test quick; the behaviour is the same
-    async with Orchestrator(config, journal=Journal(config.state_dir / JOURNAL, busy_timeout_s=1.0)) as orch:
+    async with Orchestrator(config, journal=Journal(config.state_dir / JOURNAL, busy_timeout_s=0.6)) as orch:
         sess = orch.session("agent:a:main")
         results: list[Any] = []
         locked = threading.Event()
@@ -162,7 +162,7 @@ async def test_a_locked_journal_at_expiry_runs_nothing(make_config: Any, ws: Pat
             locker = sqlite3.connect(config.state_dir / JOURNAL, isolation_level=None)
             locker.execute("BEGIN EXCLUSIVE")  # the expiry's write waits its busy timeout, then fails
             locked.set()
-            time.sleep(2.0)  # past expiry (0.5 s) + busy timeout (1 s); free before the next write gives up (2.5 s)
+            time.sleep(1.2)  # past expiry (0.3 s) + busy timeout (0.6 s); free before the next write gives up (1.5 s)
             locker.execute("ROLLBACK")  # free again: later writes (the call's own) succeed
             locker.close()
 

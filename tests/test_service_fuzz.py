@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.service_helpers import TOKEN_A, serve, sha
 
 # a few examples per route in the quick loop, more in CI's thorough profile (bounded: each is a request)
-EXAMPLES = 5 if settings.default.max_examples <= 15 else 50
+EXAMPLES = 3 if settings.default.max_examples <= 15 else 50
 STREAMING = "/v1/sessions/{key}/events"  # never ends by design; tested on its own in test_service.py
 
 

@@ -81,7 +81,7 @@ async def test_timeout_kills_everything_the_command_started(config: Any) -> None
     """A timeout kills the command and its background child; nothing of the call is left."""
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:main:c4")
-        result = await sess.call("exec", {"command": "sleep 97 & sleep 97", "timeout_s": 1})
+        result = await sess.call("exec", {"command": "sleep 97 & sleep 97", "timeout_s": 0.3})
         assert result.error is not None and result.error.code == "TIMEOUT"
     assert await gone("sleep 9[7]")
 
