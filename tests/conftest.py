@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-# hypothesis keeps a folder of its own (even without an example database): not in the repo
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="sbx-test-hypothesis-"))
+# hypothesis keeps a folder of its own (even without an example database): not in the repo. It is
+# the same folder from run to run, so the unicode table hypothesis builds for text strategies (about
+# a second per worker) is made once per machine; nothing else is kept there, and nothing relies on it.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "agent-sandbox-hypothesis"))
 from hypothesis import settings  # imported after its storage directory is chosen
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")

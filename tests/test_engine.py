@@ -230,7 +230,7 @@ async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     assert tool_timeout(clamped, "slowpoke", 5) == 0.3 and tool_timeout(clamped, "other", 0.01) == 0.1
     reg = make_registry()
 
-    @reg.tool(category="custom", timeout_s=50)
+    @reg.tool(category="custom", timeout_s=50, retry=RetryPolicy(max_attempts=1))  # one timeout is enough here
     async def slowpoke(ctx: Any) -> None:
         """Sleeps."""
         logger.info("handler_says_hi")
