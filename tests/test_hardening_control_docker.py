@@ -90,8 +90,10 @@ async def test_read_only_workspace_spills_are_private_and_bounded(make_config: A
         finally:
             await sess.close()
     kept = sorted(folder.iterdir())
-    assert len(kept) == spill.MAX_FILES
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in kept)
-    assert not Path(paths[0]).exists() and Path(paths[-1]).exists()  # the oldest went first
+    # on failure, say what was kept and when (this once failed in a full run, never alone)
+    seen = [(p.name, p.stat().st_mtime_ns, oct(p.stat().st_mode)) for p in kept]
+    assert len(kept) == spill.MAX_FILES, (seen, paths)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in kept), seen
+    assert not Path(paths[0]).exists() and Path(paths[-1]).exists(), (seen, paths)  # the oldest went first
     assert Path(paths[-1]).read_text().splitlines()[-1] == str(spill.MAX_FILES + 2 + 3000)
     assert not (ws / ".sandbox").exists()
