@@ -272,3 +272,36 @@ def test_a_refused_batch_is_400_not_a_server_error(shared: Any) -> None:
         json={"calls": [{"tool": "read", "args": {}, "depends_on": ["nope"]}]},
     )
     assert r.status_code == 400 and r.json()["code"] == "INVALID_ARGUMENTS" and "nope" in r.json()["detail"]
+
+
+async def _mcp_names_and_call(url: str, headers: dict[str, str]) -> tuple[set[str], Any]:
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        streamable_http_client(f"{url}/mcp/", http_client=http) as (read, write),
+        ClientSession(read, write) as client,
+    ):
+        await client.initialize()
+        names = {t.name for t in (await client.list_tools()).tools}
+        result = await client.call_tool("write", {"path": "via-mcp.txt", "content": "mcp"})
+        return names, result
+
+
+def test_mcp_over_http_serves_the_tenants_session(shared: Any) -> None:
+    """/mcp (streamable HTTP, the official client): the token's tenant, its session's tools, calls
+    through the engine; another tenant's agent is refused; no token is 401."""
+    import anyio
+
+    url, cfg = shared
+    names, result = anyio.run(_mcp_names_and_call, url, {**A, "X-Sandbox-Session": "agent:alpha:m1"})
+    assert "write" in names and not result.is_error, result
+    assert (cfg.agents.list[0].workspace / "via-mcp.txt").read_text() == "mcp"
+    floor_names, _ = anyio.run(_mcp_names_and_call, url, {**F, "X-Sandbox-Session": "agent:gamma:m1"})
+    assert "exec" not in floor_names and "read" in floor_names  # the tenant floor holds here too
+    with pytest.raises(BaseException) as refused:
+        anyio.run(_mcp_names_and_call, url, {**B, "X-Sandbox-Agent": "alpha"})
+    assert "no agent 'alpha'" in repr(refused.value)  # the MCP error carries the refusal
+    assert httpx.post(f"{url}/mcp/", json={}).status_code == 401

@@ -172,13 +172,18 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
                     )
         mine.add(session.key)
 
+    from sandbox.api.mcp_server import http_server
+
+    mcp_app, mcp_sessions = http_server(config, lambda: app.state.orch)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if orchestrator is not None:
             app.state.orch = orchestrator
-            yield
+            async with mcp_sessions.run():
+                yield
             return
-        async with Orchestrator(config) as orch, anyio.create_task_group() as tg:
+        async with Orchestrator(config) as orch, anyio.create_task_group() as tg, mcp_sessions.run():
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
             app.state.orch = orch
@@ -187,6 +192,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan)
     app.state.config = config
+    app.mount("/mcp", mcp_app)  # MCP over streamable HTTP, behind the same bearer tokens
 
     app.add_middleware(BodyLimit)
 
@@ -202,34 +208,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         found: Orchestrator = request.app.state.orch
         return found
 
-    def agent_for(who: Caller, key: str, agent: str | None) -> EffectiveAgent:
-        problem = key_problem(key)
-        if problem:
-            raise HTTPException(400, problem)
-        wanted = agent or agent_of(key)
-        mine = {a.id: a for a in tenant_agents(config, who.tenant.id)}
-        if wanted is None:
-            fallback = default_agent(config, who.tenant.id)
-            if fallback is None:
-                raise HTTPException(404, "this tenant has no agents")
-            return fallback
-        if wanted not in mine:  # another tenant's agent looks exactly like a missing one
-            raise HTTPException(404, f"no agent {wanted!r}")
-        return mine[wanted]
-
     def session_for(request: Request, who: Caller, key: str, agent: str | None) -> Session:
-        target = agent_for(who, key, agent)
-        try:
-            session = orch(request).session(key, agent=target.id)
-        except UsageError as exc:
-            raise HTTPException(400, exc.message) from exc
-        if not session.sandboxed and not who.tenant.allow_unsandboxed:
-            raise HTTPException(
-                403,
-                f"session {key!r} of agent {target.id!r} is not sandboxed; this tenant may reach only "
-                "sandboxed sessions (tenants[].allow_unsandboxed)",
-            )
-        return session
+        return resolve_session(config, orch(request), who, key, agent)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -431,6 +411,39 @@ def default_agent_id_of(config: Config) -> str:
     from sandbox.config.merge import default_agent_id
 
     return default_agent_id(config)
+
+
+def agent_for(config: Config, who: Caller, key: str, agent: str | None) -> EffectiveAgent:
+    """The agent a request names (`agent`, else the key's, else the tenant's default); 404 across tenants."""
+    problem = key_problem(key)
+    if problem:
+        raise HTTPException(400, problem)
+    wanted = agent or agent_of(key)
+    mine = {a.id: a for a in tenant_agents(config, who.tenant.id)}
+    if wanted is None:
+        fallback = default_agent(config, who.tenant.id)
+        if fallback is None:
+            raise HTTPException(404, "this tenant has no agents")
+        return fallback
+    if wanted not in mine:  # another tenant's agent looks exactly like a missing one
+        raise HTTPException(404, f"no agent {wanted!r}")
+    return mine[wanted]
+
+
+def resolve_session(config: Config, orch: Orchestrator, who: Caller, key: str, agent: str | None) -> Session:
+    """The session a request names, as this tenant may reach it (HTTP errors otherwise)."""
+    target = agent_for(config, who, key, agent)
+    try:
+        session = orch.session(key, agent=target.id)
+    except UsageError as exc:
+        raise HTTPException(400, exc.message) from exc
+    if not session.sandboxed and not who.tenant.allow_unsandboxed:
+        raise HTTPException(
+            403,
+            f"session {key!r} of agent {target.id!r} is not sandboxed; this tenant may reach only "
+            "sandboxed sessions (tenants[].allow_unsandboxed)",
+        )
+    return session
 
 
 async def _recover_periodically(orch: Orchestrator) -> None:

@@ -8,12 +8,14 @@ runs through the same engine as every other call. A tool-level failure is a resu
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.tools.formats import render
 
@@ -48,3 +50,70 @@ async def serve_stdio(orch: Orchestrator, session: Session) -> None:
     await orch.recover()
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
+
+
+def http_server(config: Config, get_orch: Callable[[], Orchestrator]) -> tuple[Any, Any]:
+    """`/mcp` for the service: (an ASGI app behind the bearer auth, its session manager to run).
+
+    Each request names its session with `X-Sandbox-Agent` / `X-Sandbox-Session` (defaults: the
+    tenant's default agent, and one session per MCP session); the tenant comes from the token,
+    and the same rules as the REST routes apply (another tenant's agent is "no agent").
+    """
+    from fastapi import HTTPException
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+
+    from sandbox.api.app import resolve_session
+    from sandbox.api.tenants import authenticate
+
+    def session_of(ctx: Any) -> Session:
+        headers = ctx.request.headers if ctx.request is not None else {}
+        scheme, _, token = str(headers.get("authorization", "")).partition(" ")
+        who = authenticate(config, token.strip()) if scheme.lower() == "bearer" else None
+        if who is None:
+            raise PermissionError("a valid bearer token is required")
+        agent = headers.get("x-sandbox-agent")
+        key = headers.get("x-sandbox-session") or f"mcp-{str(headers.get('mcp-session-id', 'default'))[:32]}"
+        try:
+            return resolve_session(config, get_orch(), who, key, agent)
+        except HTTPException as exc:
+            raise PermissionError(str(exc.detail)) from exc
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        del params
+        session = session_of(ctx)
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name=t["name"], description=t.get("description"), input_schema=t["inputSchema"])
+                for t in render(session.tools(), "mcp")
+            ]
+        )
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        result = await session_of(ctx).call(params.name, params.arguments or {})
+        body = result.model_dump(mode="json")
+        return types.CallToolResult(
+            content=[types.TextContent(text=json.dumps(body))], structured_content=body, is_error=not result.ok
+        )
+
+    server: Server[Any] = Server("agent-sandbox", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+    manager = StreamableHTTPSessionManager(app=server, json_response=True)
+    inner = StreamableHTTPASGIApp(manager)
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        # the bearer check happens before the MCP layer sees the request at all
+        if scope["type"] == "http":
+            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers") or []}
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or authenticate(config, token.strip()) is None:
+                from fastapi.responses import JSONResponse
+
+                response = JSONResponse(
+                    {"detail": "a valid bearer token is required"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await inner(scope, receive, send)
+
+    return guarded, manager
