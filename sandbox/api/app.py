@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from sandbox._log import logger
-from sandbox.api.tenants import Caller, authenticate, default_agent, tenant_agents
+from sandbox.api.tenants import Caller, default_agent, from_authorization, tenant_agents
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
@@ -48,9 +48,7 @@ class CallRequest(BaseModel):
 
 def current_caller(request: Request) -> Caller:
     """The tenant behind the request's bearer token; 401 otherwise."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    found = authenticate(request.app.state.config, token.strip()) if scheme.lower() == "bearer" else None
+    found = from_authorization(request.app.state.config, request.headers.get("authorization"))
     if found is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
     return found

@@ -20,26 +20,35 @@ from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.tools.formats import render
 
 
+def tools_of(session: Session) -> types.ListToolsResult:
+    """`tools/list`: what `session`'s model may call (allowed and provided)."""
+    return types.ListToolsResult(
+        tools=[
+            types.Tool(name=t["name"], description=t.get("description"), input_schema=t["inputSchema"])
+            for t in render(session.tools(), "mcp")
+        ]
+    )
+
+
+async def call_in(session: Session, params: types.CallToolRequestParams) -> types.CallToolResult:
+    """`tools/call` through the engine: the ToolResult as text and structured content."""
+    result = await session.call(params.name, params.arguments or {})
+    body = result.model_dump(mode="json")
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(body))], structured_content=body, is_error=not result.ok
+    )
+
+
 def build_server(session: Session) -> Server[Any]:
     """An MCP server whose tools are `session`'s."""
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         del ctx, params
-        tools = [
-            types.Tool(name=t["name"], description=t.get("description"), input_schema=t["inputSchema"])
-            for t in render(session.tools(), "mcp")
-        ]
-        return types.ListToolsResult(tools=tools)
+        return tools_of(session)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         del ctx
-        result = await session.call(params.name, params.arguments or {})
-        body = result.model_dump(mode="json")
-        return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(body))],
-            structured_content=body,
-            is_error=not result.ok,
-        )
+        return await call_in(session, params)
 
     return Server("agent-sandbox", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
 
@@ -63,12 +72,11 @@ def http_server(config: Config, get_orch: Callable[[], Orchestrator]) -> tuple[A
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 
     from sandbox.api.app import resolve_session
-    from sandbox.api.tenants import authenticate
+    from sandbox.api.tenants import from_authorization
 
     def session_of(ctx: Any) -> Session:
         headers = ctx.request.headers if ctx.request is not None else {}
-        scheme, _, token = str(headers.get("authorization", "")).partition(" ")
-        who = authenticate(config, token.strip()) if scheme.lower() == "bearer" else None
+        who = from_authorization(config, headers.get("authorization"))
         if who is None:
             raise PermissionError("a valid bearer token is required")
         agent = headers.get("x-sandbox-agent")
@@ -80,20 +88,10 @@ def http_server(config: Config, get_orch: Callable[[], Orchestrator]) -> tuple[A
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         del params
-        session = session_of(ctx)
-        return types.ListToolsResult(
-            tools=[
-                types.Tool(name=t["name"], description=t.get("description"), input_schema=t["inputSchema"])
-                for t in render(session.tools(), "mcp")
-            ]
-        )
+        return tools_of(session_of(ctx))
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        result = await session_of(ctx).call(params.name, params.arguments or {})
-        body = result.model_dump(mode="json")
-        return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(body))], structured_content=body, is_error=not result.ok
-        )
+        return await call_in(session_of(ctx), params)
 
     server: Server[Any] = Server("agent-sandbox", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
     manager = StreamableHTTPSessionManager(app=server, json_response=True)
@@ -103,8 +101,7 @@ def http_server(config: Config, get_orch: Callable[[], Orchestrator]) -> tuple[A
         # the bearer check happens before the MCP layer sees the request at all
         if scope["type"] == "http":
             headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers") or []}
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or authenticate(config, token.strip()) is None:
+            if from_authorization(config, headers.get("authorization")) is None:
                 from fastapi.responses import JSONResponse
 
                 response = JSONResponse(

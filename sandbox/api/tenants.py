@@ -102,6 +102,12 @@ def authenticate(config: Config, token: str | None) -> Caller | None:
     return found
 
 
+def from_authorization(config: Config, header: str | None) -> Caller | None:
+    """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
+    scheme, _, token = (header or "").partition(" ")
+    return authenticate(config, token.strip()) if scheme.lower() == "bearer" else None
+
+
 def tenant_agents(config: Config, tenant: str) -> list[EffectiveAgent]:
     """The agents of one tenant (the implicit `main` belongs to `default`)."""
     if not config.agents.list:
