@@ -184,6 +184,11 @@ def test_token_create_prints_once_and_stores_only_the_hash(make_config: Any, tmp
     [
         ("tenants: [{id: acme}]\nagents: {list: [{id: a, tenant: other}]}", "not in tenants"),
         ("tenants: [{id: acme}, {id: acme}]\nagents: {list: [{id: a, tenant: acme}]}", "declared twice"),
+        (
+            f"tenants: [{{id: a1, tokens: [{{name: x, sha256: {'a' * 64}}}]}}, "
+            f"{{id: a2, tokens: [{{name: y, sha256: {'a' * 64}}}]}}]\nagents: {{list: [{{id: a, tenant: a1}}]}}",
+            "used twice",
+        ),
     ],
 )
 def test_tenant_config_errors_name_the_key(tmp_path: Path, text: str, words: str) -> None:

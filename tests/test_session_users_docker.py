@@ -9,7 +9,6 @@ The workspace stays shared between them (group-writable), as README says.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime.session_users import allocate
+from sandbox.runtime.session_users import allocate, registry_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
@@ -121,8 +120,7 @@ async def test_a_squatted_record_directory_is_refused(make_config: Any, tmp_path
         carol = orch.session("agent:main:carol")
         await bob.call("exec", {"command": "true"})  # the container exists
         box = await bob.sandbox()
-        scope = box.spec.identity.rsplit("|", 1)[0]
-        registry = config.state_dir / "session-users" / hashlib.sha256(scope.encode()).hexdigest()[:32]
+        registry = registry_of(config.state_dir / "session-users", box.spec)
         # what Carol will get (as if Bob had guessed the name: he cannot, it hangs on a secret)
         carol_dir = allocate(registry, carol.key, 1000).pid_dir(box.id)
         squat = await bob.call(

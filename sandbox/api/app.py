@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from sandbox._log import logger
 from sandbox.api.tenants import Caller, default_agent, from_authorization, tenant_agents
-from sandbox.config.merge import EffectiveAgent
+from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError, UsageError
@@ -224,7 +224,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         except Exception as exc:  # any failure is "not ready", said plainly
             checks["journal"] = f"failed: {exc}"
         try:
-            agent = o.policy.agent(default_agent_id_of(config))
+            agent = o.policy.agent(default_agent_id(config))
             await o.backend.image_id(agent.sandbox.docker.image)
             checks["engine"] = "ok"
         except SandboxError as exc:
@@ -402,13 +402,6 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         return [e.__dict__ for e in events if e.tenant == who.tenant.id]
 
     return app
-
-
-def default_agent_id_of(config: Config) -> str:
-    """An agent whose image `/readyz` checks (the default one)."""
-    from sandbox.config.merge import default_agent_id
-
-    return default_agent_id(config)
 
 
 def agent_for(config: Config, who: Caller, key: str, agent: str | None) -> EffectiveAgent:

@@ -196,12 +196,12 @@ def _tenant_problems(config: Config) -> list[tuple[Loc, str]]:
         if tid in seen:
             problems.append((("tenants", i, "id"), f"tenant {tid!r} is declared twice"))
         seen.add(tid)
-    hashes: dict[str, str] = {}
+    used: set[str] = set()
     for i, tenant in enumerate(config.tenants):
         for j, token in enumerate(tenant.tokens):
-            other = hashes.setdefault(token.sha256, tenant.id)
-            if other != tenant.id or [t.sha256 for t in tenant.tokens].count(token.sha256) > 1:
+            if token.sha256 in used:  # one token must name one tenant
                 problems.append((("tenants", i, "tokens", j, "sha256"), "this token hash is used twice"))
+            used.add(token.sha256)
     for i, agent in enumerate(config.agents.list):
         if agent.tenant not in seen:
             problems.append(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.runtime.naming import tenant_scope
 
 if TYPE_CHECKING:  # spec.py imports this module; the protocol imports spec.py
     from sandbox.runtime.output import OutputCapture
@@ -224,6 +225,9 @@ def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbo
     if not spec.session_users:
         return sandbox
     gid = int(spec.user.partition(":")[2] or spec.user)
-    # per container: the identity without its config hash (`<tenant>|<scope key>`)
-    registry = registry_root / hashlib.sha256(spec.identity.rsplit("|", 1)[0].encode()).hexdigest()[:32]
-    return SessionShell(sandbox, allocate(registry, session, gid))
+    return SessionShell(sandbox, allocate(registry_of(registry_root, spec), session, gid))
+
+
+def registry_of(registry_root: Path, spec: Any) -> Path:
+    """The uid registry of one container (its tenant and scope key; config changes keep it)."""
+    return registry_root / hashlib.sha256(tenant_scope(spec.tenant, spec.scope_key).encode()).hexdigest()[:32]

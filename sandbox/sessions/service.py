@@ -254,12 +254,12 @@ class SessionsService:
         if registry is not None:
             for key, info in seen.items():
                 row = registry.child(key)
-                if row is not None:
-                    c = row
-                    if c.tenant != tenant:  # a key can name another tenant's lineage row: never shown
-                        info["hidden"] = True
-                        continue
-                    info.update(parent=c.parent, depth=c.depth, status=c.status, task=c.task)
+                if row is None:
+                    continue
+                if row.tenant != tenant:  # a key can name another tenant's lineage row: never shown
+                    info["hidden"] = True
+                    continue
+                info.update(parent=row.parent, depth=row.depth, status=row.status, task=row.task)
         return {k: v for k, v in seen.items() if not v.get("hidden")}
 
     def _visible_target(self, caller: Session, key: str) -> dict[str, Any]:
