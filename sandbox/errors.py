@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
     RETRY_EXHAUSTED = "RETRY_EXHAUSTED"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    KILLED = "KILLED"
     INTERNAL = "INTERNAL"
 
 
@@ -67,6 +68,7 @@ _STATUS: dict[ErrorCode, tuple[int, int]] = {
     ErrorCode.SANDBOX_UNAVAILABLE: (3, 503),
     ErrorCode.RETRY_EXHAUSTED: (1, 503),
     ErrorCode.QUOTA_EXCEEDED: (1, 507),
+    ErrorCode.KILLED: (1, 500),
     ErrorCode.INTERNAL: (1, 500),
 }
 

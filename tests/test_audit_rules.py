@@ -155,6 +155,10 @@ def test_scratch_workspaces_are_not_flagged() -> None:
     doc = mutate("Mounts", [{"Type": "bind", "Source": scratch, "Destination": "/workspace", "RW": True}])
     assert audit_container(doc, "c") != []
     assert audit_container(doc, "c", scratch_roots=["/root/.local/state/x/sandboxes"]) == []
+    # in its tenant's folder (how scratch workspaces are laid out now)
+    in_tenant = "/root/.local/state/x/sandboxes/" + "fedcba9876543210/" + "0123456789abcdef" * 2
+    doc = mutate("Mounts", [{"Type": "bind", "Source": in_tenant, "Destination": "/workspace", "RW": True}])
+    assert audit_container(doc, "c", scratch_roots=["/root/.local/state/x/sandboxes"]) == []
 
 
 def test_only_scratch_folders_are_exempt_not_all_under_a_root() -> None:
@@ -162,6 +166,11 @@ def test_only_scratch_folders_are_exempt_not_all_under_a_root() -> None:
     for source, roots in (
         ("/root/.local/state/x/sandboxes/a", ["/root/.local/state/x/sandboxes"]),
         ("/root/.local/state/x/sandboxes/" + "ab" * 16 + "/deeper", ["/root/.local/state/x/sandboxes"]),
+        (
+            "/root/.local/state/x/sandboxes/" + "ab" * 8 + "/" + "ab" * 16 + "/deeper",
+            ["/root/.local/state/x/sandboxes"],
+        ),
+        ("/root/.local/state/x/sandboxes/not-a-tenant/" + "ab" * 16, ["/root/.local/state/x/sandboxes"]),
         ("/etc", ["/"]),
         ("/var/lib/docker", ["/"]),
         ("/home/alice/.ssh", ["/", "/home/alice"]),

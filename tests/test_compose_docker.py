@@ -78,7 +78,7 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         body = r.json()
         assert r.status_code == 200 and body["ok"] and body["output"]["output"] == "hi\n1000\n", body
         # the scratch workspace the engine mounted is this host folder (same path in the service)
-        assert [p.read_text() for p in (workspaces / "scratch").glob("*/note.txt")] == ["hi\n"]
+        assert [p.read_text() for p in (workspaces / "scratch").glob("*/*/note.txt")] == ["hi\n"]
         assert httpx.delete(f"{url}/v1/sessions/t1", headers=headers, timeout=120).status_code == 200
     finally:
         down = subprocess.run([*compose, "down", "-v"], capture_output=True, text=True, env=env, timeout=300)

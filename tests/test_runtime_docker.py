@@ -196,8 +196,46 @@ async def test_memory_hog_is_oom_killed(make_config: Any) -> None:
         )
         assert "rc=137" in out["output"]
         assert "536870912" not in out["output"]
+        # the hog as the whole command: killed from outside is never ok, and says why
+        hog = await sess.call("exec", {"command": "echo before; python3 -c 'x = bytearray(512 * 1024 * 1024)'"})
+        assert not hog.ok and hog.error is not None and hog.error.code == ErrorCode.KILLED, hog
+        assert "memory is 64m" in hog.error.message
+        assert hog.output["exit_code"] == 137
+        assert "before" in hog.output["output"]
         again = await run(sess, "echo still-here")
         assert "still-here" in again["output"]
+
+
+async def test_a_command_killed_by_another_orchestrator_reports_killed(make_config: Any) -> None:
+    """Another process's recovery took this call's owner for gone (its lease lapsed) and killed the
+    command: the live owner reports KILLED with the journal's reason, never ok with exit 137."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: agent}}}")
+    async with Orchestrator(config) as orch, Orchestrator(config) as other:
+        sess = orch.session("agent:main:victim")
+        await run(sess, "true")  # the container exists before the race starts
+        result: Any = None
+
+        async def victim() -> None:
+            nonlocal result
+            result = await sess.call("exec", {"command": "echo started; sleep 300"})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim)
+            assert orch.journal is not None and other.journal is not None
+            with anyio.fail_after(30):
+                while not any(stage == "running" for _, _, stage, _ in other.journal.open_calls()):
+                    await anyio.sleep(0.05)
+                await anyio.sleep(0.5)  # the command is past its start
+            # what the other process's recovery does to a call whose owner it takes for gone
+            from sandbox.engine import recovery
+
+            ((call_id, owner, _stage, _alive),) = other.journal.open_calls()
+            last = other.journal.events(call_id=call_id)[-1]
+            assert await recovery._settle(other, last, owner) == "abandoned"
+    assert result is not None and not result.ok and result.error.code == ErrorCode.KILLED, result
+    assert "taken for gone" in result.error.message and "another orchestrator" in result.error.message
+    assert "started" in result.output["output"]
+    assert result.duration_ms < 200_000  # it ended with the kill, not after the sleep
 
 
 async def test_allowed_bind_is_read_only_by_default(make_config: Any, tmp_path: Path) -> None:

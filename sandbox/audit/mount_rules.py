@@ -28,14 +28,20 @@ def _relation(path: str, blocked: str) -> str | None:
 # set by run.py on a `volume` mount from `docker volume inspect`: the host path its driver binds
 VOLUME_DEVICE = "_volume_device"
 _SCRATCH_NAME = re.compile(r"[0-9a-f]{32}")  # naming.scratch_dir_name
+_TENANT_DIR = re.compile(r"[0-9a-f]{16}")  # naming.tenant_dir_name
 
 
 def is_scratch(real: str, scratch_roots: Sequence[str]) -> bool:
-    """Whether a resolved path is one of the orchestrator's scratch workspaces: a 32-hex folder
-    directly in a configured workspace_root. Nothing else under a root is exempt, so a root
-    that holds more than scratch (a root of `/`, refused at load) exempts no other mount."""
+    """Whether a resolved path is one of the orchestrator's scratch workspaces: a 32-hex folder in
+    a 16-hex tenant folder of a configured workspace_root (or, as made before tenant folders,
+    directly in the root). Nothing else under a root is exempt, so a root that holds more than
+    scratch (a root of `/`, refused at load) exempts no other mount."""
     parent, name = os.path.split(real.rstrip("/"))
-    return bool(_SCRATCH_NAME.fullmatch(name)) and any(parent == root.rstrip("/") for root in scratch_roots)
+    if not _SCRATCH_NAME.fullmatch(name):
+        return False
+    grandparent, tenant_dir = os.path.split(parent)
+    roots = {root.rstrip("/") for root in scratch_roots}
+    return parent in roots or (bool(_TENANT_DIR.fullmatch(tenant_dir)) and grandparent in roots)
 
 
 def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]:

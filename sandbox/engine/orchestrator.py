@@ -36,6 +36,7 @@ from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.session_users import session_shell
+from sandbox.runtime.spec import tenant_workspaces
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import BoundSessions, SessionsService, end_session_work
 from sandbox.tools.builtin import BUILTIN_BY_NAME
@@ -436,10 +437,20 @@ class Session:
         quota = None
         if self.sandboxed and roots:  # on the host (mode off) commands can write anywhere anyway
             limit = parse_size(self.agent.sandbox.workspace_quota)
-            quota = WorkspaceQuota(roots[0].host, limit, f"{self.agent.key_path}.sandbox.workspace_quota")
+            key = f"{self.agent.key_path}.sandbox.workspace_quota"
+            quota = WorkspaceQuota([roots[0].host], limit, key, outer=self._tenant_quota())
         return WorkspaceFiles(
             roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
         )
+
+    def _tenant_quota(self) -> WorkspaceQuota | None:
+        config = self._orch.config
+        for index, tenant in enumerate(config.tenants):
+            if tenant.id == self.agent.tenant and (limit := parse_size(tenant.quotas.max_workspace_bytes)):
+                folders = tenant_workspaces(config, tenant.id)
+                key = f"tenants[{index}].quotas.max_workspace_bytes"
+                return WorkspaceQuota(folders, limit, key, label=f"the workspaces of tenant {tenant.id!r}")
+        return None
 
     def _group_shared(self) -> bool:
         return self._files is not None and self._files.group_shared

@@ -94,12 +94,14 @@ async def _settle(orch: Orchestrator, last: Event, owner: str) -> str:
             return "process_exited"
         _note(orch, last, owner, "process_gone", process_id=proc_id, reason=f"its sandbox or process is gone: {status}")
         return "process_gone"
-    # died mid-call: make sure nothing of it keeps running, and never run it again
+    # died mid-call: make sure nothing of it keeps running, and never run it again. The note
+    # comes first: an owner wrongly taken for gone reads it when its command dies (KILLED).
+    reason = f"its orchestrator ({owner or 'unknown'}) was taken for gone during stage {last.stage}; not re-run"
+    _note(orch, last, owner, "abandoned", reason=reason)
     try:
         shell = await session.shell(create=False)
         if shell is not None:
             await shell.kill(last.call_id, "KILL")
     except SandboxError:
         pass
-    _note(orch, last, owner, "abandoned", reason=f"the orchestrator stopped during stage {last.stage}; not re-run")
     return "abandoned"

@@ -93,6 +93,8 @@ async def _heartbeat(every_s: float, event: Callable[..., None]) -> None:
 async def fail(call: Call, checked: Checked, error: SandboxError) -> ToolResult:
     """Stage 11, journal `failed`: the error (with any partial output, shaped), after hooks seen."""
     engine = call.engine
+    if error.code == ErrorCode.KILLED:
+        error = _who_killed(call, error)
     logger.bind(code=error.code.value).info("tool_call_failed")
     call.event("finished", ok=False, code=error.code.value)
     partial = error.details.get("output")
@@ -103,6 +105,23 @@ async def fail(call: Call, checked: Checked, error: SandboxError) -> ToolResult:
         engine.loops.record(call.tenant, call.session, call.tool, checked.params, seen)
     call.journal("failed", code=error.code.value, message=error.message, output=shaped_partial)
     return result
+
+
+def _who_killed(call: Call, error: SandboxError) -> SandboxError:
+    """When another orchestrator process settled this call (its recovery took this process for
+    gone and killed the command), the journal says so: that reason replaces the guess."""
+    journal = call.engine.journal
+    if journal is None:
+        return error
+    notes = [e for e in journal.events(call_id=call.task.call_id) if e.stage == "abandoned"]
+    if not notes:
+        return error
+    reason = notes[-1].data.get("reason", "")
+    return SandboxError(
+        ErrorCode.KILLED,
+        f"the command was killed by another orchestrator process that settled this call as abandoned ({reason})",
+        **error.details,
+    )
 
 
 def lift_own_spill(output: Any) -> tuple[Any, str | None]:

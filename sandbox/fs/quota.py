@@ -13,6 +13,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,62 +64,105 @@ class _Measure:
 
 
 class WorkspaceQuota:
-    """The quota of one workspace directory.
+    """A measured quota over one or more directories, with the quota that contains it.
+
+    A session's workspace has its own (`sandbox.workspace_quota`) inside its tenant's
+    (`tenants[].quotas.max_workspace_bytes`, summed over every workspace of the tenant's agents):
+    a write must fit both, and a command is stopped when it takes either past its limit.
 
     Args:
-        root: the workspace's host directory.
-        limit: bytes it may hold; 0 means no quota.
+        roots: the directories measured together.
+        limit: bytes they may hold; 0 means no limit at this level.
         key: the config key that sets it, for messages.
+        outer: the quota this one lies in (checked too), if any.
+        label: what is measured, for messages.
     """
 
-    _cache: dict[str, _Measure] = {}  # noqa: RUF012 - one measurement per directory, process-wide
+    _cache: dict[tuple[str, ...], _Measure] = {}  # noqa: RUF012 - one measurement per root set, process-wide
     _lock = threading.Lock()
 
-    def __init__(self, root: Path, limit: int, key: str = "sandbox.workspace_quota") -> None:
-        self.root = root
+    def __init__(
+        self,
+        roots: Sequence[Path],
+        limit: int,
+        key: str = "sandbox.workspace_quota",
+        outer: WorkspaceQuota | None = None,
+        label: str = "the workspace",
+    ) -> None:
+        self.roots = tuple(roots)
+        self.label = label
         self.limit = limit
         self.key = key
+        self.outer = outer
+        self._name = tuple(sorted({os.fspath(r) for r in self.roots}))
+
+    @property
+    def levels(self) -> list[WorkspaceQuota]:
+        """This quota and those containing it, each with a limit (innermost first)."""
+        out: list[WorkspaceQuota] = []
+        level: WorkspaceQuota | None = self
+        while level is not None:
+            if level.limit > 0:
+                out.append(level)
+            level = level.outer
+        return out
 
     @property
     def enabled(self) -> bool:
-        """Whether a quota applies."""
-        return self.limit > 0
+        """Whether any limit applies."""
+        return bool(self.levels)
 
     def used(self, *, fresh: bool = False) -> int:
-        """Bytes used now (a measurement at most CACHE_S old unless `fresh`)."""
-        name = os.fspath(self.root)
+        """Bytes used now at this level (a measurement at most CACHE_S old unless `fresh`)."""
         with self._lock:
-            cached = self._cache.get(name)
+            cached = self._cache.get(self._name)
         if cached is not None and not fresh and time.monotonic() - cached.at < CACHE_S:
             return cached.used
-        used = disk_usage(self.root)
+        used = sum(disk_usage(Path(name)) for name in self._name)
         with self._lock:
-            self._cache[name] = _Measure(time.monotonic(), used)
+            self._cache[self._name] = _Measure(time.monotonic(), used)
         return used
 
     def charge(self, grown: int) -> None:
-        """Add a write's growth to the cached measurement (so writes in a burst add up)."""
+        """Add a write's growth to the cached measurements (so writes in a burst add up)."""
         with self._lock:
-            cached = self._cache.get(os.fspath(self.root))
-            if cached is not None:
-                cached.used = max(0, cached.used + grown)
+            for level in self.levels:
+                cached = self._cache.get(level._name)
+                if cached is not None:
+                    cached.used = max(0, cached.used + grown)
 
     def check_write(self, new_size: int, old_size: int, what: str) -> None:
-        """Refuse a write that would take the workspace over its quota (QUOTA_EXCEEDED)."""
-        if not self.enabled or new_size <= old_size:
+        """Refuse a write that would take any level past its limit (QUOTA_EXCEEDED)."""
+        grow = new_size - old_size
+        if grow <= 0:
             return
-        used = self.used()
-        if used + (new_size - old_size) > self.limit:
-            used = self.used(fresh=True)  # refuse on a measurement, never on a stale estimate
-        if used + (new_size - old_size) > self.limit:
-            raise self.exceeded(used, f"writing {what} ({new_size:,} bytes) would take it past the quota")
-        self.charge(new_size - old_size)
+        for level in self.levels:
+            used = level.used()
+            if used + grow > level.limit:
+                used = level.used(fresh=True)  # refuse on a measurement, never on a stale estimate
+            if used + grow > level.limit:
+                raise level.exceeded(used, f"writing {what} ({new_size:,} bytes) would take it past the quota")
+        self.charge(grow)
+
+    def breached(self, start: Sequence[int]) -> tuple[WorkspaceQuota, int] | None:
+        """The first level a running command has taken past its limit (grown since `start`, what
+        :meth:`measure` gave when it began), with its use; the innermost is measured fresh, the
+        containing ones (many folders) through the shared cache."""
+        for i, (level, began) in enumerate(zip(self.levels, start, strict=True)):
+            used = level.used(fresh=i == 0)
+            if used > level.limit and used > began:
+                return level, used
+        return None
+
+    def measure(self) -> list[int]:
+        """Each level's use now, for :meth:`breached`."""
+        return [level.used(fresh=True) for level in self.levels]
 
     def exceeded(self, used: int, why: str) -> SandboxError:
-        """The error a model gets when the workspace is (or would be) over its quota."""
+        """The error a model gets when this level is (or would be) over its limit."""
         return SandboxError(
             ErrorCode.QUOTA_EXCEEDED,
-            f"the workspace holds {used:,} of its {self.limit:,} bytes ({self.key}); {why}. "
+            f"{self.label} use {used:,} of {self.limit:,} bytes ({self.key}); {why}. "
             "Delete files you no longer need (exec `rm`, or `du -sh *` to see what is large)",
             used=used,
             limit=self.limit,

@@ -79,8 +79,10 @@ class WorkspaceFiles:
         self.lock_dir = lock_dir
         self.safe_owner = owner
         self.group_shared = group_shared
+        outer = quota.outer if quota is not None and quota.outer is not None and quota.outer.enabled else None
         self._safe = {
-            r.container_path: SafeRoot(r.host, owner, self.quota if i == 0 else None, group_shared=group_shared)
+            # further writable roots (a child's /parent) count toward the tenant's quota only
+            r.container_path: SafeRoot(r.host, owner, self.quota if i == 0 else outer, group_shared=group_shared)
             for i, r in enumerate(self.roots)
         }
 

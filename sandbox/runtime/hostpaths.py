@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -234,7 +234,9 @@ def _sandbox_owner(spec: SandboxSpec) -> tuple[int, int] | None:
 
 
 def _prepare_scratch(workspace: Path, owner: tuple[int, int] | None, mode: int | None) -> None:
-    root = workspace.parent
+    # workspace_root/<tenant folder>/<scratch>: the root and the tenant folder are the orchestrator's
+    tenant_dir = workspace.parent
+    root = tenant_dir.parent
     root.mkdir(parents=True, exist_ok=True)
     info = os.stat(root)
     if info.st_uid not in (os.geteuid(), 0):
@@ -245,4 +247,20 @@ def _prepare_scratch(workspace: Path, owner: tuple[int, int] | None, mode: int |
             "the sandbox was not created",
             path=str(root),
         )
-    ensure_dir(root, [workspace.name], owner=owner, chown_existing=True, mode=mode)
+    ensure_dir(root, [tenant_dir.name], owner=None, chown_existing=False)
+    _move_legacy_scratch(root, tenant_dir, workspace.name)
+    ensure_dir(tenant_dir, [workspace.name], owner=owner, chown_existing=True, mode=mode)
+
+
+def _move_legacy_scratch(root: Path, tenant_dir: Path, name: str) -> None:
+    """Scratch workspaces used to sit directly in the root: one made then moves into its tenant's
+    folder on first use (a rename: same disk, nothing copied), so no session loses its files."""
+    legacy = root / name
+    try:
+        info = os.lstat(legacy)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        return  # never a link or a file: only a folder this orchestrator made moves
+    with suppress(OSError):
+        os.rename(legacy, tenant_dir / name)

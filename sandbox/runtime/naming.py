@@ -92,6 +92,12 @@ def scratch_dir_name(tenant: str, key: str) -> str:
     return short_hash(f"scratch|{tenant_scope(tenant, key)}", 32)
 
 
+def tenant_dir_name(tenant: str) -> str:
+    """The folder of a workspace_root that holds one tenant's scratch workspaces: a neutral hash,
+    so a tenant's disk use is one walk (tenants[].quotas.max_workspace_bytes)."""
+    return short_hash(f"tenant|{tenant}", 16)
+
+
 def instance_id(state_dir: Path, configured: str | None) -> str:
     """The configured instance id, else one made once and kept in the state dir."""
     if configured:

@@ -23,6 +23,7 @@ from sandbox.runtime.naming import (
     container_name,
     scope_key,
     scratch_dir_name,
+    tenant_dir_name,
     tenant_scope,
 )
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
@@ -133,7 +134,26 @@ def scratch_workspace(agent: EffectiveAgent, key: str) -> Path:
     """The per-scope workspace used when workspace_access is none (a neutral, per-tenant name)."""
     root = agent.sandbox.workspace_root
     assert root is not None  # effective_agent always fills it
-    return Path(os.path.realpath(root)) / scratch_dir_name(agent.tenant, key)
+    return Path(os.path.realpath(root)) / tenant_dir_name(agent.tenant) / scratch_dir_name(agent.tenant, key)
+
+
+def tenant_workspaces(config: Config, tenant: str) -> list[Path]:
+    """Every host folder the sandboxes of `tenant`'s agents write their workspaces in: each `rw`
+    workspace, and the tenant's folder of each scratch root. What
+    `tenants[].quotas.max_workspace_bytes` measures (extra `docker.binds` are not workspaces)."""
+    from sandbox.config.merge import agent_ids, effective_agent
+
+    found: set[str] = set()
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        cfg = agent.sandbox
+        if agent.tenant != tenant or cfg.mode == "off":
+            continue
+        if cfg.workspace_access == "rw":
+            found.add(os.path.realpath(agent.workspace))
+        elif cfg.workspace_access == "none" and cfg.workspace_root is not None:
+            found.add(os.path.join(os.path.realpath(cfg.workspace_root), tenant_dir_name(tenant)))
+    return [Path(p) for p in sorted(found)]
 
 
 def _scratch_source(workspace: Path, docker: DockerConfig) -> str:

@@ -101,24 +101,24 @@ def new_capture(ctx: ToolContext) -> OutputCapture:
 
 async def run_within_quota(
     quota: WorkspaceQuota | None, run: Callable[[], Awaitable[ExecResult]]
-) -> tuple[ExecResult | None, int | None]:
-    """Run a command while measuring its workspace; stop it (killed, like a timeout) once it has
-    grown the workspace past the quota. Returns (result, None) or (None, bytes used)."""
-    if quota is None:
+) -> tuple[ExecResult | None, tuple[WorkspaceQuota, int] | None]:
+    """Run a command while measuring its workspace (and its tenant's); stop it (killed, like a
+    timeout) once it has grown either past its limit. Returns (result, None) or (None, (the
+    quota passed, bytes used))."""
+    if quota is None or not quota.enabled:
         return await run(), None
     result: ExecResult | None = None
-    over: int | None = None
+    over: tuple[WorkspaceQuota, int] | None = None
     failure: Exception | None = None
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
             nonlocal over
-            start = await anyio.to_thread.run_sync(lambda: quota.used(fresh=True))
+            start = await anyio.to_thread.run_sync(quota.measure)
             while True:
                 await anyio.sleep(QUOTA_WATCH_S)
-                used = await anyio.to_thread.run_sync(lambda: quota.used(fresh=True))
-                if used > quota.limit and used > start:
-                    over = used
+                over = await anyio.to_thread.run_sync(quota.breached, start)
+                if over is not None:
                     tg.cancel_scope.cancel()  # the runtime kills a cancelled command
                     return
 
@@ -178,10 +178,10 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
 
     result, over_quota = await run_within_quota(ctx.files.quota, run)
     if result is None:
-        quota = ctx.files.quota
-        if quota is None or over_quota is None:  # cannot happen: no result means stopped for the quota
+        if over_quota is None:  # cannot happen: no result means stopped for the quota
             raise SandboxError(ErrorCode.INTERNAL, "the command ended without a result")
-        raise quota.exceeded(over_quota, "the command kept writing past it, so it was stopped")
+        passed, used = over_quota
+        raise passed.exceeded(used, "the command kept writing past it, so it was stopped")
     body: dict[str, Any] = {
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 1),
@@ -215,4 +215,25 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             + (f" ({'; '.join(result.notes)})" if result.notes else ""),
             output=body,
         )
+    if result.exit_code == KILLED_EXIT:
+        raise killed_error(ctx, body)
     return body
+
+
+KILLED_EXIT = 128 + 9  # what a shell reports for a command ended by SIGKILL
+
+
+def killed_error(ctx: ToolContext, body: dict[str, Any]) -> SandboxError:
+    """A command ended by SIGKILL that its own timeout did not send was killed from outside: the
+    out-of-memory killer at the sandbox's memory limit, far more often than not, or another
+    orchestrator process (recovery, a session closed elsewhere). Never `ok`: what it printed and
+    its exit code ride along as the failed result's output."""
+    memory = ctx.agent.sandbox.docker.memory if ctx.sandboxed else None
+    limit = f" ({ctx.agent.key_path}.sandbox.docker.memory is {memory})" if memory else ""
+    return SandboxError(
+        ErrorCode.KILLED,
+        "the command was killed from outside (SIGKILL, exit 137) before it finished: most often it "
+        f"used more memory than the sandbox has{limit}; use less (smaller inputs, streaming) or "
+        "ask for a larger limit. What it printed and its exit code are in the output",
+        output=body,
+    )

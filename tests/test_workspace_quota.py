@@ -1,0 +1,132 @@
+"""The measured workspace quota and the tenant's quota around it (pure filesystem, no engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.config import load_config_text
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.fs.quota import WorkspaceQuota
+from sandbox.runtime.naming import tenant_dir_name
+from sandbox.runtime.spec import scratch_workspace, tenant_workspaces
+
+MIB = 2**20
+
+
+def fill(folder: Path, name: str, size: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(b"x" * size)
+
+
+def quotas(tmp_path: Path, own: int, tenant: int) -> tuple[WorkspaceQuota, Path, Path]:
+    mine, sibling = tmp_path / "t" / "mine", tmp_path / "t" / "sibling"
+    mine.mkdir(parents=True)
+    sibling.mkdir(parents=True)
+    outer = WorkspaceQuota([tmp_path / "t"], tenant, "tenants[0].quotas.max_workspace_bytes", label="the tenant")
+    return WorkspaceQuota([mine], own, "sandbox.workspace_quota", outer=outer), mine, sibling
+
+
+def test_a_write_must_fit_the_workspace_and_the_tenant(tmp_path: Path) -> None:
+    quota, _mine, sibling = quotas(tmp_path, own=8 * MIB, tenant=10 * MIB)
+    fill(sibling, "big", 6 * MIB)  # another session of the tenant
+    quota.check_write(3 * MIB, 0, "a")  # 6 + 3 fits both
+    with pytest.raises(SandboxError) as refused:
+        quota.check_write(5 * MIB, 0, "b")  # fits the workspace (8), not the tenant (6 + 5 > 10)
+    assert refused.value.code == ErrorCode.QUOTA_EXCEEDED
+    assert "tenants[0].quotas.max_workspace_bytes" in refused.value.message and "the tenant" in refused.value.message
+    with pytest.raises(SandboxError) as own:
+        quota.check_write(9 * MIB, 0, "c")  # past the workspace's own first
+    assert "sandbox.workspace_quota" in own.value.message
+    quota.check_write(1 * MIB, 4 * MIB, "shrink")  # shrinking is never refused
+
+
+def test_a_refusal_comes_from_a_measurement_never_from_the_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes charge the cached measurement; when the estimate says "over", the disk is walked
+    again, and only a real overrun refuses."""
+    quota, mine, _ = quotas(tmp_path, own=0, tenant=10 * MIB)
+    assert quota.enabled and [q.key for q in quota.levels] == ["tenants[0].quotas.max_workspace_bytes"]
+    for i in range(3):
+        quota.check_write(3 * MIB, 0, f"f{i}")  # charged, but never written
+    quota.check_write(3 * MIB, 0, "f3")  # the estimate (12) is over; the disk (0) is not
+    fill(mine, "real", 9 * MIB)  # a command wrote it: seen at the next measurement
+    monkeypatch.setattr("sandbox.fs.quota.CACHE_S", 0.0)
+    with pytest.raises(SandboxError):
+        quota.check_write(3 * MIB, 0, "f4")
+
+
+def test_breached_names_the_level_a_running_command_passed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sandbox.fs.quota.CACHE_S", 0.0)  # outer levels are read through the cache
+    quota, mine, _sibling = quotas(tmp_path, own=50 * MIB, tenant=10 * MIB)
+    start = quota.measure()
+    assert quota.breached(start) is None
+    fill(mine, "grow", 12 * MIB)
+    breach = quota.breached(start)
+    assert breach is not None and breach[0].key == "tenants[0].quotas.max_workspace_bytes" and breach[1] >= 12 * MIB
+
+
+def test_a_command_that_did_not_grow_is_not_stopped(tmp_path: Path) -> None:
+    """A tenant already over its limit (a sibling filled it) does not kill a command that writes nothing."""
+    quota, _, sibling = quotas(tmp_path, own=0, tenant=1 * MIB)
+    fill(sibling, "big", 3 * MIB)
+    start = quota.measure()
+    assert quota.breached(start) is None
+
+
+def test_tenant_workspaces_are_the_rw_workspaces_and_scratch_folders_of_its_agents(tmp_path: Path) -> None:
+    config = load_config_text(
+        f"""
+state_dir: {tmp_path / "state"}
+tenants: [{{id: acme}}, {{id: globex}}]
+agents:
+  defaults: {{sandbox: {{mode: all}}}}
+  list:
+    - {{id: a1, tenant: acme, workspace: {tmp_path / "w1"}, sandbox: {{workspace_access: rw}}}}
+    - {{id: a2, tenant: acme, workspace: {tmp_path / "w2"}, sandbox: {{workspace_access: ro}}}}
+    - {{id: a3, tenant: acme}}
+    - {{id: a4, tenant: acme, sandbox: {{mode: "off", workspace_access: rw}}, workspace: {tmp_path / "w4"}}}
+    - {{id: g1, tenant: globex, workspace: {tmp_path / "w5"}, sandbox: {{workspace_access: rw}}}}
+""",
+        source="t.yaml",
+        base_dir=tmp_path,
+    )
+    scratch_root = (tmp_path / "state" / "sandboxes").resolve()
+    assert tenant_workspaces(config, "acme") == sorted(
+        [(tmp_path / "w1").resolve(), scratch_root / tenant_dir_name("acme")]
+    )
+    assert tenant_workspaces(config, "globex") == [(tmp_path / "w5").resolve()]
+    from sandbox.config.merge import effective_agent
+
+    # a scratch workspace lies in its tenant's folder, so the tenant's walk finds it
+    assert scratch_workspace(effective_agent(config, "a3"), "s").parent == scratch_root / tenant_dir_name("acme")
+
+
+def test_a_scratch_workspace_made_before_tenant_folders_moves_in_with_its_files(tmp_path: Path) -> None:
+    from sandbox.runtime.hostpaths import _prepare_scratch
+
+    root = tmp_path / "sandboxes"
+    name = "ab" * 16
+    (root / name).mkdir(parents=True)
+    (root / name / "notes.txt").write_text("kept")
+    workspace = root / tenant_dir_name("acme") / name
+    _prepare_scratch(workspace, None, None)
+    assert (workspace / "notes.txt").read_text() == "kept" and not (root / name).exists()
+
+
+def test_a_link_at_the_old_scratch_place_is_never_moved(tmp_path: Path) -> None:
+    from sandbox.runtime.hostpaths import _prepare_scratch
+
+    root = tmp_path / "sandboxes"
+    root.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "secret").write_text("s")
+    name = "cd" * 16
+    (root / name).symlink_to(target)
+    workspace = root / tenant_dir_name("acme") / name
+    _prepare_scratch(workspace, None, None)
+    assert workspace.is_dir() and not workspace.is_symlink() and list(workspace.iterdir()) == []
+    assert (root / name).is_symlink() and (target / "secret").exists()
