@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
@@ -19,9 +18,11 @@ from typing import Annotated, Any, Literal, TypeVar
 import anyio
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
 
 from sandbox._log import logger
+from sandbox.api.metrics import Metrics
+from sandbox.api.quotas import RateWindow, admit
+from sandbox.api.requests import BatchRequest, BodyLimit, CallRequest
 from sandbox.api.tenants import Caller, default_agent, from_authorization, tenant_agents
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
@@ -29,21 +30,12 @@ from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError, UsageError
 from sandbox.policy.sessions import agent_of, key_problem
 
-MAX_BODY_BYTES = 40 * 1024 * 1024
 DISCONNECT_POLL_S = 0.25
 SSE_KEEPALIVE_S = 15.0
+STOP_POLL_S = 1.0  # how soon an event stream notices the service is stopping
+CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
 T = TypeVar("T")
-
-
-class CallRequest(BaseModel):
-    """`POST /v1/sessions/{key}/calls`."""
-
-    model_config = {"extra": "forbid"}
-
-    agent: str | None = Field(None, description="The agent; default: the key's, else the tenant's default.")
-    tool: str = Field(min_length=1, max_length=128)
-    args: dict[str, Any] = Field(default_factory=dict)
 
 
 def current_caller(request: Request) -> Caller:
@@ -61,89 +53,19 @@ Verdict = Literal["approve", "deny"]
 SessionQuery = Annotated[str, Query(max_length=256)]
 
 
-class BodyLimit:
-    """413 for a body declared larger than MAX_BODY_BYTES, before it is read.
-
-    Plain ASGI (not BaseHTTPMiddleware, which hides a client's disconnect from the endpoint).
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            length = headers.get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-                response = JSONResponse({"detail": f"the body is larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class BatchItem(BaseModel):
-    """One call of a batch."""
-
-    model_config = {"extra": "forbid"}
-
-    id: str = Field("", max_length=64)
-    tool: str = Field(min_length=1, max_length=128)
-    args: dict[str, Any] = Field(default_factory=dict)
-    depends_on: list[str] = []
-
-
-class BatchRequest(BaseModel):
-    """`POST /v1/sessions/{key}/batches`."""
-
-    model_config = {"extra": "forbid"}
-
-    agent: str | None = None
-    mode: Literal["parallel", "sequential"] = "parallel"
-    calls: list[BatchItem] = Field(min_length=1, max_length=64)
-
-
-class Metrics:
-    """The service's Prometheus metrics (one registry per app)."""
-
-    def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        self.calls = Counter(
-            "sandbox_calls_total",
-            "Tool calls by tool, result code and tenant",
-            ["tool", "code", "tenant"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "sandbox_call_duration_seconds", "Tool call duration", ["tool"], registry=self.registry
-        )
-        self.in_flight = Gauge(
-            "sandbox_calls_in_flight", "Calls running now, by tenant", ["tenant"], registry=self.registry
-        )
-        self.sandboxes = Gauge(
-            "sandbox_sandboxes", "Sandboxes of this instance by state", ["state"], registry=self.registry
-        )
-
-    def record(self, tenant: str, result: Any) -> None:
-        code = "ok" if result.ok else (result.error.code if result.error else "error")
-        self.calls.labels(result.tool, code, tenant).inc()
-        self.duration.labels(result.tool).observe(result.duration_ms / 1000)
-
-
-class RateWindow:
-    """Calls per minute of one tenant (a sliding window) and calls in flight."""
-
-    def __init__(self) -> None:
-        self.started: deque[float] = deque()
-        self.in_flight = 0
-
-
 def create_app(config: Config, orchestrator: Orchestrator | None = None) -> FastAPI:
     """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
     windows: dict[str, RateWindow] = {}
     metrics = Metrics()
     open_sessions: dict[str, set[str]] = {}  # tenant -> session keys used and not closed (this process)
+
+    def admitted(request: Request, who: Caller) -> RateWindow:
+        """A new call of `who`: refused while the service stops (503) or past a rate quota (429)."""
+        if request.app.state.stopping:
+            raise HTTPException(503, "the service is stopping; try again shortly", headers={"Retry-After": "5"})
+        window = windows.setdefault(who.tenant.id, RateWindow())
+        admit(who, window)
+        return window
 
     async def admit_session(request: Request, who: Caller, session: Session) -> None:
         """max_sessions and max_sandboxes: a new session or a new sandbox only under the quota."""
@@ -186,9 +108,18 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
             tg.start_soon(_recover_periodically, orch)
             app.state.orch = orch
             yield
+            # uvicorn cancelled what outlived the grace period; their clean-up (killing what
+            # they started, journaling them abandoned) finishes before the orchestrator closes
+            with anyio.move_on_after(CLEANUP_WAIT_S):
+                while sum(w.in_flight for w in windows.values()):  # noqa: ASYNC110 - a counter, no event
+                    await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
 
     app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan)
+    # set on SIGTERM/SIGINT (api/serving.py): streams end, new calls are refused, and calls still
+    # running at the deadline are stopped
+    app.state.stopping = False
+    app.state.drain_deadline = None
     app.state.config = config
     app.mount("/mcp", mcp_app)  # MCP over streamable HTTP, behind the same bearer tokens
 
@@ -266,8 +197,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     @app.post("/v1/sessions/{key}/calls")
     async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> Any:
         session = session_for(request, who, key, body.agent)
-        window = windows.setdefault(who.tenant.id, RateWindow())
-        _admit(who, window)
+        window = admitted(request, who)
         await admit_session(request, who, session)
         window.in_flight += 1
         metrics.in_flight.labels(who.tenant.id).inc()
@@ -276,26 +206,27 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         finally:
             window.in_flight -= 1
             metrics.in_flight.labels(who.tenant.id).dec()
-        if result is None:  # nobody is listening any more; the call was cancelled, its command killed
-            return JSONResponse({"detail": "the client went away; the call was stopped"}, status_code=499)
+        if result is None:
+            return _stopped(request, "call")
         metrics.record(who.tenant.id, result)
         # serialized once by pydantic, not walked again by FastAPI's encoder (a hot path)
         return Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/v1/sessions/{key}/batches")
-    async def batch(request: Request, who: CallerDep, key: str, body: BatchRequest) -> dict[str, Any]:
+    async def batch(request: Request, who: CallerDep, key: str, body: BatchRequest) -> Any:
         from sandbox.engine.batch import BatchCall
 
         session = session_for(request, who, key, body.agent)
-        window = windows.setdefault(who.tenant.id, RateWindow())
-        _admit(who, window)
+        window = admitted(request, who)
         await admit_session(request, who, session)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
         window.in_flight += 1
         try:
-            outcome = await session.call_many(calls, mode=body.mode)
+            outcome = await _unless_gone(request, session.call_many(calls, mode=body.mode))
         finally:
             window.in_flight -= 1
+        if outcome is None:
+            return _stopped(request, "batch")
         for result in outcome.results:
             metrics.record(who.tenant.id, result)
         return {
@@ -330,12 +261,17 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         async def stream() -> AsyncIterator[str]:
             try:
                 yield ": connected\n\n"
-                while not await request.is_disconnected():
-                    with anyio.move_on_after(SSE_KEEPALIVE_S):
+                quiet_since = anyio.current_time()
+                # checked every second: a stream would otherwise hold a stopping service's drain
+                while not request.app.state.stopping and not await request.is_disconnected():
+                    with anyio.move_on_after(STOP_POLL_S):
                         item = await receive.receive()
                         yield f"event: {item['kind']}\ndata: {json.dumps(item, default=str)}\n\n"
+                        quiet_since = anyio.current_time()
                         continue
-                    yield ": keep-alive\n\n"
+                    if anyio.current_time() - quiet_since >= SSE_KEEPALIVE_S:
+                        yield ": keep-alive\n\n"
+                        quiet_since = anyio.current_time()
             finally:
                 unsubscribe()
                 send.close()
@@ -447,45 +383,46 @@ async def _recover_periodically(orch: Orchestrator) -> None:
             logger.bind(reason=exc.message).warning("service_recovery_failed")
 
 
+def _draining_past_deadline(request: Request) -> bool:
+    deadline = request.app.state.drain_deadline
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _stopped(request: Request, what: str) -> JSONResponse:
+    """The answer for a call stopped before it finished (what it started was killed)."""
+    if _draining_past_deadline(request):
+        return JSONResponse(
+            {"detail": f"the service stopped before the {what} finished; it was stopped and its commands killed"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
+    # nobody is listening any more; the status is for the access log
+    return JSONResponse({"detail": f"the client went away; the {what} was stopped"}, status_code=499)
+
+
 async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`, cancelled when the client disconnects (a cancelled call kills what it started)."""
+    """`work`, cancelled when the client disconnects or the service's drain deadline passes (a
+    cancelled call kills what it started)."""
     outcome: list[T] = []
+    failure: list[Exception] = []
 
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
             # the server says "disconnected" only when asked: there is no event to wait on
-            while not await request.is_disconnected():  # noqa: ASYNC110
+            while not await request.is_disconnected() and not _draining_past_deadline(request):  # noqa: ASYNC110
                 await anyio.sleep(DISCONNECT_POLL_S)
             tg.cancel_scope.cancel()
 
         async def run() -> None:
-            outcome.append(await work)
+            try:
+                outcome.append(await work)
+            except Exception as exc:  # re-raised below as itself, not inside an exception group
+                failure.append(exc)
             tg.cancel_scope.cancel()
 
         tg.start_soon(watch)
         tg.start_soon(run)
+    if failure:
+        raise failure[0]
     return outcome[0] if outcome else None
-
-
-def _admit(who: Caller, window: RateWindow) -> None:
-    quotas = who.tenant.quotas
-    now = time.monotonic()
-    while window.started and window.started[0] < now - 60:
-        window.started.popleft()
-    if quotas.max_calls_per_minute and len(window.started) >= quotas.max_calls_per_minute:
-        retry = max(1, int(60 - (now - window.started[0])) + 1)
-        raise HTTPException(
-            429,
-            f"tenant {who.tenant.id!r} made {len(window.started)} calls in the last minute "
-            f"(tenants[].quotas.max_calls_per_minute is {quotas.max_calls_per_minute})",
-            headers={"Retry-After": str(retry)},
-        )
-    if quotas.max_concurrent_calls and window.in_flight >= quotas.max_concurrent_calls:
-        raise HTTPException(
-            429,
-            f"tenant {who.tenant.id!r} has {window.in_flight} calls running "
-            f"(tenants[].quotas.max_concurrent_calls is {quotas.max_concurrent_calls})",
-            headers={"Retry-After": "1"},
-        )
-    window.started.append(now)

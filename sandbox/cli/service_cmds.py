@@ -11,13 +11,19 @@ from sandbox.errors import UsageError
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless told).")
 @click.option("--port", default=8710, show_default=True, type=int)
+@click.option(
+    "--grace",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1, 3600),
+    help="On SIGTERM, seconds calls in flight get to finish; then they are stopped (their commands killed).",
+)
 @click.pass_obj
 @handled
-def serve(state: State, host: str, port: int) -> None:
+def serve(state: State, host: str, port: int, grace: int) -> None:
     """Serve the HTTP API (tenants authenticate with bearer tokens; see README, Service)."""
     try:
-        import uvicorn
-
+        from sandbox.api import serving
         from sandbox.api.app import create_app
     except ImportError as exc:
         raise UsageError(
@@ -25,7 +31,7 @@ def serve(state: State, host: str, port: int) -> None:
         ) from exc
     if not state.config.tenants:
         raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
-    uvicorn.run(create_app(state.config), host=host, port=port, log_level="warning")
+    serving.run(create_app(state.config), host=host, port=port, grace_s=grace)
 
 
 @main.group("tenants")

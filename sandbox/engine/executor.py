@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import anyio
+
 from sandbox._log import logger
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES, MAX_DEPTH
@@ -26,6 +28,10 @@ from sandbox.journal.store import Journal
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.spec import ToolResult
+
+CANCELLED_REASON = (
+    "cancelled before it finished (its caller went away or the service stopped); what it started was killed"
+)
 
 
 @dataclass
@@ -70,6 +76,12 @@ async def execute(
     with bound(call):
         try:
             return await _stages(call, arguments, refused, make_context, spill)
+        except anyio.get_cancelled_exc_class():
+            # the caller went away or the service is stopping: the runtime killed what the call
+            # started; the journal says so now, so the call is never left open for a live owner
+            logger.info("tool_call_cancelled")
+            call.journal("abandoned", reason=CANCELLED_REASON)  # synchronous: nothing to shield
+            raise
         except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
             logger.bind(code=exc.code.value).error("tool_call_not_journaled")
             return call.failed(exc)
