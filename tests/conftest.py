@@ -106,6 +106,17 @@ def images(docker_client: object) -> None:
     )
 
 
+@pytest.fixture(scope="session")
+def service_image(images: None) -> str:
+    """sandbox-service:latest built by scripts/service-image (what compose.yaml runs)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    built = subprocess.run([str(root / "scripts" / "service-image")], capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr[-2000:]
+    return "sandbox-service:latest"
+
+
 _instances = iter(range(1, 1_000_000))
 
 
