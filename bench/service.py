@@ -30,17 +30,23 @@ N = 300
 CLIENTS, PER_CLIENT = 50, 20
 EXECS = 20
 TOKEN = "sbx_bench-token"
+NOISY_TOKEN = "sbx_bench-noisy-token"  # a second tenant, held to 60 calls a minute
+NOISY_CLIENTS = 20
 
 
 def config_text(tmp: str) -> str:
     return (
         f"state_dir: {tmp}/state\ntools: {{profile: full}}\n"
-        f"tenants: [{{id: t, allow_unsandboxed: true, tokens: [{{name: b, sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}}}]}}]\n"
+        "tenants:\n"
+        f"  - {{id: t, allow_unsandboxed: true, tokens: [{{name: b, sha256: {hashlib.sha256(TOKEN.encode()).hexdigest()}}}]}}\n"
+        f"  - {{id: noisy, allow_unsandboxed: true, quotas: {{max_calls_per_minute: 60}}, "
+        f"tokens: [{{name: n, sha256: {hashlib.sha256(NOISY_TOKEN.encode()).hexdigest()}}}]}}\n"
         "limits: {global_concurrency: 100, tenant_concurrency: 100, queue: {max_depth: 1000}}\n"
         "agents:\n"
         f"  list:\n"
         f"    - {{id: host, tenant: t, default: true, workspace: '{tmp}/ws', sandbox: {{mode: 'off'}}}}\n"
         f"    - {{id: boxed, tenant: t, workspace: '{tmp}/wb', sandbox: {{mode: all, scope: agent}}}}\n"
+        f"    - {{id: loud, tenant: noisy, workspace: '{tmp}/wn', sandbox: {{mode: 'off'}}}}\n"
     )
 
 
@@ -137,6 +143,42 @@ async def http_clients(
         return latencies, (time.perf_counter() - start_t) * 1000
 
 
+NOISE = """
+import sys, anyio, httpx
+url, token, clients = sys.argv[1], sys.argv[2], int(sys.argv[3])
+codes = {}
+async def main():
+    async with httpx.AsyncClient(headers={"Authorization": "Bearer " + token}, timeout=60) as client:
+        async def one():
+            while True:
+                r = await client.post(url + "/v1/sessions/agent:loud:x/calls", json={"tool": "read", "args": {"path": "none"}})
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+        with anyio.move_on_after(float(sys.argv[4])):
+            async with anyio.create_task_group() as tg:
+                for _ in range(clients):
+                    tg.start_soon(one)
+    print(codes.get(200, 0), codes.get(429, 0))
+anyio.run(main)
+"""
+
+
+def beside_a_noisy_tenant(url: str, n: int, seconds: float) -> tuple[list[float], int, int]:
+    """Tenant t's sequential calls while tenant `noisy` hammers past its quota from 20 clients in
+    another process (a thread here would take the measuring client's GIL). Returns t's latencies
+    and how many of noisy's requests were answered 200 and refused 429."""
+    noise = subprocess.Popen(
+        [sys.executable, "-c", NOISE, url, NOISY_TOKEN, str(NOISY_CLIENTS), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)  # the noisy tenant is past its quota before we measure
+    measured = http_sequential(url, "agent:host:beside", "read", {"path": "note.txt"}, n)
+    out = noise.communicate(timeout=seconds + 60)[0].split()
+    if noise.returncode != 0 or len(out) != 2:
+        raise RuntimeError(f"the noisy client failed: {out}")
+    return measured, int(out[0]), int(out[1])
+
+
 def main() -> None:
     docker = "--no-docker" not in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,16 +194,24 @@ def main() -> None:
             http = http_sequential(url, "agent:host:b2", "read", read, N)
             many, wall = anyio.run(http_clients, url, "agent:host:b3", "read", read, CLIENTS, PER_CLIENT)
             floor = http_floor(url, N)
+            # the noise outlasts the measurement (about 2 s of calls here)
+            beside, noisy_ok, noisy_429 = beside_a_noisy_tenant(url, N, seconds=2.0 + N * pct(http, 90) / 1000 * 2)
             rows = [
                 (f"GET /healthz: the HTTP floor (n={N})", floor, None, ""),
                 (f"read through HTTP, sequential (n={N})", http, lib, "HTTP adds <= 2 ms p50"),
                 (f"read through the library (baseline, n={N})", lib, None, ""),
                 (f"read, {CLIENTS} concurrent HTTP clients x {PER_CLIENT}", many, lib, ""),
+                (f"read through HTTP beside a tenant past its quota (n={N})", beside, http, "not slowed"),
             ]
             print(table("the service's cost per call (loopback)", rows))
             added = pct(http, 50) - pct(lib, 50)
             print(
                 f"\nHTTP adds {added:.2f} ms at p50 (p99: HTTP {pct(http, 99):.2f} ms, library {pct(lib, 99):.2f} ms)"
+            )
+            print(
+                f"beside tenant `noisy` ({NOISY_CLIENTS} clients, {noisy_ok} answered, {noisy_429} refused 429): "
+                f"p50 {pct(beside, 50):.2f} ms against {pct(http, 50):.2f} ms alone "
+                f"(ratio {pct(beside, 50) / pct(http, 50):.2f}; both tenants share this process's two cores)"
             )
             total = CLIENTS * PER_CLIENT
             print(

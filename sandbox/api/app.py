@@ -38,8 +38,11 @@ RECOVER_EVERY_S = 60.0
 T = TypeVar("T")
 
 
-def current_caller(request: Request) -> Caller:
-    """The tenant behind the request's bearer token; 401 otherwise."""
+async def current_caller(request: Request) -> Caller:
+    """The tenant behind the request's bearer token; 401 otherwise.
+
+    Async although it blocks on nothing (hashing, a stat of the token file): a plain function
+    would cost every request a trip through the thread pool."""
     found = from_authorization(request.app.state.config, request.headers.get("authorization"))
     if found is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
@@ -196,8 +199,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     @app.post("/v1/sessions/{key}/calls")
     async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> Any:
+        window = admitted(request, who)  # first: a tenant past its quota costs the others least
         session = session_for(request, who, key, body.agent)
-        window = admitted(request, who)
         await admit_session(request, who, session)
         window.in_flight += 1
         metrics.in_flight.labels(who.tenant.id).inc()
@@ -216,8 +219,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     async def batch(request: Request, who: CallerDep, key: str, body: BatchRequest) -> Any:
         from sandbox.engine.batch import BatchCall
 
-        session = session_for(request, who, key, body.agent)
         window = admitted(request, who)
+        session = session_for(request, who, key, body.agent)
         await admit_session(request, who, session)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
         window.in_flight += 1
@@ -402,27 +405,26 @@ def _stopped(request: Request, what: str) -> JSONResponse:
 
 async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
     """`work`, cancelled when the client disconnects or the service's drain deadline passes (a
-    cancelled call kills what it started)."""
+    cancelled call kills what it started). The work runs in this task, the watch in one child:
+    a task per call is part of every request's cost."""
     outcome: list[T] = []
     failure: list[Exception] = []
-
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
             # the server says "disconnected" only when asked: there is no event to wait on
-            while not await request.is_disconnected() and not _draining_past_deadline(request):  # noqa: ASYNC110
+            while True:
                 await anyio.sleep(DISCONNECT_POLL_S)
-            tg.cancel_scope.cancel()
-
-        async def run() -> None:
-            try:
-                outcome.append(await work)
-            except Exception as exc:  # re-raised below as itself, not inside an exception group
-                failure.append(exc)
-            tg.cancel_scope.cancel()
+                if _draining_past_deadline(request) or await request.is_disconnected():
+                    tg.cancel_scope.cancel()
+                    return
 
         tg.start_soon(watch)
-        tg.start_soon(run)
+        try:
+            outcome.append(await work)
+        except Exception as exc:  # re-raised below as itself, not inside an exception group
+            failure.append(exc)
+        tg.cancel_scope.cancel()
     if failure:
         raise failure[0]
     return outcome[0] if outcome else None
