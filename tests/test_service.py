@@ -310,3 +310,46 @@ def test_mcp_over_http_serves_the_tenants_session(shared: Any) -> None:
         anyio.run(_mcp_names_and_call, url, {**B, "X-Sandbox-Agent": "alpha"})
     assert "no agent 'alpha'" in repr(refused.value)  # the MCP error carries the refusal
     assert httpx.post(f"{url}/mcp/", json={}).status_code == 401
+
+
+def test_slow_clients_do_not_hold_up_the_others(shared: Any) -> None:
+    """Twenty connections that send their headers and then dribble (or stall) the body hold
+    nothing another tenant needs: its calls are answered meanwhile, and a dribbled body that
+    completes gets its ordinary answer."""
+    import socket
+    import time
+
+    url, _ = shared
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"tool": "read", "args": {"path": "none.txt"}}).encode()
+    head = (
+        f"POST /v1/sessions/agent:alpha:slow/calls HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {TOKEN_A}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    stalled = []
+    try:
+        for _ in range(20):
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(head + body[:5])  # and never the rest
+            stalled.append(s)
+        dribbler = socket.create_connection((host, int(port)), timeout=30)
+        stalled.append(dribbler)
+        dribbler.sendall(head)
+        for i in range(len(body)):  # one byte at a time, while the other tenant calls
+            dribbler.sendall(body[i : i + 1])
+            if i % 10 == 0:  # another tenant is answered meanwhile (a stuck server times out here)
+                r = httpx.post(
+                    f"{url}/v1/sessions/agent:gamma:fast/calls",
+                    headers=F,
+                    json={"tool": "read", "args": {"path": "none.txt"}},
+                    timeout=10,
+                )
+                assert r.status_code == 200 and r.json()["error"]["code"] == "FILE_NOT_FOUND", r.text
+            time.sleep(0.01)
+        answer = dribbler.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 200"), answer[:200]
+        assert '"FILE_NOT_FOUND"' in answer
+    finally:
+        for s in stalled:
+            s.close()
