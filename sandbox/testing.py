@@ -98,6 +98,11 @@ class FakeSandbox:
         """A path that exists nowhere (nothing runs)."""
         return "/fake/pids"
 
+    @property
+    def tmp_dir(self) -> str | None:
+        """None: nothing runs."""
+        return None
+
     def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
         """Fake sandboxes never die."""
         del revive

@@ -330,3 +330,17 @@ def test_scratch_path_with_a_planted_link_is_refused_by_the_bind_rules(tmp_path:
     with pytest.raises(BindRefused) as info:
         spec_from_config(config, agent, "agent:main:x", "i")
     assert info.value.rule == "scratch-link"
+
+
+def test_workspace_inside_a_workspace_root_is_refused(tmp_path: Path) -> None:
+    """A workspace inside a workspace_root would sit among scratch workspaces, in some tenant's
+    folder (writing into its sessions and counting toward its disk quota): refused at load."""
+    from sandbox.runtime.naming import tenant_dir_name
+
+    text = (
+        f"state_dir: {tmp_path}/s\ntenants: [{{id: acme}}, {{id: globex}}]\n"
+        f"agents: {{list: [{{id: a, tenant: acme, sandbox: {{workspace_access: rw}}, "
+        f"workspace: {tmp_path}/s/sandboxes/{tenant_dir_name('globex')}}}, {{id: g, tenant: globex}}]}}"
+    )
+    (found,) = problems(text, tmp_path)
+    assert "agents.list[0].workspace" in found and f"lies inside the workspace_root {tmp_path}/s/sandboxes" in found

@@ -21,8 +21,8 @@ A = {"Authorization": f"Bearer {TOKEN_A}"}
 B = {"Authorization": f"Bearer {TOKEN_B}"}
 
 
-TOKEN_F, TOKEN_L, TOKEN_S = "sbx_floor-token", "sbx_limited-token", "sbx_counted-token"
-F, L, S = ({"Authorization": f"Bearer {t}"} for t in (TOKEN_F, TOKEN_L, TOKEN_S))
+TOKEN_F, TOKEN_L, TOKEN_S, TOKEN_M = "sbx_floor-token", "sbx_limited-token", "sbx_counted-token", "sbx_mcpq-token"
+F, L, S, M = ({"Authorization": f"Bearer {t}"} for t in (TOKEN_F, TOKEN_L, TOKEN_S, TOKEN_M))
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,7 @@ tenants:
   - {{id: floor, allow_unsandboxed: true, tools: {{deny: [exec]}}, tokens: [{{name: ci, sha256: {sha(TOKEN_F)}}}]}}
   - {{id: limited, allow_unsandboxed: true, quotas: {{max_calls_per_minute: 2}}, tokens: [{{name: ci, sha256: {sha(TOKEN_L)}}}]}}
   - {{id: counted, allow_unsandboxed: true, quotas: {{max_sessions: 2}}, tokens: [{{name: ci, sha256: {sha(TOKEN_S)}}}]}}
+  - {{id: mcpq, allow_unsandboxed: true, quotas: {{max_calls_per_minute: 1}}, tokens: [{{name: ci, sha256: {sha(TOKEN_M)}}}]}}
 agents:
   defaults: {{sandbox: {{mode: 'off'}}}}
   list:
@@ -48,6 +49,7 @@ agents:
     - {{id: gamma, tenant: floor, workspace: "{tmp / "wg"}"}}
     - {{id: delta, tenant: limited, workspace: "{tmp / "wd"}"}}
     - {{id: eps, tenant: counted, workspace: "{tmp / "we"}"}}
+    - {{id: zeta, tenant: mcpq, workspace: "{tmp / "wz"}"}}
 """)
     with serve(cfg) as url:
         yield url, cfg
@@ -353,3 +355,19 @@ def test_slow_clients_do_not_hold_up_the_others(shared: Any) -> None:
     finally:
         for s in stalled:
             s.close()
+
+
+def test_mcp_calls_count_toward_the_tenants_quotas(shared: Any) -> None:
+    """A tenant at its calls-per-minute quota is refused over /mcp as over REST (it used to be a
+    way around every quota)."""
+    import anyio
+
+    url, _ = shared
+    headers = {**M, "X-Sandbox-Session": "agent:zeta:m"}
+    names, first = anyio.run(_mcp_names_and_call, url, headers)
+    assert "write" in names and not first.is_error, first
+    with pytest.raises(BaseException) as refused:
+        anyio.run(_mcp_names_and_call, url, headers)
+    assert "max_calls_per_minute" in repr(refused.value)
+    rest = httpx.post(f"{url}/v1/sessions/agent:zeta:m/calls", headers=M, json={"tool": "read", "args": {"path": "x"}})
+    assert rest.status_code == 429  # one budget for both doors

@@ -68,6 +68,47 @@ def test_breached_names_the_level_a_running_command_passed(tmp_path: Path, monke
     assert breach is not None and breach[0].key == "tenants[0].quotas.max_workspace_bytes" and breach[1] >= 12 * MIB
 
 
+def test_a_neighbours_bytes_never_stop_a_command_that_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session takes the tenant past its limit while this command runs: this command
+    wrote nothing in its workspace, so it is not the one stopped."""
+    monkeypatch.setattr("sandbox.fs.quota.CACHE_S", 0.0)
+    quota, mine, sibling = quotas(tmp_path, own=0, tenant=4 * MIB)
+    start = quota.measure()
+    fill(sibling, "big", 8 * MIB)
+    assert quota.breached(start) is None
+    fill(mine, "mine", 1 * MIB)  # now it grows: the tenant is over, and this command is stopped
+    breach = quota.breached(start)
+    assert breach is not None and breach[0].key == "tenants[0].quotas.max_workspace_bytes"
+
+
+def test_concurrent_measurements_share_one_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads asking at once for a fresh measurement of the same folders walk them once."""
+    import threading
+
+    from sandbox.fs import quota as quota_module
+
+    walks = []
+    real = quota_module.disk_usage
+
+    def counted(root: Path) -> int:
+        walks.append(root)
+        threading.Event().wait(0.2)  # a slow walk, so the others arrive while it runs
+        return real(root)
+
+    monkeypatch.setattr(quota_module, "disk_usage", counted)
+    quota, _, _ = quotas(tmp_path, own=0, tenant=4 * MIB)
+    assert quota.outer is not None
+    outer = quota.outer
+    threads = [threading.Thread(target=outer.used, kwargs={"fresh": True}) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 1 <= len(walks) <= 2, walks  # one walk, or two when a thread asked after the first began
+
+
 def test_a_command_that_did_not_grow_is_not_stopped(tmp_path: Path) -> None:
     """A tenant already over its limit (a sibling filled it) does not kill a command that writes nothing."""
     quota, _, sibling = quotas(tmp_path, own=0, tenant=1 * MIB)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
@@ -21,8 +20,9 @@ from fastapi.responses import JSONResponse, Response
 
 from sandbox._log import logger
 from sandbox.api.metrics import Metrics
-from sandbox.api.quotas import RateWindow, admit
+from sandbox.api.quotas import Admission
 from sandbox.api.requests import BatchRequest, BodyLimit, CallRequest
+from sandbox.api.serving import past_drain_deadline, stopped_when
 from sandbox.api.tenants import Caller, default_agent, from_authorization, tenant_agents
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
@@ -30,7 +30,6 @@ from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError, UsageError
 from sandbox.policy.sessions import agent_of, key_problem
 
-DISCONNECT_POLL_S = 0.25
 SSE_KEEPALIVE_S = 15.0
 STOP_POLL_S = 1.0  # how soon an event stream notices the service is stopping
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
@@ -58,46 +57,12 @@ SessionQuery = Annotated[str, Query(max_length=256)]
 
 def create_app(config: Config, orchestrator: Orchestrator | None = None) -> FastAPI:
     """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
-    windows: dict[str, RateWindow] = {}
     metrics = Metrics()
-    open_sessions: dict[str, set[str]] = {}  # tenant -> session keys used and not closed (this process)
-
-    def admitted(request: Request, who: Caller) -> RateWindow:
-        """A new call of `who`: refused while the service stops (503) or past a rate quota (429)."""
-        if request.app.state.stopping:
-            raise HTTPException(503, "the service is stopping; try again shortly", headers={"Retry-After": "5"})
-        window = windows.setdefault(who.tenant.id, RateWindow())
-        admit(who, window)
-        return window
-
-    async def admit_session(request: Request, who: Caller, session: Session) -> None:
-        """max_sessions and max_sandboxes: a new session or a new sandbox only under the quota."""
-        quotas = who.tenant.quotas
-        mine = open_sessions.setdefault(who.tenant.id, set())
-        if quotas.max_sessions and session.key not in mine and len(mine) >= quotas.max_sessions:
-            raise HTTPException(
-                429,
-                f"tenant {who.tenant.id!r} has {len(mine)} open sessions (tenants[].quotas.max_sessions is "
-                f"{quotas.max_sessions}); close one with DELETE /v1/sessions/{{key}}",
-                headers={"Retry-After": "60"},
-            )
-        if quotas.max_sandboxes and session.sandboxed:
-            o = orch(request)
-            spec = o.manager.spec_for(session.agent, session.key)
-            if not await o.backend.exists(spec.name):
-                live = [s for s in await o.backend.list(instance=o.manager.instance) if s.tenant == who.tenant.id]
-                if len(live) >= quotas.max_sandboxes:
-                    raise HTTPException(
-                        429,
-                        f"tenant {who.tenant.id!r} has {len(live)} sandboxes (tenants[].quotas.max_sandboxes is "
-                        f"{quotas.max_sandboxes}); close a session to free one",
-                        headers={"Retry-After": "60"},
-                    )
-        mine.add(session.key)
+    admission_of: list[Admission] = []  # made with the app (it reads the app's state)
 
     from sandbox.api.mcp_server import http_server
 
-    mcp_app, mcp_sessions = http_server(config, lambda: app.state.orch)
+    mcp_app, mcp_sessions = http_server(config, lambda: app.state.orch, lambda: admission_of[0])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,7 +79,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
             # uvicorn cancelled what outlived the grace period; their clean-up (killing what
             # they started, journaling them abandoned) finishes before the orchestrator closes
             with anyio.move_on_after(CLEANUP_WAIT_S):
-                while sum(w.in_flight for w in windows.values()):  # noqa: ASYNC110 - a counter, no event
+                while admission.in_flight():  # noqa: ASYNC110 - a counter, no event
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
 
@@ -123,6 +88,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     # running at the deadline are stopped
     app.state.stopping = False
     app.state.drain_deadline = None
+    admission = Admission(app.state, metrics)
+    admission_of.append(admission)
     app.state.config = config
     app.mount("/mcp", mcp_app)  # MCP over streamable HTTP, behind the same bearer tokens
 
@@ -199,16 +166,11 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     @app.post("/v1/sessions/{key}/calls")
     async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> Any:
-        window = admitted(request, who)  # first: a tenant past its quota costs the others least
+        admission.rate(who)  # first: a tenant past its quota costs the others least
         session = session_for(request, who, key, body.agent)
-        await admit_session(request, who, session)
-        window.in_flight += 1
-        metrics.in_flight.labels(who.tenant.id).inc()
-        try:
+        await admission.session(orch(request), who, session)
+        async with admission.running(who):
             result = await _unless_gone(request, session.call(body.tool, body.args))
-        finally:
-            window.in_flight -= 1
-            metrics.in_flight.labels(who.tenant.id).dec()
         if result is None:
             return _stopped(request, "call")
         metrics.record(who.tenant.id, result)
@@ -219,15 +181,12 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     async def batch(request: Request, who: CallerDep, key: str, body: BatchRequest) -> Any:
         from sandbox.engine.batch import BatchCall
 
-        window = admitted(request, who)
+        admission.rate(who)
         session = session_for(request, who, key, body.agent)
-        await admit_session(request, who, session)
+        await admission.session(orch(request), who, session)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
-        window.in_flight += 1
-        try:
+        async with admission.running(who):
             outcome = await _unless_gone(request, session.call_many(calls, mode=body.mode))
-        finally:
-            window.in_flight -= 1
         if outcome is None:
             return _stopped(request, "batch")
         for result in outcome.results:
@@ -309,7 +268,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     @app.delete("/v1/sessions/{key}")
     async def close(request: Request, who: CallerDep, key: str, agent: str | None = None) -> dict[str, Any]:
         closed = await session_for(request, who, key, agent).close()
-        open_sessions.get(who.tenant.id, set()).difference_update(closed)
+        admission.closed(who.tenant.id, closed)
         return {"closed": closed}
 
     @app.get("/v1/approvals")
@@ -386,14 +345,9 @@ async def _recover_periodically(orch: Orchestrator) -> None:
             logger.bind(reason=exc.message).warning("service_recovery_failed")
 
 
-def _draining_past_deadline(request: Request) -> bool:
-    deadline = request.app.state.drain_deadline
-    return deadline is not None and time.monotonic() >= deadline
-
-
 def _stopped(request: Request, what: str) -> JSONResponse:
     """The answer for a call stopped before it finished (what it started was killed)."""
-    if _draining_past_deadline(request):
+    if past_drain_deadline(request.app.state):
         return JSONResponse(
             {"detail": f"the service stopped before the {what} finished; it was stopped and its commands killed"},
             status_code=503,
@@ -404,27 +358,10 @@ def _stopped(request: Request, what: str) -> JSONResponse:
 
 
 async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`, cancelled when the client disconnects or the service's drain deadline passes (a
-    cancelled call kills what it started). The work runs in this task, the watch in one child:
-    a task per call is part of every request's cost."""
-    outcome: list[T] = []
-    failure: list[Exception] = []
-    async with anyio.create_task_group() as tg:
+    """`work`, cancelled when the client disconnects or the service's drain deadline passes."""
 
-        async def watch() -> None:
-            # the server says "disconnected" only when asked: there is no event to wait on
-            while True:
-                await anyio.sleep(DISCONNECT_POLL_S)
-                if _draining_past_deadline(request) or await request.is_disconnected():
-                    tg.cancel_scope.cancel()
-                    return
+    async def stop() -> bool:
+        # the server says "disconnected" only when asked: there is no event to wait on
+        return past_drain_deadline(request.app.state) or await request.is_disconnected()
 
-        tg.start_soon(watch)
-        try:
-            outcome.append(await work)
-        except Exception as exc:  # re-raised below as itself, not inside an exception group
-            failure.append(exc)
-        tg.cancel_scope.cancel()
-    if failure:
-        raise failure[0]
-    return outcome[0] if outcome else None
+    return await stopped_when(stop, work)

@@ -15,6 +15,8 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from sandbox.api.quotas import Admission
+from sandbox.api.tenants import Caller
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.tools.formats import render
@@ -61,20 +63,24 @@ async def serve_stdio(orch: Orchestrator, session: Session) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-def http_server(config: Config, get_orch: Callable[[], Orchestrator]) -> tuple[Any, Any]:
+def http_server(
+    config: Config, get_orch: Callable[[], Orchestrator], get_admission: Callable[[], Admission]
+) -> tuple[Any, Any]:
     """`/mcp` for the service: (an ASGI app behind the bearer auth, its session manager to run).
 
     Each request names its session with `X-Sandbox-Agent` / `X-Sandbox-Session` (defaults: the
     tenant's default agent, and one session per MCP session); the tenant comes from the token,
-    and the same rules as the REST routes apply (another tenant's agent is "no agent").
+    and the same rules as the REST routes apply: another tenant's agent is "no agent", the
+    tenant's quotas hold, and a call still running when a stopping service's grace ends is stopped.
     """
     from fastapi import HTTPException
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 
     from sandbox.api.app import resolve_session
+    from sandbox.api.serving import past_drain_deadline, stopped_when
     from sandbox.api.tenants import from_authorization
 
-    def session_of(ctx: Any) -> Session:
+    def caller_and_session(ctx: Any) -> tuple[Caller, Session]:
         headers = ctx.request.headers if ctx.request is not None else {}
         who = from_authorization(config, headers.get("authorization"))
         if who is None:
@@ -82,16 +88,31 @@ def http_server(config: Config, get_orch: Callable[[], Orchestrator]) -> tuple[A
         agent = headers.get("x-sandbox-agent")
         key = headers.get("x-sandbox-session") or f"mcp-{str(headers.get('mcp-session-id', 'default'))[:32]}"
         try:
-            return resolve_session(config, get_orch(), who, key, agent)
+            return who, resolve_session(config, get_orch(), who, key, agent)
         except HTTPException as exc:
             raise PermissionError(str(exc.detail)) from exc
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         del params
-        return tools_of(session_of(ctx))
+        return tools_of(caller_and_session(ctx)[1])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await call_in(session_of(ctx), params)
+        admission = get_admission()
+        who, session = caller_and_session(ctx)
+        try:
+            admission.rate(who)
+            await admission.session(get_orch(), who, session)
+        except HTTPException as exc:  # the REST routes' 429/503, as an MCP error with the same words
+            raise RuntimeError(str(exc.detail)) from exc
+
+        async def stop() -> bool:
+            return past_drain_deadline(admission.state)
+
+        async with admission.running(who):
+            result = await stopped_when(stop, call_in(session, params))
+        if result is None:
+            raise RuntimeError("the service stopped before the call finished; it was stopped and its commands killed")
+        return result
 
     server: Server[Any] = Server("agent-sandbox", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
     manager = StreamableHTTPSessionManager(app=server, json_response=True)

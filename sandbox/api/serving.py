@@ -1,20 +1,27 @@
 """Running the service: uvicorn, with a drain on SIGTERM/SIGINT.
 
 On the signal uvicorn stops accepting connections and waits for the requests in flight. A call
-still running a second before `grace_s` ends is stopped by the application itself (so its client
-gets a 503 that says so, not uvicorn's bare 500): that kills what it started in its sandbox and
-journals it `abandoned`. Event streams end at once (they would hold the drain to its end), and
-the application waits for stopped calls to finish their clean-up before the orchestrator closes.
+still running when `grace_s` ends is stopped by the application itself (so its client gets a 503
+that says so, not uvicorn's bare 500): that kills what it started in its sandbox and journals it
+`abandoned`. uvicorn's own deadline comes CLEANUP_S later, so those kills (a few docker execs
+each) finish before uvicorn would cancel the requests outright. Event streams end at once (they
+would hold the drain to its end), and the application waits for stopped calls to finish their
+clean-up before the orchestrator closes.
 A SIGKILL instead leaves the clean-up to the next start's recovery.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import uvicorn
+
+T = TypeVar("T")
+STOP_POLL_S = 0.25  # how often a running call checks whether it must stop
 
 
 class DrainingServer(uvicorn.Server):
@@ -29,12 +36,50 @@ class DrainingServer(uvicorn.Server):
         # plain values, set in the signal handler; the app polls them (no loop call from a handler)
         state = self._app.state
         if not state.stopping:
-            state.drain_deadline = time.monotonic() + max(0.0, self._grace_s - 1.0)
+            state.drain_deadline = time.monotonic() + self._grace_s
             state.stopping = True
         super().handle_exit(sig, frame)
 
 
+CLEANUP_S = 15  # after the grace period: stopped calls kill what they started
+
+
 def run(app: Any, *, host: str, port: int, grace_s: int) -> None:
-    """Serve `app` until a signal, then drain for at most `grace_s` seconds."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_s)
+    """Serve `app` until a signal, then drain: `grace_s` seconds for calls to finish, CLEANUP_S
+    more for the stopped ones to clean up."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_s + CLEANUP_S
+    )
     DrainingServer(config, app, grace_s).run()
+
+
+def past_drain_deadline(state: Any) -> bool:
+    """Whether a stopping service's grace period is over (calls still running must stop)."""
+    deadline = state.drain_deadline
+    return deadline is not None and time.monotonic() >= deadline
+
+
+async def stopped_when(stop: Callable[[], Awaitable[bool]], work: Awaitable[T]) -> T | None:
+    """`work`, cancelled (None) once `stop()` says so, checked every STOP_POLL_S (a cancelled call
+    kills what it started). The work runs in this task, the check in one child: a task per call
+    is part of every request's cost."""
+    outcome: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            while True:
+                await anyio.sleep(STOP_POLL_S)
+                if await stop():
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(watch)
+        try:
+            outcome.append(await work)
+        except Exception as exc:  # re-raised below as itself, not inside an exception group
+            failure.append(exc)
+        tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return outcome[0] if outcome else None

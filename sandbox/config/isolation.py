@@ -112,7 +112,11 @@ def overlaps(config: Config) -> list[Overlap]:
             relation = _relation(mine, path)
             if kind == "workspace_root" and holds_state and _relation(state, path) in ("is", "contains"):
                 continue  # already said: the state dir holds it
-            if relation in ("is", "contains"):
+            # a workspace inside a workspace_root would sit among scratch workspaces (and in
+            # some tenant's folder, counting toward its disk quota); inside the state dir is the
+            # default place for workspaces
+            refused = ("is", "contains", "lies inside") if kind == "workspace_root" else ("is", "contains")
+            if relation is not None and relation in refused:
                 out.append(Overlap(agent, path, relation, None, kind))
     return out
 

@@ -15,6 +15,7 @@ that will run; any failure to read or record the decision refuses the call.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -81,15 +82,22 @@ class ApprovalGate:
             decided=None,
         )
         self.journal.add_approval(approval)
-        with anyio.move_on_after(self.config.timeout_s):
-            while True:
-                try:
-                    current = self.journal.approval(approval.id)
-                except SandboxError:
-                    current = None  # a read that fails now may work later; the final read decides
-                if current is not None and current.status != "pending":
-                    break
-                await anyio.sleep(POLL_S)
+        try:
+            with anyio.move_on_after(self.config.timeout_s):
+                while True:
+                    try:
+                        current = self.journal.approval(approval.id)
+                    except SandboxError:
+                        current = None  # a read that fails now may work later; the final read decides
+                    if current is not None and current.status != "pending":
+                        break
+                    await anyio.sleep(POLL_S)
+        except anyio.get_cancelled_exc_class():
+            # the caller went away (or the service stopped): nobody waits for this decision, so
+            # no approver may "approve" a call that will never run
+            with contextlib.suppress(SandboxError):
+                self.journal.decide(approval.id, "cancelled", "the call was cancelled while it waited")
+            raise
         return self._settle(ctx, approval.id, arguments)
 
     def _settle(self, ctx: TaskContext, approval_id: str, arguments: dict[str, object]) -> Approval:

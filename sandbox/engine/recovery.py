@@ -96,7 +96,9 @@ async def _settle(orch: Orchestrator, last: Event, owner: str) -> str:
         return "process_gone"
     # died mid-call: make sure nothing of it keeps running, and never run it again. The note
     # comes first: an owner wrongly taken for gone reads it when its command dies (KILLED).
-    reason = f"its orchestrator ({owner or 'unknown'}) was taken for gone during stage {last.stage}; not re-run"
+    # the owner's identity (host, boot, pid) stays in the journal's owner column, not in text a
+    # model may read (KILLED's message quotes this reason)
+    reason = f"its orchestrator process was found gone (or its lease lapsed) during stage {last.stage}; not re-run"
     _note(orch, last, owner, "abandoned", reason=reason)
     try:
         shell = await session.shell(create=False)

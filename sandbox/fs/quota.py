@@ -79,6 +79,7 @@ class WorkspaceQuota:
     """
 
     _cache: dict[tuple[str, ...], _Measure] = {}  # noqa: RUF012 - one measurement per root set, process-wide
+    _walks: dict[tuple[str, ...], threading.Lock] = {}  # noqa: RUF012 - one walk at a time per root set
     _lock = threading.Lock()
 
     def __init__(
@@ -113,15 +114,25 @@ class WorkspaceQuota:
         return bool(self.levels)
 
     def used(self, *, fresh: bool = False) -> int:
-        """Bytes used now at this level (a measurement at most CACHE_S old unless `fresh`)."""
+        """Bytes used now at this level (a measurement at most CACHE_S old unless `fresh`).
+
+        One walk per root set at a time: callers that wait for a walk in progress take its
+        result rather than walking again (a tenant's folders can hold many files)."""
+        asked = time.monotonic()
         with self._lock:
             cached = self._cache.get(self._name)
-        if cached is not None and not fresh and time.monotonic() - cached.at < CACHE_S:
+            walking = self._walks.setdefault(self._name, threading.Lock())
+        if cached is not None and not fresh and asked - cached.at < CACHE_S:
             return cached.used
-        used = sum(disk_usage(Path(name)) for name in self._name)
-        with self._lock:
-            self._cache[self._name] = _Measure(time.monotonic(), used)
-        return used
+        with walking:
+            with self._lock:
+                cached = self._cache.get(self._name)
+            if cached is not None and cached.at >= asked:
+                return cached.used  # measured by another caller after we asked
+            used = sum(disk_usage(Path(name)) for name in self._name)
+            with self._lock:
+                self._cache[self._name] = _Measure(time.monotonic(), used)
+            return used
 
     def charge(self, grown: int) -> None:
         """Add a write's growth to the cached measurements (so writes in a burst add up)."""
@@ -144,19 +155,32 @@ class WorkspaceQuota:
                 raise level.exceeded(used, f"writing {what} ({new_size:,} bytes) would take it past the quota")
         self.charge(grow)
 
-    def breached(self, start: Sequence[int]) -> tuple[WorkspaceQuota, int] | None:
-        """The first level a running command has taken past its limit (grown since `start`, what
-        :meth:`measure` gave when it began), with its use; the innermost is measured fresh, the
-        containing ones (many folders) through the shared cache."""
-        for i, (level, began) in enumerate(zip(self.levels, start, strict=True)):
-            used = level.used(fresh=i == 0)
-            if used > level.limit and used > began:
-                return level, used
-        return None
-
     def measure(self) -> list[int]:
-        """Each level's use now, for :meth:`breached`."""
-        return [level.used(fresh=True) for level in self.levels]
+        """Use when a command starts, for :meth:`breached`: this quota's own folders fresh (even
+        without a limit of its own: growth is judged there), the containing levels through the
+        shared cache."""
+        out = [self.used(fresh=True)]
+        level = self.outer
+        while level is not None:
+            out.append(level.used() if level.limit > 0 else 0)
+            level = level.outer
+        return out
+
+    def breached(self, start: Sequence[int]) -> tuple[WorkspaceQuota, int] | None:
+        """The first level a running command has taken past its limit, with its use; None while
+        the command's own folders have not grown since `start` (what :meth:`measure` gave), so a
+        neighbour's bytes never stop a command that writes nothing."""
+        own = self.used(fresh=True)
+        if own <= start[0]:
+            return None
+        level: WorkspaceQuota | None = self
+        while level is not None:
+            if level.limit > 0:
+                used = own if level is self else level.used()
+                if used > level.limit:
+                    return level, used
+            level = level.outer
+        return None
 
     def exceeded(self, used: int, why: str) -> SandboxError:
         """The error a model gets when this level is (or would be) over its limit."""

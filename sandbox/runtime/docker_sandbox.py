@@ -170,6 +170,11 @@ class DockerSandbox:
         """Where pid files and background output live (a tmpfs in the container)."""
         return shellwrap.PID_DIR
 
+    @property
+    def tmp_dir(self) -> str | None:
+        """None: without a session user the session's TMPDIR is the tools' choice."""
+        return None
+
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids still tagged with `call_id` (host pids when the host can see them)."""
         api = self._backend.client.api

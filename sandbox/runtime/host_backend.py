@@ -36,6 +36,11 @@ class HostShell:
         """Where pid files and background output live."""
         return str(self._pid_dir)
 
+    @property
+    def tmp_dir(self) -> str | None:
+        """None: on the host the session's TMPDIR is the tools' choice."""
+        return None
+
     async def run(
         self,
         command: str,

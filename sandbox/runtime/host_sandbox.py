@@ -50,6 +50,11 @@ class HostSandbox:
         """Where pid files and background output live (in the state dir)."""
         return self._shell.pid_dir
 
+    @property
+    def tmp_dir(self) -> str | None:
+        """None: the session's TMPDIR is the tools' choice."""
+        return None
+
     def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
         """Nothing to revive: a host directory does not die."""
         del revive

@@ -100,6 +100,12 @@ class Shell(Protocol):
         """Where pid files and background output live."""
         ...
 
+    @property
+    def tmp_dir(self) -> str | None:
+        """A TMPDIR private to this shell's session, when it has one (a session user's); None
+        lets the tools choose a per-session path."""
+        ...
+
     async def run(
         self,
         command: str,

@@ -151,7 +151,7 @@ class SessionShell:
         return self.session_user.pid_dir(self.sandbox.id)
 
     @property
-    def tmp_dir(self) -> str:
+    def tmp_dir(self) -> str | None:
         """The session's TMPDIR: inside its private directory, so no other session can squat it."""
         return f"{self.pid_dir}/tmp"
 

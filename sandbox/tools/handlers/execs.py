@@ -151,14 +151,21 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
                 "process_id": proc_id,
                 "hint": "use the process tool to poll, log, write or kill",
             }
-        with anyio.move_on_after((args.yield_ms or 0) / 1000):
-            while True:
-                state = await processes.peek(ctx, proc_id)
-                if state["status"] != "running":
-                    finished = await processes.poll(ctx, proc_id)
-                    finished["process_id"] = proc_id
-                    return finished
-                await anyio.sleep(0.05)
+        try:
+            with anyio.move_on_after((args.yield_ms or 0) / 1000):
+                while True:
+                    state = await processes.peek(ctx, proc_id)
+                    if state["status"] != "running":
+                        finished = await processes.poll(ctx, proc_id)
+                        finished["process_id"] = proc_id
+                        return finished
+                    await anyio.sleep(0.05)
+        except anyio.get_cancelled_exc_class():
+            # the caller went away before the id was handed out: nobody could ever poll or
+            # kill this process, so it goes with the call
+            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+                await ctx.shell.kill(proc_id, "KILL")
+            raise
         return {
             "status": "running",
             "process_id": proc_id,
@@ -215,12 +222,14 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             + (f" ({'; '.join(result.notes)})" if result.notes else ""),
             output=body,
         )
-    if result.exit_code == KILLED_EXIT:
+    if result.exit_code in KILLED_EXITS:
         raise killed_error(ctx, body)
     return body
 
 
-KILLED_EXIT = 128 + 9  # what a shell reports for a command ended by SIGKILL
+# a command ended by SIGKILL: 128 + 9 from a shell (in a sandbox); -9 from a process group run
+# directly on the host (Python reports the signal as a negative code)
+KILLED_EXITS = frozenset({128 + 9, -9})
 
 
 def killed_error(ctx: ToolContext, body: dict[str, Any]) -> SandboxError:
@@ -232,7 +241,7 @@ def killed_error(ctx: ToolContext, body: dict[str, Any]) -> SandboxError:
     limit = f" ({ctx.agent.key_path}.sandbox.docker.memory is {memory})" if memory else ""
     return SandboxError(
         ErrorCode.KILLED,
-        "the command was killed from outside (SIGKILL, exit 137) before it finished: most often it "
+        f"the command was killed from outside (SIGKILL, exit {body['exit_code']}) before it finished: most often it "
         f"used more memory than the sandbox has{limit}; use less (smaller inputs, streaming) or "
         "ask for a larger limit. What it printed and its exit code are in the output",
         output=body,

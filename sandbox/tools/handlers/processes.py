@@ -67,8 +67,8 @@ def session_env(ctx: ToolContext) -> dict[str, str]:
         return {}
     # with a uid of its own, the session's TMPDIR is inside its private directory (a predictable
     # /tmp path could be made first by another session, which would then read its temp files)
-    own = getattr(ctx.shell, "tmp_dir", None)
-    return {"SBX_TMPDIR": own if isinstance(own, str) else f"/tmp/session-{short_hash(ctx.session, 16)}"}
+    own = ctx.shell.tmp_dir
+    return {"SBX_TMPDIR": own if own is not None else f"/tmp/session-{short_hash(ctx.session, 16)}"}
 
 
 FOREIGN_RECORDS = 96  # the scripts' exit status when the session's record directory is not its own
