@@ -171,3 +171,19 @@ def test_a_link_at_the_old_scratch_place_is_never_moved(tmp_path: Path) -> None:
     _prepare_scratch(workspace, None, None)
     assert workspace.is_dir() and not workspace.is_symlink() and list(workspace.iterdir()) == []
     assert (root / name).is_symlink() and (target / "secret").exists()
+
+
+def test_an_old_scratch_workspace_never_overwrites_a_new_one(tmp_path: Path) -> None:
+    """Both places hold files (two orchestrator versions on one root): nothing is merged or lost."""
+    from sandbox.runtime.hostpaths import _prepare_scratch
+
+    root = tmp_path / "sandboxes"
+    name = "ef" * 16
+    workspace = root / tenant_dir_name("acme") / name
+    (root / name).mkdir(parents=True)
+    (root / name / "old.txt").write_text("old")
+    workspace.mkdir(parents=True)
+    (workspace / "new.txt").write_text("new")
+    _prepare_scratch(workspace, None, None)
+    assert (workspace / "new.txt").read_text() == "new" and not (workspace / "old.txt").exists()
+    assert (root / name / "old.txt").read_text() == "old"

@@ -13,10 +13,11 @@ import errno
 import os
 import stat
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError
 
 if TYPE_CHECKING:
@@ -262,5 +263,9 @@ def _move_legacy_scratch(root: Path, tenant_dir: Path, name: str) -> None:
         return
     if not stat.S_ISDIR(info.st_mode):
         return  # never a link or a file: only a folder this orchestrator made moves
-    with suppress(OSError):
+    try:
         os.rename(legacy, tenant_dir / name)
+    except OSError as exc:
+        # both places hold files (orchestrators of two versions on one root): the old folder
+        # stays where it is, uncounted by the tenant's quota; an operator merges them
+        logger.bind(path=str(legacy), reason=exc.strerror).warning("legacy_scratch_not_moved")
