@@ -38,3 +38,31 @@ def serve(config: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for a server in another process or container)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, *, seconds: float = 90, gone: Any = None) -> None:
+    """Wait until `url`/healthz answers 200. `gone()` (optional) returns a text when the server
+    died meanwhile; it is raised at once. Raises AssertionError after `seconds`."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if gone is not None and (why := gone()) is not None:
+            raise AssertionError(f"the service exited: {why}")
+        time.sleep(0.2)
+    raise AssertionError(f"the service never answered at {url}")

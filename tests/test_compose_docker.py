@@ -8,9 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +16,10 @@ import httpx
 import pytest
 
 from sandbox.runtime.naming import Labels
+from tests.service_helpers import free_port, wait_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
@@ -58,13 +50,7 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         up = subprocess.run([*compose, "up", "-d"], capture_output=True, text=True, env=env, timeout=600)
         assert up.returncode == 0, up.stderr[-2000:]
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+        wait_healthy(url, seconds=60)
         headers = {"Authorization": f"Bearer {token}"}
         assert [a["id"] for a in httpx.get(f"{url}/v1/agents", headers=headers).json()] == ["coder"]
         r = httpx.post(

@@ -10,6 +10,7 @@ import pytest
 
 from sandbox import Orchestrator
 from sandbox.errors import ErrorCode
+from tests.call_helpers import killed_mid_call
 
 pytestmark = pytest.mark.anyio
 
@@ -18,22 +19,13 @@ async def test_a_host_command_killed_from_outside_is_killed_not_ok(make_config: 
     config = make_config(f"agents: {{defaults: {{workspace: {tmp_path / 'ws'}, sandbox: {{mode: 'off'}}}}}}")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:main:victim")
-        result: Any = None
+        shell = await sess.shell()
+        assert orch.journal is not None
 
-        async def victim() -> None:
-            nonlocal result
-            result = await sess.call("exec", {"command": "echo started; sleep 60"})
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(victim)
-            assert orch.journal is not None
-            with anyio.fail_after(20):
-                while not any(stage == "running" for _, _, stage, _ in orch.journal.open_calls()):
-                    await anyio.sleep(0.02)
-                await anyio.sleep(0.3)
-            ((call_id, _, _, _),) = orch.journal.open_calls()
-            shell = await sess.shell()
+        async def kill(call_id: str, _owner: str) -> None:
             await shell.kill(call_id, "KILL")  # what recovery or an operator does
+
+        result = await killed_mid_call(sess, orch.journal, "echo started; sleep 60", kill)
     assert result is not None and not result.ok and result.error.code == ErrorCode.KILLED, result
     assert result.output["exit_code"] == -9 and "started" in result.output["output"]  # a process group, no shell
 

@@ -20,6 +20,7 @@ from sandbox import Orchestrator
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime.docker_backend import DockerBackend
 from sandbox.runtime.naming import Labels
+from tests.call_helpers import killed_mid_call
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
@@ -214,25 +215,16 @@ async def test_a_command_killed_by_another_orchestrator_reports_killed(make_conf
     async with Orchestrator(config) as orch, Orchestrator(config) as other:
         sess = orch.session("agent:main:victim")
         await run(sess, "true")  # the container exists before the race starts
-        result: Any = None
+        assert other.journal is not None
+        from sandbox.engine import recovery
 
-        async def victim() -> None:
-            nonlocal result
-            result = await sess.call("exec", {"command": "echo started; sleep 300"})
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(victim)
-            assert orch.journal is not None and other.journal is not None
-            with anyio.fail_after(30):
-                while not any(stage == "running" for _, _, stage, _ in other.journal.open_calls()):
-                    await anyio.sleep(0.05)
-                await anyio.sleep(0.5)  # the command is past its start
+        async def settle(call_id: str, owner: str) -> None:
             # what the other process's recovery does to a call whose owner it takes for gone
-            from sandbox.engine import recovery
-
-            ((call_id, owner, _stage, _alive),) = other.journal.open_calls()
+            assert other.journal is not None
             last = other.journal.events(call_id=call_id)[-1]
             assert await recovery._settle(other, last, owner) == "abandoned"
+
+        result = await killed_mid_call(sess, other.journal, "echo started; sleep 300", settle, settle_s=0.5)
     assert result is not None and not result.ok and result.error.code == ErrorCode.KILLED, result
     assert "found gone" in result.error.message and "another orchestrator" in result.error.message
     assert socket.gethostname() not in result.error.message  # the owner's identity stays in the journal

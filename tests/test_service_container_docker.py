@@ -18,7 +18,7 @@ import pytest
 
 from sandbox.runtime.naming import Labels
 from tests.conftest import RUN_ID, TEST_LABEL
-from tests.service_helpers import TOKEN_A, TOKEN_B, sha
+from tests.service_helpers import TOKEN_A, TOKEN_B, sha, wait_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
 
@@ -44,17 +44,6 @@ agents:
     - {{id: rival, tenant: globex}}
 """)
     return config, workspaces, state
-
-
-def wait_healthy(url: str, container: Any) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.3)
-    raise AssertionError(f"the service never answered: {container.get_logs()}")
 
 
 async def mcp_tools_and_call(url: str) -> tuple[list[str], Any]:
@@ -91,7 +80,10 @@ def test_the_service_container_serves_tenants_and_drains_on_stop(
     container.start()
     try:
         url = f"http://{container.get_container_host_ip()}:{container.get_exposed_port(8710)}"
-        wait_healthy(url, container)
+        try:
+            wait_healthy(url)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {container.get_logs()}") from exc
         assert httpx.get(f"{url}/v1/agents").status_code == 401
         assert [a["id"] for a in httpx.get(f"{url}/v1/agents", headers=A).json()] == ["coder"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,19 +23,12 @@ import pytest
 from sandbox.engine.executor import CANCELLED_REASON
 from sandbox.journal.store import Journal
 from sandbox.runtime.naming import Labels
-from tests.service_helpers import TOKEN_A, sha
+from tests.service_helpers import TOKEN_A, free_port, sha, wait_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
 
 A = {"Authorization": f"Bearer {TOKEN_A}"}
 GRACE_S = 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_config(tmp_path: Path, instance: str) -> Path:
@@ -59,18 +51,15 @@ def start(cfg: Path, port: int) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited: {proc.communicate()[0]}")
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("serve did not come up")
+    try:
+        wait_healthy(
+            f"http://127.0.0.1:{port}", seconds=60, gone=lambda: None if proc.poll() is None else proc.communicate()[0]
+        )
+    except AssertionError:
+        if proc.poll() is None:
+            proc.kill()
+        raise
+    return proc
 
 
 def post_call(url: str, key: str, command: str, into: dict[str, Any]) -> None:

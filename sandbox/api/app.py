@@ -31,7 +31,7 @@ from sandbox.errors import SandboxError, UsageError
 from sandbox.policy.sessions import agent_of, key_problem
 
 SSE_KEEPALIVE_S = 15.0
-STOP_POLL_S = 1.0  # how soon an event stream notices the service is stopping
+SSE_STOP_POLL_S = 1.0  # how soon an event stream notices the service is stopping
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
 T = TypeVar("T")
@@ -226,7 +226,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
                 quiet_since = anyio.current_time()
                 # checked every second: a stream would otherwise hold a stopping service's drain
                 while not request.app.state.stopping and not await request.is_disconnected():
-                    with anyio.move_on_after(STOP_POLL_S):
+                    with anyio.move_on_after(SSE_STOP_POLL_S):
                         item = await receive.receive()
                         yield f"event: {item['kind']}\ndata: {json.dumps(item, default=str)}\n\n"
                         quiet_since = anyio.current_time()
