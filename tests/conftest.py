@@ -68,6 +68,12 @@ def docker_client() -> Iterator[object]:
         container.remove(force=True, v=True)
     for container in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"}):
         container.remove(force=True, v=True)
+    from sandbox.runtime.naming import Labels
+
+    # egress proxies are named after their sandbox's hash, not the run: found by their instance
+    for container in client.containers.list(all=True, filters={"label": f"{Labels.KIND}=egress-proxy"}):
+        if str(container.labels.get(Labels.INSTANCE, "")).startswith(RUN_ID):
+            container.remove(force=True, v=True)
     remove_run_networks(client)
     client.close()
 
@@ -93,7 +99,7 @@ def remove_run_networks(client: object) -> None:
 
 @pytest.fixture(scope="session")
 def images(docker_client: object) -> None:
-    """Build (or confirm up to date) the exec and browser images from images/."""
+    """Build (or confirm up to date) the exec, browser and egress images from images/."""
     from sandbox.runtime.images import ImageTarget, build_all
 
     build_all(
@@ -101,6 +107,7 @@ def images(docker_client: object) -> None:
         [
             ImageTarget("sandbox", "sandbox-exec:latest"),
             ImageTarget("browser", "sandbox-browser:latest"),
+            ImageTarget("egress", "sandbox-egress:latest"),
         ],
         lambda line: print(line, file=sys.stderr),
     )

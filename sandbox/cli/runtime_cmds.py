@@ -25,13 +25,14 @@ def _docker() -> DockerBackend:
 
 
 def _targets(state: State) -> list[Any]:
-    """images/sandbox and images/browser, tagged as the default agent config names them."""
+    """images/sandbox, images/browser and images/egress, tagged as the default agent config names them."""
     from sandbox.runtime.images import ImageTarget
 
     sandbox = state.config.agents.defaults.sandbox
     return [
         ImageTarget("sandbox", sandbox.docker.image),
         ImageTarget("browser", sandbox.browser.image),
+        ImageTarget("egress", sandbox.egress.image),
     ]
 
 

@@ -246,7 +246,7 @@ def _workspace_root_problems(config: Config) -> list[tuple[Loc, str]]:
 
 
 def _network_problems(config: Config) -> list[tuple[Loc, str]]:
-    """The exec sandbox is never attached to the browser's network."""
+    """The exec sandbox is never attached to the browser's network; the egress proxy reaches out through a bridge."""
     out: list[tuple[Loc, str]] = []
     places: list[tuple[Loc, Any]] = [(("agents", "defaults", "sandbox"), config.agents.defaults.sandbox)]
     places += [(("agents", "list", i, "sandbox"), a.sandbox) for i, a in enumerate(config.agents.list)]
@@ -260,4 +260,15 @@ def _network_problems(config: Config) -> list[tuple[Loc, str]]:
                     f"{sandbox.docker.network!r} is the browser network; the exec sandbox is never attached to it",
                 )
             )
+        upstream = sandbox.egress.upstream_network
+        if upstream in ("none", "host") or upstream == browser_net or upstream.startswith(f"{browser_net}-"):
+            out.append(
+                (
+                    (*loc, "egress", "upstream_network"),
+                    f"{upstream!r} cannot carry the egress proxy's traffic; expected a bridge network "
+                    "(`bridge`, the default, or one of your own)",
+                )
+            )
+        if sandbox.docker.network.startswith("sbx-egress-"):
+            out.append(((*loc, "docker", "network"), "an egress network is made per sandbox; use `network: egress`"))
     return out

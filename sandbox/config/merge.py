@@ -43,6 +43,8 @@ class EffectiveAgent:
     sandbox: SandboxConfig
     # a spawned session's view of its parent's workspace: (host folder, read_only), see sessions/
     parent_view: tuple[str, bool] | None = None
+    # the tenant's egress allowlist (tenants[].egress.allow); None: the tenant sets none
+    egress_floor: tuple[str, ...] | None = None
 
     @property
     def main_session_key(self) -> str:
@@ -86,6 +88,7 @@ def effective_agent(config: Config, agent_id: str) -> EffectiveAgent:
     sandbox = merge_models(defaults.sandbox, agent.sandbox)
     if sandbox.workspace_root is None:
         sandbox = sandbox.model_copy(update={"workspace_root": config.state_dir / "sandboxes"})
+    floor = next((t.egress.allow for t in config.tenants if t.id == agent.tenant), None)
     return EffectiveAgent(
         id=agent.id,
         index=index,
@@ -93,4 +96,5 @@ def effective_agent(config: Config, agent_id: str) -> EffectiveAgent:
         workspace=workspace,
         tools=agent.tools,
         sandbox=sandbox,
+        egress_floor=tuple(floor) if floor is not None else None,
     )

@@ -227,6 +227,41 @@ class BrowserConfig(StrictModel):
     startup_timeout_s: float = Field(30.0, gt=0)
 
 
+# `pypi.org`, `*.pythonhosted.org` (subdomains only), `*` (everything: audit flags it), or an IP
+EgressHost = Annotated[
+    str,
+    Field(
+        pattern=r"^(\*|(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?|[0-9a-fA-F:.]+)$",
+        max_length=253,
+    ),
+]
+# an address range for `egress.allow_private`
+Cidr = Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$")]
+
+
+class EgressConfig(StrictModel):
+    """`network: egress`: the sandbox reaches only these hosts, through a proxy of its own."""
+
+    allow: list[EgressHost] = []
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = [80, 443]
+    # bytes one request or tunnel may carry (both ways), and how long a tunnel may stay open
+    max_bytes: str = Field("256m", pattern=r"^\d+[bkmgBKMG]?$")
+    max_duration_s: float = Field(300.0, gt=0)
+    image: str = "sandbox-egress:latest"
+    # the network the proxy reaches out through (Docker's default bridge unless told)
+    upstream_network: str = "bridge"
+    # ranges exempt from the private-address refusal (an internal mirror); audit flags them
+    allow_private: list[Cidr] = []
+    # `name:address` pinned in the proxy's /etc/hosts (a mirror without DNS)
+    extra_hosts: list[str] = []
+
+
+class TenantEgress(StrictModel):
+    """A tenant's egress floor: every host an agent of the tenant reaches must be on this list too."""
+
+    allow: list[EgressHost] | None = None
+
+
 class PruneConfig(StrictModel):
     """When idle or old sandboxes are removed; 0 disables a rule."""
 
@@ -257,6 +292,7 @@ class SandboxConfig(StrictModel):
     session_users: SessionUsers = "auto"
     docker: DockerConfig = DockerConfig()
     browser: BrowserConfig = BrowserConfig()
+    egress: EgressConfig = EgressConfig()
     prune: PruneConfig = PruneConfig()
 
 
@@ -386,6 +422,7 @@ class TenantConfig(StrictModel):
     # the tenant floor: narrows every agent of this tenant; nothing below can widen it
     tools: ToolLists = ToolLists()
     quotas: TenantQuotas = TenantQuotas()
+    egress: TenantEgress = TenantEgress()
     # the API reaches unsandboxed sessions (mode off, or a main session under non-main) only if set
     allow_unsandboxed: bool = False
 

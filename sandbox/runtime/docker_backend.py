@@ -23,6 +23,7 @@ from docker.types import Ulimit
 
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.runtime import egress
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
@@ -176,6 +177,13 @@ class DockerBackend:
                     container=spec.name,
                 )
             running = attrs["State"].get("Status") == "running"
+            if (
+                running
+                and spec.egress is not None
+                and not await self.call("inspect egress proxy", egress.proxy_running, self.client, spec.name)
+            ):
+                logger.bind(container=spec.name).info("sandbox_egress_proxy_gone")
+                running = False  # its only way out is gone: remade with a new proxy
             if labels.get(Labels.CONFIG_HASH) == spec.config_hash and running:
                 return DockerSandbox(self, attrs["Id"], spec)
             if labels.get(Labels.CONFIG_HASH) != spec.config_hash:
@@ -217,6 +225,16 @@ class DockerBackend:
         ]
         if spec.docker.ulimits:
             kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
+        if spec.egress is not None:
+            # the proxy and the internal network first: the sandbox is created on that network
+            try:
+                edge = await self.call("create egress proxy", egress.create_edge, self.client, spec)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
+                raise
+            kwargs["network_mode"] = edge.network
+            kwargs["environment"] = {**kwargs.get("environment", {}), **edge.environment()}
 
         def create_and_start() -> str:
             container = self.client.containers.create(**kwargs)
@@ -227,7 +245,13 @@ class DockerBackend:
                 raise
             return str(container.id)
 
-        container_id = await self.call("create sandbox", create_and_start)
+        try:
+            container_id = await self.call("create sandbox", create_and_start)
+        except BaseException:
+            if spec.egress is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
+            raise
         try:
             sandbox = DockerSandbox(self, container_id, spec)
             if spec.docker.setup_command:
@@ -236,6 +260,8 @@ class DockerBackend:
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.remove(container_id)
+                if spec.egress is not None:
+                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
             if isinstance(exc, SandboxError) and exc.code == ErrorCode.CONFLICT:
                 # another process won the race for this name: use its container
                 attrs = await self.find(spec.name)
@@ -277,14 +303,26 @@ class DockerBackend:
 
         def rm() -> None:
             try:
+                attrs = self.client.api.inspect_container(name_or_id)
+            except docker.errors.NotFound:
+                return
+            try:
                 self.client.api.remove_container(name_or_id, force=True, v=True)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:
                 if "already in progress" not in str(exc):
                     raise
+            mode = str((attrs.get("HostConfig") or {}).get("NetworkMode") or "")
+            name = str(attrs.get("Name", "")).lstrip("/")
+            if mode == egress.names(name).network:  # its proxy and network go with it
+                egress.remove_edge(self.client, name)
 
         await self.call("remove sandbox", rm)
+
+    async def sweep_egress(self, instance: str) -> builtins.list[str]:
+        """Remove egress proxies and networks whose sandbox is gone (see runtime/egress.py)."""
+        return await self.call("sweep egress proxies", egress.sweep_orphans, self.client, instance)
 
     async def aclose(self) -> None:
         """Close the SDK client's connections."""

@@ -178,6 +178,9 @@ class SandboxManager:
             await self.backend.remove(info.id)
             removed.append(info.name)
             logger.bind(container=info.name).info("sandbox_orphan_removed")
+        sweep = getattr(self.backend, "sweep_egress", None)
+        if sweep is not None:
+            removed += await sweep(self.instance)
         return removed
 
     def last_used(self) -> dict[str, str]:

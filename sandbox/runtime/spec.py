@@ -15,6 +15,7 @@ from typing import Any
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
+from sandbox.fs.quota import parse_size
 from sandbox.runtime.binds import CONTAINER_WORKDIR, PARENT_MOUNT, BindSpec, check_source, validate_binds
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
@@ -68,6 +69,8 @@ class SandboxSpec:
     # each session runs as a uid of its own (group: the sandbox user's), see runtime/session_users
     session_users: bool = False
     for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
+    # `network: egress`: the proxy's policy (runtime/egress.py), None for every other network
+    egress: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def identity(self) -> str:
@@ -117,6 +120,25 @@ class SandboxSpec:
             Labels.LAST_USED: now,
             Labels.SCHEMA: SCHEMA_VERSION,
         }
+
+
+EGRESS_NETWORK = "egress"
+
+
+def egress_policy(agent: EffectiveAgent) -> dict[str, Any]:
+    """What the egress proxy of an agent's sandbox enforces (its $EGRESS_POLICY, minus identity)."""
+    cfg = agent.sandbox.egress
+    return {
+        "allow": list(cfg.allow),
+        "floor": list(agent.egress_floor) if agent.egress_floor is not None else None,
+        "ports": sorted(set(cfg.ports)),
+        "max_bytes": parse_size(cfg.max_bytes),
+        "max_duration_s": cfg.max_duration_s,
+        "allow_private": list(cfg.allow_private),
+        "extra_hosts": list(cfg.extra_hosts),
+        "image": cfg.image,
+        "upstream_network": cfg.upstream_network,
+    }
 
 
 def owner_user(path: Path) -> str:
@@ -218,6 +240,7 @@ def build_spec(
     user = docker.user or owner_user(workspace)
     session_users = uses_session_users(cfg.session_users, cfg.scope, cfg.workspace_access, user)
     ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
+    egress = egress_policy(agent) if docker.network == EGRESS_NETWORK else None
     hashed = {
         "image": image_id or docker.image,
         "mounts": [[m.source, m.target, m.read_only] for m in mounts],
@@ -239,6 +262,7 @@ def build_spec(
             docker.apparmor_profile,
         ],
         "dns": [docker.dns, docker.extra_hosts],
+        "egress": egress,
         "layout": MOUNT_LAYOUT_VERSION,
         "session_users": session_users,
         "parent_view": list(agent.parent_view) if agent.parent_view else None,
@@ -261,6 +285,7 @@ def build_spec(
         hashed=hashed,
         protected=tuple(protected),
         session_users=session_users,
+        egress=egress,
     )
 
 

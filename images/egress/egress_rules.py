@@ -1,0 +1,111 @@
+"""The egress verdicts, as pure functions: which host names and which addresses a sandbox may reach.
+
+Runs inside the proxy container (imported by egress_addon.py) and in the project's unit tests
+(loaded by path); it needs nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# RFC 6598 shared address space (carrier-grade NAT): Python's is_global already says False, named
+# here so a refusal can say what it is
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+
+
+def normal_host(host: str) -> str:
+    """A host name as compared: lower case, no trailing dot, IPv6 without brackets."""
+    return host.strip().strip("[]").rstrip(".").lower()
+
+
+def valid_pattern(pattern: str) -> bool:
+    """`*`, `name.example`, or `*.name.example` (every label a DNS label); IP literals too."""
+    if pattern == "*":
+        return True
+    body = pattern[2:] if pattern.startswith("*.") else pattern
+    if is_ip(body):
+        return not pattern.startswith("*.")
+    labels = body.split(".")
+    return len(body) <= 253 and all(_LABEL.match(label) for label in labels)
+
+
+def host_allowed(host: str, patterns: list[str]) -> bool:
+    """Whether `host` matches a pattern: exact, `*.suffix` (subdomains only), or `*` (anything)."""
+    name = normal_host(host)
+    if not name:
+        return False
+    for pattern in patterns:
+        pattern = normal_host(pattern)
+        if pattern == "*" or pattern == name:
+            return True
+        if pattern.startswith("*.") and name.endswith(pattern[1:]) and not is_ip(name):
+            return True
+    return False
+
+
+def is_ip(text: str) -> bool:
+    """Whether `text` is an IPv4 or IPv6 literal."""
+    try:
+        ipaddress.ip_address(normal_host(text))
+    except ValueError:
+        return False
+    return True
+
+
+def _embedded_v4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address carries (mapped, 6to4, Teredo, NAT64): each is checked too."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return []
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if ip in _NAT64:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def _kind(ip: IPAddress) -> str | None:
+    """Why one address is not a public unicast address, or None when it is."""
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_link_local:
+        return "link-local (cloud metadata lives here)"
+    if ip.is_multicast:
+        return "multicast"
+    if ip.is_unspecified:
+        return "unspecified"
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
+        return "carrier-grade NAT (100.64.0.0/10)"
+    if isinstance(ip, ipaddress.IPv6Address) and ip in ipaddress.ip_network("fc00::/7"):
+        return "unique local (fc00::/7)"
+    if ip.is_private:
+        return "private"
+    if ip.is_reserved or not ip.is_global:
+        return "reserved"
+    return None
+
+
+def address_refusal(address: str, exempt: list[str] | None = None) -> str | None:
+    """Why the proxy must not connect to `address`, or None when it may.
+
+    Loopback, private, link-local (metadata), CGNAT, ULA, multicast and reserved addresses are
+    refused, also when an IPv6 address only wraps one. `exempt` networks (config
+    `egress.allow_private`) are let through: an internal mirror, or a test network.
+    """
+    try:
+        ip = ipaddress.ip_address(normal_host(address).split("%", 1)[0])
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    for net in exempt or []:
+        if ip in ipaddress.ip_network(net, strict=False):
+            return None
+    for candidate in [ip, *_embedded_v4(ip)]:
+        kind = _kind(candidate)
+        if kind is not None:
+            shown = f"{candidate} inside {ip}" if candidate != ip else str(ip)
+            return f"{shown} is {kind}"
+    return None

@@ -1,0 +1,305 @@
+"""`network: egress`: a sandbox whose only way out is a proxy of its own, enforcing its allowlist.
+
+Each egress sandbox gets an internal Docker network (no route beyond its subnet) whose only other
+member is an egress proxy container (images/egress: mitmproxy with the allowlist addon). The proxy
+is also on the upstream network, so it alone can reach out, after checking the host name, the
+port and every address the name resolves to. The sandbox has no DNS of its own that leaves the
+network (names resolve at the proxy) and the host's firewall drops what it sends to the host
+through its bridge, as for the browser. Proxy and network live and die with their sandbox: one
+per sandbox, so two sessions or tenants never share a network or a proxy.
+
+Proxies are not `managed` containers (they are not sandboxes): `sandbox list` does not show
+them; they carry the name of their sandbox in a label and are removed with it, or swept when
+their sandbox is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import docker.errors
+
+from sandbox._log import logger
+from sandbox.errors import SandboxUnavailable
+from sandbox.runtime import hostfirewall
+from sandbox.runtime.naming import CREATOR_LABEL, LABEL_PREFIX, Labels, short_hash
+from sandbox.runtime.spec import SandboxSpec
+
+PROXY_KIND = "egress-proxy"
+NETWORK_KIND = "egress-net"
+SANDBOX_LABEL = f"{LABEL_PREFIX}.egress-of"  # on the proxy and the network: their sandbox's name
+PROXY_PORT = 3128
+READY_TIMEOUT_S = 30.0
+ADDON = "/opt/egress/egress_addon.py"
+# a proxy whose sandbox is missing is left alone this long while its creator lives (being made)
+ORPHAN_GRACE_S = 600.0
+MAX_LINE = 4096  # a longer log line is not one the addon wrote
+
+
+@dataclass(frozen=True)
+class EgressNames:
+    """Docker names of one sandbox's egress edge."""
+
+    proxy: str
+    network: str
+    bridge: str  # the bridge interface, <= 15 characters
+
+
+def names(sandbox_name: str) -> EgressNames:
+    """The proxy, network and bridge names of a sandbox (derived from its name: found again after a restart)."""
+    digest = short_hash(f"egress|{sandbox_name}", 24)
+    return EgressNames(f"sbx-egress-{digest}", f"sbx-egress-{digest}", f"sbe{digest[:12]}")
+
+
+@dataclass(frozen=True)
+class EgressEdge:
+    """What a sandbox is created with: its network and its proxy's address there."""
+
+    network: str
+    proxy: str
+    proxy_url: str
+    host_firewall: bool
+
+    def environment(self) -> dict[str, str]:
+        """The proxy variables every common tool reads (curl, pip, git, requests, npm)."""
+        url = self.proxy_url
+        return {
+            "HTTP_PROXY": url,
+            "HTTPS_PROXY": url,
+            "http_proxy": url,
+            "https_proxy": url,
+            "NO_PROXY": "",
+            "no_proxy": "",
+        }
+
+
+def proxy_command(policy: dict[str, Any]) -> list[str]:
+    """mitmdump with the addon; the body limit is mitmproxy's own (plain HTTP requests and responses)."""
+    return [
+        "mitmdump",
+        "--quiet",
+        "--listen-port",
+        str(PROXY_PORT),
+        "--set",
+        "confdir=/tmp/mitmproxy",
+        "--set",
+        f"body_size_limit={policy['max_bytes']}",
+        "-s",
+        ADDON,
+    ]
+
+
+def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
+    """Make (afresh) the internal network and the proxy of `spec`'s sandbox; blocking.
+
+    Raises:
+        SandboxUnavailable: the network or the proxy could not be made or did not come up
+            (whatever was made is removed).
+    """
+    assert spec.egress is not None
+    policy = spec.egress
+    edge = names(spec.name)
+    remove_edge(client, spec.name)  # a stale edge of an earlier container of this name
+    labels = {
+        Labels.INSTANCE: spec.instance,
+        Labels.TENANT: spec.tenant,
+        Labels.AGENT: spec.agent,
+        Labels.SCOPE_KEY: spec.scope_key,
+        Labels.SESSION: spec.session if spec.scope == "session" else "",
+        SANDBOX_LABEL: spec.name,
+        CREATOR_LABEL: f"{socket.gethostname()}:{os.getpid()}",
+    }
+    try:
+        network = client.networks.create(
+            edge.network,
+            driver="bridge",
+            internal=True,  # no route beyond its own subnet: only the proxy is reachable
+            options={"com.docker.network.bridge.name": edge.bridge},
+            labels={**labels, Labels.KIND: NETWORK_KIND},
+        )
+        firewall = hostfirewall.drop_from_bridge(edge.bridge)
+        if not firewall:
+            logger.bind(network=edge.network, bridge=edge.bridge).warning("egress_host_firewall_unavailable")
+        network.reload()
+        subnet = str(network.attrs["IPAM"]["Config"][0]["Subnet"])
+        identity = {
+            "tenant": spec.tenant,
+            "agent": spec.agent,
+            "scope_key": spec.scope_key,
+            "session": spec.session if spec.scope == "session" else "",
+        }
+        proxy_policy = {**policy, "identity": identity, "client_subnet": subnet}
+        extra_hosts = dict(h.split(":", 1) for h in policy["extra_hosts"]) or None
+        container = client.containers.create(
+            policy["image"],
+            command=proxy_command(policy),
+            name=edge.proxy,
+            detach=True,
+            labels={**labels, Labels.KIND: PROXY_KIND},
+            environment={"EGRESS_POLICY": json.dumps(proxy_policy), "HOME": "/tmp"},
+            network=policy["upstream_network"],
+            extra_hosts=extra_hosts,
+            user="1000:1000",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true"],
+            read_only=True,
+            tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
+            pids_limit=128,
+            mem_limit="512m",
+            init=True,
+            restart_policy={"Name": "no"},
+        )
+        network.connect(container)
+        container.start()
+        address = _wait_ready(client, container.id, edge.network)
+    except docker.errors.ImageNotFound as exc:
+        remove_edge(client, spec.name)
+        raise SandboxUnavailable(
+            f"the egress proxy image {policy['image']!r} is missing; run `sandbox images build`", container=spec.name
+        ) from exc
+    except (docker.errors.APIError, SandboxUnavailable) as exc:
+        remove_edge(client, spec.name)
+        if isinstance(exc, SandboxUnavailable):
+            raise
+        raise SandboxUnavailable(f"the egress proxy could not be made: {exc}", container=spec.name) from exc
+    logger.bind(sandbox=spec.name, proxy=edge.proxy, network=edge.network).info("egress_proxy_started")
+    return EgressEdge(edge.network, edge.proxy, f"http://{address}:{PROXY_PORT}", firewall)
+
+
+def _wait_ready(client: Any, container_id: str, network: str) -> str:
+    """The proxy's address on the sandbox network, once the addon says it runs."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        attrs = client.api.inspect_container(container_id)
+        if attrs["State"]["Status"] not in ("created", "running"):
+            break
+        logs = client.api.logs(container_id, stdout=True, stderr=False, tail=20)
+        if b'"ready": true' in logs:
+            address = ((attrs["NetworkSettings"]["Networks"] or {}).get(network) or {}).get("IPAddress")
+            if address:
+                return str(address)
+        time.sleep(0.1)
+    tail = client.api.logs(container_id, stdout=True, stderr=True, tail=10).decode(errors="replace")
+    raise SandboxUnavailable(f"the egress proxy did not start within {READY_TIMEOUT_S:g}s: {tail.strip()[-500:]}")
+
+
+def remove_edge(client: Any, sandbox_name: str) -> bool:
+    """Remove a sandbox's proxy and network (with its firewall rules); missing is fine. Blocking."""
+    edge = names(sandbox_name)
+    removed = False
+    try:
+        client.api.remove_container(edge.proxy, force=True)
+        removed = True
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if "already in progress" not in str(exc):
+            raise
+    try:
+        client.api.remove_network(edge.network)
+        removed = True
+    except docker.errors.NotFound:
+        pass
+    hostfirewall.remove_rules(edge.bridge)
+    return removed
+
+
+def proxy_running(client: Any, sandbox_name: str) -> bool:
+    """Whether the sandbox's proxy runs (a sandbox whose proxy died is remade with a new one)."""
+    try:
+        attrs = client.api.inspect_container(names(sandbox_name).proxy)
+    except docker.errors.NotFound:
+        return False
+    return bool(attrs["State"]["Status"] == "running")
+
+
+def sweep_orphans(client: Any, instance: str) -> list[str]:
+    """Remove edges of this instance whose sandbox is gone (a crash between the two); blocking."""
+    removed = []
+    host = socket.gethostname()
+    filters = {"label": [f"{Labels.KIND}={PROXY_KIND}", f"{Labels.INSTANCE}={instance}"]}
+    proxies = client.api.containers(all=True, filters=filters)
+    networks = client.api.networks(
+        filters={"label": [f"{Labels.KIND}={NETWORK_KIND}", f"{Labels.INSTANCE}={instance}"]}
+    )
+    owners = {str((p.get("Labels") or {}).get(SANDBOX_LABEL, "")): p for p in proxies}
+    for net in networks:
+        owners.setdefault(str((net.get("Labels") or {}).get(SANDBOX_LABEL, "")), {"Labels": net.get("Labels") or {}})
+    for sandbox_name, item in owners.items():
+        if not sandbox_name:
+            continue
+        try:
+            client.api.inspect_container(sandbox_name)
+            continue  # its sandbox is there
+        except docker.errors.NotFound:
+            pass
+        creator = str((item.get("Labels") or {}).get(CREATOR_LABEL, ""))
+        c_host, _, c_pid = creator.partition(":")
+        created = float(item.get("Created") or 0)
+        young = time.time() - created < ORPHAN_GRACE_S if created else False
+        if young and c_host == host and c_pid.isdigit() and _alive(int(c_pid)):
+            continue  # its sandbox is being made right now
+        if remove_edge(client, sandbox_name):
+            removed.append(names(sandbox_name).proxy)
+            logger.bind(sandbox=sandbox_name).info("egress_orphan_removed")
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_lines(client: Any, sandbox_name: str, after: int) -> list[dict[str, Any]]:
+    """The proxy's request lines with a sequence number above `after` (oldest first); blocking.
+
+    The proxy handles hostile traffic, so its output is read as untrusted: only lines that parse
+    as the addon's JSON objects, within a size cap, with known fields of plain types.
+    """
+    try:
+        raw = client.api.logs(names(sandbox_name).proxy, stdout=True, stderr=False)
+    except docker.errors.NotFound:
+        return []
+    out = []
+    for line in raw.splitlines():
+        if len(line) > MAX_LINE or not line.startswith(b'{"egress":'):
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        seq = item.get("egress")
+        if not isinstance(item, dict) or not isinstance(seq, int) or seq <= after or "ready" in item:
+            continue
+        out.append({k: v for k, v in item.items() if k in LINE_FIELDS and isinstance(v, (str, int, float))})
+    return out
+
+
+LINE_FIELDS = frozenset(
+    {
+        "egress",
+        "ts",
+        "tenant",
+        "agent",
+        "scope_key",
+        "session",
+        "method",
+        "host",
+        "port",
+        "status",
+        "bytes_up",
+        "bytes_down",
+        "verdict",
+        "reason",
+    }
+)

@@ -1,0 +1,225 @@
+"""`network: egress` as attack surface, against servers this module starts and nothing else.
+
+A test network holds an allowlisted web server (`allowed.test`) and a canary (`canary.test`, also
+listening on UDP 53) that must never hear from the sandbox. The proxy pins `evil.test` to the
+canary's private address and `linklocal.test` to a link-local address, as a hostile DNS answer
+would. Each refusal is shown by the proxy's verdict and by the canary having received nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from sandbox import Orchestrator
+from sandbox.runtime import egress
+from tests.conftest import RUN_ID, TEST_LABEL
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+
+# HTTP on 8000 (a redirect endpoint, a greeting), UDP on 53; prints one line per thing received
+TEST_SERVER = r"""
+import http.server, socket, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        print("HTTP", self.path, self.headers.get("Host"), flush=True)
+        if self.path.startswith("/redirect?to="):
+            self.send_response(302); self.send_header("Location", self.path.split("=", 1)[1])
+            self.send_header("Content-Length", "0"); self.end_headers(); return
+        body = b"hello from " + socket.gethostname().encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 53))
+    while True:
+        data, peer = s.recvfrom(4096); print("UDP", peer, len(data), flush=True)
+threading.Thread(target=udp, daemon=True).start()
+print("listening", flush=True)
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+"""
+
+
+@dataclass
+class Lab:
+    """The upstream test network and its two servers."""
+
+    network: str
+    web: Any
+    web_ip: str
+    canary: Any
+    canary_ip: str
+
+    def canary_heard(self) -> list[str]:
+        lines = self.canary.logs().decode().splitlines()
+        return [line for line in lines if line.startswith(("HTTP", "UDP"))]
+
+
+def _server(client: Any, network: str, name: str, alias: str) -> tuple[Any, str]:
+    container = client.containers.create(
+        "sandbox-exec:latest",
+        ["python3", "-u", "-c", TEST_SERVER],
+        name=f"sbx-{RUN_ID}-{name}",
+        hostname=name,
+        user="0",  # UDP 53
+        labels={TEST_LABEL: RUN_ID},
+        network=network,
+        detach=True,
+    )
+    client.api.disconnect_container_from_network(container.id, network)
+    client.api.connect_container_to_network(container.id, network, aliases=[alias])
+    container.start()
+    deadline = time.monotonic() + 20
+    while b"listening" not in container.logs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    container.reload()
+    return container, container.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
+
+
+@pytest.fixture(scope="module")
+def lab(docker_client: Any) -> Iterator[Lab]:
+    network = f"sbx-{RUN_ID}-egress-up"
+    docker_client.networks.create(network, labels={TEST_LABEL: RUN_ID})
+    web, web_ip = _server(docker_client, network, "egress-web", "allowed.test")
+    canary, canary_ip = _server(docker_client, network, "egress-canary", "canary.test")
+    yield Lab(network, web, web_ip, canary, canary_ip)
+    upstream = docker_client.networks.get(network)
+    upstream.reload()
+    for container_id in upstream.attrs.get("Containers") or {}:  # servers, and proxies a failed test left
+        docker_client.api.remove_container(container_id, force=True)
+    upstream.remove()
+
+
+def _config(make_config: Any, lab: Lab, **egress_extra: Any) -> Any:
+    egress_cfg = {
+        "allow": ["allowed.test", "evil.test", "linklocal.test"],
+        "ports": [8000],
+        "upstream_network": lab.network,
+        "allow_private": [f"{lab.web_ip}/32"],  # the test server only; the canary stays refused
+        "extra_hosts": [f"evil.test:{lab.canary_ip}", "linklocal.test:169.254.10.10"],
+        **egress_extra,
+    }
+    text = {
+        "agents": {
+            "defaults": {
+                "sandbox": {
+                    "mode": "all",
+                    "scope": "session",
+                    # the embedded DNS of Docker would forward to the canary, were it able to
+                    "docker": {"network": "egress", "dns": [lab.canary_ip]},
+                    "egress": egress_cfg,
+                }
+            }
+        }
+    }
+    return make_config(yaml.safe_dump(text))
+
+
+async def _sh(session: Any, command: str) -> dict[str, Any]:
+    result = await session.call("exec", {"command": command, "timeout_s": 30})
+    assert result.error is None or result.error.code == "TIMEOUT", result.error
+    return dict(result.output)
+
+
+async def test_allowlisted_host_works_and_everything_else_is_refused(make_config: Any, lab: Lab) -> None:
+    before = len(lab.canary_heard())
+    async with Orchestrator(_config(make_config, lab)) as orch:
+        session = orch.session(agent="main", key="s-egress")
+        ok = await _sh(session, "curl -sS -m 10 http://allowed.test:8000/")
+        assert ok.get("output") == "hello from egress-web", ok
+        off_list = await _sh(session, "curl -sS -m 10 -w ' %{http_code}' http://canary.test:8000/")
+        assert off_list["output"].endswith(" 403"), off_list
+        assert "canary.test is not on the egress allowlist" in off_list["output"]
+        # a name on the list whose DNS answer points inward (at the canary's private address)
+        inward = await _sh(session, "curl -sS -m 10 -w ' %{http_code}' http://evil.test:8000/")
+        assert inward["output"].endswith(" 502"), inward
+        assert "resolves to a refused address" in inward["output"] and "private" in inward["output"]
+        # the same through a CONNECT tunnel
+        tunnel = await _sh(session, "curl -sS -m 10 -p http://evil.test:8000/ ; echo rc=$?")
+        assert "rc=56" in tunnel["output"], tunnel  # CONNECT tunnel failed
+        # an IP literal, and a Host header naming another host than the target
+        literal = await _sh(session, f"curl -sS -m 10 -w ' %{{http_code}}' http://{lab.canary_ip}:8000/")
+        assert literal["output"].endswith(" 403"), literal
+        fronted = await _sh(
+            session, "curl -sS -m 10 -w ' %{http_code}' -H 'Host: canary.test' http://allowed.test:8000/"
+        )
+        assert fronted["output"].endswith(" 403") and "differs from the request target" in fronted["output"]
+        # a redirect from the allowed host to a link-local address (where cloud metadata lives)
+        redirect = await _sh(
+            session,
+            "curl -sS -m 10 -L -w ' %{http_code}' 'http://allowed.test:8000/redirect?to=http://linklocal.test:8000/x'",
+        )
+        assert redirect["output"].endswith(" 502") and "link-local" in redirect["output"], redirect
+        # around the proxy: there is no route, whatever the address
+        direct = await _sh(session, f"curl -sS -m 5 --noproxy '*' http://{lab.canary_ip}:8000/; echo rc=$?")
+        assert "rc=0" not in direct["output"], direct
+        # a port off the list
+        port = await _sh(session, "curl -sS -m 10 -w ' %{http_code}' http://allowed.test:9999/")
+        assert port["output"].endswith(" 403") and "port 9999" in port["output"], port
+        await session.close()
+    assert lab.canary_heard()[before:] == []
+
+
+async def test_dns_gets_nothing_out(make_config: Any, lab: Lab) -> None:
+    before = len(lab.canary_heard())
+    async with Orchestrator(_config(make_config, lab)) as orch:
+        session = orch.session(agent="main", key="s-dns")
+        await _sh(session, "true")
+        spec = orch.manager.spec_for(session.agent, session.key)
+        proxy_ip = egress_ip(orch, spec.name)
+        script = f"""
+import socket, struct
+def gateway():
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == "00000000":
+            return socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+    return None
+targets = [t for t in ("{proxy_ip}", gateway(), "{lab.canary_ip}") if t]
+for t in targets:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+    try:
+        s.sendto(b"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x06exfilt\\x04test\\x00\\x00\\x01\\x00\\x01", (t, 53))
+        print(t, "answered", s.recvfrom(512)[0][:4])
+    except OSError as e:
+        print(t, "nothing", type(e).__name__)
+"""
+        out = await _sh(session, f"getent hosts canary.test; echo getent=$?; python3 -c '{script}'")
+        assert "getent=2" in out["output"], out  # names do not resolve inside
+        assert "answered" not in out["output"], out
+        assert out["output"].count("nothing") >= 2, out
+        await session.close()
+    assert lab.canary_heard()[before:] == []
+
+
+async def test_proxy_and_network_live_and_die_with_the_sandbox(make_config: Any, lab: Lab, docker_client: Any) -> None:
+    async with Orchestrator(_config(make_config, lab)) as orch:
+        session = orch.session(agent="main", key="s-life")
+        await _sh(session, "true")
+        spec = orch.manager.spec_for(session.agent, session.key)
+        edge = egress.names(spec.name)
+        proxy = docker_client.containers.get(edge.proxy)
+        assert proxy.attrs["HostConfig"]["ReadonlyRootfs"] is True
+        assert proxy.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+        net = docker_client.networks.get(edge.network)
+        assert net.attrs["Internal"] is True
+        assert set(net.attrs["Containers"]) == {proxy.id, docker_client.containers.get(spec.name).id}
+        # the proxy dies: the next use remakes the sandbox with a new one
+        proxy.remove(force=True)
+        orch.manager._entries.clear()  # skip the 30 s revalidation wait
+        again = await _sh(session, "curl -sS -m 10 http://allowed.test:8000/")
+        assert again["output"] == "hello from egress-web"
+        await session.close()
+        assert not docker_client.containers.list(all=True, filters={"name": edge.proxy})
+        assert not docker_client.networks.list(names=[edge.network])
+
+
+def egress_ip(orch: Any, sandbox_name: str) -> str:
+    attrs = orch.backend.client.api.inspect_container(egress.names(sandbox_name).proxy)
+    return str(attrs["NetworkSettings"]["Networks"][egress.names(sandbox_name).network]["IPAddress"])
