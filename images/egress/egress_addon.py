@@ -86,6 +86,7 @@ class CappedTunnel(tcp.TCPLayer):
         self.up = self.down = 0
         self.verdict, self.reason = "allowed", ""
         self.logged = False
+        self._handle_event = self.start  # the base class binds its own start at class level
 
     @expect(events.Start)
     def start(self, event: events.Event) -> layer.CommandGenerator[None]:
@@ -198,11 +199,17 @@ class Egress:
         host, port = data.server.address
         name = normal_host(str(host))
         self.names[data.server.id] = name
-        reason = host_refusal(name, int(port))
-        if reason is None:
-            address, reason = await _resolve_checked(name, int(port))
+        # mitmproxy logs an exception in a hook and goes on connecting: every failure here refuses
+        data.server.error = "egress refused: the verdict did not complete"
+        try:
+            reason = host_refusal(name, int(port))
             if reason is None:
-                data.server.address = (address, int(port))  # pinned: the address that was checked
+                address, reason = await _resolve_checked(name, int(port))
+                if reason is None:
+                    data.server.address = (address, int(port))  # pinned: the address that was checked
+                    data.server.error = None
+        except Exception as exc:
+            reason = f"the verdict failed ({exc.__class__.__name__})"
         tunnel = data.client.id in self.connecting
         self.connecting.discard(data.client.id)
         if reason is not None:

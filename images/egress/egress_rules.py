@@ -101,8 +101,11 @@ def address_refusal(address: str, exempt: list[str] | None = None) -> str | None
     except ValueError:
         return f"{address!r} is not an IP address"
     for net in exempt or []:
-        if ip in ipaddress.ip_network(net, strict=False):
-            return None
+        try:
+            if ip in ipaddress.ip_network(net, strict=False):
+                return None
+        except ValueError:
+            return f"the exempt range {net!r} is not a network (refused: fail closed)"
     for candidate in [ip, *_embedded_v4(ip)]:
         kind = _kind(candidate)
         if kind is not None:

@@ -134,15 +134,38 @@ def approvals_deny(state: State, approval_id: str, reason: str, as_json: bool) -
 
 def _event_line(e: Event) -> str:
     # every field may carry text the model chose (a tool name, a path in a message): escaped
-    detail = {
-        k: v for k, v in e.data.items() if k in ("code", "message", "reason", "approval_id", "process_id", "waited_s")
-    }
+    shown: tuple[str, ...] = ("code", "message", "reason", "approval_id", "process_id", "waited_s")
+    if e.stage == "egress":  # one request through the egress proxy
+        shown = ("verdict", "method", "host", "port", "status", "bytes_up", "bytes_down", "reason")
+    detail = {k: v for k, v in e.data.items() if k in shown}
     extra = " " + escape_json(detail) if detail else ""
     took = f" +{e.duration_ms:.1f}ms" if e.duration_ms is not None else ""
     return (
         f"{_when(e.ts)}  {escape(e.trace_id)}  {escape(e.call_id)}  {escape(e.tool):<12} {escape(e.stage):<18}"
         f"{took}{extra}"
     )
+
+
+def _collect_egress(state: State, journal: Any) -> None:
+    """Bring the live egress proxies' request lines into the journal first; no engine: skipped."""
+    from sandbox.config.merge import agent_ids, effective_agent
+
+    config = state.config
+    if not any(effective_agent(config, a).sandbox.docker.network == "egress" for a in agent_ids(config)):
+        return  # nothing to collect: no docker import, no engine needed
+    try:
+        import docker
+
+        from sandbox.runtime.egress_log import collect_instance
+        from sandbox.runtime.naming import instance_id
+
+        client = docker.from_env(timeout=10)
+        try:
+            collect_instance(journal, client, instance_id(config.state_dir, config.instance))
+        finally:
+            client.close()
+    except Exception as exc:  # the journal still shows what was collected before
+        click.echo(f"note: egress lines of live proxies not collected ({exc.__class__.__name__})", err=True)
 
 
 @main.command()
@@ -158,6 +181,7 @@ def logs(state: State, trace_id: str | None, session: str | None, follow: bool, 
     journal = _journal(state)
     last = 0
     try:
+        _collect_egress(state, journal)
         events = journal.events(trace_id=trace_id, session=session, limit=10**9)[-limit:]
         while True:
             for e in events:

@@ -227,6 +227,17 @@ class BrowserConfig(StrictModel):
     startup_timeout_s: float = Field(30.0, gt=0)
 
 
+def _network(value: str) -> str:
+    """An address range as `ipaddress` reads it (a bad one would make the proxy refuse everything)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError as exc:
+        raise ValueError(f"expected an address range like 10.1.2.0/24 ({exc})") from None
+    return value
+
+
 # `pypi.org`, `*.pythonhosted.org` (subdomains only), `*` (everything: audit flags it), or an IP
 EgressHost = Annotated[
     str,
@@ -236,7 +247,7 @@ EgressHost = Annotated[
     ),
 ]
 # an address range for `egress.allow_private`
-Cidr = Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$")]
+Cidr = Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$"), AfterValidator(_network)]
 
 
 class EgressConfig(StrictModel):

@@ -36,7 +36,7 @@ from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.host_backend import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.session_users import session_shell
-from sandbox.runtime.spec import tenant_workspaces
+from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import BoundSessions, SessionsService, end_session_work
 from sandbox.tools.builtin import BUILTIN_BY_NAME
@@ -132,6 +132,7 @@ class Orchestrator:
             from sandbox.runtime.manager import SandboxManager
 
             self._manager = SandboxManager(self.config, self.backend)
+            self._manager.journal = self.journal
         return self._manager
 
     async def __aenter__(self) -> Orchestrator:
@@ -299,6 +300,9 @@ class Session:
             trace_id=trace_id,
             refused=refused,
         )
+        if refused is None and self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK:
+            # what the call fetched, in the journal beside it (`sandbox logs`)
+            await self._orch.manager.collect_egress(self._orch.manager.spec_for(self.agent, self.key).name)
         return await self._settled(result)
 
     async def _settled(self, result: ToolResult) -> ToolResult:

@@ -473,6 +473,35 @@ class Journal:
             rows = self._read("SELECT * FROM approvals ORDER BY created", ())
         return [_approval(r, raw) for r in rows]
 
+    # -- notes from outside a call (the egress proxy's request lines) ---------------------
+
+    def append_note(
+        self,
+        *,
+        ts: float,
+        call_id: str,
+        session: str,
+        tenant: str,
+        agent: str,
+        tool: str,
+        seq: int,
+        data: dict[str, Any],
+    ) -> None:
+        """Record one numbered note under a pseudo call id, once: a note already there (another
+        process collected it first) is not written again. Notes never open a call."""
+        payload = json.dumps(redact({**data, "seq": seq}), default=str)
+        self._write(
+            "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
+            "SELECT ?,?,?,?,?,?,?,?,NULL,? WHERE NOT EXISTS (SELECT 1 FROM events WHERE call_id = ? "
+            "AND json_extract(data, '$.seq') = ?)",
+            (ts, "", call_id, session, tenant, agent, tool, tool, payload, call_id, seq),
+        )
+
+    def last_note(self, call_id: str) -> int:
+        """The highest `seq` of the notes under a pseudo call id (0 when none)."""
+        rows = self._read("SELECT MAX(json_extract(data, '$.seq')) FROM events WHERE call_id = ?", (call_id,))
+        return int(rows[0][0] or 0) if rows else 0
+
     # -- loop detection: the calls of a session, wherever they were made -------------------
 
     def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:

@@ -151,7 +151,7 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
             tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
             pids_limit=128,
             mem_limit="512m",
-            init=True,
+            init=False,  # the image's entrypoint is tini
             restart_policy={"Name": "no"},
         )
         network.connect(container)
@@ -260,14 +260,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_lines(client: Any, sandbox_name: str, after: int) -> list[dict[str, Any]]:
+def read_lines(client: Any, proxy: str, after: int) -> list[dict[str, Any]]:
     """The proxy's request lines with a sequence number above `after` (oldest first); blocking.
 
     The proxy handles hostile traffic, so its output is read as untrusted: only lines that parse
     as the addon's JSON objects, within a size cap, with known fields of plain types.
     """
     try:
-        raw = client.api.logs(names(sandbox_name).proxy, stdout=True, stderr=False)
+        raw = client.api.logs(proxy, stdout=True, stderr=False)
     except docker.errors.NotFound:
         return []
     out = []

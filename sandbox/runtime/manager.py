@@ -25,6 +25,7 @@ from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
+    from sandbox.journal.store import Journal
     from sandbox.runtime.protocol import Backend, Sandbox
 
 _K = TypeVar("_K")
@@ -65,6 +66,8 @@ class SandboxManager:
         self._names: OrderedDict[str, str] = OrderedDict()  # container name -> the identity it was handed to
         self._last_used_path = config.state_dir / "last-used.json"
         self._last_used_written: OrderedDict[str, float] = OrderedDict()
+        # where egress proxies' request lines go (set by the orchestrator that owns a journal)
+        self.journal: Journal | None = None
 
     def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:
         """The spec a session maps to (cached; the config is immutable)."""
@@ -127,6 +130,8 @@ class SandboxManager:
         spec = self.spec_for(agent, session)
         async with self._locked(spec.identity):
             self._entries.pop(spec.identity, None)
+            if spec.egress is not None:
+                await self.collect_egress(spec.name)  # its proxy's last lines, before it goes
             await self.backend.remove(spec.name)
         self._specs.pop((agent.tenant, agent.id, spec.scope_key), None)
         self._names.pop(spec.name, None)
@@ -156,7 +161,17 @@ class SandboxManager:
             if entry.sandbox.spec.name == info.name:
                 self._entries.pop(ident, None)
         self._names.pop(info.name, None)
+        await self.collect_egress(info.name)
         await self.backend.remove(info.id)
+
+    async def collect_egress(self, sandbox_name: str) -> int:
+        """Copy the sandbox's egress proxy lines into the journal (none: no proxy, no journal)."""
+        client = getattr(self.backend, "client", None)
+        if self.journal is None or client is None:
+            return 0
+        from sandbox.runtime import egress_log
+
+        return await egress_log.collect(self.journal, client, sandbox_name)
 
     async def list(self) -> builtins.list[SandboxInfo]:
         """This instance's sandboxes."""

@@ -1,0 +1,69 @@
+"""The egress proxies' request lines, into the journal (`sandbox logs`, `GET /v1/logs`).
+
+A proxy prints one JSON line per request; they are copied into the journal after each call of an
+egress session, before its sandbox is removed, and when `sandbox logs` runs. Each proxy
+incarnation is one pseudo call (`egress:<proxy id>`) whose notes are numbered, so a line is
+journaled once even when two processes collect at the same time. The session of a line is the
+sandbox's session (session scope) or its scope key (agent and shared scope: the proxy cannot
+tell which of the sessions sharing the sandbox sent a request).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio.to_thread
+import docker.errors
+
+from sandbox._log import logger
+from sandbox.journal.store import Journal
+from sandbox.runtime import egress
+from sandbox.runtime.naming import Labels
+
+TOOL = "egress"
+
+
+def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
+    """Copy a sandbox's new proxy lines into the journal; the number copied. Blocking."""
+    try:
+        attrs = client.api.inspect_container(egress.names(sandbox_name).proxy)
+    except docker.errors.NotFound:
+        return 0
+    labels = attrs["Config"].get("Labels") or {}
+    call_id = f"egress:{str(attrs['Id'])[:16]}"
+    session = str(labels.get(Labels.SESSION) or labels.get(Labels.SCOPE_KEY, ""))
+    lines = egress.read_lines(client, attrs["Id"], journal.last_note(call_id))
+    for line in lines:
+        journal.append_note(
+            ts=float(line.get("ts", 0.0)),
+            call_id=call_id,
+            session=session,
+            tenant=str(labels.get(Labels.TENANT, "")),
+            agent=str(labels.get(Labels.AGENT, "")),
+            tool=TOOL,
+            seq=int(line["egress"]),
+            data={k: v for k, v in line.items() if k != "egress"},
+        )
+    return len(lines)
+
+
+async def collect(journal: Journal | None, client: Any, sandbox_name: str) -> int:
+    """:func:`collect_sync` off the event loop; a failure is logged, never raised (logs are a side job)."""
+    if journal is None:
+        return 0
+    try:
+        return await anyio.to_thread.run_sync(collect_sync, journal, client, sandbox_name)
+    except Exception as exc:
+        logger.bind(sandbox=sandbox_name, error=str(exc)).warning("egress_log_collect_failed")
+        return 0
+
+
+def collect_instance(journal: Journal, client: Any, instance: str) -> int:
+    """Collect every live proxy of one orchestrator instance (what `sandbox logs` does first)."""
+    filters = {"label": [f"{Labels.KIND}={egress.PROXY_KIND}", f"{Labels.INSTANCE}={instance}"]}
+    total = 0
+    for proxy in client.api.containers(all=True, filters=filters):
+        sandbox_name = str((proxy.get("Labels") or {}).get(egress.SANDBOX_LABEL, ""))
+        if sandbox_name:
+            total += collect_sync(journal, client, sandbox_name)
+    return total
