@@ -298,3 +298,32 @@ async def test_proxy_and_network_live_and_die_with_the_sandbox(make_config: Any,
 def egress_ip(orch: Any, sandbox_name: str) -> str:
     attrs = orch.backend.client.api.inspect_container(egress.names(sandbox_name).proxy)
     return str(attrs["NetworkSettings"]["Networks"][egress.names(sandbox_name).network]["IPAddress"])
+
+
+async def test_a_proxy_that_cannot_start_leaves_nothing_behind(make_config: Any, lab: Lab, docker_client: Any) -> None:
+    config = _config(make_config, lab, image="sandbox-egress-missing:none")
+    async with Orchestrator(config) as orch:
+        session = orch.session(agent="main", key="s-noimage")
+        result = await session.call("exec", {"command": "true"})
+        assert result.error is not None and result.error.code == "SANDBOX_UNAVAILABLE", result
+        assert "sandbox images build" in result.error.message
+        spec = orch.manager.spec_for(session.agent, session.key)
+        edge = egress.names(spec.name)
+        assert not docker_client.containers.list(all=True, filters={"name": spec.name})
+        assert not docker_client.containers.list(all=True, filters={"name": edge.proxy})
+        assert not docker_client.networks.list(names=[edge.network])
+
+
+async def test_an_orphaned_proxy_is_swept(make_config: Any, lab: Lab, docker_client: Any) -> None:
+    async with Orchestrator(_config(make_config, lab)) as orch:
+        session = orch.session(agent="main", key="s-orphan")
+        await _sh(session, "true")
+        spec = orch.manager.spec_for(session.agent, session.key)
+        edge = egress.names(spec.name)
+        # the sandbox vanishes behind the orchestrator's back (a crash between the two removals)
+        docker_client.api.remove_container(spec.name, force=True)
+        assert docker_client.containers.list(all=True, filters={"name": edge.proxy})
+        removed = await orch.manager.cleanup_orphans()
+        assert edge.proxy in removed
+        assert not docker_client.containers.list(all=True, filters={"name": edge.proxy})
+        assert not docker_client.networks.list(names=[edge.network])

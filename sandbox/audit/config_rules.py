@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandbox.audit.container_rules import audit_container
+from sandbox.audit.egress_rules import egress_findings
+from sandbox.audit.exposure_rules import INTERNAL_KEY
 from sandbox.audit.findings import Finding
 from sandbox.audit.isolation_rules import (
     browser_network_findings,
@@ -21,6 +23,7 @@ from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import Identity, PolicyResolver
 from sandbox.runtime.docker_create import create_kwargs
+from sandbox.runtime.egress import names as egress_names
 from sandbox.runtime.spec import spec_from_config
 
 HOST_SIDE_DANGEROUS = ("gateway", "cron", "nodes", "message", "canvas")
@@ -31,7 +34,13 @@ def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
     agent = effective_agent(config, agent_id)
     spec = spec_from_config(config, agent, session, "audit")
     kw = create_kwargs(spec)
+    extra: dict[str, Any] = {}
+    if spec.egress is not None:
+        # the sandbox would sit on an internal network of its own, beside its proxy
+        kw["network_mode"] = egress_names(spec.name).network
+        extra[INTERNAL_KEY] = [kw["network_mode"]]
     return {
+        **extra,
         "Name": "/" + spec.name,
         "Config": {
             "User": kw["user"],
@@ -129,6 +138,7 @@ def audit_config(
                     target,
                 )
             )
+        findings += egress_findings(agent, target)
         if policy.sandbox.sandboxed:
             findings += browser_network_findings(
                 [docker.network], sandbox.browser.network, f"{agent.key_path}.sandbox.docker.network is", target

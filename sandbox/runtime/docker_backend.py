@@ -210,6 +210,13 @@ class DockerBackend:
         prepare_workspace(spec)
 
     async def _create(self, spec: SandboxSpec) -> DockerSandbox:
+        egress.MAKING.add(spec.name)  # an orphan sweep meanwhile leaves its proxy alone
+        try:
+            return await self._create_marked(spec)
+        finally:
+            egress.MAKING.discard(spec.name)
+
+    async def _create_marked(self, spec: SandboxSpec) -> DockerSandbox:
         # Created under a temporary name and renamed when ready: the final name existing
         # means "fully set up", and a crash mid-way leaves only a `-creating-` orphan.
         await self.image_id(spec.image, max_age_s=0)
@@ -254,6 +261,8 @@ class DockerBackend:
             raise
         try:
             sandbox = DockerSandbox(self, container_id, spec)
+            if spec.egress is not None:
+                await self.call("start egress proxy", egress.wait_ready, self.client, spec.name)
             if spec.docker.setup_command:
                 await self._setup(sandbox, spec)
             await self.call("rename sandbox", lambda: self.client.api.rename(container_id, spec.name))

@@ -36,8 +36,10 @@ SANDBOX_LABEL = f"{LABEL_PREFIX}.egress-of"  # on the proxy and the network: the
 PROXY_PORT = 3128
 READY_TIMEOUT_S = 30.0
 ADDON = "/opt/egress/egress_addon.py"
-# a proxy whose sandbox is missing is left alone this long while its creator lives (being made)
-ORPHAN_GRACE_S = 600.0
+# a proxy whose sandbox is missing is left alone this long while its creator (another live
+# process) may still be making the sandbox; this process knows its own (MAKING)
+ORPHAN_GRACE_S = 120.0
+MAKING: set[str] = set()  # sandboxes whose edge this process is making right now
 MAX_LINE = 4096  # a longer log line is not one the addon wrote
 
 
@@ -156,7 +158,12 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
         )
         network.connect(container)
         container.start()
-        address = _wait_ready(client, container.id, edge.network)
+        # its address is known at once; whether mitmproxy listens is awaited after the sandbox
+        # is made (see wait_ready): the two start side by side
+        attrs = client.api.inspect_container(container.id)
+        address = ((attrs["NetworkSettings"]["Networks"] or {}).get(edge.network) or {}).get("IPAddress")
+        if not address:
+            raise SandboxUnavailable("the egress proxy got no address on the sandbox network", container=spec.name)
     except docker.errors.ImageNotFound as exc:
         remove_edge(client, spec.name)
         raise SandboxUnavailable(
@@ -171,21 +178,25 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
     return EgressEdge(edge.network, edge.proxy, f"http://{address}:{PROXY_PORT}", firewall)
 
 
-def _wait_ready(client: Any, container_id: str, network: str) -> str:
-    """The proxy's address on the sandbox network, once the addon says it runs."""
+def wait_ready(client: Any, sandbox_name: str) -> None:
+    """Return once the sandbox's proxy says it runs; blocking.
+
+    Raises:
+        SandboxUnavailable: it exited, or did not say so within READY_TIMEOUT_S (its last lines are in the message).
+    """
+    proxy = names(sandbox_name).proxy
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        attrs = client.api.inspect_container(container_id)
+        attrs = client.api.inspect_container(proxy)
         if attrs["State"]["Status"] not in ("created", "running"):
             break
-        logs = client.api.logs(container_id, stdout=True, stderr=False, tail=20)
-        if b'"ready": true' in logs:
-            address = ((attrs["NetworkSettings"]["Networks"] or {}).get(network) or {}).get("IPAddress")
-            if address:
-                return str(address)
-        time.sleep(0.1)
-    tail = client.api.logs(container_id, stdout=True, stderr=True, tail=10).decode(errors="replace")
-    raise SandboxUnavailable(f"the egress proxy did not start within {READY_TIMEOUT_S:g}s: {tail.strip()[-500:]}")
+        if b'"ready": true' in client.api.logs(proxy, stdout=True, stderr=False, tail=20):
+            return
+        time.sleep(0.05)
+    tail = client.api.logs(proxy, stdout=True, stderr=True, tail=10).decode(errors="replace")
+    raise SandboxUnavailable(
+        f"the egress proxy did not start within {READY_TIMEOUT_S:g}s: {tail.strip()[-500:]}", container=sandbox_name
+    )
 
 
 def remove_edge(client: Any, sandbox_name: str) -> bool:
@@ -242,8 +253,11 @@ def sweep_orphans(client: Any, instance: str) -> list[str]:
         c_host, _, c_pid = creator.partition(":")
         created = float(item.get("Created") or 0)
         young = time.time() - created < ORPHAN_GRACE_S if created else False
-        if young and c_host == host and c_pid.isdigit() and _alive(int(c_pid)):
-            continue  # its sandbox is being made right now
+        if sandbox_name in MAKING:
+            continue  # this process is making its sandbox right now
+        other = c_pid.isdigit() and int(c_pid) != os.getpid()
+        if young and c_host == host and other and _alive(int(c_pid)):
+            continue  # another live process may be making its sandbox
         if remove_edge(client, sandbox_name):
             removed.append(names(sandbox_name).proxy)
             logger.bind(sandbox=sandbox_name).info("egress_orphan_removed")

@@ -1,0 +1,72 @@
+"""Config rules about `network: egress`: what each agent's proxy lets it reach, and the wide doors.
+
+`network: bridge` and `host` are the container rules SBX-C028 and SBX-C008; these add what only
+the egress config says: the allowlist itself (reported for every egress agent, so a security team
+sees each sandbox's reach in one place), wildcards over everything or over a whole top-level
+domain, and exemptions from the private-address refusal.
+"""
+
+from __future__ import annotations
+
+from sandbox.audit.findings import Finding
+from sandbox.config.merge import EffectiveAgent
+from sandbox.runtime.spec import EGRESS_NETWORK
+
+
+def egress_findings(agent: EffectiveAgent, target: str) -> list[Finding]:
+    """SBX-N001..N004 for one agent (nothing unless its network is egress)."""
+    sandbox = agent.sandbox
+    if sandbox.docker.network != EGRESS_NETWORK:
+        return []
+    cfg = sandbox.egress
+    where = f"{agent.key_path}.sandbox.egress"
+    floor = agent.egress_floor
+    floor_text = f"; tenant {agent.tenant}'s floor: {list(floor)}" if floor is not None else ""
+    out = [
+        Finding(
+            "SBX-N001",
+            "info",
+            "egress allowlist",
+            f"through its proxy the sandbox reaches {cfg.allow or 'nothing'} on ports {sorted(set(cfg.ports))}"
+            f"{floor_text}; caps {cfg.max_bytes} and {cfg.max_duration_s:g} s per request or tunnel",
+            "keep the list to the hosts the agent needs",
+            target,
+        )
+    ]
+    everything = "*" in cfg.allow and (floor is None or "*" in floor)
+    if everything:
+        out.append(
+            Finding(
+                "SBX-N002",
+                "high",
+                "egress allowlist allows every host",
+                f"{where}.allow holds `*`" + ("" if floor is None else " and so does the tenant's floor"),
+                "list the hosts the agent needs (pypi.org, *.pythonhosted.org, ...)",
+                target,
+            )
+        )
+    wide = sorted(p for p in cfg.allow if p.startswith("*.") and "." not in p[2:].rstrip("."))
+    if wide:
+        out.append(
+            Finding(
+                "SBX-N003",
+                "medium",
+                "egress wildcard over a whole top-level domain",
+                f"{where}.allow holds {wide}: every site under it is reachable",
+                "name the sites, or at least their registered domains",
+                target,
+            )
+        )
+    if cfg.allow_private:
+        out.append(
+            Finding(
+                "SBX-N004",
+                "medium",
+                "egress may reach private addresses",
+                f"{where}.allow_private exempts {cfg.allow_private} from the private-address refusal: a name on "
+                "the allowlist that resolves there reaches your internal network",
+                "exempt only the exact address of the internal mirror (a /32), or remove the exemption",
+                target,
+            )
+        )
+    return out
