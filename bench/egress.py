@@ -138,9 +138,9 @@ def main() -> None:
                 in_sandbox, config(tmp, RUN, server_ip, True, "e"), "b-egress", ["proxy", "tunnel"]
             )
         rows = [
-            (f"GET direct on a bridge network (baseline, n={N})", direct, None, ""),
+            (f"GET direct, bridge network (base, n={N})", direct, None, ""),
             (f"GET through the egress proxy (n={N})", through["proxy"], direct, ""),
-            (f"GET through a CONNECT tunnel of the proxy (n={N})", through["tunnel"], direct, ""),
+            (f"GET in a CONNECT tunnel (n={N})", through["tunnel"], direct, ""),
         ]
         print(table("what the egress proxy adds to a small HTTP GET (512-byte body, new connection each)", rows))
         print(

@@ -10,6 +10,7 @@ import yaml
 
 from sandbox.audit.config_rules import audit_config
 from sandbox.config import load_config_text
+from tests.cli_helpers import run_cli
 
 
 def _findings(tmp_path: Path, egress: dict[str, Any], tenants: list[dict[str, Any]] | None = None) -> dict[str, str]:
@@ -50,3 +51,19 @@ def test_bridge_and_host_networks_stay_flagged(tmp_path: Path) -> None:
         data = {"state_dir": str(tmp_path / "s"), "agents": {"defaults": {"sandbox": {"docker": {"network": network}}}}}
         config = load_config_text(yaml.safe_dump(data), source="t.yaml", base_dir=tmp_path)
         assert rule in {f.rule for f in audit_config(config)}, network
+
+
+def test_explain_says_what_the_sandbox_reaches(tmp_path: Path) -> None:
+    data = {
+        "state_dir": str(tmp_path / "state"),
+        "agents": {
+            "defaults": {"sandbox": {"mode": "all", "docker": {"network": "egress"}, "egress": {"allow": ["pypi.org"]}}}
+        },
+        "tenants": [{"id": "default", "egress": {"allow": ["pypi.org", "files.example"]}}],
+    }
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data))
+    done = run_cli("explain", "--session", "agent:main:x", config=config)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("egress"))
+    assert "['pypi.org'] on ports [80, 443]" in line and "tenant floor ['pypi.org', 'files.example']" in line

@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 import yaml
 
 from sandbox import Orchestrator
 from sandbox.runtime import egress
+from tests.cli_helpers import run_cli
 from tests.conftest import RUN_ID, TEST_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
@@ -327,3 +330,22 @@ async def test_an_orphaned_proxy_is_swept(make_config: Any, lab: Lab, docker_cli
         assert edge.proxy in removed
         assert not docker_client.containers.list(all=True, filters={"name": edge.proxy})
         assert not docker_client.networks.list(names=[edge.network])
+
+
+async def test_sandbox_logs_collects_what_the_proxy_saw(make_config: Any, lab: Lab, tmp_path: Any) -> None:
+    config = _config(make_config, lab)
+    config_file = tmp_path / "egress.yaml"
+    config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    async with Orchestrator(config) as orch:
+        session = orch.session(agent="main", key="s-logs")
+        # a request made after the call returned: only `sandbox logs` can bring its line in
+        started = await session.call(
+            "exec", {"command": "sleep 1; curl -s http://canary.test:8000/", "background": True}
+        )
+        assert started.ok, started.error
+        await anyio.sleep(4)
+        done = await anyio.to_thread.run_sync(lambda: run_cli("logs", "--session", session.key, config=config_file))
+        assert done.returncode == 0, done.stderr
+        lines = [line for line in done.stdout.splitlines() if " egress " in line]
+        assert any('"verdict": "refused"' in line and "canary.test" in line for line in lines), done.stdout
+        await session.close()

@@ -50,6 +50,11 @@ def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveA
             "init": kwargs["init"],
             "runtime": docker.runtime or "runc (engine default)",
         },
+        "egress": (
+            {k: spec.egress[k] for k in ("allow", "floor", "ports", "max_bytes", "max_duration_s", "allow_private")}
+            if spec.egress is not None
+            else None
+        ),
         "mounts": [
             {
                 "host": m.source,
@@ -148,6 +153,13 @@ def container_text(facts: dict[str, Any]) -> str:
         f"{'read-only root' if h['read_only_root'] else 'WRITABLE root'}",
         f"           pids {h['pids_limit']}, memory {h['memory']}, cpus {h['cpus']:g}, init {h['init']}",
     ]
+    if facts.get("egress"):
+        e = facts["egress"]
+        floor = f", tenant floor {e['floor']}" if e["floor"] is not None else ""
+        lines.append(
+            f"egress     through its own proxy to {e['allow'] or 'nothing'} on ports {e['ports']}{floor}"
+            + (f"; private ranges exempt: {e['allow_private']}" if e["allow_private"] else "")
+        )
     lines += [f"mount      {m['host']} -> {m['container']} ({m['mode']})  [{m['from']}]" for m in facts["mounts"]]
     if facts["escape_hatches"]:
         lines.append(f"WARNING    escape hatches on: {', '.join(facts['escape_hatches'])}")
