@@ -22,12 +22,15 @@ from sandbox import Orchestrator
 from sandbox.runtime import egress
 from tests.cli_helpers import run_cli
 from tests.conftest import RUN_ID, TEST_LABEL
+from tests.test_browser_isolation_docker import Canary
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
-# HTTP on 8000 (a redirect endpoint, a greeting), UDP on 53; prints one line per thing received
+# HTTP on 8000 and HTTPS on 8443 (a self-signed certificate for its alias), UDP on 53; prints
+# one line per thing received. Endpoints: /big?n=, /slow?s=, /redirect?to=, /upgrade, a greeting.
 TEST_SERVER = r"""
-import http.server, socket, threading, time
+import http.server, socket, ssl, subprocess, sys, threading, time
+alias = sys.argv[1]
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         print("HTTP", self.path, self.headers.get("Host"), flush=True)
@@ -40,6 +43,9 @@ class H(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/redirect?to="):
             self.send_response(302); self.send_header("Location", self.path.split("=", 1)[1])
             self.send_header("Content-Length", "0"); self.end_headers(); return
+        if self.path == "/upgrade":
+            self.send_response(101); self.send_header("Upgrade", "echo"); self.send_header("Connection", "Upgrade")
+            self.end_headers(); self.wfile.write(b"upgraded " * 1000); return
         body = b"hello from " + socket.gethostname().encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
@@ -49,7 +55,16 @@ def udp():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 53))
     while True:
         data, peer = s.recvfrom(4096); print("UDP", peer, len(data), flush=True)
+subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=" + alias,
+                "-keyout", "/tmp/k.pem", "-out", "/tmp/c.pem"], check=True, capture_output=True)
+tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); tls.load_cert_chain("/tmp/c.pem", "/tmp/k.pem")
+def sni(sock, name, context):
+    print("TLS-SNI", name, flush=True)
+tls.sni_callback = sni
+secure = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), H)
+secure.socket = tls.wrap_socket(secure.socket, server_side=True)
 threading.Thread(target=udp, daemon=True).start()
+threading.Thread(target=secure.serve_forever, daemon=True).start()
 print("listening", flush=True)
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
 """
@@ -67,13 +82,13 @@ class Lab:
 
     def canary_heard(self) -> list[str]:
         lines = self.canary.logs().decode().splitlines()
-        return [line for line in lines if line.startswith(("HTTP", "UDP"))]
+        return [line for line in lines if line.startswith(("HTTP", "UDP", "TLS"))]
 
 
 def _server(client: Any, network: str, name: str, alias: str) -> tuple[Any, str]:
     container = client.containers.create(
         "sandbox-exec:latest",
-        ["python3", "-u", "-c", TEST_SERVER],
+        ["python3", "-u", "-c", TEST_SERVER, alias],
         name=f"sbx-{RUN_ID}-{name}",
         hostname=name,
         user="0",  # UDP 53
@@ -108,7 +123,7 @@ def lab(docker_client: Any) -> Iterator[Lab]:
 def _config(make_config: Any, lab: Lab, **egress_extra: Any) -> Any:
     egress_cfg = {
         "allow": ["allowed.test", "evil.test", "linklocal.test"],
-        "ports": [8000],
+        "ports": [8000, 8443],
         "upstream_network": lab.network,
         "allow_private": [f"{lab.web_ip}/32"],  # the test server only; the canary stays refused
         "extra_hosts": [f"evil.test:{lab.canary_ip}", "linklocal.test:169.254.10.10"],
@@ -120,8 +135,7 @@ def _config(make_config: Any, lab: Lab, **egress_extra: Any) -> Any:
                 "sandbox": {
                     "mode": "all",
                     "scope": "session",
-                    # the embedded DNS of Docker would forward to the canary, were it able to
-                    "docker": {"network": "egress", "dns": [lab.canary_ip]},
+                    "docker": {"network": "egress"},
                     "egress": egress_cfg,
                 }
             }
@@ -158,7 +172,11 @@ async def test_allowlisted_host_works_and_everything_else_is_refused(make_config
         fronted = await _sh(
             session, "curl -sS -m 10 -w ' %{http_code}' -H 'Host: canary.test' http://allowed.test:8000/"
         )
-        assert fronted["output"].endswith(" 403") and "differs from the request target" in fronted["output"]
+        assert fronted["output"].endswith(" 403") and "not the request target" in fronted["output"], fronted
+        userinfo = await _sh(
+            session, "curl -sS -m 10 -w ' %{http_code}' -H 'Host: allowed.test:@canary.test' http://allowed.test:8000/"
+        )
+        assert userinfo["output"].endswith(" 403") and "malformed" in userinfo["output"], userinfo
         # a redirect from the allowed host to a link-local address (where cloud metadata lives)
         redirect = await _sh(
             session,
@@ -184,33 +202,73 @@ async def test_allowlisted_host_works_and_everything_else_is_refused(make_config
     assert ok_line["bytes_down"] == len("hello from egress-web") and ok_line["status"] == 200
 
 
-async def test_tls_sni_must_name_the_connect_host(make_config: Any, lab: Lab) -> None:
+# speaks to the proxy by hand: CONNECT, then what the test gives (a ClientHello in one or two
+# writes, plain HTTP); prints what came back
+TUNNEL_CLIENT = r"""
+import os, socket, ssl, sys, time
+mode, sni = sys.argv[1], sys.argv[2]
+host, port = os.environ["HTTPS_PROXY"].split("//")[1].split(":")
+s = socket.create_connection((host, int(port)), timeout=15)
+s.sendall(b"CONNECT allowed.test:8443 HTTP/1.1\r\nHost: allowed.test:8443\r\n\r\n")
+print("connect:", s.recv(200).split(b"\r\n")[0].decode())
+if mode == "plain":
+    s.sendall(b"GET /fronted HTTP/1.1\r\nHost: canary.test\r\n\r\n")
+    print("answer:", s.recv(200)[:40]); sys.exit()
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+inner, outer = ssl.MemoryBIO(), ssl.MemoryBIO()
+obj = ctx.wrap_bio(inner, outer, server_hostname=sni or None)
+try:
+    obj.do_handshake()
+except ssl.SSLWantReadError:
+    pass
+hello = bytearray(outer.read())
+if mode == "version":  # a record version mitmproxy's TLS check does not know
+    hello[1:3] = b"\x03\x04"
+if mode == "split":  # the ClientHello in two writes
+    s.sendall(hello[:20]); time.sleep(0.5); s.sendall(hello[20:])
+else:
+    s.sendall(hello)
+try:
+    reply = s.recv(5)
+    print("reply:", "TLS" if reply[:1] == b"\x16" else ("closed" if not reply else repr(reply)))
+except OSError as exc:
+    print("reply: closed", type(exc).__name__)
+"""
+
+
+async def test_a_tunnel_passes_only_tls_naming_its_connect_host(make_config: Any, lab: Lab) -> None:
     before = len(lab.canary_heard())
     async with Orchestrator(_config(make_config, lab)) as orch:
         session = orch.session(agent="main", key="s-sni")
-        # CONNECT to the allowed host, then a TLS ClientHello naming another one (domain fronting)
-        script = """
-import os, socket, ssl
-proxy = os.environ["HTTPS_PROXY"].split("//")[1]
-host, port = proxy.split(":")
-s = socket.create_connection((host, int(port)), timeout=10)
-s.sendall(b"CONNECT allowed.test:8000 HTTP/1.1\\r\\nHost: allowed.test:8000\\r\\n\\r\\n")
-print("connect:", s.recv(200).split(b"\\r\\n")[0].decode())
-ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
-try:
-    ctx.wrap_socket(s, server_hostname="canary.test")
-    print("handshake went through")
-except (OSError, ssl.SSLError) as exc:
-    print("closed:", type(exc).__name__)
-"""
-        out = await _sh(session, f"python3 -c '{script}'")
-        assert "connect: HTTP/1.1 200" in out["output"], out
-        assert "closed:" in out["output"] and "went through" not in out["output"], out
+        ok = await _sh(session, "curl -sS -k -m 10 https://allowed.test:8443/")
+        assert ok["output"] == "hello from egress-web", ok  # HTTPS through a tunnel works
+        script = TUNNEL_CLIENT.replace("'", "'\\''")
+        outcomes = {}
+        cases = [
+            ("whole", "canary.test"),
+            ("split", "canary.test"),
+            ("version", "canary.test"),
+            ("whole", ""),
+            ("plain", "-"),
+            ("split", "allowed.test"),
+        ]
+        for mode, sni in cases:
+            out = await _sh(session, f"python3 -c '{script}' {mode} '{sni}'")
+            assert "connect: HTTP/1.1 200" in out["output"], out
+            outcomes[(mode, sni)] = out["output"]
         events = orch.journal.events(session=session.key)
         await session.close()
-    refusals = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "refused"]
-    assert any("SNI canary.test differs from the CONNECT host allowed.test" in r for r in refusals), refusals
+    # domain fronting: the SNI names another host, in one write, in two, behind an odd version, or none
+    for key in cases[:4]:
+        assert "reply: closed" in outcomes[key], (key, outcomes[key])
+    assert "answer: b''" in outcomes[("plain", "-")], outcomes  # plain HTTP inside a tunnel
+    assert "reply: TLS" in outcomes[("split", "allowed.test")], outcomes  # a split hello naming its host passes
+    reasons = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "refused"]
+    assert sum("TLS SNI canary.test differs from the CONNECT host allowed.test" in r for r in reasons) == 2, reasons
+    assert any("malformed" in r for r in reasons) and any("names no host" in r for r in reasons), reasons
+    assert any("only TLS passes a tunnel" in r for r in reasons), reasons
     assert lab.canary_heard()[before:] == []
+    assert not any("TLS-SNI canary.test" in line for line in lab.web.logs().decode().splitlines())
 
 
 async def test_size_and_time_caps_cut_requests_and_tunnels(make_config: Any, lab: Lab) -> None:
@@ -221,15 +279,29 @@ async def test_size_and_time_caps_cut_requests_and_tunnels(make_config: Any, lab
         assert small["output"].strip() == "1000", small
         big = await _sh(session, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://allowed.test:8000/big?n=100000")
         assert not big["output"].endswith("200"), big  # mitmproxy's body limit: the response never arrives whole
-        tunnel = await _sh(session, "curl -sS -m 10 -p http://allowed.test:8000/big?n=100000 | wc -c")
+        tunnel = await _sh(session, "curl -sS -k -m 10 https://allowed.test:8443/big?n=100000 | wc -c")
         assert int(tunnel["output"].strip().splitlines()[-1]) < 100000, tunnel
-        slow = await _sh(session, "curl -sS -m 10 -p http://allowed.test:8000/slow?s=5; echo rc=$?")
+        slow = await _sh(session, "curl -sS -k -m 10 https://allowed.test:8443/slow?s=5; echo rc=$?")
         assert "rc=0" not in slow["output"], slow
+        # headers count and are capped; an upgrade would leave the caps behind: refused
+        big_header = "X-Big: $(head -c 70000 /dev/zero | tr '\\0' a)"
+        headers = await _sh(
+            session, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' -H \"{big_header}\" http://allowed.test:8000/"
+        )
+        assert headers["output"].endswith("431"), headers
+        upgrade = await _sh(
+            session,
+            "curl -sS -m 10 -w ' %{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: echo' "
+            "http://allowed.test:8000/upgrade",
+        )
+        assert "upgraded" not in upgrade["output"] and not upgrade["output"].endswith(" 101"), upgrade
         events = orch.journal.events(session=session.key)
         await session.close()
     cuts = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "cut"]
     assert any("more than 10240 bytes" in r for r in cuts), cuts
     assert any("open longer than 2 s" in r for r in cuts), cuts
+    refusals = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "refused"]
+    assert any("upgrades are not relayed" in r for r in refusals), refusals
 
 
 async def test_the_tenant_floor_narrows_the_agent_allowlist(make_config: Any, lab: Lab) -> None:
@@ -272,6 +344,9 @@ for t in targets:
         assert "getent=0" not in out["output"], out  # names do not resolve inside
         assert "answered" not in out["output"], out
         assert out["output"].count("nothing") >= 2, out
+        # what the sandbox's resolver cannot answer goes to the proxy (no DNS there), never the host's
+        client: Any = getattr(orch.backend, "client")  # noqa: B009 - the docker backend's
+        assert client.api.inspect_container(spec.name)["HostConfig"]["Dns"] == [proxy_ip]
         await session.close()
     assert lab.canary_heard()[before:] == []
 
@@ -348,4 +423,49 @@ async def test_sandbox_logs_collects_what_the_proxy_saw(make_config: Any, lab: L
         assert done.returncode == 0, done.stderr
         lines = [line for line in done.stdout.splitlines() if " egress " in line]
         assert any('"verdict": "refused"' in line and "canary.test" in line for line in lines), done.stdout
+        await session.close()
+
+
+async def test_the_host_is_out_of_reach_through_the_gateway(make_config: Any, lab: Lab) -> None:
+    host_canary = Canary()  # listens on every host address, the egress bridge's gateway too
+    try:
+        async with Orchestrator(_config(make_config, lab)) as orch:
+            session = orch.session(agent="main", key="s-gw")
+            script = f"""
+import socket, struct
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000":
+        gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+try:
+    socket.create_connection((gw, {host_canary.port}), timeout=3); print("connected to", gw)
+except OSError as exc:
+    print("refused", gw, type(exc).__name__)
+"""
+            out = await _sh(session, f"python3 -c '{script}'")
+            assert "refused" in out["output"] and "connected" not in out["output"], out
+            await session.close()
+    finally:
+        host_canary.close()
+    assert host_canary.accepted == 0
+
+
+async def test_no_egress_sandbox_without_the_host_firewall(
+    make_config: Any, lab: Lab, docker_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.runtime import hostfirewall
+
+    monkeypatch.setattr(hostfirewall, "drop_from_bridge", lambda bridge: False)  # the fault: no iptables
+    async with Orchestrator(_config(make_config, lab)) as orch:
+        session = orch.session(agent="main", key="s-nofw")
+        result = await session.call("exec", {"command": "true"})
+        assert result.error is not None and result.error.code == "SANDBOX_UNAVAILABLE", result
+        assert "require_host_firewall" in result.error.message
+        edge = egress.names(orch.manager.spec_for(session.agent, session.key).name)
+        assert not docker_client.containers.list(all=True, filters={"name": edge.proxy})
+        assert not docker_client.networks.list(names=[edge.network])
+    # said explicitly, it runs (and says so in the log)
+    async with Orchestrator(_config(make_config, lab, require_host_firewall=False)) as orch:
+        session = orch.session(agent="main", key="s-nofw2")
+        assert (await session.call("exec", {"command": "true"})).ok
         await session.close()

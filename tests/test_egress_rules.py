@@ -370,3 +370,21 @@ def test_tenant_egress_floor_reaches_the_effective_agent() -> None:
     assert a.egress_floor == ("pypi.org", "*.pythonhosted.org")
     assert a.sandbox.egress.allow == ["*"]  # the agent's own list stays its own; the floor narrows it
     assert effective_agent(config, "b").egress_floor is None
+
+
+def test_an_egress_sandbox_gets_no_dns_setting() -> None:
+    """Names resolve at the proxy: a `docker.dns` beside `network: egress` is refused at load."""
+    found = problems("agents: {defaults: {sandbox: {docker: {network: egress, dns: [10.0.0.2]}}}}")
+    assert any("agents.defaults.sandbox.docker.dns" in p and "resolve at its proxy" in p for p in found), found
+
+
+def test_cloud_platform_addresses_stay_refused_whatever_the_exemptions() -> None:
+    """Azure's WireServer is public on paper: refused, even when an exemption covers it."""
+    assert rules.address_refusal("168.63.129.16") is not None
+    assert rules.address_refusal("168.63.129.16", ["168.63.0.0/16", "0.0.0.0/0"]) is not None
+
+
+def test_unicode_names_compare_as_punycode() -> None:
+    """mitmproxy hands over Unicode host names; the allowlist is ASCII (IDNA)."""
+    assert rules.host_allowed("bücher.example", ["xn--bcher-kva.example"])
+    assert not rules.host_allowed("bücher.example", ["bucher.example"])

@@ -13,51 +13,19 @@ into its journal (`sandbox logs`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import socket
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from egress_rules import address_refusal, host_allowed, is_ip, normal_host
+from egress_rules import address_refusal, is_ip, normal_host
+from egress_state import EXEMPT, MAX_BYTES, MAX_HEADER_BYTES, POLICY, RESOLVE_TIMEOUT_S, emit, host_refusal
+from egress_tunnel import TunnelGate
 from mitmproxy import http
-from mitmproxy.net.tls import is_tls_record_magic
-from mitmproxy.proxy import commands, events, layer
-from mitmproxy.proxy.layers import tcp
-from mitmproxy.proxy.layers.tls import parse_client_hello
-from mitmproxy.proxy.utils import expect
-
-POLICY: dict[str, Any] = json.loads(os.environ.get("EGRESS_POLICY") or "{}")
-ALLOW: list[str] = list(POLICY.get("allow", []))
-FLOOR: list[str] | None = POLICY.get("floor")  # the tenant's list; None: no tenant list
-PORTS: set[int] = {int(p) for p in POLICY.get("ports", [80, 443])}
-EXEMPT: list[str] = list(POLICY.get("allow_private", []))
-MAX_BYTES: int = int(POLICY.get("max_bytes", 256 * 1024 * 1024))
-MAX_DURATION_S: float = float(POLICY.get("max_duration_s", 300))
-RESOLVE_TIMEOUT_S = 5.0
-IDENTITY: dict[str, str] = {k: str(v) for k, v in POLICY.get("identity", {}).items()}
-_seq = itertools.count(1)
-
-
-def emit(**fields: Any) -> None:
-    """One request, one line: the orchestrator reads lines that start with {"egress":."""
-    line = {"egress": next(_seq), "ts": round(time.time(), 3), **IDENTITY, **fields}
-    print(json.dumps(line, sort_keys=False), flush=True)
-
-
-def host_refusal(host: str, port: int) -> str | None:
-    """Why this (host, port) is off the policy, or None."""
-    if port not in PORTS:
-        return f"port {port} is not on the egress port list {sorted(PORTS)}"
-    if not host_allowed(host, ALLOW):
-        return f"host {normal_host(host)} is not on the egress allowlist"
-    if FLOOR is not None and not host_allowed(host, FLOOR):
-        return f"host {normal_host(host)} is not on the tenant's egress allowlist"
-    return None
+from mitmproxy.net.http import url
 
 
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
@@ -77,73 +45,17 @@ def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     )
 
 
-class CappedTunnel(tcp.TCPLayer):
-    """A CONNECT tunnel relayed as bytes (no interception), closed past the byte or time cap."""
-
-    def __init__(self, context: Any, host: str, port: int) -> None:
-        super().__init__(context, ignore=True)  # no flow: nothing is buffered or kept
-        self.host, self.port = host, port
-        self.up = self.down = 0
-        self.verdict, self.reason = "allowed", ""
-        self.logged = False
-        self._handle_event = self.start  # the base class binds its own start at class level
-
-    @expect(events.Start)
-    def start(self, event: events.Event) -> layer.CommandGenerator[None]:
-        yield commands.RequestWakeup(MAX_DURATION_S)
-        yield from super().start(event)
-
-    @expect(events.DataReceived, events.ConnectionClosed, tcp.TcpMessageInjected, events.Wakeup)
-    def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
-        if isinstance(event, events.Wakeup):
-            yield from self._cut(f"open longer than {MAX_DURATION_S:g} s")
-            return
-        if isinstance(event, events.DataReceived):
-            if event.connection == self.context.client:
-                self.up += len(event.data)
-            else:
-                self.down += len(event.data)
-            if self.up + self.down > MAX_BYTES:
-                yield from self._cut(f"more than {MAX_BYTES} bytes")
-                return
-        yield from super().relay_messages(event)
-        if self._handle_event == self.done:
-            self._log()
-
-    @expect(events.DataReceived, events.ConnectionClosed, tcp.TcpMessageInjected, events.Wakeup)
-    def done(self, _: events.Event) -> layer.CommandGenerator[None]:
-        yield from ()
-
-    def _cut(self, reason: str) -> layer.CommandGenerator[None]:
-        self.verdict, self.reason = "cut", reason
-        yield commands.CloseConnection(self.context.client)
-        yield commands.CloseConnection(self.context.server)
-        self._handle_event = self.done
-        self._log()
-
-    def _log(self) -> None:
-        if not self.logged:
-            self.logged = True
-            emit(
-                method="CONNECT",
-                host=self.host,
-                port=self.port,
-                status=200,
-                bytes_up=self.up,
-                bytes_down=self.down,
-                verdict=self.verdict,
-                reason=self.reason,
-            )
-
-
-class Refused(layer.Layer):
-    """Closes a tunnel at once (its TLS SNI named another host)."""
-
-    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
-        if isinstance(event, events.Start):
-            yield commands.CloseConnection(self.context.client)
-            if self.context.server.connected:
-                yield commands.CloseConnection(self.context.server)
+def _host_header_refusal(request: http.Request) -> str | None:
+    """Why the Host header (HTTP/1) or :authority and host (HTTP/2) do not name the request target."""
+    target = normal_host(request.host)
+    for header in {request.host_header, request.headers.get("host")} - {None}:
+        try:
+            host, port = url.parse_authority(str(header), check=True)
+        except ValueError:
+            return f"the Host header {str(header)[:100]!r} is malformed"
+        if normal_host(host) != target or (port is not None and port != request.port):
+            return f"the Host header names {normal_host(host)}, not the request target {target}"
+    return None
 
 
 class Egress:
@@ -181,19 +93,35 @@ class Egress:
         if flow.request.method == "CONNECT" or flow.response is not None:
             return
         request = flow.request
-        header = request.host_header
-        if header is not None:
-            named = normal_host(header.rsplit(":", 1)[0] if not header.startswith("[") else header.split("]")[0])
-            if named != normal_host(request.host):
-                _refuse(flow, 403, f"Host header {named} differs from the request target {normal_host(request.host)}")
-                return
-        reason = host_refusal(request.host, request.port)
+        header_bytes = sum(len(k) + len(v) + 4 for k, v in request.headers.fields)
+        flow.metadata["egress_header_bytes"] = header_bytes
+        if header_bytes > MAX_HEADER_BYTES:
+            _refuse(flow, 431, f"request headers of {header_bytes} bytes are over {MAX_HEADER_BYTES}")
+            return
+        reason = _host_header_refusal(request) or host_refusal(request.host, request.port)
         if reason:
             _refuse(flow, 403, reason)
             return
         length = request.headers.get("content-length", "0")
-        if length.isdigit() and int(length) > MAX_BYTES:
-            _refuse(flow, 413, f"request body of {length} bytes is over {MAX_BYTES}")
+        if length.isdigit() and int(length) + header_bytes > MAX_BYTES:
+            _refuse(flow, 413, f"request of {int(length) + header_bytes} bytes is over {MAX_BYTES}")
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None and flow.response.status_code == 101:
+            # an upgraded connection (websocket, h2c) would leave the caps behind: wss:// goes
+            # through a tunnel, where the caps hold
+            flow.metadata["egress_logged"] = True
+            emit(
+                method=flow.request.method,
+                host=normal_host(flow.request.host),
+                port=flow.request.port,
+                status=101,
+                bytes_up=0,
+                bytes_down=0,
+                verdict="refused",
+                reason="protocol upgrades are not relayed (use wss:// or https://)",
+            )
+            flow.kill()  # the connection closes: nothing of the upgraded protocol passes
 
     async def server_connect(self, data: Any) -> None:
         host, port = data.server.address
@@ -233,38 +161,10 @@ class Egress:
         context = nextlayer.context
         if not _in_tunnel(context):
             return
-        data = nextlayer.data_client()
         name = self.names.get(context.server.id, normal_host(str(context.server.address[0])))
-        port = int(context.server.address[1])
-        if is_tls_record_magic(data):
-            try:
-                hello = parse_client_hello(data)
-            except ValueError:
-                hello = None
-                sni_reason: str | None = "the TLS ClientHello cannot be parsed"
-            else:
-                if hello is None:
-                    nextlayer.layer = None  # wait for the whole ClientHello
-                    return
-                sni = normal_host(hello.sni or "")
-                sni_reason = f"TLS SNI {sni} differs from the CONNECT host {name}" if sni and sni != name else None
-            if sni_reason:
-                emit(
-                    method="CONNECT",
-                    host=name,
-                    port=port,
-                    status=0,
-                    bytes_up=0,
-                    bytes_down=0,
-                    verdict="refused",
-                    reason=sni_reason,
-                )
-                nextlayer.layer = Refused(context)
-                return
-        elif len(data) < 3 and not nextlayer.data_server():
-            nextlayer.layer = None
-            return
-        nextlayer.layer = CappedTunnel(context, name, port)
+        # decided here, always: mitmproxy's own next-layer logic (which runs after this hook)
+        # would otherwise intercept TLS or pass bytes through unchecked
+        nextlayer.layer = TunnelGate(context, name, int(context.server.address[1]))
 
     def response(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("egress_logged") or flow.request.method == "CONNECT":
@@ -275,7 +175,7 @@ class Egress:
             host=normal_host(flow.request.host),
             port=flow.request.port,
             status=flow.response.status_code if flow.response else 0,
-            bytes_up=len(flow.request.raw_content or b""),
+            bytes_up=len(flow.request.raw_content or b"") + int(flow.metadata.get("egress_header_bytes", 0)),
             bytes_down=len(flow.response.raw_content or b"") if flow.response else 0,
             verdict="allowed",
             reason="",

@@ -6,6 +6,7 @@ Runs inside the proxy container (imported by egress_addon.py) and in the project
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 
@@ -17,9 +18,20 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 
 
+# platform addresses that are public on paper and inward in effect: never reachable, whatever
+# `allow_private` says (Azure's WireServer and platform DNS)
+ALWAYS_REFUSED = ("168.63.129.16/32",)
+
+
 def normal_host(host: str) -> str:
-    """A host name as compared: lower case, no trailing dot, IPv6 without brackets."""
-    return host.strip().strip("[]").rstrip(".").lower()
+    """A host name as compared: lower case, no trailing dot, IPv6 without brackets, IDNA (punycode)."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if not name.isascii():
+        # mitmproxy hands over Unicode names; one that is no valid IDNA stays as it is, matches
+        # no (ASCII) pattern, and is refused
+        with contextlib.suppress(UnicodeError):
+            name = name.encode("idna").decode("ascii")
+    return name
 
 
 def valid_pattern(pattern: str) -> bool:
@@ -100,6 +112,9 @@ def address_refusal(address: str, exempt: list[str] | None = None) -> str | None
         ip = ipaddress.ip_address(normal_host(address).split("%", 1)[0])
     except ValueError:
         return f"{address!r} is not an IP address"
+    for net in ALWAYS_REFUSED:
+        if ip in ipaddress.ip_network(net):
+            return f"{ip} is a cloud platform address (never reachable)"
     for net in exempt or []:
         try:
             if ip in ipaddress.ip_network(net, strict=False):

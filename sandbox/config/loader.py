@@ -269,6 +269,14 @@ def _network_problems(config: Config) -> list[tuple[Loc, str]]:
                     "(`bridge`, the default, or one of your own)",
                 )
             )
+        if sandbox.docker.network == "egress" and sandbox.docker.dns:
+            out.append(
+                (
+                    (*loc, "docker", "dns"),
+                    "an egress sandbox has no DNS of its own (names resolve at its proxy); remove docker.dns, "
+                    "or pin names for the proxy with egress.extra_hosts",
+                )
+            )
         if sandbox.docker.network.startswith("sbx-egress-"):
             out.append(((*loc, "docker", "network"), "an egress network is made per sandbox; use `network: egress`"))
     return out

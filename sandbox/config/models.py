@@ -265,6 +265,8 @@ class EgressConfig(StrictModel):
     allow_private: list[Cidr] = []
     # `name:address` pinned in the proxy's /etc/hosts (a mirror without DNS)
     extra_hosts: list[str] = []
+    # no egress sandbox without the host firewall rules that keep it off the host's services
+    require_host_firewall: bool = True
 
 
 class TenantEgress(StrictModel):

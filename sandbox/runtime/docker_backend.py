@@ -242,6 +242,10 @@ class DockerBackend:
                 raise
             kwargs["network_mode"] = edge.network
             kwargs["environment"] = {**kwargs.get("environment", {}), **edge.environment()}
+            # the embedded resolver forwards what it cannot answer to the proxy, where nothing
+            # listens for DNS: never to the host's resolvers (which some engines reach from the
+            # host's namespace, CVE-2024-29018)
+            kwargs["dns"] = [edge.proxy_address]
 
         def create_and_start() -> str:
             container = self.client.containers.create(**kwargs)

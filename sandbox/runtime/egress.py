@@ -40,7 +40,11 @@ ADDON = "/opt/egress/egress_addon.py"
 # process) may still be making the sandbox; this process knows its own (MAKING)
 ORPHAN_GRACE_S = 120.0
 MAKING: set[str] = set()  # sandboxes whose edge this process is making right now
-MAX_LINE = 4096  # a longer log line is not one the addon wrote
+MAX_LINE = 4096  # a longer log line is not one the addon wrote (it caps its fields)
+NETWORK_REMOVE_WAIT_S = 5.0
+# the proxy's own log, bounded on the host whatever the daemon's default (lines past it are
+# lost, and the collector records the gap)
+PROXY_LOG_CONFIG = {"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}}
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,11 @@ class EgressEdge:
     proxy: str
     proxy_url: str
     host_firewall: bool
+
+    @property
+    def proxy_address(self) -> str:
+        """The proxy's address on the sandbox network."""
+        return self.proxy_url.split("//", 1)[1].rsplit(":", 1)[0]
 
     def environment(self) -> dict[str, str]:
         """The proxy variables every common tool reads (curl, pip, git, requests, npm)."""
@@ -127,6 +136,14 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
         firewall = hostfirewall.drop_from_bridge(edge.bridge)
         if not firewall:
             logger.bind(network=edge.network, bridge=edge.bridge).warning("egress_host_firewall_unavailable")
+            if policy["require_host_firewall"]:
+                raise SandboxUnavailable(
+                    "the host firewall rules for the egress network could not be installed (they need root and "
+                    "iptables where the engine runs); without them the sandbox reaches every service of the host "
+                    "through its bridge. Run the orchestrator there as root, or set "
+                    "sandbox.egress.require_host_firewall: false to accept that",
+                    container=spec.name,
+                )
         network.reload()
         subnet = str(network.attrs["IPAM"]["Config"][0]["Subnet"])
         identity = {
@@ -153,6 +170,7 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
             tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
             pids_limit=128,
             mem_limit="512m",
+            log_config=PROXY_LOG_CONFIG,
             init=False,  # the image's entrypoint is tini
             restart_policy={"Name": "no"},
         )
@@ -200,23 +218,36 @@ def wait_ready(client: Any, sandbox_name: str) -> None:
 
 
 def remove_edge(client: Any, sandbox_name: str) -> bool:
-    """Remove a sandbox's proxy and network (with its firewall rules); missing is fine. Blocking."""
+    """Remove a sandbox's proxy and network (with its firewall rules); missing is fine. Blocking.
+
+    The network may still have the sandbox as an endpoint for a moment (its removal in progress
+    elsewhere): retried for a few seconds. The firewall rules go whatever happens.
+    """
     edge = names(sandbox_name)
     removed = False
     try:
-        client.api.remove_container(edge.proxy, force=True)
-        removed = True
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if "already in progress" not in str(exc):
-            raise
-    try:
-        client.api.remove_network(edge.network)
-        removed = True
-    except docker.errors.NotFound:
-        pass
-    hostfirewall.remove_rules(edge.bridge)
+        try:
+            client.api.remove_container(edge.proxy, force=True)
+            removed = True
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise
+        deadline = time.monotonic() + NETWORK_REMOVE_WAIT_S
+        while True:
+            try:
+                client.api.remove_network(edge.network)
+                removed = True
+                break
+            except docker.errors.NotFound:
+                break
+            except docker.errors.APIError as exc:
+                if "active endpoints" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        hostfirewall.remove_rules(edge.bridge)
     return removed
 
 
@@ -240,7 +271,7 @@ def sweep_orphans(client: Any, instance: str) -> list[str]:
     )
     owners = {str((p.get("Labels") or {}).get(SANDBOX_LABEL, "")): p for p in proxies}
     for net in networks:
-        owners.setdefault(str((net.get("Labels") or {}).get(SANDBOX_LABEL, "")), {"Labels": net.get("Labels") or {}})
+        owners.setdefault(str((net.get("Labels") or {}).get(SANDBOX_LABEL, "")), net)
     for sandbox_name, item in owners.items():
         if not sandbox_name:
             continue
@@ -251,37 +282,41 @@ def sweep_orphans(client: Any, instance: str) -> list[str]:
             pass
         creator = str((item.get("Labels") or {}).get(CREATOR_LABEL, ""))
         c_host, _, c_pid = creator.partition(":")
-        created = float(item.get("Created") or 0)
-        young = time.time() - created < ORPHAN_GRACE_S if created else False
         if sandbox_name in MAKING:
             continue  # this process is making its sandbox right now
-        other = c_pid.isdigit() and int(c_pid) != os.getpid()
-        if young and c_host == host and other and _alive(int(c_pid)):
-            continue  # another live process may be making its sandbox
+        mine = c_host == host and c_pid == str(os.getpid())
+        if not mine and _age_s(item.get("Created")) < ORPHAN_GRACE_S:
+            # another process (maybe on another host, or in a container: its pid says nothing
+            # here) may be making its sandbox right now
+            continue
         if remove_edge(client, sandbox_name):
             removed.append(names(sandbox_name).proxy)
             logger.bind(sandbox=sandbox_name).info("egress_orphan_removed")
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _age_s(created: Any) -> float:
+    """Seconds since a container's (epoch) or a network's (RFC 3339) `Created`; 0 when unknown."""
+    if isinstance(created, (int, float)):
+        return time.time() - float(created)
+    if isinstance(created, str) and created:
+        from datetime import datetime
+
+        try:
+            return time.time() - datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp()
+        except ValueError:
+            return 0.0
+    return 0.0
 
 
-def read_lines(client: Any, proxy: str, after: int) -> list[dict[str, Any]]:
+def read_lines(client: Any, proxy: str, after: int, since: int = 0) -> list[dict[str, Any]]:
     """The proxy's request lines with a sequence number above `after` (oldest first); blocking.
 
     The proxy handles hostile traffic, so its output is read as untrusted: only lines that parse
     as the addon's JSON objects, within a size cap, with known fields of plain types.
     """
     try:
-        raw = client.api.logs(proxy, stdout=True, stderr=False)
+        raw = client.api.logs(proxy, stdout=True, stderr=False, since=since or None)
     except docker.errors.NotFound:
         return []
     out = []

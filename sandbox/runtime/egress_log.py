@@ -32,19 +32,46 @@ def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
     labels = attrs["Config"].get("Labels") or {}
     call_id = f"egress:{str(attrs['Id'])[:16]}"
     session = str(labels.get(Labels.SESSION) or labels.get(Labels.SCOPE_KEY, ""))
-    lines = egress.read_lines(client, attrs["Id"], journal.last_note(call_id))
+    after = journal.last_note(call_id)
+    since = _read_up_to.get(call_id, 0)
+    lines = egress.read_lines(client, attrs["Id"], after, since=max(0, since - 2))
+    owner = {
+        "session": session,
+        "tenant": str(labels.get(Labels.TENANT, "")),
+        "agent": str(labels.get(Labels.AGENT, "")),
+    }
+    expected = after + 1
     for line in lines:
+        seq = int(line["egress"])
+        if seq > expected:
+            # lines the proxy wrote that are gone (its log rotated under a flood): on record as lost
+            journal.append_note(
+                ts=float(line.get("ts", 0.0)),
+                call_id=call_id,
+                tool=TOOL,
+                seq=expected,
+                **owner,
+                data={
+                    "verdict": "lost",
+                    "reason": f"proxy lines {expected}..{seq - 1} were not collected (rotated away)",
+                },
+            )
         journal.append_note(
             ts=float(line.get("ts", 0.0)),
             call_id=call_id,
-            session=session,
-            tenant=str(labels.get(Labels.TENANT, "")),
-            agent=str(labels.get(Labels.AGENT, "")),
             tool=TOOL,
-            seq=int(line["egress"]),
+            seq=seq,
+            **owner,
             data={k: v for k, v in line.items() if k != "egress"},
         )
+        expected = seq + 1
+        _read_up_to[call_id] = int(float(line.get("ts", 0.0)))
     return len(lines)
+
+
+# proxy -> the time of the last line collected here: the next read asks the engine only for what
+# came after (with a little overlap; numbers keep lines from being journaled twice)
+_read_up_to: dict[str, int] = {}
 
 
 async def collect(journal: Journal | None, client: Any, sandbox_name: str) -> int:

@@ -138,6 +138,7 @@ def egress_policy(agent: EffectiveAgent) -> dict[str, Any]:
         "extra_hosts": list(cfg.extra_hosts),
         "image": cfg.image,
         "upstream_network": cfg.upstream_network,
+        "require_host_firewall": cfg.require_host_firewall,
     }
 
 
