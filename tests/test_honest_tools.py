@@ -14,7 +14,7 @@ from tests.cli_helpers import ROOT, run_cli
 
 DEFAULT = ROOT / "policies" / "default.yaml"
 # allowed by some policies, not run by this build (yet)
-NO_HANDLER = {"web_fetch", "web_search", "canvas", "cron", "gateway", "message", "nodes"}
+NO_HANDLER = {"web_search", "canvas", "cron", "gateway", "message", "nodes"}
 
 
 def test_provided_builtins_match_the_handlers() -> None:
@@ -50,3 +50,22 @@ async def test_session_tools_and_schemas_match_what_runs(make_config: Any, tmp_p
         names = {t.name for t in sess.tools()}
         schemas = {s["name"] for s in sess.tool_schemas()}
     assert names == schemas and not names & NO_HANDLER and "exec" in names
+
+
+def test_web_fetch_is_offered_only_where_it_can_run(tmp_path: Path) -> None:
+    """web_fetch needs the session's egress proxy: without one it is not offered, and explain says why."""
+    allow = "tools: {sandbox: {tools: {also_allow: [web_fetch]}}}"
+    for network, offered in (("none", False), ("egress", True)):
+        cfg = tmp_path / f"{network}.yaml"
+        cfg.write_text(
+            f"state_dir: {tmp_path / 'state'}\n{allow}\n"
+            f"agents: {{defaults: {{sandbox: {{mode: all, docker: {{network: {network}}}}}}}}}\n"
+        )
+        run = run_cli("--config", str(cfg), "tools", "--session", "agent:main:x")
+        names = {t["function"]["name"] if "function" in t else t["name"] for t in json.loads(run.stdout)}
+        assert ("web_fetch" in names) is offered, (network, names)
+        data = json.loads(run_cli("--config", str(cfg), "explain", "--session", "agent:main:x", "--json").stdout)
+        if offered:
+            assert "web_fetch" not in data.get("not_runnable_here", {})
+        else:
+            assert "network: egress" in data["not_runnable_here"]["web_fetch"]

@@ -173,6 +173,13 @@ def explain(
             + ", ".join(missing)
             + "\n  to provide one: register a handler (ToolRegistry.register) or add a SKILL.md tool (skills.dirs)"
         )
+    from sandbox.tools.availability import unavailable
+
+    cannot = {t: why for t in sorted(policy.allowed) if t not in missing and (why := unavailable(t, policy))}
+    if cannot:
+        data["not_runnable_here"] = cannot
+        text += "\n\nallowed by policy, cannot run in this session (the model is not offered them):"
+        text += "".join(f"\n  {t}: {why}" for t, why in cannot.items())
     if policy.sandbox.sandboxed:
         from sandbox.runtime.explain import container_facts, container_text
         from sandbox.sessions.child import child_agent
@@ -207,8 +214,10 @@ def tools_cmd(
 
     registry = state.registry()
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
-    runnable = registry.runnable()  # allowed *and* provided: a model is never offered a tool that cannot run
-    specs = [registry.get(d.tool) for d in policy.decisions if d.allowed and d.tool in runnable]
+    from sandbox.tools.availability import offered
+
+    here = offered(registry, policy)  # allowed, provided, runnable here: never a tool that cannot run
+    specs = [registry.get(d.tool) for d in policy.decisions if d.tool in here]
     data = render(specs, fmt)  # type: ignore[arg-type]
     _emit(data, True, "")  # definitions are JSON either way; --json is accepted for symmetry
     del as_json

@@ -225,6 +225,8 @@ class BrowserConfig(StrictModel):
     network: str = "sandbox-browser"
     cdp_port: int = Field(9222, ge=1, le=65535)
     startup_timeout_s: float = Field(30.0, gt=0)
+    # the browser tool's `evaluate` (page JavaScript chosen by the model) only when set
+    allow_evaluate: bool = False
 
 
 def _network(value: str) -> str:

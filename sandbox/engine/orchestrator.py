@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +40,7 @@ from sandbox.runtime.session_users import session_shell
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import BoundSessions, SessionsService, end_session_work
+from sandbox.tools.availability import offered
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.context import ToolContext
@@ -148,6 +150,9 @@ class Orchestrator:
 
     async def aclose(self) -> None:
         """Release engine connections (sandboxes stay: the engine is the inventory)."""
+        browser_tool = sys.modules.get("sandbox.tools.handlers.browser")
+        if browser_tool is not None:  # its CDP driver, when the browser tool ran in this loop
+            await browser_tool.close_drivers()
         if self._backend is not None:
             await self._backend.aclose()
         if self.journal is not None:
@@ -264,8 +269,8 @@ class Session:
     def tools(self) -> list[ToolSpec]:
         """The tools the model may see (allowed by policy and runnable here)."""
         registry = self._orch.registry
-        runnable = registry.runnable()
-        return [registry.get(n) for n in registry.names() if n in self.policy.allowed and n in runnable]
+        here = offered(registry, self.policy)
+        return [registry.get(n) for n in registry.names() if n in here]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """name, description and JSON schema of each tool in :meth:`tools`."""
@@ -431,6 +436,8 @@ class Session:
         tool_ctx.publish = partial(self._spill, tool_ctx)
         if self._orch.journal is not None:
             tool_ctx.sessions = BoundSessions(self._orch.sessions, self, task.call_id)
+        if self.sandboxed:
+            tool_ctx.browser = _SessionBrowser(self)
         return tool_ctx
 
     def _make_files(
@@ -527,3 +534,13 @@ def _refuse_approvals_without_journal(config: Config, registry: ToolRegistry) ->
                 "could not be honoured. Pass journal=True (the default) or a Journal."
             ]
         )
+
+
+class _SessionBrowser:
+    """The browser tool's port: the session's browser sandbox, started on first use."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    async def cdp_url(self) -> str:
+        return (await self._session.browser()).cdp_url

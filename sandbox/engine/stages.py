@@ -16,6 +16,7 @@ from sandbox.engine.arguments import check_arguments, describe
 from sandbox.engine.call import Call, Checked, Refusal
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.policy.groups import acting_as
+from sandbox.tools.availability import offered
 from sandbox.tools.spec import ToolArgs, ToolSpec
 
 
@@ -58,13 +59,12 @@ def propose(call: Call, arguments: Any, refused: SandboxError | None = None) -> 
 def check_policy(call: Call) -> Refusal | None:
     """Stage 3, policy: a tool outside the session's effective set does not exist for the model."""
     registry = call.engine.registry
-    allowed = call.policy.allowed
-    runnable = registry.runnable()
-    if call.tool in allowed and call.tool in runnable:
+    available_here = offered(registry, call.policy)
+    if call.tool in available_here:
         call.journal("policy_checked")
         return None
     logger.info("tool_call_denied")
-    available = sorted(t for t in allowed if t in runnable)
+    available = sorted(available_here)
     reason = "is not available to this session" if call.tool in registry else "does not exist"
     return Refusal(
         "not_found",

@@ -23,11 +23,13 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
-from sandbox.runtime import hostfirewall
+from sandbox.runtime import egress, hostfirewall
 from sandbox.runtime.docker_backend import DockerBackend
-from sandbox.runtime.naming import SCHEMA_VERSION, Labels, container_name, scope_key, short_hash
+from sandbox.runtime.naming import LABEL_PREFIX, SCHEMA_VERSION, Labels, container_name, scope_key, short_hash
+from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
 
 NETWORK_KIND = "browser-net"
+EGRESS_LABEL = f"{LABEL_PREFIX}.egress-policy"  # hash of the egress policy a browser was made with
 
 
 def network_names(prefix: str, container: str) -> tuple[str, str]:
@@ -129,10 +131,19 @@ class BrowserManager:
             )
         key = scope_key(agent.sandbox.scope, agent.id, session)
         name = container_name(self.instance, "browser", key, tenant=agent.tenant)
+        policy = egress_policy(agent) if agent.sandbox.docker.network == EGRESS_NETWORK else None
+        wanted = short_hash(json.dumps(policy, sort_keys=True), 16) if policy is not None else ""
         async with self._lock:
             attrs = await self.backend.find(name)
             network, bridge = network_names(cfg.network, name)
-            if attrs is not None and attrs["State"]["Status"] == "running":
+            if policy is not None:
+                network, bridge = egress.names(name).network, egress.names(name).bridge
+            current = attrs is not None and ((attrs["Config"].get("Labels") or {}).get(EGRESS_LABEL, "")) == wanted
+            if current and policy is not None:
+                current = await self.backend.call(
+                    "inspect egress proxy", egress.proxy_running, self.backend.client, name
+                )
+            if attrs is not None and current and attrs["State"]["Status"] == "running":
                 endpoint = self._endpoint(attrs, cfg.cdp_port, network)
                 if endpoint is not None:
                     version = await anyio.to_thread.run_sync(_cdp_version, endpoint.cdp_url)
@@ -144,6 +155,8 @@ class BrowserManager:
             if attrs is not None:
                 await self.backend.remove(attrs["Id"])
             await self.remove_unused_networks()
+            if policy is not None:
+                return await self._start_with_egress(agent, key, name, session, policy, wanted)
             labels = {
                 Labels.MANAGED: "true",
                 Labels.INSTANCE: self.instance,
@@ -159,6 +172,39 @@ class BrowserManager:
                 endpoint.container_id, endpoint.name, network, endpoint.cdp_url, endpoint.browser_version, firewall
             )
 
+    async def _start_with_egress(
+        self, agent: EffectiveAgent, key: str, name: str, session: str, policy: dict[str, Any], wanted: str
+    ) -> BrowserEndpoint:
+        """`network: egress`: the browser on an internal network with a proxy of its own (as the exec
+        sandbox, with the same allowlist), every request sent to that proxy."""
+        owner = egress.EdgeOwner(
+            name,
+            self.instance,
+            agent.tenant,
+            agent.id,
+            key,
+            session if agent.sandbox.scope == "session" else "",
+            policy,
+        )
+        client = self.backend.client
+        try:
+            edge = await self.backend.call("create browser egress proxy", egress.create_edge, client, owner)
+            endpoint = await self._start(agent, key, name, edge.network, proxy=edge.proxy_address, egress_hash=wanted)
+            await self.backend.call("start browser egress proxy", egress.wait_ready, client, name)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.backend.remove(name)
+                await self.backend.call("remove browser egress proxy", egress.remove_edge, client, name)
+            raise
+        return BrowserEndpoint(
+            endpoint.container_id,
+            endpoint.name,
+            edge.network,
+            endpoint.cdp_url,
+            endpoint.browser_version,
+            edge.host_firewall,
+        )
+
     @staticmethod
     def _endpoint(attrs: dict[str, Any], port: int, network: str, version: str = "") -> BrowserEndpoint | None:
         # CDP at the container's address on its own network: nothing is published on the host
@@ -167,7 +213,9 @@ class BrowserManager:
             return None
         return BrowserEndpoint(attrs["Id"], attrs["Name"].lstrip("/"), network, f"http://{address}:{port}", version)
 
-    async def _start(self, agent: EffectiveAgent, key: str, name: str, network: str) -> BrowserEndpoint:
+    async def _start(
+        self, agent: EffectiveAgent, key: str, name: str, network: str, *, proxy: str = "", egress_hash: str = ""
+    ) -> BrowserEndpoint:
         cfg = agent.sandbox.browser
         docker_cfg = agent.sandbox.docker
         now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
@@ -184,7 +232,11 @@ class BrowserManager:
             Labels.CREATED_AT: now,
             Labels.LAST_USED: now,
             Labels.SCHEMA: SCHEMA_VERSION,
+            EGRESS_LABEL: egress_hash,
         }
+        environment = {"CDP_PORT": str(cfg.cdp_port)}
+        if proxy:
+            environment["PROXY_SERVER"] = f"{proxy}:{egress.PROXY_PORT}"
 
         def create() -> str:
             container = self.backend.client.containers.run(
@@ -193,7 +245,7 @@ class BrowserManager:
                 detach=True,
                 labels=labels,
                 network=network,
-                environment={"CDP_PORT": str(cfg.cdp_port)},
+                environment=environment,
                 user="1000:1000",
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges:true"],

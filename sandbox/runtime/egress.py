@@ -105,24 +105,44 @@ def proxy_command(policy: dict[str, Any]) -> list[str]:
     ]
 
 
-def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
-    """Make (afresh) the internal network and the proxy of `spec`'s sandbox; blocking.
+@dataclass(frozen=True)
+class EdgeOwner:
+    """The container an edge serves (an exec sandbox or a browser) and the policy it enforces."""
+
+    name: str
+    instance: str
+    tenant: str
+    agent: str
+    scope_key: str
+    session: str  # "" unless the container belongs to one session
+    policy: dict[str, Any]
+
+    @classmethod
+    def of(cls, spec: SandboxSpec) -> EdgeOwner:
+        """The owner of an exec sandbox's edge."""
+        assert spec.egress is not None
+        session = spec.session if spec.scope == "session" else ""
+        return cls(spec.name, spec.instance, spec.tenant, spec.agent, spec.scope_key, session, spec.egress)
+
+
+def create_edge(client: Any, spec: SandboxSpec | EdgeOwner) -> EgressEdge:
+    """Make (afresh) the internal network and the proxy of a sandbox (or browser); blocking.
 
     Raises:
         SandboxUnavailable: the network or the proxy could not be made or did not come up
             (whatever was made is removed).
     """
-    assert spec.egress is not None
-    policy = spec.egress
-    edge = names(spec.name)
-    remove_edge(client, spec.name)  # a stale edge of an earlier container of this name
+    owner = spec if isinstance(spec, EdgeOwner) else EdgeOwner.of(spec)
+    policy = owner.policy
+    edge = names(owner.name)
+    remove_edge(client, owner.name)  # a stale edge of an earlier container of this name
     labels = {
-        Labels.INSTANCE: spec.instance,
-        Labels.TENANT: spec.tenant,
-        Labels.AGENT: spec.agent,
-        Labels.SCOPE_KEY: spec.scope_key,
-        Labels.SESSION: spec.session if spec.scope == "session" else "",
-        SANDBOX_LABEL: spec.name,
+        Labels.INSTANCE: owner.instance,
+        Labels.TENANT: owner.tenant,
+        Labels.AGENT: owner.agent,
+        Labels.SCOPE_KEY: owner.scope_key,
+        Labels.SESSION: owner.session,
+        SANDBOX_LABEL: owner.name,
         CREATOR_LABEL: f"{socket.gethostname()}:{os.getpid()}",
     }
     try:
@@ -142,15 +162,15 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
                     "iptables where the engine runs); without them the sandbox reaches every service of the host "
                     "through its bridge. Run the orchestrator there as root, or set "
                     "sandbox.egress.require_host_firewall: false to accept that",
-                    container=spec.name,
+                    container=owner.name,
                 )
         network.reload()
         subnet = str(network.attrs["IPAM"]["Config"][0]["Subnet"])
         identity = {
-            "tenant": spec.tenant,
-            "agent": spec.agent,
-            "scope_key": spec.scope_key,
-            "session": spec.session if spec.scope == "session" else "",
+            "tenant": owner.tenant,
+            "agent": owner.agent,
+            "scope_key": owner.scope_key,
+            "session": owner.session,
         }
         proxy_policy = {**policy, "identity": identity, "client_subnet": subnet}
         extra_hosts = dict(h.split(":", 1) for h in policy["extra_hosts"]) or None
@@ -181,18 +201,18 @@ def create_edge(client: Any, spec: SandboxSpec) -> EgressEdge:
         attrs = client.api.inspect_container(container.id)
         address = ((attrs["NetworkSettings"]["Networks"] or {}).get(edge.network) or {}).get("IPAddress")
         if not address:
-            raise SandboxUnavailable("the egress proxy got no address on the sandbox network", container=spec.name)
+            raise SandboxUnavailable("the egress proxy got no address on the sandbox network", container=owner.name)
     except docker.errors.ImageNotFound as exc:
-        remove_edge(client, spec.name)
+        remove_edge(client, owner.name)
         raise SandboxUnavailable(
-            f"the egress proxy image {policy['image']!r} is missing; run `sandbox images build`", container=spec.name
+            f"the egress proxy image {policy['image']!r} is missing; run `sandbox images build`", container=owner.name
         ) from exc
     except (docker.errors.APIError, SandboxUnavailable) as exc:
-        remove_edge(client, spec.name)
+        remove_edge(client, owner.name)
         if isinstance(exc, SandboxUnavailable):
             raise
-        raise SandboxUnavailable(f"the egress proxy could not be made: {exc}", container=spec.name) from exc
-    logger.bind(sandbox=spec.name, proxy=edge.proxy, network=edge.network).info("egress_proxy_started")
+        raise SandboxUnavailable(f"the egress proxy could not be made: {exc}", container=owner.name) from exc
+    logger.bind(sandbox=owner.name, proxy=edge.proxy, network=edge.network).info("egress_proxy_started")
     return EgressEdge(edge.network, edge.proxy, f"http://{address}:{PROXY_PORT}", firewall)
 
 

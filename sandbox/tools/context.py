@@ -45,6 +45,14 @@ class SessionsPort(Protocol):
         ...
 
 
+class BrowserPort(Protocol):
+    """The browser tool's view of the session's browser sandbox."""
+
+    async def cdp_url(self) -> str:
+        """Where the session's browser answers CDP (started, on its own network, if needed)."""
+        ...
+
+
 @dataclass
 class ToolContext:
     """Everything one call of a built-in tool may use; tools never import docker."""
@@ -64,3 +72,5 @@ class ToolContext:
     publish: Callable[[Path], Awaitable[str | None]] = _no_publish
     # the sessions tools (spawn, list, history, send, status); None without a journal
     sessions: SessionsPort | None = None
+    # the session's browser sandbox; None where there is none (not sandboxed, not docker)
+    browser: BrowserPort | None = None

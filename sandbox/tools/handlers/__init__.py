@@ -21,12 +21,15 @@ PROVIDED_BUILTINS = frozenset(
         "sessions_history",
         "sessions_send",
         "session_status",
+        "web_fetch",
+        "browser",
     }
 )
 
 
 def builtin_handlers() -> dict[str, Handler]:
     """name -> handler for every built-in tool this build runs."""
+    from sandbox.tools.handlers.browser import browser_tool
     from sandbox.tools.handlers.execs import exec_tool
     from sandbox.tools.handlers.files import edit_tool, read_tool, write_tool
     from sandbox.tools.handlers.memory import memory_get_tool, memory_search_tool
@@ -39,6 +42,7 @@ def builtin_handlers() -> dict[str, Handler]:
         sessions_send_tool,
         sessions_spawn_tool,
     )
+    from sandbox.tools.handlers.web import web_fetch_tool
 
     return {
         "exec": exec_tool,
@@ -54,4 +58,6 @@ def builtin_handlers() -> dict[str, Handler]:
         "sessions_history": sessions_history_tool,
         "sessions_send": sessions_send_tool,
         "session_status": session_status_tool,
+        "web_fetch": web_fetch_tool,
+        "browser": browser_tool,
     }
