@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _STATE_HOME = tempfile.mkdtemp(prefix="sbx-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_HOME
 atexit.register(shutil.rmtree, _STATE_HOME, ignore_errors=True)
+# the egress test lab (servers on a test network) is a fixture plugin shared by several modules
+pytest_plugins = ["tests.egress_lab"]
 RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this test run
 TEST_LABEL = "io.agent-sandbox.test-run"
 

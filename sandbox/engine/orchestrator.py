@@ -336,6 +336,7 @@ class Session:
         await end_session_work(self._orch, self, reason)
         if self.sandboxed:
             await self._orch.manager.close_session(self.agent, self.key)
+            await self._close_browser()
         self._orch.policy.forget(self.policy.identity)
         self._orch.loops.forget(self.agent.tenant, self.key)
         self._files = None
@@ -363,6 +364,16 @@ class Session:
         if not self.sandboxed:
             return None
         return await self._orch.manager.sandbox_for(self.agent, self.key)
+
+    async def _close_browser(self) -> None:
+        """The session's own browser sandbox goes with it (agent- and shared-scope ones stay)."""
+        from sandbox.runtime.docker_backend import DockerBackend
+
+        if self.agent.sandbox.scope != "session" or not isinstance(self._orch.backend, DockerBackend):
+            return
+        from sandbox.runtime.browser import BrowserManager
+
+        await BrowserManager(self._orch.backend, self._orch.manager.instance).close_session(self.agent, self.key)
 
     async def browser(self) -> BrowserEndpoint:
         """Start (or find) this session's browser sandbox; only when policy and config allow it."""

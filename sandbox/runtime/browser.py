@@ -114,6 +114,17 @@ class BrowserManager:
 
         return await self.backend.call("remove browser networks", sweep)
 
+    async def close_session(self, agent: EffectiveAgent, session: str) -> bool:
+        """A session-scoped browser goes with its session (with its network or egress edge)."""
+        if agent.sandbox.scope != "session":
+            return False
+        name = container_name(self.instance, "browser", scope_key("session", agent.id, session), tenant=agent.tenant)
+        if await self.backend.find(name) is None:
+            return False
+        await self.backend.remove(name)
+        await self.remove_unused_networks()
+        return True
+
     async def ensure(self, agent: EffectiveAgent, session: str, *, browser_allowed: bool) -> BrowserEndpoint:
         """The browser sandbox of a session, started (and health-checked) if needed.
 
