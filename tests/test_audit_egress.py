@@ -67,3 +67,14 @@ def test_explain_says_what_the_sandbox_reaches(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith("egress"))
     assert "['pypi.org'] on ports [80, 443]" in line and "tenant floor ['pypi.org', 'files.example']" in line
+
+
+def test_secrets_hosts_are_reported(tmp_path: Path) -> None:
+    found = _findings(
+        tmp_path,
+        {
+            "allow": ["api.example.com"],
+            "secrets": {"API_TOKEN": {"value_from": "env:TOKEN", "hosts": ["api.example.com"]}},
+        },
+    )
+    assert "secret API_TOKEN (env:TOKEN) goes to ['api.example.com'] in Authorization" in found["SBX-N001"]

@@ -8,6 +8,7 @@ would. Each refusal is shown by the proxy's verdict and by the canary having rec
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -385,3 +386,48 @@ async def test_web_fetch_goes_through_the_proxy_and_rechecks_every_redirect(make
         assert cut.ok and cut.output["truncated"] is True and "[cut: 4900 more characters" in cut.output["content"]
         await session.close()
     assert lab.canary_heard()[before:] == []
+
+
+async def test_a_secret_reaches_its_hosts_only_and_never_the_sandbox(
+    make_config: Any, lab: Lab, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value = "s3cr3t-value-0123456789"
+    monkeypatch.setenv("SBX_TEST_EGRESS_SECRET", value)
+    upstream_ca = tmp_path / "upstream-ca.pem"
+    upstream_ca.write_text(lab.web_cert)  # the proxy verifies the test server (a self-signed certificate)
+    config = egress_config(
+        make_config,
+        lab,
+        allow=["allowed.test", "api.test", "evil.test", "linklocal.test"],
+        upstream_ca=str(upstream_ca),
+        secrets={"API_TOKEN": {"value_from": "env:SBX_TEST_EGRESS_SECRET", "hosts": ["api.test"]}},
+    )
+    before = len(lab.web_heard())
+    async with Orchestrator(config) as orch:
+        session = orch.session(agent="main", key="s-secret")
+        seen = await _sh(session, "printenv API_TOKEN; env | grep -c s3cr3t; true")
+        placeholder = seen["output"].splitlines()[0]
+        assert placeholder.startswith("sbx-secret-api-token-") and value not in seen["output"], seen
+        assert seen["output"].splitlines()[1] == "0"  # the value is nowhere in the sandbox's environment
+        # to its host, over TLS the sandbox verifies (its bundle trusts this proxy's CA): substituted
+        named = await _sh(session, 'curl -sS -m 10 -H "Authorization: Bearer $API_TOKEN" https://api.test:8443/headers')
+        assert named["output"] == "ok", named
+        added = await _sh(session, "curl -sS -m 10 https://api.test:8443/headers")  # the header is put in
+        assert added["output"] == "ok", added
+        # to another host, and to its host in clear text: the placeholder goes out unchanged
+        other = await _sh(
+            session, 'curl -sS -k -m 10 -H "Authorization: Bearer $API_TOKEN" https://allowed.test:8443/headers'
+        )
+        assert other["output"] == "ok", other
+        clear = await _sh(session, 'curl -sS -m 10 -H "Authorization: Bearer $API_TOKEN" http://api.test:8000/headers')
+        assert clear["output"] == "ok", clear
+        events = orch.journal.events(session=session.key)
+        await session.close()
+    heard = lab.web_heard()[before:]
+    assert heard[0] == f"AUTH Bearer {value} X-KEY None" and heard[1] == f"AUTH Bearer {value} X-KEY None", heard
+    assert heard[2] == f"AUTH Bearer {placeholder} X-KEY None", heard  # allowed.test: not its host
+    assert heard[3] == f"AUTH Bearer {placeholder} X-KEY None", heard  # clear text: never substituted
+    lines = [e.data for e in events if e.stage == "egress"]
+    assert sum(line.get("injected") == "API_TOKEN" for line in lines) == 2, lines
+    # the value never reaches the journal, whatever recorded the calls
+    assert all(value not in json.dumps(e.data) for e in events)

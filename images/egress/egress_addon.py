@@ -22,10 +22,12 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from egress_rules import address_refusal, is_ip, normal_host
+from egress_secrets import SECRETS, ca_pem, substitute, upstream_bundle
 from egress_state import EXEMPT, MAX_BYTES, MAX_HEADER_BYTES, POLICY, RESOLVE_TIMEOUT_S, emit, host_refusal
 from egress_tunnel import TunnelGate
-from mitmproxy import http
+from mitmproxy import ctx, http
 from mitmproxy.net.http import url
+from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
 
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
@@ -35,7 +37,7 @@ def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     flow.metadata["egress_logged"] = True
     emit(
         method=flow.request.method,
-        host=normal_host(flow.request.host),
+        host=flow.metadata.get("egress_host") or normal_host(flow.request.host),
         port=flow.request.port,
         status=status,
         bytes_up=0,
@@ -45,9 +47,8 @@ def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     )
 
 
-def _host_header_refusal(request: http.Request) -> str | None:
+def _host_header_refusal(request: http.Request, target: str) -> str | None:
     """Why the Host header (HTTP/1) or :authority and host (HTTP/2) do not name the request target."""
-    target = normal_host(request.host)
     for header in {request.host_header, request.headers.get("host")} - {None}:
         try:
             host, port = url.parse_authority(str(header), check=True)
@@ -98,13 +99,22 @@ class Egress:
         if header_bytes > MAX_HEADER_BYTES:
             _refuse(flow, 431, f"request headers of {header_bytes} bytes are over {MAX_HEADER_BYTES}")
             return
-        reason = _host_header_refusal(request) or host_refusal(request.host, request.port)
+        # in a decrypted tunnel (its host carries a secret) the target is the CONNECT host: the
+        # request's own host is the pinned address, and its Host header must name that host
+        tunnel_host = self.names.get(flow.server_conn.id) if request.scheme == "https" else None
+        target = tunnel_host or normal_host(request.host)
+        flow.metadata["egress_host"] = target
+        reason = _host_header_refusal(request, target) or host_refusal(target, request.port)
         if reason:
             _refuse(flow, 403, reason)
             return
         length = request.headers.get("content-length", "0")
         if length.isdigit() and int(length) + header_bytes > MAX_BYTES:
             _refuse(flow, 413, f"request of {int(length) + header_bytes} bytes is over {MAX_BYTES}")
+            return
+        if tunnel_host is not None:
+            # only over TLS the proxy itself set up: a secret never travels in clear text
+            flow.metadata["egress_secrets"] = substitute(tunnel_host, request.headers)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None and flow.response.status_code == 101:
@@ -113,7 +123,7 @@ class Egress:
             flow.metadata["egress_logged"] = True
             emit(
                 method=flow.request.method,
-                host=normal_host(flow.request.host),
+                host=flow.metadata.get("egress_host") or normal_host(flow.request.host),
                 port=flow.request.port,
                 status=101,
                 bytes_up=0,
@@ -172,13 +182,14 @@ class Egress:
         flow.metadata["egress_logged"] = True
         emit(
             method=flow.request.method,
-            host=normal_host(flow.request.host),
+            host=flow.metadata.get("egress_host") or normal_host(flow.request.host),
             port=flow.request.port,
             status=flow.response.status_code if flow.response else 0,
             bytes_up=len(flow.request.raw_content or b"") + int(flow.metadata.get("egress_header_bytes", 0)),
             bytes_down=len(flow.response.raw_content or b"") if flow.response else 0,
             verdict="allowed",
             reason="",
+            injected=",".join(flow.metadata.get("egress_secrets") or []),
         )
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -189,7 +200,7 @@ class Egress:
         refused = "egress refused: " in message
         emit(
             method=flow.request.method,
-            host=normal_host(flow.request.host),
+            host=flow.metadata.get("egress_host") or normal_host(flow.request.host),
             port=flow.request.port,
             status=502 if refused else 0,
             bytes_up=0,
@@ -199,7 +210,13 @@ class Egress:
         )
 
     def running(self) -> None:
-        print(json.dumps({"egress": 0, "ready": True}), flush=True)
+        bundle = upstream_bundle()
+        if bundle is not None:
+            ctx.options.update(ssl_verify_upstream_trusted_ca=bundle)
+        ready: dict[str, Any] = {"egress": 0, "ready": True}
+        if SECRETS:
+            ready["ca"] = ca_pem()  # public: what the sandbox must trust for the secrets' hosts
+        print(json.dumps(ready), flush=True)
 
 
 def _in(address: str, subnet: str) -> bool:
@@ -212,7 +229,10 @@ def _in(address: str, subnet: str) -> bool:
 
 
 def _in_tunnel(context: Any) -> bool:
-    """Whether this decision is for the bytes after a CONNECT (not the proxy's first request)."""
+    """Whether this decision is for the bytes after a CONNECT (not the proxy's first request, and
+    not the decrypted stream of a tunnel this proxy intercepts: mitmproxy's HTTP layer takes that)."""
+    if any(isinstance(layer, ClientTLSLayer) for layer in context.layers):
+        return False
     return len(context.layers) > 1 and context.server.address is not None
 
 

@@ -23,7 +23,7 @@ MAX_HELLO_BYTES = 64 * 1024
 RESOLVE_TIMEOUT_S = 5.0
 IDENTITY: dict[str, str] = {k: str(v)[:256] for k, v in POLICY.get("identity", {}).items()}
 # what a field of a line may hold: a line stays far below what the orchestrator reads (4 KiB)
-FIELD_CAPS = {"method": 32, "host": 255, "reason": 512}
+FIELD_CAPS = {"method": 32, "host": 255, "reason": 512, "injected": 512}
 _seq = itertools.count(1)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from egress_rules import is_ip, normal_host
+from egress_secrets import intercepted
 from egress_state import HELLO_TIMEOUT_S, MAX_BYTES, MAX_DURATION_S, MAX_HELLO_BYTES, emit
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import tcp
-from mitmproxy.proxy.layers.tls import parse_client_hello
+from mitmproxy.proxy.layers.tls import ClientTLSLayer, ServerTLSLayer, parse_client_hello
 from mitmproxy.proxy.utils import expect
 
 
@@ -46,13 +47,15 @@ class TunnelGate(layer.Layer):
         super().__init__(context)
         self.host, self.port = host, port
         self.buffer = bytearray()
-        self.child: CappedTunnel | None = None
+        self.child: layer.Layer | None = None
         self.wakeup: commands.RequestWakeup | None = None
         self.closed = False
 
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        mine = isinstance(event, events.Wakeup) and event.command is self.wakeup
         if self.child is not None:
-            yield from self.child.handle_event(event)
+            if not mine:  # the hello deadline is the gate's own business, not the child's
+                yield from self.child.handle_event(event)
             return
         if self.closed:
             return
@@ -60,7 +63,7 @@ class TunnelGate(layer.Layer):
             self.wakeup = commands.RequestWakeup(HELLO_TIMEOUT_S)
             yield self.wakeup
         elif isinstance(event, events.Wakeup):
-            if event.command is self.wakeup:
+            if mine:
                 yield from self._refuse(f"no complete TLS ClientHello within {HELLO_TIMEOUT_S:g} s")
         elif isinstance(event, events.DataReceived):
             if event.connection != self.context.client:
@@ -76,7 +79,24 @@ class TunnelGate(layer.Layer):
             if reason is not None:
                 yield from self._refuse(reason)
                 return
-            self.child = CappedTunnel(self.context, self.host, self.port)
+            if intercepted(self.host):
+                # a host that carries a secret: mitmproxy decrypts (with this proxy's own CA, which
+                # only this sandbox trusts) so the secret can be put in; requests inside are checked
+                server_tls = ServerTLSLayer(self.context)
+                server_tls.child_layer = ClientTLSLayer(self.context)
+                self.child = server_tls
+                emit(
+                    method="CONNECT",
+                    host=self.host,
+                    port=self.port,
+                    status=200,
+                    bytes_up=0,
+                    bytes_down=0,
+                    verdict="allowed",
+                    reason="tunnel opened, decrypted (the host carries a secret)",
+                )
+            else:
+                self.child = CappedTunnel(self.context, self.host, self.port)
             yield from self.child.handle_event(events.Start())
             yield from self.child.handle_event(events.DataReceived(self.context.client, bytes(self.buffer)))
         elif isinstance(event, events.ConnectionClosed):

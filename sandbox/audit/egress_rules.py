@@ -28,7 +28,11 @@ def egress_findings(agent: EffectiveAgent, target: str) -> list[Finding]:
             "info",
             "egress allowlist",
             f"through its proxy the sandbox reaches {cfg.allow or 'nothing'} on ports {sorted(set(cfg.ports))}"
-            f"{floor_text}; caps {cfg.max_bytes} and {cfg.max_duration_s:g} s per request or tunnel",
+            f"{floor_text}; caps {cfg.max_bytes} and {cfg.max_duration_s:g} s per request or tunnel"
+            + "".join(
+                f"; secret {name} ({secret.value_from}) goes to {list(secret.hosts)} in {secret.header}"
+                for name, secret in sorted(cfg.secrets.items())
+            ),
             "keep the list to the hosts the agent needs",
             target,
         )

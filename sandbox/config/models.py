@@ -252,6 +252,18 @@ EgressHost = Annotated[
 Cidr = Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$"), AfterValidator(_network)]
 
 
+class EgressSecret(StrictModel):
+    """A secret the egress proxy puts into requests to its hosts; the sandbox sees a placeholder."""
+
+    value_from: str = Field(pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+    hosts: list[EgressHost] = Field(min_length=1)
+    header: str = Field("Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
+    format: str = Field("Bearer {}", pattern=r"^[^{}]*\{\}[^{}]*$", max_length=256)
+
+
+SecretName = Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,63}$")]
+
+
 class EgressConfig(StrictModel):
     """`network: egress`: the sandbox reaches only these hosts, through a proxy of its own."""
 
@@ -269,6 +281,10 @@ class EgressConfig(StrictModel):
     extra_hosts: list[str] = []
     # no egress sandbox without the host firewall rules that keep it off the host's services
     require_host_firewall: bool = True
+    # NAME -> a secret: the sandbox's $NAME is a placeholder, the proxy puts the value in for its hosts
+    secrets: dict[SecretName, EgressSecret] = {}
+    # a PEM file of CAs the proxy trusts upstream besides the system's (an internal mirror's)
+    upstream_ca: ConfigPath | None = None
 
 
 class TenantEgress(StrictModel):

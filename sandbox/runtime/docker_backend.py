@@ -23,7 +23,7 @@ from docker.types import Ulimit
 
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
-from sandbox.runtime import egress
+from sandbox.runtime import egress, egress_secrets
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
@@ -266,7 +266,9 @@ class DockerBackend:
         try:
             sandbox = DockerSandbox(self, container_id, spec)
             if spec.egress is not None:
-                await self.call("start egress proxy", egress.wait_ready, self.client, spec.name)
+                ca = await self.call("start egress proxy", egress.wait_ready, self.client, spec.name)
+                if ca:  # it decrypts for secrets: the sandbox trusts its CA (and only for that proxy)
+                    await self._install_ca(sandbox, spec, ca)
             if spec.docker.setup_command:
                 await self._setup(sandbox, spec)
             await self.call("rename sandbox", lambda: self.client.api.rename(container_id, spec.name))
@@ -283,6 +285,16 @@ class DockerBackend:
             raise
         logger.bind(container=spec.name, agent=spec.agent, scope_key=spec.scope_key).info("sandbox_created")
         return sandbox
+
+    async def _install_ca(self, sandbox: DockerSandbox, spec: SandboxSpec, ca: str) -> None:
+        """The system CAs plus the egress proxy's, where the sandbox's CA variables point."""
+        result = await sandbox.run_argv(["sh", "-c", egress_secrets.INSTALL_SCRIPT, "sh", ca], user="0", timeout_s=30)
+        if result.exit_code != 0:
+            raise SandboxUnavailable(
+                "the egress proxy's CA could not be installed in the sandbox (exit "
+                f"{result.exit_code}): {result.output.decode(errors='replace')[-300:]}",
+                container=spec.name,
+            )
 
     async def _setup(self, sandbox: DockerSandbox, spec: SandboxSpec) -> None:
         command = spec.docker.setup_command or ""

@@ -19,14 +19,14 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import docker.errors
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime import hostfirewall
+from sandbox.runtime import egress_secrets, hostfirewall
 from sandbox.runtime.naming import CREATOR_LABEL, LABEL_PREFIX, Labels, short_hash
 from sandbox.runtime.spec import SandboxSpec
 
@@ -70,6 +70,7 @@ class EgressEdge:
     proxy: str
     proxy_url: str
     host_firewall: bool
+    placeholders: dict[str, str] = field(default_factory=dict)  # secret name -> what the sandbox sees
 
     @property
     def proxy_address(self) -> str:
@@ -86,6 +87,7 @@ class EgressEdge:
             "https_proxy": url,
             "NO_PROXY": "",
             "no_proxy": "",
+            **egress_secrets.sandbox_environment(self.placeholders),
         }
 
 
@@ -169,10 +171,17 @@ def create_edge(client: Any, spec: SandboxSpec | EdgeOwner) -> EgressEdge:
         identity = {
             "tenant": owner.tenant,
             "agent": owner.agent,
-            "scope_key": owner.scope_key,
+            "scope": owner.scope_key,
             "session": owner.session,
         }
-        proxy_policy = {**policy, "identity": identity, "client_subnet": subnet}
+        resolved = egress_secrets.resolve(policy, owner.name)
+        proxy_policy = {
+            **policy,
+            "identity": identity,
+            "client_subnet": subnet,
+            "secrets": resolved,
+            "upstream_ca_pem": egress_secrets.upstream_ca_pem(policy, owner.name),
+        }
         extra_hosts = dict(h.split(":", 1) for h in policy["extra_hosts"]) or None
         container = client.containers.create(
             policy["image"],
@@ -213,11 +222,13 @@ def create_edge(client: Any, spec: SandboxSpec | EdgeOwner) -> EgressEdge:
             raise
         raise SandboxUnavailable(f"the egress proxy could not be made: {exc}", container=owner.name) from exc
     logger.bind(sandbox=owner.name, proxy=edge.proxy, network=edge.network).info("egress_proxy_started")
-    return EgressEdge(edge.network, edge.proxy, f"http://{address}:{PROXY_PORT}", firewall)
+    placeholders = {str(secret["name"]): str(secret["placeholder"]) for secret in resolved}
+    return EgressEdge(edge.network, edge.proxy, f"http://{address}:{PROXY_PORT}", firewall, placeholders)
 
 
-def wait_ready(client: Any, sandbox_name: str) -> None:
-    """Return once the sandbox's proxy says it runs; blocking.
+def wait_ready(client: Any, sandbox_name: str) -> str:
+    """Return once the sandbox's proxy says it runs, with its CA certificate ("" unless it
+    intercepts for secrets); blocking.
 
     Raises:
         SandboxUnavailable: it exited, or did not say so within READY_TIMEOUT_S (its last lines are in the message).
@@ -228,8 +239,14 @@ def wait_ready(client: Any, sandbox_name: str) -> None:
         attrs = client.api.inspect_container(proxy)
         if attrs["State"]["Status"] not in ("created", "running"):
             break
-        if b'"ready": true' in client.api.logs(proxy, stdout=True, stderr=False, tail=20):
-            return
+        for line in client.api.logs(proxy, stdout=True, stderr=False, tail=20).splitlines():
+            if line.startswith(b'{"egress": 0') and len(line) < 64 * 1024:
+                try:
+                    ready = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ready, dict) and ready.get("ready") is True:
+                    return str(ready.get("ca") or "")
         time.sleep(0.05)
     tail = client.api.logs(proxy, stdout=True, stderr=True, tail=10).decode(errors="replace")
     raise SandboxUnavailable(
@@ -356,11 +373,12 @@ def read_lines(client: Any, proxy: str, after: int, since: int = 0) -> list[dict
 
 LINE_FIELDS = frozenset(
     {
+        "injected",
         "egress",
         "ts",
         "tenant",
         "agent",
-        "scope_key",
+        "scope",
         "session",
         "method",
         "host",

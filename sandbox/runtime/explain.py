@@ -51,7 +51,10 @@ def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveA
             "runtime": docker.runtime or "runc (engine default)",
         },
         "egress": (
-            {k: spec.egress[k] for k in ("allow", "floor", "ports", "max_bytes", "max_duration_s", "allow_private")}
+            {
+                k: spec.egress[k]
+                for k in ("allow", "floor", "ports", "max_bytes", "max_duration_s", "allow_private", "secrets")
+            }
             if spec.egress is not None
             else None
         ),
@@ -160,6 +163,11 @@ def container_text(facts: dict[str, Any]) -> str:
             f"egress     through its own proxy to {e['allow'] or 'nothing'} on ports {e['ports']}{floor}"
             + (f"; private ranges exempt: {e['allow_private']}" if e["allow_private"] else "")
         )
+        lines += [
+            f"secret     ${x['name']} is a placeholder; the proxy puts the value ({x['value_from']}) into "
+            f"{x['header']} of requests to {x['hosts']} (TLS decrypted for those hosts only)"
+            for x in e["secrets"]
+        ]
     lines += [f"mount      {m['host']} -> {m['container']} ({m['mode']})  [{m['from']}]" for m in facts["mounts"]]
     if facts["escape_hatches"]:
         lines.append(f"WARNING    escape hatches on: {', '.join(facts['escape_hatches'])}")

@@ -139,6 +139,18 @@ def egress_policy(agent: EffectiveAgent) -> dict[str, Any]:
         "image": cfg.image,
         "upstream_network": cfg.upstream_network,
         "require_host_firewall": cfg.require_host_firewall,
+        # what each secret is and where it goes; never its value (that is read when the proxy is made)
+        "secrets": [
+            {
+                "name": name,
+                "value_from": secret.value_from,
+                "hosts": list(secret.hosts),
+                "header": secret.header,
+                "format": secret.format,
+            }
+            for name, secret in sorted(cfg.secrets.items())
+        ],
+        "upstream_ca": str(cfg.upstream_ca) if cfg.upstream_ca else None,
     }
 
 
