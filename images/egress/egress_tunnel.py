@@ -19,6 +19,22 @@ from mitmproxy.proxy.layers.tls import ClientTLSLayer, ServerTLSLayer, parse_cli
 from mitmproxy.proxy.utils import expect
 
 
+def tunnel_line(
+    host: str, port: int, verdict: str, reason: str, *, status: int = 200, up: int = 0, down: int = 0
+) -> None:
+    """The journal line of one tunnel event (opened, refused, closed, cut)."""
+    emit(
+        method="CONNECT",
+        host=host,
+        port=port,
+        status=status,
+        bytes_up=up,
+        bytes_down=down,
+        verdict=verdict,
+        reason=reason,
+    )
+
+
 def sni_verdict(data: bytes, host: str) -> str | None:
     """ "wait" (the ClientHello is not complete), None (it names `host`), or why it is refused."""
     if not data:
@@ -85,16 +101,7 @@ class TunnelGate(layer.Layer):
                 server_tls = ServerTLSLayer(self.context)
                 server_tls.child_layer = ClientTLSLayer(self.context)
                 self.child = server_tls
-                emit(
-                    method="CONNECT",
-                    host=self.host,
-                    port=self.port,
-                    status=200,
-                    bytes_up=0,
-                    bytes_down=0,
-                    verdict="allowed",
-                    reason="tunnel opened, decrypted (the host carries a secret)",
-                )
+                tunnel_line(self.host, self.port, "allowed", "tunnel opened, decrypted (the host carries a secret)")
             else:
                 self.child = CappedTunnel(self.context, self.host, self.port)
             yield from self.child.handle_event(events.Start())
@@ -105,16 +112,7 @@ class TunnelGate(layer.Layer):
     def _refuse(self, reason: str, *, log: bool = True) -> layer.CommandGenerator[None]:
         self.closed = True
         if log:
-            emit(
-                method="CONNECT",
-                host=self.host,
-                port=self.port,
-                status=0,
-                bytes_up=len(self.buffer),
-                bytes_down=0,
-                verdict="refused",
-                reason=reason,
-            )
+            tunnel_line(self.host, self.port, "refused", reason, status=0, up=len(self.buffer))
         yield commands.CloseConnection(self.context.client)
         if self.context.server.connected:
             yield commands.CloseConnection(self.context.server)
@@ -138,16 +136,7 @@ class CappedTunnel(tcp.TCPLayer):
 
     @expect(events.Start)
     def start(self, event: events.Event) -> layer.CommandGenerator[None]:
-        emit(
-            method="CONNECT",
-            host=self.host,
-            port=self.port,
-            status=200,
-            bytes_up=0,
-            bytes_down=0,
-            verdict="allowed",
-            reason="tunnel opened",
-        )
+        tunnel_line(self.host, self.port, "allowed", "tunnel opened")
         self.wakeup = commands.RequestWakeup(MAX_DURATION_S)
         yield self.wakeup
         yield from super().start(event)
@@ -184,13 +173,4 @@ class CappedTunnel(tcp.TCPLayer):
     def _log(self) -> None:
         if not self.logged:
             self.logged = True
-            emit(
-                method="CONNECT",
-                host=self.host,
-                port=self.port,
-                status=200,
-                bytes_up=self.up,
-                bytes_down=self.down,
-                verdict=self.verdict,
-                reason=self.reason or "tunnel closed",
-            )
+            tunnel_line(self.host, self.port, self.verdict, self.reason or "tunnel closed", up=self.up, down=self.down)
