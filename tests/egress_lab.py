@@ -45,6 +45,10 @@ class H(http.server.BaseHTTPRequestHandler):
             print("AUTH", self.headers.get("Authorization"), "X-KEY", self.headers.get("X-Key"), flush=True)
             self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
             self.wfile.write(b"ok"); return
+        if self.path == "/echo":  # a server that reflects what it got (the secret must not come back)
+            got = (self.headers.get("Authorization") or "").encode()
+            self.send_response(200); self.send_header("X-Echo", got.decode()); self.send_header("Content-Length", str(len(got)))
+            self.end_headers(); self.wfile.write(got); return
         if self.path == "/form":
             body = (b"<html><head><title>form</title></head><body><input id='q'>"
                     b"<button id='b' onclick=\"document.title=document.getElementById('q').value\">go</button>"

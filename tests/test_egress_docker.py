@@ -382,6 +382,11 @@ async def test_web_fetch_goes_through_the_proxy_and_rechecks_every_redirect(make
         assert scheme.error.code == "INVALID_ARGUMENTS" and "redirect target" in scheme.error.message
         loop = await session.call("web_fetch", {"url": "http://allowed.test:8000/loop?n=0"})
         assert loop.error.code == "INVALID_ARGUMENTS" and "more than 5 times" in loop.error.message
+        # braces and brackets are the URL's own: one request, not a list of URLs
+        globbed = await session.call("web_fetch", {"url": "http://allowed.test:8000/x{a,b}[1-3]"})
+        assert globbed.ok, globbed.error
+        fetched = [line for line in lab.web.logs().decode().splitlines() if line.startswith("HTTP /x")]
+        assert len(fetched) == 1, fetched
         cut = await session.call("web_fetch", {"url": "http://allowed.test:8000/big?n=5000", "max_chars": 100})
         assert cut.ok and cut.output["truncated"] is True and "[cut: 4900 more characters" in cut.output["content"]
         await session.close()
@@ -421,13 +426,27 @@ async def test_a_secret_reaches_its_hosts_only_and_never_the_sandbox(
         assert other["output"] == "ok", other
         clear = await _sh(session, 'curl -sS -m 10 -H "Authorization: Bearer $API_TOKEN" http://api.test:8000/headers')
         assert clear["output"] == "ok", clear
+        # a server that echoes the header gets the value, the sandbox its placeholder back
+        echo = await _sh(session, "curl -sS -m 10 -D - https://api.test:8443/echo")
+        assert value not in echo["output"] and f"Bearer {placeholder}" in echo["output"], echo
+        assert f"X-Echo: Bearer {placeholder}" in echo["output"], echo
+        # the placeholder outside its header, an absolute URL naming another host, TRACE: refused
+        for attack in (
+            'curl -sS -m 10 -w " %{http_code}" -H "X-Key: $API_TOKEN" https://api.test:8443/headers',
+            'curl -sS -m 10 -w " %{http_code}" "https://api.test:8443/headers?t=$API_TOKEN"',
+            'curl -sS -m 10 -w " %{http_code}" --request-target https://allowed.test:8443/headers https://api.test:8443/',
+            'curl -sS -m 10 -w " %{http_code}" -X TRACE https://api.test:8443/headers',
+        ):
+            refused = await _sh(session, attack)
+            assert refused["output"].endswith(" 403") and "egress refused" in refused["output"], (attack, refused)
         events = orch.journal.events(session=session.key)
         await session.close()
     heard = lab.web_heard()[before:]
     assert heard[0] == f"AUTH Bearer {value} X-KEY None" and heard[1] == f"AUTH Bearer {value} X-KEY None", heard
     assert heard[2] == f"AUTH Bearer {placeholder} X-KEY None", heard  # allowed.test: not its host
     assert heard[3] == f"AUTH Bearer {placeholder} X-KEY None", heard  # clear text: never substituted
+    assert len(heard) == 4, heard  # the refused requests never reached the server
     lines = [e.data for e in events if e.stage == "egress"]
-    assert sum(line.get("injected") == "API_TOKEN" for line in lines) == 2, lines
+    assert sum(line.get("injected") == "API_TOKEN" for line in lines) == 3, lines  # two to /headers, one to /echo
     # the value never reaches the journal, whatever recorded the calls
     assert all(value not in json.dumps(e.data) for e in events)

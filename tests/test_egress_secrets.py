@@ -48,3 +48,18 @@ def test_upstream_ca_must_be_a_certificate(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailable):
         egress_secrets.upstream_ca_pem({"upstream_ca": str(bad)}, "sbx-x")
     assert egress_secrets.upstream_ca_pem({"upstream_ca": None}, "sbx-x") == ""
+
+
+def test_secret_hosts_are_exact_names(tmp_path: Path) -> None:
+    """A wildcard would decrypt (and hand the secret to) every host it matches: refused at load."""
+    from sandbox.config import load_config_text
+    from sandbox.errors import ConfigError
+
+    for hosts in (["*"], ["*.example.com"]):
+        text = (
+            f"state_dir: {tmp_path}\nagents: {{defaults: {{sandbox: {{egress: {{secrets: "
+            f"{{API_TOKEN: {{value_from: 'env:X', hosts: {hosts}}}}}}}}}}}}}\n"
+        )
+        with pytest.raises(ConfigError) as caught:
+            load_config_text(text, source="t.yaml")
+        assert "secrets.API_TOKEN.hosts[0]" in str(caught.value), str(caught.value)

@@ -22,9 +22,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from egress_rules import address_refusal, is_ip, normal_host
-from egress_secrets import SECRETS, ca_pem, substitute, upstream_bundle
+from egress_secrets import SECRETS, ca_pem, misplaced, scrub, substitute, upstream_bundle
 from egress_state import EXEMPT, MAX_BYTES, MAX_HEADER_BYTES, POLICY, RESOLVE_TIMEOUT_S, emit, host_refusal
-from egress_tunnel import TunnelGate
+from egress_tunnel import Closed, TunnelGate
 from mitmproxy import ctx, http
 from mitmproxy.net.http import url
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
@@ -105,6 +105,8 @@ class Egress:
         target = tunnel_host or normal_host(request.host)
         flow.metadata["egress_host"] = target
         reason = _host_header_refusal(request, target) or host_refusal(target, request.port)
+        if reason is None and tunnel_host is not None:
+            reason = _tunnel_request_refusal(request, tunnel_host)
         if reason:
             _refuse(flow, 403, reason)
             return
@@ -113,10 +115,24 @@ class Egress:
             _refuse(flow, 413, f"request of {int(length) + header_bytes} bytes is over {MAX_BYTES}")
             return
         if tunnel_host is not None:
-            # only over TLS the proxy itself set up: a secret never travels in clear text
-            flow.metadata["egress_secrets"] = substitute(tunnel_host, request.headers)
+            flow.metadata["egress_tunnel"] = tunnel_host
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        tunnel_host = flow.metadata.get("egress_tunnel")
+        if tunnel_host is None or flow.response is not None:
+            return
+        # only over TLS the proxy itself set up (a secret never travels in clear text), only in the
+        # secret's own header, and never where a server could echo it back
+        reason = misplaced(tunnel_host, flow.request)
+        if reason:
+            _refuse(flow, 403, reason)
+            return
+        flow.metadata["egress_secrets"] = substitute(tunnel_host, flow.request.headers)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None and not flow.metadata.get("egress_logged"):
+            # the verdict header is the proxy's word: a server cannot fake a refusal with it
+            flow.response.headers.pop("X-Egress-Verdict", None)
         if flow.response is not None and flow.response.status_code == 101:
             # an upgraded connection (websocket, h2c) would leave the caps behind: wss:// goes
             # through a tunnel, where the caps hold
@@ -169,6 +185,13 @@ class Egress:
 
     def next_layer(self, nextlayer: Any) -> None:
         context = nextlayer.context
+        if _decrypted(context):
+            # inside a tunnel this proxy decrypts: HTTP only (mitmproxy runs with rawtcp off);
+            # TLS inside TLS would carry what no check here can see
+            data = nextlayer.data_client()
+            if data[:1] == b"\x16":
+                nextlayer.layer = Closed(context)
+            return
         if not _in_tunnel(context):
             return
         name = self.names.get(context.server.id, normal_host(str(context.server.address[0])))
@@ -180,6 +203,8 @@ class Egress:
         if flow.metadata.get("egress_logged") or flow.request.method == "CONNECT":
             return
         flow.metadata["egress_logged"] = True
+        if flow.metadata.get("egress_tunnel") and flow.response is not None:
+            scrub(flow.metadata["egress_tunnel"], flow.response)  # an echoed secret goes back as its placeholder
         emit(
             method=flow.request.method,
             host=flow.metadata.get("egress_host") or normal_host(flow.request.host),
@@ -228,11 +253,25 @@ def _in(address: str, subnet: str) -> bool:
         return False
 
 
+def _tunnel_request_refusal(request: http.Request, tunnel_host: str) -> str | None:
+    """A request in a decrypted tunnel names the tunnel's host, in its Host header and in nothing
+    else (an absolute URL naming another host would route there on a shared front end)."""
+    if not request.host_header:
+        return f"a request in the tunnel to {tunnel_host} must carry a Host header naming it"
+    if request.authority:
+        named, _ = url.parse_authority(request.authority, check=False)
+        if normal_host(named) != tunnel_host:
+            return f"the request line names {normal_host(named)}, not the tunnel's host {tunnel_host}"
+    return None
+
+
+def _decrypted(context: Any) -> bool:
+    """Whether this is the inside of a tunnel this proxy decrypts (its host carries a secret)."""
+    return any(isinstance(layer, ClientTLSLayer) for layer in context.layers)
+
+
 def _in_tunnel(context: Any) -> bool:
-    """Whether this decision is for the bytes after a CONNECT (not the proxy's first request, and
-    not the decrypted stream of a tunnel this proxy intercepts: mitmproxy's HTTP layer takes that)."""
-    if any(isinstance(layer, ClientTLSLayer) for layer in context.layers):
-        return False
+    """Whether this decision is for the bytes after a CONNECT (not the proxy's first request)."""
     return len(context.layers) > 1 and context.server.address is not None
 
 

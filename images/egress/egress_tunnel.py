@@ -174,3 +174,13 @@ class CappedTunnel(tcp.TCPLayer):
         if not self.logged:
             self.logged = True
             tunnel_line(self.host, self.port, self.verdict, self.reason or "tunnel closed", up=self.up, down=self.down)
+
+
+class Closed(layer.Layer):
+    """Closes a connection at once (what it would carry is not allowed here)."""
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.Start):
+            yield commands.CloseConnection(self.context.client)
+            if self.context.server.connected:
+                yield commands.CloseConnection(self.context.server)

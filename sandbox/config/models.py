@@ -252,11 +252,21 @@ EgressHost = Annotated[
 Cidr = Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+(/[0-9]{1,3})?$"), AfterValidator(_network)]
 
 
+SecretHost = Annotated[
+    str,
+    Field(
+        pattern=r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$",
+        max_length=253,
+    ),
+]
+
+
 class EgressSecret(StrictModel):
     """A secret the egress proxy puts into requests to its hosts; the sandbox sees a placeholder."""
 
     value_from: str = Field(pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
-    hosts: list[EgressHost] = Field(min_length=1)
+    # exact names: a wildcard would decrypt, and hand the secret to, every host it matches
+    hosts: list[SecretHost] = Field(min_length=1)
     header: str = Field("Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
     format: str = Field("Bearer {}", pattern=r"^[^{}]*\{\}[^{}]*$", max_length=256)
 

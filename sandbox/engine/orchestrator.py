@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from functools import partial
@@ -49,7 +50,7 @@ from sandbox.tools.skills import SkillProblem
 from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
-    from sandbox.runtime.browser import BrowserEndpoint
+    from sandbox.runtime.browser import BrowserEndpoint, BrowserManager
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Backend
 
@@ -77,6 +78,7 @@ class Orchestrator:
         self.config = config
         self._backend = backend
         self._manager: SandboxManager | None = None
+        self._browsers: BrowserManager | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
             registry, self.skill_problems = build_registry(config)
@@ -126,6 +128,25 @@ class Orchestrator:
 
             self._backend = backend_for(self.config)
         return self._backend
+
+    def browsers(self) -> BrowserManager:
+        """The browser sandboxes (one manager, so one lock, per orchestrator).
+
+        Raises:
+            SandboxError: SANDBOX_UNAVAILABLE when the backend is not docker.
+        """
+        from sandbox.runtime.browser import BrowserManager
+        from sandbox.runtime.docker_backend import DockerBackend
+
+        backend = self.backend
+        if not isinstance(backend, DockerBackend):
+            raise SandboxError(
+                ErrorCode.SANDBOX_UNAVAILABLE,
+                f"the browser sandbox needs the docker backend (runtime.backend is {backend.name!r})",
+            )
+        if self._browsers is None:
+            self._browsers = BrowserManager(backend, self.manager.instance)
+        return self._browsers
 
     @property
     def manager(self) -> SandboxManager:
@@ -306,8 +327,13 @@ class Session:
             refused=refused,
         )
         if refused is None and self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK:
-            # what the call fetched, in the journal beside it (`sandbox logs`)
-            await self._orch.manager.collect_egress(self._orch.manager.spec_for(self.agent, self.key).name)
+            # what the call fetched, in the journal beside it (`sandbox logs`): the sandbox's proxy,
+            # and the browser's when the call drove it
+            manager = self._orch.manager
+            await manager.collect_egress(manager.spec_for(self.agent, self.key).name)
+            if name == "browser":
+                with contextlib.suppress(SandboxError):  # no docker backend: no browser, no proxy
+                    await manager.collect_egress(self._orch.browsers().name_for(self.agent, self.key))
         return await self._settled(result)
 
     async def _settled(self, result: ToolResult) -> ToolResult:
@@ -371,23 +397,14 @@ class Session:
 
         if self.agent.sandbox.scope != "session" or not isinstance(self._orch.backend, DockerBackend):
             return
-        from sandbox.runtime.browser import BrowserManager
-
-        await BrowserManager(self._orch.backend, self._orch.manager.instance).close_session(self.agent, self.key)
+        manager = self._orch.manager
+        await self._orch.browsers().close_session(self.agent, self.key, before=manager.collect_egress)
 
     async def browser(self) -> BrowserEndpoint:
         """Start (or find) this session's browser sandbox; only when policy and config allow it."""
-        from sandbox.runtime.browser import BrowserManager
-        from sandbox.runtime.docker_backend import DockerBackend
-
-        backend = self._orch.backend
-        if not isinstance(backend, DockerBackend):
-            raise SandboxError(
-                ErrorCode.SANDBOX_UNAVAILABLE,
-                f"the browser sandbox needs the docker backend (runtime.backend is {backend.name!r})",
-            )
-        manager = BrowserManager(backend, self._orch.manager.instance)
-        return await manager.ensure(self.agent, self.key, browser_allowed="browser" in self.policy.allowed)
+        return await self._orch.browsers().ensure(
+            self.agent, self.key, browser_allowed="browser" in self.policy.allowed
+        )
 
     async def _context(self, task: TaskContext) -> ToolContext:
         if self._orch.journal is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,13 +115,24 @@ class BrowserManager:
 
         return await self.backend.call("remove browser networks", sweep)
 
-    async def close_session(self, agent: EffectiveAgent, session: str) -> bool:
-        """A session-scoped browser goes with its session (with its network or egress edge)."""
+    def name_for(self, agent: EffectiveAgent, session: str) -> str:
+        """The container name of the browser sandbox a session of `agent` uses."""
+        return container_name(
+            self.instance, "browser", scope_key(agent.sandbox.scope, agent.id, session), tenant=agent.tenant
+        )
+
+    async def close_session(
+        self, agent: EffectiveAgent, session: str, before: Callable[[str], Awaitable[object]] | None = None
+    ) -> bool:
+        """A session-scoped browser goes with its session (with its network or egress edge);
+        `before(name)` runs first (its proxy's last lines into the journal)."""
         if agent.sandbox.scope != "session":
             return False
-        name = container_name(self.instance, "browser", scope_key("session", agent.id, session), tenant=agent.tenant)
+        name = self.name_for(agent, session)
         if await self.backend.find(name) is None:
             return False
+        if before is not None:
+            await before(name)
         await self.backend.remove(name)
         await self.remove_unused_networks()
         return True
@@ -142,7 +154,9 @@ class BrowserManager:
             )
         key = scope_key(agent.sandbox.scope, agent.id, session)
         name = container_name(self.instance, "browser", key, tenant=agent.tenant)
-        policy = egress_policy(agent) if agent.sandbox.docker.network == EGRESS_NETWORK else None
+        # the browser's proxy gets the allowlist, never the secrets: the browser does not trust a
+        # decrypting proxy, and a second copy of a value is one more place it could leak from
+        policy = {**egress_policy(agent), "secrets": []} if agent.sandbox.docker.network == EGRESS_NETWORK else None
         wanted = short_hash(json.dumps(policy, sort_keys=True), 16) if policy is not None else ""
         async with self._lock:
             attrs = await self.backend.find(name)
@@ -198,6 +212,7 @@ class BrowserManager:
             policy,
         )
         client = self.backend.client
+        egress.MAKING.add(name)  # an orphan sweep meanwhile leaves its proxy alone
         try:
             edge = await self.backend.call("create browser egress proxy", egress.create_edge, client, owner)
             endpoint = await self._start(agent, key, name, edge.network, proxy=edge.proxy_address, egress_hash=wanted)
@@ -207,6 +222,8 @@ class BrowserManager:
                 await self.backend.remove(name)
                 await self.backend.call("remove browser egress proxy", egress.remove_edge, client, name)
             raise
+        finally:
+            egress.MAKING.discard(name)
         return BrowserEndpoint(
             endpoint.container_id,
             endpoint.name,
@@ -246,8 +263,10 @@ class BrowserManager:
             EGRESS_LABEL: egress_hash,
         }
         environment = {"CDP_PORT": str(cfg.cdp_port)}
+        extra: dict[str, Any] = {}
         if proxy:
             environment["PROXY_SERVER"] = f"{proxy}:{egress.PROXY_PORT}"
+            extra["dns"] = [proxy]  # what the engine's resolver cannot answer goes nowhere (as for exec)
 
         def create() -> str:
             container = self.backend.client.containers.run(
@@ -271,6 +290,7 @@ class BrowserManager:
                 nano_cpus=int(docker_cfg.cpus * 1e9),
                 init=True,
                 restart_policy={"Name": "no"},
+                **extra,
             )
             return str(container.id)
 

@@ -102,6 +102,11 @@ def proxy_command(policy: dict[str, Any]) -> list[str]:
         "confdir=/tmp/mitmproxy",
         "--set",
         f"body_size_limit={policy['max_bytes']}",
+        # a decrypted tunnel carries HTTP only: no raw TCP or websocket relay past the checks
+        "--set",
+        "rawtcp=false",
+        "--set",
+        "websocket=false",
         "-s",
         ADDON,
     ]

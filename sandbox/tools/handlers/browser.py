@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.tools.builtin import BrowserArgs
@@ -93,7 +94,10 @@ async def _navigate(page: Any, url: str) -> dict[str, Any]:
         if "Timeout" in message:
             raise SandboxError(ErrorCode.TIMEOUT, f"loading {url} took longer than 30 s") from None
         raise SandboxError(ErrorCode.NETWORK_ERROR, f"loading {url} failed: {message}", retryable=True) from None
-    if response is not None and (await response.header_value("x-egress-verdict")) == "refused":
+    # the proxy's verdict header is its own only in plain HTTP (it strips servers'; in an https
+    # tunnel a header would be the server's)
+    plain = urlsplit(url).scheme == "http"
+    if plain and response is not None and (await response.header_value("x-egress-verdict")) == "refused":
         body = (await response.text()).strip().removeprefix("egress refused: ")
         raise SandboxError(ErrorCode.PERMISSION_DENIED, f"egress refused {url}: {body[:500]}", url=url)
     return {"url": page.url, "status": response.status if response else None, "title": await page.title()}

@@ -74,7 +74,8 @@ def check_url(url: str, *, what: str = "url") -> str:
 def _command(url: str) -> str:
     # curl's own metadata goes to stderr as JSON; the body to stdout, cut by head
     return (
-        f"curl -sS --proto =http,https --max-redirs 0 --max-time {FETCH_TIMEOUT_S} "
+        # -q: no ~/.curlrc of the sandbox's; -g: braces and brackets are the URL's, not a list of URLs
+        f"curl -q -g -sS --proto =http,https --max-redirs 0 --max-time {FETCH_TIMEOUT_S} "
         "-H 'Accept: text/html,text/plain;q=0.9,*/*;q=0.5' -A agent-sandbox-web-fetch "
         "-w '%{stderr}\\n%{json}\\n%{header_json}' -o - -- "
         f"{shlex.quote(url)} | head -c {MAX_FETCH_BYTES + 1}"
@@ -121,18 +122,26 @@ async def _fetch(ctx: ToolContext, url: str) -> Page:
     status = int(meta.get("http_code") or 0)
     connect = int(meta.get("http_connect") or 0)
     body = result.stdout
-    # the proxy's refusals: its own 403 (marked), a connection it killed (502 naming the reason),
-    # or a CONNECT it answered with 403 / 502
-    killed = REFUSED_IN_PAGE.search(body.decode("utf-8", errors="replace")) if status == 502 else None
-    if _header(headers, "x-egress-verdict") == "refused" or killed or connect in (403, 502):
-        reason = killed.group(1) if killed else body.decode("utf-8", errors="replace").strip()
-        reason = reason.removeprefix("egress refused: ")
-        if not reason:
-            reason = (
-                f"the proxy answered CONNECT with {connect}: the host is not on this agent's egress allowlist, "
-                "or its name resolves to a refused address (`sandbox logs` has the proxy's reason)"
-            )
-        raise SandboxError(ErrorCode.PERMISSION_DENIED, f"egress refused {url}: {reason[:500]}", url=url)
+    # the proxy's refusals: its own 403 (the verdict header, which the proxy strips from servers'
+    # responses; only plain HTTP can carry it: in an https tunnel it would be the server's), a
+    # connection it killed (a 502 page, whose text a server could imitate: shown as untrusted), or
+    # a CONNECT it answered with 403 / 502
+    plain = urlsplit(url).scheme == "http"
+    text = body.decode("utf-8", errors="replace")
+    killed = REFUSED_IN_PAGE.search(text) if plain and status == 502 else None
+    if plain and _header(headers, "x-egress-verdict") == "refused":
+        reason = text.strip().removeprefix("egress refused: ")[:500]
+    elif killed:
+        reason = f"the 502 page says: {MARK_OPEN.format(url=url)} {killed.group(1)[:300]} {MARK_CLOSE}"
+    elif connect in (403, 502):
+        reason = (
+            f"the proxy answered CONNECT with {connect}: the host is not on this agent's egress allowlist, "
+            "or its name resolves to a refused address (`sandbox logs` has the proxy's reason)"
+        )
+    else:
+        reason = ""
+    if reason:
+        raise SandboxError(ErrorCode.PERMISSION_DENIED, f"egress refused {url}: {reason}", url=url)
     if status == 0:
         raise SandboxError(
             ErrorCode.NETWORK_ERROR,
