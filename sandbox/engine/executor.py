@@ -48,6 +48,8 @@ class Engine:
     journal: Journal | None = None
     max_argument_depth: int = MAX_DEPTH
     max_argument_bytes: int = MAX_BYTES
+    # tools an application made possible by giving their provider (web_search)
+    providers: frozenset[str] = frozenset()
 
 
 async def execute(

@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host ses
     from sandbox.runtime.browser import BrowserEndpoint, BrowserManager
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Backend
+    from sandbox.tools.search import SearchProvider
 
 
 class Orchestrator:
@@ -74,8 +75,11 @@ class Orchestrator:
         progress: ProgressBus | None = None,
         hooks: Hooks | None = None,
         journal: Journal | bool | None = True,
+        search_provider: SearchProvider | None = None,
     ) -> None:
         self.config = config
+        # web_search exists only with a provider (sandbox/tools/search.py)
+        self.search_provider = search_provider
         self._backend = backend
         self._manager: SandboxManager | None = None
         self._browsers: BrowserManager | None = None
@@ -118,6 +122,7 @@ class Orchestrator:
             journal=self.journal,
             # room for one write of tools.fs.max_write_bytes, JSON-escaped
             max_argument_bytes=max(MAX_ARGUMENT_BYTES, 2 * config.tools.fs.max_write_bytes + 64 * 1024),
+            providers=self.providers(),
         )
 
     @property
@@ -128,6 +133,10 @@ class Orchestrator:
 
             self._backend = backend_for(self.config)
         return self._backend
+
+    def providers(self) -> frozenset[str]:
+        """The tools an application made possible here by giving their provider (web_search)."""
+        return frozenset({"web_search"}) if self.search_provider is not None else frozenset()
 
     def browsers(self) -> BrowserManager:
         """The browser sandboxes (one manager, so one lock, per orchestrator).
@@ -290,7 +299,7 @@ class Session:
     def tools(self) -> list[ToolSpec]:
         """The tools the model may see (allowed by policy and runnable here)."""
         registry = self._orch.registry
-        here = offered(registry, self.policy)
+        here = offered(registry, self.policy, self._orch.providers())
         return [registry.get(n) for n in registry.names() if n in here]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -466,6 +475,7 @@ class Session:
             tool_ctx.sessions = BoundSessions(self._orch.sessions, self, task.call_id)
         if self.sandboxed:
             tool_ctx.browser = _SessionBrowser(self)
+        tool_ctx.search = self._orch.search_provider
         return tool_ctx
 
     def _make_files(

@@ -59,7 +59,7 @@ def propose(call: Call, arguments: Any, refused: SandboxError | None = None) -> 
 def check_policy(call: Call) -> Refusal | None:
     """Stage 3, policy: a tool outside the session's effective set does not exist for the model."""
     registry = call.engine.registry
-    available_here = offered(registry, call.policy)
+    available_here = offered(registry, call.policy, call.engine.providers)
     if call.tool in available_here:
         call.journal("policy_checked")
         return None

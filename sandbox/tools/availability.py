@@ -14,8 +14,13 @@ if TYPE_CHECKING:
     from sandbox.tools.registry import ToolRegistry
 
 
-def unavailable(tool: str, policy: ResolvedPolicy) -> str | None:
-    """Why a provided tool cannot run in this session; None when it can."""
+def unavailable(tool: str, policy: ResolvedPolicy, providers: frozenset[str] = frozenset()) -> str | None:
+    """Why a provided tool cannot run in this session; None when it can.
+
+    `providers`: tools the application made possible by giving their provider (web_search).
+    """
+    if tool == "web_search" and tool not in providers:
+        return "web_search needs a search provider; none is configured (Orchestrator(search_provider=...))"
     if tool == "web_fetch":
         if not policy.sandbox.sandboxed:
             return "web_fetch runs in the session's sandbox, through its egress proxy; this session is not sandboxed"
@@ -40,7 +45,7 @@ def _playwright_installed() -> bool:
     return importlib.util.find_spec("playwright") is not None
 
 
-def offered(registry: ToolRegistry, policy: ResolvedPolicy) -> set[str]:
+def offered(registry: ToolRegistry, policy: ResolvedPolicy, providers: frozenset[str] = frozenset()) -> set[str]:
     """The tools a model in this session is offered: allowed, provided, and able to run here."""
     runnable = registry.runnable()
-    return {t for t in policy.allowed if t in runnable and unavailable(t, policy) is None}
+    return {t for t in policy.allowed if t in runnable and unavailable(t, policy, providers) is None}

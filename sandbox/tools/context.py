@@ -11,6 +11,7 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.fs.protocol import Files
 from sandbox.runtime.protocol import Shell
+from sandbox.tools.search import SearchProvider
 
 
 def _no_progress(kind: str, **detail: object) -> None:
@@ -74,3 +75,5 @@ class ToolContext:
     sessions: SessionsPort | None = None
     # the session's browser sandbox; None where there is none (not sandboxed, not docker)
     browser: BrowserPort | None = None
+    # the application's search provider (web_search); None when it gave none
+    search: SearchProvider | None = None

@@ -23,6 +23,7 @@ PROVIDED_BUILTINS = frozenset(
         "session_status",
         "web_fetch",
         "browser",
+        "web_search",
     }
 )
 
@@ -42,7 +43,7 @@ def builtin_handlers() -> dict[str, Handler]:
         sessions_send_tool,
         sessions_spawn_tool,
     )
-    from sandbox.tools.handlers.web import web_fetch_tool
+    from sandbox.tools.handlers.web import web_fetch_tool, web_search_tool
 
     return {
         "exec": exec_tool,
@@ -60,4 +61,5 @@ def builtin_handlers() -> dict[str, Handler]:
         "session_status": session_status_tool,
         "web_fetch": web_fetch_tool,
         "browser": browser_tool,
+        "web_search": web_search_tool,
     }

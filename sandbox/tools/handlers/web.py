@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from pydantic import ValidationError
+
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime.output import OutputCapture
-from sandbox.tools.builtin import WebFetchArgs
+from sandbox.tools.builtin import WebFetchArgs, WebSearchArgs
 from sandbox.tools.context import ToolContext
+from sandbox.tools.search import SearchResult
 
 MAX_REDIRECTS = 5
 MAX_FETCH_BYTES = 2 * 1024 * 1024  # of one response body; more is cut (the result says so)
@@ -209,4 +212,30 @@ async def web_fetch_tool(ctx: ToolContext, args: WebFetchArgs) -> Any:
         "truncated": cut or page.cut,
         "untrusted": True,
         "content": f"{MARK_OPEN.format(url=page.url)}\n{text}\n{MARK_CLOSE}",
+    }
+
+
+async def web_search_tool(ctx: ToolContext, args: WebSearchArgs) -> Any:
+    """Search with the application's provider; results are external content, marked untrusted."""
+    if ctx.search is None:  # availability keeps it from being offered; a direct call still learns why
+        raise SandboxError(ErrorCode.SANDBOX_UNAVAILABLE, "web_search needs a search provider; none is configured")
+    try:
+        found = await ctx.search.search(args.query, args.count)
+    except Exception as exc:  # the provider's failure, in words the model can act on
+        raise SandboxError(
+            ErrorCode.NETWORK_ERROR,
+            f"the search provider {ctx.search.name!r} failed: {exc.__class__.__name__}: {exc}"[:500],
+        ) from None
+    try:
+        results = [SearchResult.model_validate(item).model_dump() for item in list(found)[: args.count]]
+    except (ValidationError, TypeError) as exc:
+        raise SandboxError(
+            ErrorCode.NETWORK_ERROR,
+            f"the search provider {ctx.search.name!r} returned a malformed result ({exc})"[:500],
+        ) from None
+    return {
+        "query": args.query,
+        "provider": ctx.search.name,
+        "untrusted": True,  # titles and snippets are what other people wrote
+        "results": results,
     }
