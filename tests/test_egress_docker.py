@@ -164,6 +164,8 @@ async def test_size_and_time_caps_cut_requests_and_tunnels(make_config: Any, lab
         assert int(tunnel["output"].strip().splitlines()[-1]) < 100000, tunnel
         slow = await _sh(session, "curl -sS -k -m 10 https://allowed.test:8443/slow?s=5; echo rc=$?")
         assert "rc=0" not in slow["output"], slow
+        slow_plain = await _sh(session, "curl -sS -m 10 http://allowed.test:8000/slow?s=5; echo rc=$?")
+        assert "rc=0" not in slow_plain["output"], slow_plain  # plain HTTP: its connection is closed
         # headers count and are capped; an upgrade would leave the caps behind: refused
         big_header = "X-Big: $(head -c 70000 /dev/zero | tr '\\0' a)"
         headers = await _sh(
@@ -181,6 +183,7 @@ async def test_size_and_time_caps_cut_requests_and_tunnels(make_config: Any, lab
     cuts = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "cut"]
     assert any("more than 10240 bytes" in r for r in cuts), cuts
     assert any("open longer than 2 s" in r for r in cuts), cuts
+    assert any("connection open longer than 2 s" in r for r in cuts), cuts
     refusals = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "refused"]
     assert any("upgrades are not relayed" in r for r in refusals), refusals
 

@@ -23,7 +23,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from egress_rules import address_refusal, is_ip, normal_host
 from egress_secrets import SECRETS, ca_pem, misplaced, scrub, substitute, upstream_bundle
-from egress_state import EXEMPT, MAX_BYTES, MAX_HEADER_BYTES, POLICY, RESOLVE_TIMEOUT_S, emit, host_refusal
+from egress_state import (
+    EXEMPT,
+    MAX_BYTES,
+    MAX_DURATION_S,
+    MAX_HEADER_BYTES,
+    POLICY,
+    RESOLVE_TIMEOUT_S,
+    emit,
+    host_refusal,
+)
 from egress_tunnel import Closed, TunnelGate
 from mitmproxy import ctx, http
 from mitmproxy.net.http import url
@@ -65,6 +74,7 @@ class Egress:
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # server connection id -> the host name it was asked for
         self.connecting: set[str] = set()  # clients whose CONNECT is being answered
+        self.deadlines: dict[str, asyncio.TimerHandle] = {}  # client id -> its connection's time cap
 
     def client_connected(self, client: Any) -> None:
         # only the sandbox on this proxy's internal network is served
@@ -82,6 +92,36 @@ class Egress:
                 verdict="refused",
                 reason=f"client {peer} is not on the sandbox network",
             )
+            return
+        # no connection outlives the time cap, whatever it carries (plain HTTP too: mitmproxy
+        # cannot kill a flow in transit, so the client's connection is closed under it)
+        self.deadlines[client.id] = asyncio.get_running_loop().call_later(MAX_DURATION_S, self._expire, client)
+
+    def client_disconnected(self, client: Any) -> None:
+        timer = self.deadlines.pop(client.id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, client: Any) -> None:
+        self.deadlines.pop(client.id, None)
+        proxyserver = ctx.master.addons.get("proxyserver")
+        # mitmproxy 8's connection table (the version Debian ships, which the image pins)
+        handler = proxyserver._connections.get(("tcp", client.peername, client.sockname))
+        if handler is None or handler.client not in handler.transports:
+            return
+        emit(
+            method="-",
+            host="-",
+            port=0,
+            status=0,
+            bytes_up=0,
+            bytes_down=0,
+            verdict="cut",
+            reason=f"connection open longer than {MAX_DURATION_S:g} s",
+        )
+        writer = handler.transports[handler.client].writer
+        if writer is not None:
+            writer.close()
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         reason = host_refusal(flow.request.host, flow.request.port)
