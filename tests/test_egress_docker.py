@@ -453,3 +453,29 @@ async def test_a_secret_reaches_its_hosts_only_and_never_the_sandbox(
     assert sum(line.get("injected") == "API_TOKEN" for line in lines) == 3, lines  # two to /headers, one to /echo
     # the value never reaches the journal, whatever recorded the calls
     assert all(value not in json.dumps(e.data) for e in events)
+
+
+async def test_the_proxy_cannot_reach_the_host_even_when_told_it_may(
+    make_config: Any, lab: Lab, docker_client: Any
+) -> None:
+    """The host's own addresses (a public one the address check cannot know, played here by the
+    upstream gateway, exempted on purpose) are dropped by the host firewall for the proxy."""
+    gateway = docker_client.networks.get(lab.network).attrs["IPAM"]["Config"][0]["Gateway"]
+    host_canary = Canary()
+    try:
+        config = egress_config(
+            make_config,
+            lab,
+            allow=["hostgw.test"],
+            ports=[host_canary.port],
+            allow_private=[f"{gateway}/32"],
+            extra_hosts=[f"hostgw.test:{gateway}"],
+        )
+        async with Orchestrator(config) as orch:
+            session = orch.session(agent="main", key="s-hostgw")
+            out = await _sh(session, f"curl -sS -m 5 http://hostgw.test:{host_canary.port}/; echo rc=$?")
+            assert "rc=0" not in out["output"], out
+            await session.close()
+    finally:
+        host_canary.close()
+    assert host_canary.accepted == 0

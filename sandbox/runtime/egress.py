@@ -213,9 +213,21 @@ def create_edge(client: Any, spec: SandboxSpec | EdgeOwner) -> EgressEdge:
         # its address is known at once; whether mitmproxy listens is awaited after the sandbox
         # is made (see wait_ready): the two start side by side
         attrs = client.api.inspect_container(container.id)
-        address = ((attrs["NetworkSettings"]["Networks"] or {}).get(edge.network) or {}).get("IPAddress")
+        networks = attrs["NetworkSettings"]["Networks"] or {}
+        address = (networks.get(edge.network) or {}).get("IPAddress")
         if not address:
             raise SandboxUnavailable("the egress proxy got no address on the sandbox network", container=owner.name)
+        upstream_ok = _keep_proxy_off_the_host(client, edge, policy, networks)
+        if not upstream_ok:
+            logger.bind(proxy=edge.proxy).warning("egress_upstream_firewall_unavailable")
+            if policy["require_host_firewall"]:
+                raise SandboxUnavailable(
+                    "the host firewall rule that keeps the egress proxy off the host's own addresses could not be "
+                    "installed (root and iptables where the engine runs); set "
+                    "sandbox.egress.require_host_firewall: false to accept that",
+                    container=owner.name,
+                )
+        firewall = firewall and upstream_ok
     except docker.errors.ImageNotFound as exc:
         remove_edge(client, owner.name)
         raise SandboxUnavailable(
@@ -290,7 +302,24 @@ def remove_edge(client: Any, sandbox_name: str) -> bool:
                 time.sleep(0.2)
     finally:
         hostfirewall.remove_rules(edge.bridge)
+        hostfirewall.remove_tagged(edge.proxy)
     return removed
+
+
+def _keep_proxy_off_the_host(client: Any, edge: EgressNames, policy: dict[str, Any], networks: dict[str, Any]) -> bool:
+    """Drop what the proxy opens towards the host on its upstream bridge: the host's addresses,
+    its public ones too (which the address check cannot know), stay out of reach."""
+    upstream = str(policy["upstream_network"])
+    proxy_ip = (networks.get(upstream) or {}).get("IPAddress")
+    try:
+        attrs = client.api.inspect_network(upstream)
+    except docker.errors.NotFound:
+        return False
+    options = attrs.get("Options") or {}
+    interface = options.get("com.docker.network.bridge.name") or f"br-{str(attrs['Id'])[:12]}"
+    if not proxy_ip:
+        return False
+    return hostfirewall.drop_from_source(str(interface), str(proxy_ip), edge.proxy)
 
 
 def proxy_running(client: Any, sandbox_name: str) -> bool:

@@ -11,6 +11,7 @@ logged.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 
@@ -59,3 +60,55 @@ def remove_rules(bridge: str) -> None:
 def rules_present(bridge: str) -> bool:
     """Whether both rules of a bridge are in place (for doctor and audit)."""
     return all(_run(["-C", *rule]) for rule in _rules(bridge))
+
+
+def _source_rules(interface: str, source: str, tag: str) -> list[list[str]]:
+    comment = ["-m", "comment", "--comment", f"{TAG}:{tag}"]
+    return [
+        ["INPUT", "-i", interface, "-s", source, *comment, "-j", "DROP"],
+        [
+            "INPUT",
+            "-i",
+            interface,
+            "-s",
+            source,
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "ESTABLISHED,RELATED",
+            *comment,
+            "-j",
+            "ACCEPT",
+        ],
+    ]
+
+
+def drop_from_source(interface: str, source: str, tag: str) -> bool:
+    """Drop new connections that `source` opens to the host through `interface` (an egress proxy
+    on its upstream bridge: the host's own addresses, public ones included, stay out of its
+    reach; what it forwards to the internet is not INPUT and passes). True when the rules are in."""
+    remove_tagged(tag)
+    drop, accept = _source_rules(interface, source, tag)
+    comment = ["-m", "comment", "--comment", f"{TAG}:{tag}"]
+    # name lookups stay possible (the engine may hand the host's own resolver to the proxy)
+    dns = [
+        ["INPUT", "-i", interface, "-s", source, "-p", proto, "--dport", "53", *comment, "-j", "ACCEPT"]
+        for proto in ("udp", "tcp")
+    ]
+    return all(_run(["-I", rule[0], "1", *rule[1:]]) for rule in (drop, accept, *dns))
+
+
+def remove_tagged(tag: str) -> None:
+    """Remove every INPUT rule carrying `tag` (whatever interface and source it names)."""
+    binary = _iptables()
+    if binary is None:
+        return
+    try:
+        listed = subprocess.run([binary, "-w", "5", "-S", "INPUT"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    marker = f"{TAG}:{tag}"
+    for line in listed.stdout.splitlines():
+        if line.startswith("-A INPUT ") and (f'"{marker}"' in line or f" {marker} " in line):
+            args = shlex.split(line)
+            _run(["-D", *args[1:]])
