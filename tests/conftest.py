@@ -73,9 +73,12 @@ def docker_client() -> Iterator[object]:
     from sandbox.runtime.naming import Labels
 
     # egress proxies are named after their sandbox's hash, not the run: found by their instance
+    from sandbox.runtime import hostfirewall
+
     for container in client.containers.list(all=True, filters={"label": f"{Labels.KIND}=egress-proxy"}):
         if str(container.labels.get(Labels.INSTANCE, "")).startswith(RUN_ID):
             container.remove(force=True, v=True)
+            hostfirewall.remove_tagged(container.name)  # its rule on the upstream bridge
     remove_run_networks(client)
     client.close()
 
