@@ -70,10 +70,9 @@ def docker_client() -> Iterator[object]:
         container.remove(force=True, v=True)
     for container in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"}):
         container.remove(force=True, v=True)
-    from sandbox.runtime.naming import Labels
-
     # egress proxies are named after their sandbox's hash, not the run: found by their instance
     from sandbox.runtime import hostfirewall
+    from sandbox.runtime.naming import Labels
 
     for container in client.containers.list(all=True, filters={"label": f"{Labels.KIND}=egress-proxy"}):
         if str(container.labels.get(Labels.INSTANCE, "")).startswith(RUN_ID):
