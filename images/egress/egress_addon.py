@@ -56,6 +56,11 @@ def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     )
 
 
+def _connection_line(verdict: str, reason: str) -> None:
+    """The line of something that happened to a client connection, not to one request."""
+    emit(method="-", host="-", port=0, status=0, bytes_up=0, bytes_down=0, verdict=verdict, reason=reason)
+
+
 def _host_header_refusal(request: http.Request, target: str) -> str | None:
     """Why the Host header (HTTP/1) or :authority and host (HTTP/2) do not name the request target."""
     for header in {request.host_header, request.headers.get("host")} - {None}:
@@ -82,16 +87,7 @@ class Egress:
         peer = client.peername[0] if client.peername else ""
         if subnet and not _in(peer, subnet):
             client.error = "not a client of this proxy"
-            emit(
-                method="-",
-                host="-",
-                port=0,
-                status=0,
-                bytes_up=0,
-                bytes_down=0,
-                verdict="refused",
-                reason=f"client {peer} is not on the sandbox network",
-            )
+            _connection_line("refused", f"client {peer} is not on the sandbox network")
             return
         # no connection outlives the time cap, whatever it carries (plain HTTP too: mitmproxy
         # cannot kill a flow in transit, so the client's connection is closed under it)
@@ -109,16 +105,7 @@ class Egress:
         handler = proxyserver._connections.get(("tcp", client.peername, client.sockname))
         if handler is None or handler.client not in handler.transports:
             return
-        emit(
-            method="-",
-            host="-",
-            port=0,
-            status=0,
-            bytes_up=0,
-            bytes_down=0,
-            verdict="cut",
-            reason=f"connection open longer than {MAX_DURATION_S:g} s",
-        )
+        _connection_line("cut", f"connection open longer than {MAX_DURATION_S:g} s")
         writer = handler.transports[handler.client].writer
         if writer is not None:
             writer.close()

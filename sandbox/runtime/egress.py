@@ -40,7 +40,6 @@ ADDON = "/opt/egress/egress_addon.py"
 # process) may still be making the sandbox; this process knows its own (MAKING)
 ORPHAN_GRACE_S = 120.0
 MAKING: set[str] = set()  # sandboxes whose edge this process is making right now
-MAX_LINE = 4096  # a longer log line is not one the addon wrote (it caps its fields)
 NETWORK_REMOVE_WAIT_S = 5.0
 # the proxy's own log, bounded on the host whatever the daemon's default (lines past it are
 # lost, and the collector records the gap)
@@ -378,49 +377,3 @@ def _age_s(created: Any) -> float:
         except ValueError:
             return 0.0
     return 0.0
-
-
-def read_lines(client: Any, proxy: str, after: int, since: int = 0) -> list[dict[str, Any]]:
-    """The proxy's request lines with a sequence number above `after` (oldest first); blocking.
-
-    The proxy handles hostile traffic, so its output is read as untrusted: only lines that parse
-    as the addon's JSON objects, within a size cap, with known fields of plain types.
-    """
-    try:
-        raw = client.api.logs(proxy, stdout=True, stderr=False, since=since or None)
-    except docker.errors.NotFound:
-        return []
-    out = []
-    for line in raw.splitlines():
-        if len(line) > MAX_LINE or not line.startswith(b'{"egress":'):
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        seq = item.get("egress")
-        if not isinstance(item, dict) or not isinstance(seq, int) or seq <= after or "ready" in item:
-            continue
-        out.append({k: v for k, v in item.items() if k in LINE_FIELDS and isinstance(v, (str, int, float))})
-    return out
-
-
-LINE_FIELDS = frozenset(
-    {
-        "injected",
-        "egress",
-        "ts",
-        "tenant",
-        "agent",
-        "scope",
-        "session",
-        "method",
-        "host",
-        "port",
-        "status",
-        "bytes_up",
-        "bytes_down",
-        "verdict",
-        "reason",
-    }
-)

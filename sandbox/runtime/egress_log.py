@@ -10,6 +10,7 @@ tell which of the sessions sharing the sandbox sent a request).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio.to_thread
@@ -21,6 +22,7 @@ from sandbox.runtime import egress
 from sandbox.runtime.naming import Labels
 
 TOOL = "egress"
+MAX_LINE = 4096  # a longer log line is not one the addon wrote (it caps its fields)
 
 
 def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
@@ -34,7 +36,7 @@ def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
     session = str(labels.get(Labels.SESSION) or labels.get(Labels.SCOPE_KEY, ""))
     after = journal.last_note(call_id)
     since = _read_up_to.get(call_id, 0)
-    lines = egress.read_lines(client, attrs["Id"], after, since=max(0, since - 2))
+    lines = read_lines(client, attrs["Id"], after, since=max(0, since - 2))
     owner = {
         "session": session,
         "tenant": str(labels.get(Labels.TENANT, "")),
@@ -94,3 +96,49 @@ def collect_instance(journal: Journal, client: Any, instance: str) -> int:
         if sandbox_name:
             total += collect_sync(journal, client, sandbox_name)
     return total
+
+
+def read_lines(client: Any, proxy: str, after: int, since: int = 0) -> list[dict[str, Any]]:
+    """The proxy's request lines with a sequence number above `after` (oldest first); blocking.
+
+    The proxy handles hostile traffic, so its output is read as untrusted: only lines that parse
+    as the addon's JSON objects, within a size cap, with known fields of plain types.
+    """
+    try:
+        raw = client.api.logs(proxy, stdout=True, stderr=False, since=since or None)
+    except docker.errors.NotFound:
+        return []
+    out = []
+    for line in raw.splitlines():
+        if len(line) > MAX_LINE or not line.startswith(b'{"egress":'):
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        seq = item.get("egress")
+        if not isinstance(item, dict) or not isinstance(seq, int) or seq <= after or "ready" in item:
+            continue
+        out.append({k: v for k, v in item.items() if k in LINE_FIELDS and isinstance(v, (str, int, float))})
+    return out
+
+
+LINE_FIELDS = frozenset(
+    {
+        "injected",
+        "egress",
+        "ts",
+        "tenant",
+        "agent",
+        "scope",
+        "session",
+        "method",
+        "host",
+        "port",
+        "status",
+        "bytes_up",
+        "bytes_down",
+        "verdict",
+        "reason",
+    }
+)
