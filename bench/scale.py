@@ -1,0 +1,131 @@
+"""Benchmark: many idle sandboxes on one host (issue 12's scale goal, measured before the pool).
+
+Run: python bench/scale.py [count] [parallelism]   (defaults 200 and 8; needs the engine and
+`sandbox images build`; removes everything it made)
+
+Creates `count` session-scoped sandboxes through the orchestrator with `parallelism` creations
+in flight, then the same number of raw `containers.run` of the same image with the same
+parallelism (the baseline, same run). Reports the wall time of each, the memory one idle
+sandbox costs the host (MemAvailable before and after, divided by the count: container, shim,
+its tini and sleep), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with
+all of them present.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import anyio
+import anyio.to_thread
+import docker
+
+from sandbox.config import effective_agent, load_config_text
+from sandbox.runtime import lifecycle
+from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.manager import SandboxManager
+
+COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+PARALLEL = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+IMAGE = "sandbox-exec:latest"
+LABEL = "io.agent-sandbox.bench-scale"
+
+
+def mem_available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def settle() -> float:
+    time.sleep(3)  # let the page cache and the engine settle before reading memory
+    return mem_available_mib()
+
+
+async def in_parallel(jobs: list, parallel: int) -> float:
+    """Run async jobs with at most `parallel` in flight; the wall time in seconds."""
+    limiter = anyio.Semaphore(parallel)
+    start = time.perf_counter()
+
+    async def one(job) -> None:  # type: ignore[no-untyped-def]
+        async with limiter:
+            await job()
+
+    async with anyio.create_task_group() as group:
+        for job in jobs:
+            group.start_soon(one, job)
+    return time.perf_counter() - start
+
+
+async def main() -> None:
+    client = docker.from_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = load_config_text(
+            f"state_dir: {tmp}/state\ninstance: scale\n"
+            "agents: {defaults: {sandbox: {mode: all, scope: session}}}\n"
+        )
+        agent = effective_agent(config, "main")
+        backend = DockerBackend(max_threads=max(32, PARALLEL * 2))
+        manager = SandboxManager(config, backend)
+        await manager.sandbox_for(agent, "agent:main:warmup")  # image checks, thread pool
+        before = settle()
+
+        def make(i: int):  # type: ignore[no-untyped-def]
+            async def job() -> None:
+                await manager.sandbox_for(agent, f"agent:main:scale-{i}")
+
+            return job
+
+        ours_s = await in_parallel([make(i) for i in range(COUNT)], PARALLEL)
+        after = settle()
+        per_sandbox_mib = (before - after) / COUNT
+        start = time.perf_counter()
+        listed = await lifecycle.rows(manager)
+        list_s = time.perf_counter() - start
+        start = time.perf_counter()
+        pruned = await lifecycle.prune(manager, dry_run=True)
+        prune_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for info in await manager.list():
+            await manager.remove(info)
+        remove_s = time.perf_counter() - start
+
+        before_raw = settle()
+
+        def raw(i: int):  # type: ignore[no-untyped-def]
+            async def job() -> None:
+                await anyio.to_thread.run_sync(
+                    lambda: client.containers.run(
+                        IMAGE, ["sleep", "infinity"], detach=True, init=True, labels={LABEL: "1"}
+                    )
+                )
+
+            return job
+
+        raw_s = await in_parallel([raw(i) for i in range(COUNT)], PARALLEL)
+        after_raw = settle()
+        raw_per_mib = (before_raw - after_raw) / COUNT
+        for container in client.containers.list(all=True, filters={"label": LABEL}):
+            container.remove(force=True)
+        await backend.aclose()
+
+    print(f"{COUNT} idle sandboxes, {PARALLEL} creations in flight (2 cores)\n")
+    print(f"{'operation':<52} {'ours':>10} {'raw SDK':>10} {'ratio':>7}")
+    print(f"{'create all (wall s)':<52} {ours_s:>10.1f} {raw_s:>10.1f} {ours_s / raw_s:>7.2f}")
+    print(
+        f"{'create, per sandbox (ms, wall / count)':<52} {ours_s / COUNT * 1000:>10.0f} {raw_s / COUNT * 1000:>10.0f}"
+    )
+    print(f"{'host memory per idle sandbox (MiB)':<52} {per_sandbox_mib:>10.1f} {raw_per_mib:>10.1f}")
+    print(f"{'sandbox list with all present (s, rows)':<52} {list_s:>10.2f} {len(listed):>10}")
+    print(f"{'prune --dry-run with all present (s)':<52} {prune_s:>10.2f} {len(pruned):>10}")
+    print(f"{'remove all, one at a time (s)':<52} {remove_s:>10.1f}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
