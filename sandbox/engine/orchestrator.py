@@ -56,6 +56,13 @@ if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host ses
     from sandbox.tools.search import SearchProvider
 
 
+# tools that run host-side (never in the sandbox): a call of theirs sends nothing through a proxy
+HOST_SIDE_TOOLS = frozenset(
+    {"read", "write", "edit", "apply_patch", "memory_search", "memory_get", "web_search"}
+    | {"sessions_list", "sessions_history", "sessions_send", "sessions_spawn", "session_status"}
+)
+
+
 class Orchestrator:
     """Decides which tools exist for a session and runs them in its sandbox.
 
@@ -335,12 +342,13 @@ class Session:
             trace_id=trace_id,
             refused=refused,
         )
-        if refused is None and self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK:
+        egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
+        if refused is None and egress and result.tool not in HOST_SIDE_TOOLS:
             # what the call fetched, in the journal beside it (`sandbox logs`): the sandbox's proxy,
-            # and the browser's when the call drove it
+            # and the browser's when the call drove it (host-side file tools fetch nothing)
             manager = self._orch.manager
             await manager.collect_egress(manager.spec_for(self.agent, self.key).name)
-            if name == "browser":
+            if result.tool == "browser":
                 with contextlib.suppress(SandboxError):  # no docker backend: no browser, no proxy
                     await manager.collect_egress(self._orch.browsers().name_for(self.agent, self.key))
         return await self._settled(result)
