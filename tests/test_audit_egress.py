@@ -78,3 +78,14 @@ def test_secrets_hosts_are_reported(tmp_path: Path) -> None:
         },
     )
     assert "secret API_TOKEN (env:TOKEN) goes to ['api.example.com'] in Authorization" in found["SBX-N001"]
+
+
+def test_doctor_says_when_the_host_firewall_is_out_of_reach(monkeypatch: Any) -> None:
+    """Without iptables (or root) egress sandboxes are refused: doctor warns before a call fails."""
+    import shutil
+
+    from sandbox.runtime import doctor
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    check = doctor._host_firewall_check()
+    assert check.status == "warn" and "egress sandboxes are refused" in check.detail

@@ -86,6 +86,21 @@ def _cgroup_probe(client: Any, image: str) -> Check:
     )
 
 
+def _host_firewall_check() -> Check:
+    """Egress and browser sandboxes need host firewall rules (root and iptables where the engine runs)."""
+    import shutil
+
+    if shutil.which("iptables") and os.geteuid() == 0:
+        return Check("ok", "host firewall", "iptables and root: egress and browser sandboxes get their host rules")
+    return Check(
+        "warn",
+        "host firewall",
+        "no iptables or not root: egress sandboxes are refused (egress.require_host_firewall) and browser "
+        "sandboxes could reach the host's services",
+        "run the orchestrator as root where the engine runs, with iptables installed",
+    )
+
+
 def _provenance_check(client: Any, target: ImageTarget) -> Check:
     """What the image was built from (base id and digest, apt pin, package list hash), from its labels."""
     try:
@@ -197,6 +212,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
                 "set state_dir to a writable folder",
             )
         )
+    checks.append(_host_firewall_check())
     if os.geteuid() == 0:
         checks.append(
             Check(
