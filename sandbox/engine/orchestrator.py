@@ -56,11 +56,9 @@ if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host ses
     from sandbox.tools.search import SearchProvider
 
 
-# tools that run host-side (never in the sandbox): a call of theirs sends nothing through a proxy
-HOST_SIDE_TOOLS = frozenset(
-    {"read", "write", "edit", "apply_patch", "memory_search", "memory_get", "web_search"}
-    | {"sessions_list", "sessions_history", "sessions_send", "sessions_spawn", "session_status"}
-)
+# tool categories that work host-side (files, memory, sessions): a call of theirs sends nothing
+# through an egress proxy, so nothing is collected after it
+HOST_SIDE_CATEGORIES = frozenset({"file", "memory", "session"})
 
 
 class Orchestrator:
@@ -343,9 +341,11 @@ class Session:
             refused=refused,
         )
         egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
-        if refused is None and egress and result.tool not in HOST_SIDE_TOOLS:
+        registry = self._orch.registry
+        ran_inside = result.tool in registry and registry.get(result.tool).category not in HOST_SIDE_CATEGORIES
+        if refused is None and egress and ran_inside:
             # what the call fetched, in the journal beside it (`sandbox logs`): the sandbox's proxy,
-            # and the browser's when the call drove it (host-side file tools fetch nothing)
+            # and the browser's when the call drove it
             manager = self._orch.manager
             await manager.collect_egress(manager.spec_for(self.agent, self.key).name)
             if result.tool == "browser":

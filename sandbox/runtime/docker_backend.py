@@ -213,6 +213,11 @@ class DockerBackend:
         egress.MAKING.add(spec.name)  # an orphan sweep meanwhile leaves its proxy alone
         try:
             return await self._create_marked(spec)
+        except BaseException:
+            if spec.egress is not None:  # whatever failed, the proxy and network made for it go
+                with anyio.CancelScope(shield=True):
+                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
+            raise
         finally:
             egress.MAKING.discard(spec.name)
 
@@ -234,12 +239,8 @@ class DockerBackend:
             kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
         if spec.egress is not None:
             # the proxy and the internal network first: the sandbox is created on that network
-            try:
-                edge = await self.call("create egress proxy", egress.create_edge, self.client, spec)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
-                raise
+            owner = egress.EdgeOwner.of(spec)
+            edge = await self.call("create egress proxy", egress.create_edge, self.client, owner)
             kwargs["network_mode"] = edge.network
             kwargs["environment"] = {**kwargs.get("environment", {}), **edge.environment()}
             # the embedded resolver forwards what it cannot answer to the proxy, where nothing
@@ -256,13 +257,7 @@ class DockerBackend:
                 raise
             return str(container.id)
 
-        try:
-            container_id = await self.call("create sandbox", create_and_start)
-        except BaseException:
-            if spec.egress is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
-            raise
+        container_id = await self.call("create sandbox", create_and_start)
         try:
             sandbox = DockerSandbox(self, container_id, spec)
             if spec.egress is not None:
@@ -275,8 +270,6 @@ class DockerBackend:
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.remove(container_id)
-                if spec.egress is not None:
-                    await self.call("remove egress proxy", egress.remove_edge, self.client, spec.name)
             if isinstance(exc, SandboxError) and exc.code == ErrorCode.CONFLICT:
                 # another process won the race for this name: use its container
                 attrs = await self.find(spec.name)

@@ -131,14 +131,13 @@ class EdgeOwner:
         return cls(spec.name, spec.instance, spec.tenant, spec.agent, spec.scope_key, session, spec.egress)
 
 
-def create_edge(client: Any, spec: SandboxSpec | EdgeOwner) -> EgressEdge:
+def create_edge(client: Any, owner: EdgeOwner) -> EgressEdge:
     """Make (afresh) the internal network and the proxy of a sandbox (or browser); blocking.
 
     Raises:
         SandboxUnavailable: the network or the proxy could not be made or did not come up
             (whatever was made is removed).
     """
-    owner = spec if isinstance(spec, EdgeOwner) else EdgeOwner.of(spec)
     policy = owner.policy
     edge = names(owner.name)
     remove_edge(client, owner.name)  # a stale edge of an earlier container of this name

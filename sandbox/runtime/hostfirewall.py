@@ -1,4 +1,5 @@
-"""Host firewall rules that keep a browser sandbox from opening connections to the host.
+"""Host firewall rules that keep browser and egress sandboxes (and egress proxies) from opening
+connections to the host.
 
 A Docker network, even an internal one, routes to the host through its bridge's gateway
 address, so a page could reach any service the host listens on. The INPUT chain therefore
@@ -15,7 +16,7 @@ import shlex
 import shutil
 import subprocess
 
-TAG = "agent-sandbox-browser"
+TAG = "agent-sandbox-browser"  # the name rules were first made with (browsers); kept for removal
 
 
 def _iptables() -> str | None:

@@ -218,7 +218,7 @@ BUILTIN_SPECS: tuple[ToolSpec, ...] = (
         "network",
         "medium",
         60,
-        False,
+        True,  # curl in the session's sandbox, through its egress proxy
     ),
     _spec("web_search", "Search the web.", WebSearchArgs, "network", "low", 60, False),
     # read-only over workspace files (retried like read), so they run wherever the workspace is
