@@ -371,3 +371,24 @@ def test_mcp_calls_count_toward_the_tenants_quotas(shared: Any) -> None:
     assert "max_calls_per_minute" in repr(refused.value)
     rest = httpx.post(f"{url}/v1/sessions/agent:zeta:m/calls", headers=M, json={"tool": "read", "args": {"path": "x"}})
     assert rest.status_code == 429  # one budget for both doors
+
+
+def test_not_ready_names_what_is_missing(tmp_path: Path) -> None:
+    """/readyz is 503 when the default agent's image is not on the engine (or no engine answers),
+    and says which check failed and what to do; /healthz (the process) stays 200."""
+    from sandbox.config import load_config_text
+
+    cfg = load_config_text(f"""
+state_dir: {tmp_path / "state"}
+tenants: [{{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+agents:
+  defaults: {{sandbox: {{docker: {{image: "sandbox-never-built-{tmp_path.name}:none"}}}}}}
+  list: [{{id: alpha, tenant: acme, workspace: "{tmp_path / "wa"}"}}]
+""")
+    with serve(cfg) as url:
+        r = httpx.get(f"{url}/readyz", timeout=30)
+        assert r.status_code == 503
+        body = r.json()
+        assert body["ready"] is False and body["checks"]["journal"] == "ok"
+        assert body["checks"]["engine"].startswith("failed: ")
+        assert httpx.get(f"{url}/healthz").json() == {"ok": True}

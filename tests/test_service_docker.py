@@ -113,3 +113,10 @@ agents:
         httpx.delete(f"{url}/v1/sessions/q1", headers=A, timeout=120)
         assert call(url, A, "q2", "exec", {"command": "true"})["ok"]
         httpx.delete(f"{url}/v1/sessions/q2", headers=A, timeout=120)
+
+
+def test_ready_when_the_engine_has_the_images(make_config: Any) -> None:
+    """/readyz is 200 with every check `ok` once the engine answers and holds the default image."""
+    with serve(config(make_config)) as url:
+        r = httpx.get(f"{url}/readyz", timeout=30)
+        assert r.status_code == 200 and r.json() == {"ready": True, "checks": {"journal": "ok", "engine": "ok"}}

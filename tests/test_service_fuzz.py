@@ -15,6 +15,9 @@ from tests.service_helpers import TOKEN_A, serve, sha
 # a few examples per route in the quick loop, more in CI's thorough profile (bounded: each is a request)
 EXAMPLES = 3 if settings.default.max_examples <= 15 else 50
 STREAMING = "/v1/sessions/{key}/events"  # never ends by design; tested on its own in test_service.py
+# 503 is /readyz's documented answer while the engine lacks the images (a fresh machine before the
+# first build): a probe of the machine, not a handler that input can break; test_service*.py cover it
+READINESS = "/readyz"
 
 
 def test_no_server_errors_and_documented_successes(tmp_path: Path) -> None:
@@ -32,7 +35,7 @@ def test_no_server_errors_and_documented_successes(tmp_path: Path) -> None:
         f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: alpha, tenant: acme, workspace: '{tmp_path / 'wa'}'}}]}}\n"
     )
     with serve(config) as url:
-        schema = schemathesis.openapi.from_url(f"{url}/openapi.json").exclude(path=STREAMING)
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json").exclude(path=[STREAMING, READINESS])
         routes = [result.ok() for result in schema.get_all_operations()]
         assert len(routes) >= 12
 
