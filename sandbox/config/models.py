@@ -206,6 +206,9 @@ class DockerConfig(StrictModel):
     setup_as_root: bool = False
     binds: list[str] = []
     runtime: str | None = None
+    # `auto`: commands go through the resident agent when the image has one (a persistent
+    # stream, no Docker round trip per command); `off`: always plain docker exec
+    agent: Literal["auto", "off"] = "auto"
     dns: list[str] = []
     extra_hosts: list[str] = []
     ulimits: dict[str, UlimitConfig] = {}

@@ -30,6 +30,7 @@ from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.hostpaths import prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.resident import ResidentAgents
 from sandbox.runtime.spec import SandboxSpec
 
 T = TypeVar("T")
@@ -91,6 +92,7 @@ class DockerBackend:
         self._limiter = anyio.CapacityLimiter(max_threads)
         self.stream_limiter = anyio.CapacityLimiter(256)  # long-running output readers
         self._image_ids: dict[str, tuple[float, str]] = {}
+        self.agents = ResidentAgents(self)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -319,11 +321,11 @@ class DockerBackend:
     async def remove(self, name_or_id: str) -> None:
         """Force-remove a container and its anonymous volumes; missing is fine."""
 
-        def rm() -> None:
+        def rm() -> str:
             try:
                 attrs = self.client.api.inspect_container(name_or_id)
             except docker.errors.NotFound:
-                return
+                return ""
             try:
                 self.client.api.remove_container(name_or_id, force=True, v=True)
             except docker.errors.NotFound:
@@ -335,8 +337,11 @@ class DockerBackend:
             name = str(attrs.get("Name", "")).lstrip("/")
             if mode == egress.names(name).network:  # its proxy and network go with it
                 egress.remove_edge(self.client, name)
+            return str(attrs.get("Id", ""))
 
-        await self.call("remove sandbox", rm)
+        removed = await self.call("remove sandbox", rm)
+        if removed:
+            self.agents.forget(removed)
 
     async def sweep_egress(self, instance: str) -> builtins.list[str]:
         """Remove egress proxies and networks whose sandbox is gone (see runtime/egress.py)."""
@@ -344,6 +349,7 @@ class DockerBackend:
 
     async def aclose(self) -> None:
         """Close the SDK client's connections."""
+        self.agents.close_all()
         if self._client is not None:
             client, self._client = self._client, None
             await anyio.to_thread.run_sync(client.close)

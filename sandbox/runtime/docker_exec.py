@@ -63,19 +63,7 @@ async def exec_stream(
     if user:
         params["user"] = user
 
-    def create() -> str:
-        try:
-            return str(api.exec_create(container_id, argv, **params)["Id"])
-        except docker.errors.NotFound as exc:
-            raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
-        except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # container stopped or paused
-                raise SandboxGone(
-                    f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
-                ) from exc
-            raise
-
-    exec_id = await backend.call("exec", create)
+    exec_id = await create_exec(backend, container_id, argv, params)
     streams: builtins.list[Any] = []
     closed = threading.Event()  # the waiting side gave up: reading errors are expected
     done = threading.Event()  # the reader finished on its own and closed its socket
@@ -96,7 +84,7 @@ async def exec_stream(
                 if not closed.is_set():
                     raise
             finally:
-                _close_exec_socket(raw)
+                close_exec_socket(raw)
                 done.set()
 
     try:
@@ -123,6 +111,27 @@ async def exec_stream(
     )
 
 
+async def create_exec(
+    backend: DockerBackend, container_id: str, argv: builtins.list[str], params: Mapping[str, Any]
+) -> str:
+    """Create an exec; SandboxGone when the container is gone or not running (nothing ran)."""
+    api = backend.client.api
+
+    def create() -> str:
+        try:
+            return str(api.exec_create(container_id, argv, **params)["Id"])
+        except docker.errors.NotFound as exc:
+            raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # container stopped or paused
+                raise SandboxGone(
+                    f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
+                ) from exc
+            raise
+
+    return await backend.call("exec", create)
+
+
 def _deliver(on_output: Callable[[bytes], None], data: bytes) -> None:
     # called in the reader thread: hand the chunk to the event loop; a gone loop drops it
     with contextlib.suppress(Exception):
@@ -135,7 +144,8 @@ def _shutdown_exec_socket(raw: Any) -> None:
         inner.shutdown(socket.SHUT_RDWR)
 
 
-def _close_exec_socket(raw: Any) -> None:
+def close_exec_socket(raw: Any) -> None:
+    """Close docker-py's exec socket and every layer around it."""
     # docker-py hands out the SocketIO of the HTTP response; closing it leaves the real
     # socket (and the response) open until garbage collection, so close all three.
     inner = getattr(raw, "_sock", None)

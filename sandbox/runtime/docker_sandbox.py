@@ -11,6 +11,7 @@ import anyio
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import docker_kill, shellwrap
+from sandbox.runtime.agent_link import AgentUnavailable
 from sandbox.runtime.docker_exec import SandboxGone, exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
@@ -87,8 +88,9 @@ class DockerSandbox:
                 on_output=on_output,
                 capture=capture,
             )
-        except anyio.get_cancelled_exc_class():
-            # the caller gave up (an outer timeout, a cancelled task): the work still dies
+        except (anyio.get_cancelled_exc_class(), AgentUnavailable):
+            # the caller gave up (an outer timeout, a cancelled task), or the agent that ran it
+            # died: the work still dies
             with anyio.CancelScope(shield=True):
                 await self.stop(call_id, user=user, pid_dir=pid_dir)
             raise
@@ -128,7 +130,7 @@ class DockerSandbox:
 
     async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
         try:
-            return await exec_stream(self._backend, self._id, argv, **kwargs)
+            return await self._exec_once(argv, **kwargs)
         except SandboxGone:
             # Nothing ran yet (the exec was never created), so trying once more in a fresh
             # container cannot run the command twice.
@@ -137,9 +139,26 @@ class DockerSandbox:
                 raise
             self._id = await self._revive()
             self.gone = False
-            return await exec_stream(self._backend, self._id, argv, **kwargs)
+            return await self._exec_once(argv, **kwargs)
+        except AgentUnavailable:
+            raise  # the agent failed, not the container: the sandbox is kept
         except SandboxUnavailable:
             self.gone = True
+            raise
+
+    async def _exec_once(self, argv: list[str], **kwargs: Any) -> ExecResult:
+        link = await self._backend.agents.link(self._id, self._spec, kwargs.get("user"))
+        if link is None:
+            return await exec_stream(self._backend, self._id, argv, **kwargs)
+        kwargs.pop("user", None)  # the link runs as its user
+        try:
+            return await link.run(argv, **kwargs)
+        except AgentUnavailable:
+            attrs = await self._backend.find(self._id)
+            if attrs is None or attrs["State"].get("Status") != "running":
+                raise SandboxUnavailable(
+                    "the sandbox container stopped during the call; it is recreated on next use"
+                ) from None
             raise
 
     async def kill(

@@ -1,0 +1,161 @@
+"""The resident agent's wire format, read as hostile input.
+
+The agent (images/sandbox/sandbox_agent.py) runs next to untrusted code as the same user, so
+anything on its stream may be forged. Every frame is bounded before it is buffered and
+checked against a strict schema before it is believed; a frame that fails either check ends
+the link (see runtime/agent_link.py), never the orchestrator.
+
+Frame: 4-byte big-endian header length, 4-byte big-endian payload length, a JSON header, then
+the payload. The same layout in both directions.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PROTOCOL = 1
+HEAD = struct.Struct(">II")
+# what the agent may send: headers are a few numbers; payloads are output chunks of <= 64 KiB
+MAX_HEADER = 4 << 10
+MAX_PAYLOAD = 1 << 20
+# what the agent accepts (sandbox_agent.py MAX_HEADER): a command and its environment
+MAX_REQUEST = 8 << 20
+# docker's own multiplexing header of an attached stream without a TTY: stream, 0, 0, 0, size
+DOCKER_HEAD = struct.Struct(">BxxxI")
+STDERR_KEPT = 4 << 10  # the agent's own stderr (a traceback) is kept this far, for the log
+
+
+class FrameError(ValueError):
+    """A frame broke the protocol: too large, not JSON, or not one of the known shapes."""
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Hello(_Frame):
+    t: Literal["hello"]
+    id: Literal[0]
+    protocol: int
+    pid: int = Field(ge=1)
+    pidfd: bool
+
+
+class Started(_Frame):
+    t: Literal["started"]
+    id: int = Field(ge=1)
+    pid: int = Field(ge=0)
+
+
+class Out(_Frame):
+    t: Literal["out"]
+    id: int = Field(ge=1)
+    stream: Literal[1, 2]
+
+
+class Exit(_Frame):
+    t: Literal["exit"]
+    id: int = Field(ge=1)
+    code: int = Field(ge=0, le=255)
+    signal: int = Field(ge=0, le=64)
+
+
+class Reply(_Frame):
+    t: Literal["pong", "done"]
+    id: int = Field(ge=1)
+
+
+class Failed(_Frame):
+    t: Literal["error"]
+    id: int = Field(ge=0)
+    message: str = Field(max_length=1000)
+
+
+Frame = Annotated[Hello | Started | Out | Exit | Reply | Failed, Field(discriminator="t")]
+_FRAME: TypeAdapter[Frame] = TypeAdapter(Frame)
+
+
+def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    """One request frame."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if len(head) + len(payload) > MAX_REQUEST:
+        raise FrameError(f"the request is {len(head) + len(payload)} bytes; the agent takes at most {MAX_REQUEST}")
+    return HEAD.pack(len(head), len(payload)) + head + payload
+
+
+class FrameReader:
+    """Turns the bytes of an attached exec stream into checked frames.
+
+    `feed` takes raw socket bytes (docker's multiplexed stdout/stderr) and returns the complete
+    agent frames in them; FrameError on the first broken one. Sizes are checked from the
+    headers, before a body is waited for, so a forged 1 GB length costs nothing.
+    """
+
+    def __init__(self, *, muxed: bool = True) -> None:
+        self._muxed = muxed  # False: the bytes are the agent's stdout itself (a pipe, in tests)
+        self._mux = bytearray()
+        self._inbox = bytearray()
+        self.stderr = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Frame, bytes]]:
+        """The complete frames `data` ends; FrameError on a broken one."""
+        if not self._muxed:
+            self._inbox += data
+            if len(self._inbox) > HEAD.size + MAX_HEADER + MAX_PAYLOAD:
+                self._check_head()
+            return self._frames()
+        self._mux += data
+        while len(self._mux) >= DOCKER_HEAD.size:
+            stream, size = DOCKER_HEAD.unpack_from(self._mux)
+            if stream not in (1, 2):
+                raise FrameError(f"the stream is not docker's multiplexed output (stream byte {stream})")
+            end = DOCKER_HEAD.size + size
+            if len(self._mux) < end:
+                break
+            chunk = bytes(self._mux[DOCKER_HEAD.size : end])
+            del self._mux[:end]
+            if stream == 1:
+                self._inbox += chunk
+            else:
+                self.stderr = (self.stderr + chunk)[-STDERR_KEPT:]
+            if len(self._inbox) > HEAD.size + MAX_HEADER + MAX_PAYLOAD:
+                self._check_head()  # raises: nothing legitimate is this long
+        return self._frames()
+
+    def _check_head(self) -> tuple[int, int]:
+        head_len, payload_len = HEAD.unpack_from(self._inbox)
+        if head_len > MAX_HEADER or payload_len > MAX_PAYLOAD:
+            raise FrameError(
+                f"the agent announced a frame of {head_len} + {payload_len} bytes, over the limits "
+                f"({MAX_HEADER} + {MAX_PAYLOAD})"
+            )
+        return head_len, payload_len
+
+    def _frames(self) -> list[tuple[Frame, bytes]]:
+        out: list[tuple[Frame, bytes]] = []
+        while len(self._inbox) >= HEAD.size:
+            head_len, payload_len = self._check_head()
+            end = HEAD.size + head_len + payload_len
+            if len(self._inbox) < end:
+                break
+            head = bytes(self._inbox[HEAD.size : HEAD.size + head_len])
+            payload = bytes(self._inbox[HEAD.size + head_len : end])
+            del self._inbox[:end]
+            try:
+                frame = _FRAME.validate_json(head)
+            except ValidationError as exc:
+                raise FrameError(f"the agent sent a frame that is not in the protocol: {_short(exc)}") from None
+            if payload and not isinstance(frame, Out):
+                raise FrameError(f"the agent sent a payload with a {frame.t!r} frame")
+            out.append((frame, payload))
+        return out
+
+
+def _short(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "frame"
+    return f"{where}: {first.get('msg', 'invalid')}"

@@ -1,0 +1,302 @@
+"""One persistent attached exec stream to a sandbox's resident agent, and calls over it.
+
+The agent is started once per (container, user) with `docker exec -i`; afterwards a command is
+a request frame written to its stdin and answers read from its stdout: no Docker API call.
+Whoever waits for an answer reads the socket (one reader at a time; the others wait for what
+it dispatches), so no thread or background task is needed and a cancelled caller simply stops
+waiting.
+
+What the agent says is checked (runtime/agent_frames.py) and bounded in time: no hello, no
+`started` answer, a stalled stdin, a broken frame or the stream's end all mark the link dead
+with the reason. Every call waiting on a dead link fails at once with AgentUnavailable (a
+SANDBOX_UNAVAILABLE); the next call starts a fresh agent. The sandbox itself is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox._log import logger
+from sandbox.errors import SandboxUnavailable
+from sandbox.runtime.agent_frames import PROTOCOL, Exit, Failed, FrameError, FrameReader, Hello, Out, Reply, Started
+from sandbox.runtime.agent_frames import encode as encode_frame
+from sandbox.runtime.docker_exec import close_exec_socket, create_exec
+from sandbox.runtime.output import OutputCapture
+from sandbox.runtime.protocol import ExecResult
+
+if TYPE_CHECKING:
+    from sandbox.runtime.docker_backend import DockerBackend
+
+HELLO_TIMEOUT_S = 15.0  # python's start in a loaded sandbox
+ANSWER_TIMEOUT_S = 10.0  # a request's first answer (`started`, `pong`, `done`)
+WRITE_TIMEOUT_S = 10.0  # the agent not reading its stdin for this long ends the link
+RECV = 256 << 10
+
+
+class AgentUnavailable(SandboxUnavailable):
+    """The resident agent failed (killed, stopped, or broke the protocol); the sandbox is kept."""
+
+
+@dataclass
+class _Pending:
+    """One request in flight: what arrived for it so far."""
+
+    id: int
+    capture: OutputCapture | None = None
+    on_output: Callable[[bytes], None] | None = None
+    answered: bool = False
+    pid: int = 0
+    exit: Exit | None = None
+    error: str | None = None
+    replies: list[str] = field(default_factory=list)
+
+
+class AgentLink:
+    """A live stream to one agent. Make it with :meth:`open`."""
+
+    def __init__(self, sock: socket.socket, raw: Any, exec_id: str, container_id: str, user: str | None) -> None:
+        self._sock = sock
+        self._raw = raw  # docker-py's response objects, closed with the socket
+        self.exec_id = exec_id
+        self.container_id = container_id
+        self.user = user
+        self.agent_pid = 0  # the agent's pid inside the container (its hello says)
+        self.dead: str | None = None  # why the link ended, once it has
+        self._reader = FrameReader()
+        self._pending: dict[int, _Pending] = {}
+        self._next = 1
+        self._reading = False
+        self._changed = anyio.Event()
+        self._write_lock = anyio.Lock()
+        self._hello: Hello | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, backend: DockerBackend, container_id: str, agent_path: str, user: str | None) -> AgentLink:
+        """Start the agent in the container and wait for its hello.
+
+        Raises:
+            SandboxGone: the container is gone or stopped (from the exec create).
+            AgentUnavailable: the agent did not start or did not greet in time.
+        """
+        api = backend.client.api
+        argv = ["/usr/bin/python3", "-I", "-S", agent_path]
+        exec_id = await create_exec(backend, container_id, argv, {"stdin": True, "stdout": True, "stderr": True, **_user(user)})
+        raw = await backend.call("start agent", api.exec_start, exec_id, socket=True)
+        sock = getattr(raw, "_sock", None)
+        if type(sock) is not socket.socket:  # TLS or ssh transports: not read without a thread
+            close_exec_socket(raw)
+            raise AgentUnavailable("the engine's transport is not a plain socket; the agent is not used")
+        sock.setblocking(False)
+        link = cls(sock, raw, exec_id, container_id, user)
+        with anyio.move_on_after(HELLO_TIMEOUT_S):
+            await link._wait(lambda: link._hello is not None)
+        if link._hello is None:
+            reason = link.dead or f"the agent did not greet within {HELLO_TIMEOUT_S:.0f} s"
+            link.close(reason)
+            raise AgentUnavailable(f"the resident agent did not start: {reason}")
+        if link._hello.protocol != PROTOCOL:
+            link.close("protocol mismatch")
+            raise AgentUnavailable(f"the agent speaks protocol {link._hello.protocol}, not {PROTOCOL}")
+        link.agent_pid = link._hello.pid
+        return link
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        environment: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+        capture: OutputCapture | None = None,
+    ) -> ExecResult:
+        """Run argv through the agent, like `exec_stream` does through the engine.
+
+        Stopping the wait (timeout, cancellation, output past the capture's maximum) does not
+        stop the command: callers that own a call id kill it.
+        """
+        capture = capture or OutputCapture()
+        start = time.perf_counter()
+        call = self._new(capture=capture, on_output=on_output)
+        request = {"t": "run", "id": call.id, "argv": list(argv), "env": dict(environment or {}), "cwd": workdir}
+        timed_out = False
+        try:
+            await self._send(request)
+            await self._answer(call)
+            with anyio.move_on_after(timeout_s) as scope:
+                await self._wait(lambda: call.exit is not None or call.error is not None or capture.overflowed)
+            timed_out = scope.cancelled_caught
+        finally:
+            self._pending.pop(call.id, None)
+        self._raise_if_failed(call)
+        exit_code = call.exit.code if call.exit is not None and not timed_out and not capture.overflowed else None
+        return ExecResult.from_capture(
+            capture, exit_code=exit_code, duration_ms=(time.perf_counter() - start) * 1000, timed_out=timed_out
+        )
+
+    async def signal(self, target: int, signum: int) -> None:
+        """Signal the process group of a running request (`target`: its id)."""
+        call = self._new()
+        try:
+            await self._send({"t": "signal", "id": call.id, "target": target, "sig": signum})
+            await self._answer(call)
+        finally:
+            self._pending.pop(call.id, None)
+        self._raise_if_failed(call)
+
+    async def ping(self) -> float:
+        """One round trip to the agent, in ms."""
+        start = time.perf_counter()
+        call = self._new()
+        try:
+            await self._send({"t": "ping", "id": call.id})
+            await self._answer(call)
+        finally:
+            self._pending.pop(call.id, None)
+        self._raise_if_failed(call)
+        return (time.perf_counter() - start) * 1000
+
+    def close(self, reason: str = "closed") -> None:
+        """End the link: the agent sees its stdin end and exits; waiting calls fail."""
+        if self.dead is None:
+            self._fail(reason)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _new(self, **kwargs: Any) -> _Pending:
+        if self.dead is not None:
+            raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
+        call = _Pending(self._next, **kwargs)
+        self._next += 1
+        self._pending[call.id] = call
+        return call
+
+    async def _answer(self, call: _Pending) -> None:
+        # an agent that takes a request and never answers is stopped or lying: the link ends
+        with anyio.move_on_after(ANSWER_TIMEOUT_S):
+            await self._wait(lambda: call.answered or call.error is not None)
+        if not call.answered and call.error is None:
+            self._fail(f"the agent did not answer request {call.id} within {ANSWER_TIMEOUT_S:.0f} s")
+
+    def _raise_if_failed(self, call: _Pending) -> None:
+        if call.error is not None:
+            raise AgentUnavailable(call.error)
+
+    async def _send(self, header: dict[str, Any]) -> None:
+        data = memoryview(encode_frame(header))
+        async with self._write_lock:
+            with anyio.move_on_after(WRITE_TIMEOUT_S) as scope:
+                while data:
+                    if self.dead is not None:
+                        raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
+                    try:
+                        sent = self._sock.send(data)
+                    except BlockingIOError:
+                        await anyio.wait_writable(self._sock)
+                        continue
+                    except OSError as exc:
+                        self._fail(f"writing to the agent failed: {exc}")
+                        raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
+                    data = data[sent:]
+            if scope.cancelled_caught:
+                self._fail(f"the agent did not read its requests for {WRITE_TIMEOUT_S:.0f} s")
+                raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
+
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        """Until `done()` or the link is dead: read the socket, or wait for whoever reads it."""
+        while not done() and self.dead is None:
+            if self._reading:
+                await self._changed.wait()
+                continue
+            self._reading = True
+            try:
+                try:
+                    await anyio.wait_readable(self._sock)
+                except anyio.ClosedResourceError:
+                    continue  # the link was closed meanwhile: `dead` says why
+                try:
+                    data = self._sock.recv(RECV)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    self._fail(f"reading from the agent failed: {exc}")
+                    continue
+                if not data:
+                    self._fail(self._ended())
+                else:
+                    self._dispatch(data)
+            finally:
+                self._reading = False
+                changed, self._changed = self._changed, anyio.Event()
+                changed.set()
+
+    def _dispatch(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except FrameError as exc:
+            self._fail(str(exc))
+            return
+        for frame, payload in frames:
+            if isinstance(frame, Hello):
+                if self._hello is not None:
+                    self._fail("the agent greeted twice")
+                    return
+                self._hello = frame
+                continue
+            if isinstance(frame, Failed) and frame.id == 0:
+                self._fail(f"the agent reported: {frame.message}")
+                return
+            call = self._pending.get(frame.id)
+            if call is None:
+                continue  # an answer to a call that stopped waiting (timed out, cancelled)
+            if isinstance(frame, Started):
+                call.answered, call.pid = True, frame.pid
+            elif isinstance(frame, Out):
+                if call.capture is None or not call.answered:
+                    self._fail(f"the agent sent output for request {frame.id}, which is not a started command")
+                    return
+                if call.capture.add(frame.stream, payload) and call.on_output is not None:
+                    with contextlib.suppress(Exception):  # a progress listener's fault is not the call's
+                        call.on_output(payload)
+            elif isinstance(frame, Exit):
+                if not call.answered:
+                    self._fail(f"the agent reported an exit for request {frame.id} before it started")
+                    return
+                call.exit = frame
+            elif isinstance(frame, Reply):
+                call.answered = True
+            elif isinstance(frame, Failed):
+                call.error = f"the agent refused the request: {frame.message}"
+
+    def _ended(self) -> str:
+        tail = bytes(self._reader.stderr).decode(errors="replace").strip()[-300:]
+        return "the agent's stream ended (it exited or was killed)" + (f"; it said: {tail}" if tail else "")
+
+    def _fail(self, reason: str) -> None:
+        if self.dead is not None:
+            return
+        self.dead = reason
+        logger.bind(container=self.container_id[:12], exec_id=self.exec_id[:12]).info("agent_link_ended", reason=reason)
+        for call in self._pending.values():
+            call.error = f"the sandbox's agent stopped during the call ({reason}); the sandbox is kept and a new agent is started on the next call"
+        anyio.notify_closing(self._sock)  # a reader waiting on it wakes (ClosedResourceError)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        close_exec_socket(self._raw)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+
+def _user(user: str | None) -> dict[str, str]:
+    return {"user": user} if user else {}

@@ -1,0 +1,134 @@
+"""Which path a sandbox's commands take, and the resident agents of one backend.
+
+An image that carries the agent says so in its labels (images/sandbox/Dockerfile); its
+sandboxes get one agent per user, started on first use and restarted after it dies. Every
+other sandbox, a config with `docker.agent: off`, and a container where the agent could not
+start use plain docker exec (`explain` and `doctor` say which, and why).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import docker.errors
+
+from sandbox._log import logger
+from sandbox.runtime.agent_frames import PROTOCOL
+from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
+from sandbox.runtime.naming import LABEL_PREFIX
+
+if TYPE_CHECKING:
+    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.spec import SandboxSpec
+
+AGENT_LABEL = f"{LABEL_PREFIX}.agent"
+AGENT_PROTOCOL_LABEL = f"{LABEL_PREFIX}.agent-protocol"
+IMAGE_CACHE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ExecPath:
+    """How commands reach a sandbox: `agent` (the resident agent) or `docker exec`, and why."""
+
+    kind: str
+    reason: str
+    agent_path: str | None = None
+
+    def describe(self) -> str:
+        """One line for explain and doctor."""
+        return f"{self.kind} ({self.reason})"
+
+
+def path_from_labels(labels: dict[str, str] | None, mode: str) -> ExecPath:
+    """The path an image's labels allow under `docker.agent` = `mode`."""
+    if mode == "off":
+        return ExecPath("docker exec", "docker.agent is off")
+    found = labels or {}
+    path = found.get(AGENT_LABEL)
+    if not path:
+        return ExecPath("docker exec", f"the image has no resident agent (label {AGENT_LABEL})")
+    if found.get(AGENT_PROTOCOL_LABEL) != str(PROTOCOL):
+        return ExecPath(
+            "docker exec",
+            f"the image's agent speaks protocol {found.get(AGENT_PROTOCOL_LABEL)!r}, this orchestrator {PROTOCOL}; "
+            "rebuild it with `sandbox images build`",
+        )
+    return ExecPath("agent", f"resident agent {path}", path)
+
+
+class ResidentAgents:
+    """The agent links of one backend: at most one per (container, user)."""
+
+    def __init__(self, backend: DockerBackend) -> None:
+        self._backend = backend
+        self._links: dict[tuple[str, str], AgentLink] = {}
+        self._locks: defaultdict[tuple[str, str], anyio.Lock] = defaultdict(anyio.Lock)
+        self._paths: dict[tuple[str, str], tuple[float, ExecPath]] = {}
+        self._refused: dict[str, str] = {}  # container id -> why its agent is not used
+        self.started = 0  # agents started by this backend (restarts included)
+
+    async def exec_path(self, spec: SandboxSpec, container_id: str | None = None) -> ExecPath:
+        """The path commands of `spec`'s sandbox take (`container_id`: also its own history)."""
+        if container_id and container_id in self._refused:
+            return ExecPath("docker exec", f"the agent could not start here: {self._refused[container_id]}")
+        mode = spec.docker.agent
+        key = (spec.image, mode)
+        cached = self._paths.get(key)
+        now = time.monotonic()
+        if cached and now - cached[0] < IMAGE_CACHE_S:
+            return cached[1]
+
+        def labels() -> dict[str, str] | None:
+            try:
+                return dict(self._backend.client.api.inspect_image(spec.image)["Config"].get("Labels") or {})
+            except docker.errors.ImageNotFound:
+                return None
+
+        found = await self._backend.call("inspect image", labels) if mode != "off" else None
+        path = path_from_labels(found, mode)
+        self._paths[key] = (now, path)
+        return path
+
+    async def link(self, container_id: str, spec: SandboxSpec, user: str | None) -> AgentLink | None:
+        """The live link for this container and user, started when needed; None: use docker exec."""
+        key = (container_id, user or "")
+        link = self._links.get(key)
+        if link is not None and link.dead is None:
+            return link
+        path = await self.exec_path(spec, container_id)
+        if path.agent_path is None:
+            return None
+        async with self._locks[key]:
+            link = self._links.get(key)
+            if link is not None and link.dead is None:
+                return link
+            if container_id in self._refused:
+                return None
+            try:
+                link = await AgentLink.open(self._backend, container_id, path.agent_path, user)
+            except AgentUnavailable as exc:
+                # the image says it has an agent, but it does not run here (no python for this
+                # user, a full pids limit, a custom image): commands still run, by docker exec
+                self._refused[container_id] = exc.message
+                logger.bind(container=spec.name).warning("agent_unavailable_fallback", reason=exc.message)
+                return None
+            self._links[key] = link
+            self.started += 1
+            return link
+
+    def forget(self, container_id: str) -> None:
+        """Close and drop the links of a container (removed, or replaced)."""
+        for key in [k for k in self._links if k[0] == container_id]:
+            self._links.pop(key).close("the sandbox was removed")
+            self._locks.pop(key, None)
+        self._refused.pop(container_id, None)
+
+    def close_all(self) -> None:
+        """Close every link (the backend is closing)."""
+        for link in self._links.values():
+            link.close("the orchestrator closed its engine connection")
+        self._links.clear()

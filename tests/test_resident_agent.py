@@ -1,0 +1,241 @@
+"""The resident agent (images/sandbox/sandbox_agent.py) run for real on this host over pipes, and
+the orchestrator's frame reader fed hostile bytes. The same agent in a container, with the
+link and its faults, is in test_resident_agent_docker.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandbox.runtime.agent_frames import (
+    DOCKER_HEAD,
+    HEAD,
+    MAX_PAYLOAD,
+    Exit,
+    FrameError,
+    FrameReader,
+    Hello,
+    Out,
+    Reply,
+    Started,
+    encode,
+)
+from sandbox.runtime.resident import AGENT_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
+
+AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
+
+
+class LocalAgent:
+    """The agent as a child process of the test, spoken to with the orchestrator's frame code."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self.reader = FrameReader(muxed=False)
+        self.backlog: list[tuple[Any, bytes]] = []
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+        return code
+
+    def send(self, header: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(encode(header))
+        self.proc.stdin.flush()
+
+    def next(self, timeout: float = 10) -> tuple[Any, bytes]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while not self.backlog:
+            assert time.monotonic() < deadline, "the agent did not answer"
+            data = os.read(self.proc.stdout.fileno(), 65536)
+            assert data, "the agent's stdout ended"
+            self.backlog += self.reader.feed(data)
+        return self.backlog.pop(0)
+
+    def run(self, rid: int, argv: list[str], **extra: Any) -> tuple[Exit, dict[int, bytes], int]:
+        self.send({"t": "run", "id": rid, "argv": argv, "env": {}, "cwd": None, **extra})
+        out: dict[int, bytes] = {1: b"", 2: b""}
+        pid = 0
+        while True:
+            frame, payload = self.next()
+            assert frame.id == rid
+            if isinstance(frame, Started):
+                pid = frame.pid
+            elif isinstance(frame, Out):
+                out[frame.stream] += payload
+            elif isinstance(frame, Exit):
+                return frame, out, pid
+
+
+@pytest.fixture
+def agent() -> Iterator[LocalAgent]:
+    a = LocalAgent()
+    hello, _ = a.next()
+    assert isinstance(hello, Hello) and hello.protocol == 1 and hello.pid == a.proc.pid
+    yield a
+    a.close()
+
+
+def test_runs_commands_streams_both_outputs_and_reports_exit(agent: LocalAgent) -> None:
+    done, out, pid = agent.run(1, ["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (done.code, done.signal, out[1], out[2]) == (7, 0, b"out\n", b"err\n")
+    assert pid > 0
+
+
+def test_each_command_leads_its_own_session_and_process_group(agent: LocalAgent) -> None:
+    done, out, pid = agent.run(1, ["sh", "-c", "ps -o pid=,pgid=,sid= -p $$"])
+    assert done.code == 0
+    assert out[1].decode().split() == [str(pid)] * 3
+
+
+def test_environment_and_working_directory(agent: LocalAgent, tmp_path: Path) -> None:
+    done, out, _ = agent.run(1, ["sh", "-c", 'echo "$SBX_CALL"; pwd'], env={"SBX_CALL": "c-1"}, cwd=str(tmp_path))
+    assert out[1].decode().split() == ["c-1", str(tmp_path)]
+    assert "SBX_CALL" not in agent.proc.args  # the tag is the command's, never the agent's own
+
+
+def test_missing_command_and_missing_directory_are_exit_codes(agent: LocalAgent, tmp_path: Path) -> None:
+    missing, out, _ = agent.run(1, ["no-such-command-here"])
+    assert missing.code == 127 and b"no-such-command-here" in out[2]
+    nodir, _, _ = agent.run(2, ["true"], cwd=str(tmp_path / "gone"))
+    assert nodir.code == 126
+
+
+def test_signals_reach_the_whole_group_and_are_reported(agent: LocalAgent) -> None:
+    agent.send({"t": "run", "id": 5, "argv": ["sh", "-c", "sleep 30 & sleep 30; echo never"], "env": {}, "cwd": None})
+    started, _ = agent.next()
+    assert isinstance(started, Started)
+    agent.send({"t": "signal", "id": 6, "target": 5, "sig": int(signal.SIGKILL)})
+    seen: list[Any] = []
+    while not any(isinstance(f, Exit) for f in seen):
+        seen.append(agent.next()[0])
+    done = next(f for f in seen if isinstance(f, Exit))
+    assert (done.code, done.signal) == (137, 9)
+    assert any(isinstance(f, Reply) and f.id == 6 for f in seen) or isinstance(agent.next()[0], Reply)
+    # nothing of the group is left: pgrep finds no process in it
+    assert subprocess.run(["pgrep", "-g", str(started.pid)], capture_output=True).returncode == 1
+
+
+def test_a_background_child_holding_the_output_keeps_the_command_open(agent: LocalAgent) -> None:
+    """As docker exec: the command ends when it exited and its output ended."""
+    start = time.monotonic()
+    done, out, _ = agent.run(1, ["sh", "-c", "sleep 0.6 & echo first"])
+    assert done.code == 0 and out[1] == b"first\n" and time.monotonic() - start >= 0.5
+    quick, _, _ = agent.run(2, ["sh", "-c", "sleep 5 >/dev/null 2>&1 & echo ok"])
+    assert quick.code == 0
+
+
+def test_large_output_arrives_whole_and_in_bounded_frames(agent: LocalAgent) -> None:
+    done, out, _ = agent.run(1, ["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x"])
+    assert done.code == 0 and out[1] == b"x" * 3_000_000
+
+
+def test_concurrent_commands_are_multiplexed(agent: LocalAgent) -> None:
+    for rid, delay in ((1, "0.4"), (2, "0")):
+        agent.send({"t": "run", "id": rid, "argv": ["sh", "-c", f"sleep {delay}; echo {rid}"], "env": {}, "cwd": None})
+    order = []
+    while len(order) < 2:
+        frame, _ = agent.next()
+        if isinstance(frame, Exit):
+            order.append(frame.id)
+    assert order == [2, 1]
+
+
+def test_bad_requests_get_errors_and_the_agent_goes_on(agent: LocalAgent) -> None:
+    agent.send({"t": "run", "id": 1, "argv": "not a list"})
+    frame, _ = agent.next()
+    assert frame.t == "error" and frame.id == 1
+    agent.send({"t": "launch-missiles", "id": 2})
+    assert agent.next()[0].t == "error"
+    agent.send({"t": "ping", "id": 3})
+    assert isinstance(agent.next()[0], Reply)
+
+
+def test_the_agent_ends_with_its_stdin() -> None:
+    a = LocalAgent()
+    a.next()
+    assert a.close() == 0
+
+
+def test_health_check_passes_where_commands_can_start() -> None:
+    assert subprocess.run([sys.executable, "-I", "-S", str(AGENT), "--health"], timeout=30).returncode == 0
+
+
+# -- the orchestrator's reader, fed hostile bytes -----------------------------------------
+
+
+def frame(header: bytes, payload: bytes = b"") -> bytes:
+    return HEAD.pack(len(header), len(payload)) + header + payload
+
+
+def muxed(data: bytes, stream: int = 1) -> bytes:
+    return DOCKER_HEAD.pack(stream, len(data)) + data
+
+
+def test_a_gigabyte_frame_is_refused_from_its_header() -> None:
+    reader = FrameReader()
+    with pytest.raises(FrameError, match="over the limits"):
+        reader.feed(muxed(HEAD.pack(10, 1 << 30)))  # the header alone: nothing is waited for
+
+
+def test_garbage_and_off_protocol_frames_are_refused() -> None:
+    for bad in (
+        b"not json at all",
+        b'{"t":"exit","id":1,"code":300,"signal":0}',
+        b'{"t":"exit","id":1,"code":"0","signal":0}',  # strict: no coercion
+        b'{"t":"started","id":1,"pid":5,"extra":1}',
+        b'{"t":"hello","id":3,"protocol":1,"pid":1,"pidfd":true}',
+        b'{"t":"unknown","id":1}',
+    ):
+        with pytest.raises(FrameError):
+            FrameReader().feed(muxed(frame(bad)))
+    with pytest.raises(FrameError, match="payload"):
+        FrameReader().feed(muxed(frame(b'{"t":"pong","id":1}', b"smuggled")))
+    with pytest.raises(FrameError, match="multiplexed"):
+        FrameReader().feed(b"\x07\x00\x00\x00\x00\x00\x00\x01x")
+
+
+def test_frames_split_anywhere_reassemble() -> None:
+    stream = muxed(frame(b'{"t":"started","id":1,"pid":9}')) + muxed(frame(b'{"t":"out","id":1,"stream":1}', b"hi"))
+    stream += muxed(b"agent says hi on stderr", 2)
+    for cut in range(len(stream) + 1):
+        reader = FrameReader()
+        got = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
+        assert [f.t for f, _ in got] == ["started", "out"] and got[1][1] == b"hi"
+        assert bytes(reader.stderr) == b"agent says hi on stderr"
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_give_frames_or_a_frame_error_never_anything_else(data: bytes) -> None:
+    reader = FrameReader()
+    try:
+        for f, payload in reader.feed(data):
+            assert len(payload) <= MAX_PAYLOAD and f.t in {"hello", "started", "out", "exit", "pong", "done", "error"}
+    except FrameError:
+        pass
+
+
+def test_path_follows_the_image_labels_and_the_config() -> None:
+    good = {AGENT_LABEL: "/usr/local/lib/sandbox-agent/agent.py", AGENT_PROTOCOL_LABEL: "1"}
+    assert path_from_labels(good, "auto").kind == "agent"
+    assert path_from_labels(good, "off").kind == "docker exec"
+    assert "no resident agent" in path_from_labels({}, "auto").reason
+    old = path_from_labels({**good, AGENT_PROTOCOL_LABEL: "0"}, "auto")
+    assert old.kind == "docker exec" and "rebuild" in old.reason
+    assert struct.calcsize(">II") == HEAD.size
