@@ -146,3 +146,11 @@ def test_json_config_loads_and_errors_are_located(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     assert info.value.problems == [f"{bad}:3:5: tools.dney: unknown key 'dney'; did you mean 'deny'?"]
+
+
+def test_agent_path_takes_a_bare_off_and_names_a_bad_value() -> None:
+    """`docker.agent: off` (which YAML reads as false) is `off`; anything else but auto is refused by path."""
+    config = load_config_text("agents: {defaults: {sandbox: {docker: {agent: off}}}}\n")
+    assert effective_agent(config, "main").sandbox.docker.agent == "off"
+    (problem,) = problems("agents:\n  defaults:\n    sandbox:\n      docker: {agent: sometimes}\n")
+    assert "agents.defaults.sandbox.docker.agent" in problem and "'auto'" in problem and "'off'" in problem

@@ -16,6 +16,7 @@ object with "t", the type, and "id", the request's number), then the payload byt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -125,7 +126,7 @@ class Agent:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            proc = subprocess.Popen(  # noqa: S603 - running the caller's command is the job
+            proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
@@ -214,17 +215,15 @@ class Child:
         agent.send({"t": "exit", "id": self.rid, "code": 128 + sig if sig else self.status, "signal": sig})
 
     def signal(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def health() -> int:
     """The container's health check: this agent can start a command here (exec works, the pids
     limit is not used up, the filesystem answers)."""
     try:
-        return subprocess.run(["true"], check=False, timeout=5).returncode  # noqa: S603, S607
+        return subprocess.run(["true"], check=False, timeout=5).returncode
     except (OSError, subprocess.SubprocessError):
         return 1
 
@@ -233,10 +232,8 @@ def main() -> int:
     if sys.argv[1:] == ["--health"]:
         return health()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    try:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the orchestrator closed the stream
         Agent().serve()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the orchestrator closed the stream
     return 0
 
 

@@ -181,6 +181,10 @@ class UlimitConfig(StrictModel):
     hard: int = Field(ge=0)
 
 
+# YAML 1.1 reads a bare `off` as false: take that spelling too
+AgentPath = Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)]
+
+
 class DockerConfig(StrictModel):
     """How the sandbox container is made. Every default is the hardened choice."""
 
@@ -208,7 +212,7 @@ class DockerConfig(StrictModel):
     runtime: str | None = None
     # `auto`: commands go through the resident agent when the image has one (a persistent
     # stream, no Docker round trip per command); `off`: always plain docker exec
-    agent: Literal["auto", "off"] = "auto"
+    agent: AgentPath = "auto"
     dns: list[str] = []
     extra_hosts: list[str] = []
     ulimits: dict[str, UlimitConfig] = {}

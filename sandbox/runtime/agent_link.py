@@ -89,7 +89,8 @@ class AgentLink:
         """
         api = backend.client.api
         argv = ["/usr/bin/python3", "-I", "-S", agent_path]
-        exec_id = await create_exec(backend, container_id, argv, {"stdin": True, "stdout": True, "stderr": True, **_user(user)})
+        params = {"stdin": True, "stdout": True, "stderr": True, **_user(user)}
+        exec_id = await create_exec(backend, container_id, argv, params)
         raw = await backend.call("start agent", api.exec_start, exec_id, socket=True)
         sock = getattr(raw, "_sock", None)
         if type(sock) is not socket.socket:  # TLS or ssh transports: not read without a thread
@@ -140,6 +141,11 @@ class AgentLink:
         finally:
             self._pending.pop(call.id, None)
         self._raise_if_failed(call)
+        if timed_out and self.dead is None:
+            # a command that outlived its time, or an agent that stopped answering? Asked now,
+            # so a stuck agent costs this call, not the next one
+            with contextlib.suppress(AgentUnavailable):
+                await self.ping()
         exit_code = call.exit.code if call.exit is not None and not timed_out and not capture.overflowed else None
         return ExecResult.from_capture(
             capture, exit_code=exit_code, duration_ms=(time.perf_counter() - start) * 1000, timed_out=timed_out
@@ -289,7 +295,10 @@ class AgentLink:
         self.dead = reason
         logger.bind(container=self.container_id[:12], exec_id=self.exec_id[:12]).info("agent_link_ended", reason=reason)
         for call in self._pending.values():
-            call.error = f"the sandbox's agent stopped during the call ({reason}); the sandbox is kept and a new agent is started on the next call"
+            call.error = (
+                f"the sandbox's agent stopped during the call ({reason}); the command was stopped, the "
+                "sandbox is kept, and the next call starts a new agent"
+            )
         anyio.notify_closing(self._sock)  # a reader waiting on it wakes (ClosedResourceError)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)

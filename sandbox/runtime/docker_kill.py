@@ -98,3 +98,25 @@ def _pause(api: Any, container_id: str) -> bool:
 def _unpause(api: Any, container_id: str) -> None:
     with contextlib.suppress(docker.errors.APIError):
         api.unpause(container_id)
+
+
+def kill_exec(api: Any, container_id: str, exec_id: str) -> bool | None:
+    """KILL the process an exec started (a stuck resident agent), from the host.
+
+    Only a pid the engine lists for this container is signalled. Returns whether it was signalled,
+    None when the processes are not visible from this host (it then lives on until its sandbox
+    goes: it is confined to it, and counts against its pids limit).
+    """
+    try:
+        pid = int(api.exec_inspect(exec_id).get("Pid") or 0)
+    except docker.errors.APIError:
+        return False
+    pids = container_pids(api, container_id)
+    if pids is None:
+        return None
+    if pid <= 1 or pid not in pids:
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, 9)
+        return True
+    return False

@@ -10,12 +10,13 @@ from typing import Any, Literal
 import docker.errors
 
 from sandbox.audit.ownership import write_problem
-from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.config.merge import agent_ids, default_agent_id, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.resident import path_from_labels
 from sandbox.runtime.spec import spec_from_config
 
 Status = Literal["ok", "warn", "fail"]
@@ -118,6 +119,24 @@ def _provenance_check(client: Any, target: ImageTarget) -> Check:
     return Check("ok", f"image {target.name} provenance", "; ".join(f"{k} {v}" for k, v in found.items()))
 
 
+def _exec_path_check(client: Any, config: Config) -> Check:
+    """How the default agent's sandboxes run commands: the resident agent, or docker exec (why)."""
+    docker_cfg = effective_agent(config, default_agent_id(config)).sandbox.docker
+    try:
+        labels = client.images.get(docker_cfg.image).labels
+    except Exception as exc:  # a missing image is the image check's to report
+        return Check("warn", "exec path", f"cannot read the labels of {docker_cfg.image}: {exc.__class__.__name__}")
+    path = path_from_labels(labels, docker_cfg.agent)
+    if path.kind == "agent":
+        return Check("ok", "exec path", f"{docker_cfg.image}: {path.describe()}; it is also the container health check")
+    return Check(
+        "warn",
+        "exec path",
+        f"{docker_cfg.image}: {path.describe()}: every command pays a Docker exec round trip",
+        "build the image from images/sandbox (or add the agent and its labels to yours)",
+    )
+
+
 def workspace_checks(config: Config) -> list[Check]:
     """Each sandboxed agent's read-write workspace: can the sandbox user write it? (SBX-M008)"""
     checks = []
@@ -188,6 +207,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
     exec_target = targets[0]
     if image_current(client, exec_target)[0]:
         checks.append(_cgroup_probe(client, exec_target.tag))
+    checks.append(_exec_path_check(client, config))
     if info.get("SwapLimit") is False:
         checks.append(
             Check(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import quote
 
 from sandbox.audit.ownership import write_problem
 from sandbox.config.merge import EffectiveAgent
@@ -13,6 +14,7 @@ from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.naming import instance_id
+from sandbox.runtime.resident import path_from_labels
 from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.runtime.spec import spec_from_config
 
@@ -84,29 +86,46 @@ def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveA
             if (p := write_problem(m.source, spec.user, kwargs.get("cap_add", []))) is not None
         ],
         "state": _live_state(spec.name),
+        "exec_path": _exec_path(spec.image, docker.agent),
     }
     return facts
 
 
 def _live_state(name: str) -> str:
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        if host.startswith("unix://"):
-            status = _inspect_over_socket(host.removeprefix("unix://"), name)
-        else:
-            status = _inspect_with_sdk(name)
+        found = _engine_get("containers", name)
     except Exception as exc:
         return f"unknown (engine unreachable: {exc.__class__.__name__})"
-    return status or "not created yet (created on first use)"
+    return str(found["State"]["Status"]) if found else "not created yet (created on first use)"
 
 
-def _inspect_over_socket(socket_path: str, name: str) -> str | None:
-    """The container's status, or None when there is none; asked with one HTTP request, because
+def _exec_path(image: str, mode: str) -> str:
+    """How the sandbox's commands run: through the resident agent, or plain docker exec (why)."""
+    if mode == "off":
+        return path_from_labels(None, mode).describe()
+    try:
+        found = _engine_get("images", image)
+    except Exception as exc:
+        return f"unknown (engine unreachable: {exc.__class__.__name__})"
+    if found is None:
+        return f"unknown (image {image} is not built yet)"
+    return path_from_labels((found.get("Config") or {}).get("Labels"), mode).describe()
+
+
+def _engine_get(kind: str, name: str) -> dict[str, Any] | None:
+    """`docker inspect` of a container or an image (`kind`), or None when there is none."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://"):
+        return _get_over_socket(host.removeprefix("unix://"), f"/{kind}/{quote(name, safe='')}/json")
+    return _get_with_sdk(kind, name)
+
+
+def _get_over_socket(socket_path: str, path: str) -> dict[str, Any] | None:
+    """The engine's JSON answer to GET `path`, or None on 404; asked with one HTTP request, because
     importing the docker SDK would cost `sandbox explain` more than everything else it does."""
     import http.client
     import json
     import socket
-    from urllib.parse import quote
 
     class UnixConnection(http.client.HTTPConnection):
         def connect(self) -> None:
@@ -116,7 +135,7 @@ def _inspect_over_socket(socket_path: str, name: str) -> str | None:
 
     conn = UnixConnection("localhost", timeout=3)
     try:
-        conn.request("GET", f"/containers/{quote(name, safe='')}/json")
+        conn.request("GET", path)
         response = conn.getresponse()
         body = response.read()
     finally:
@@ -125,17 +144,19 @@ def _inspect_over_socket(socket_path: str, name: str) -> str | None:
         return None
     if response.status != 200:
         raise ConnectionError(f"engine answered HTTP {response.status}")
-    return str(json.loads(body)["State"]["Status"])
+    found: dict[str, Any] = json.loads(body)
+    return found
 
 
-def _inspect_with_sdk(name: str) -> str | None:
+def _get_with_sdk(kind: str, name: str) -> dict[str, Any] | None:
     """The same question of an engine behind tcp:// or ssh:// (what the SDK speaks)."""
     import docker
     import docker.errors
 
     client = docker.from_env(timeout=3)
     try:
-        return str(client.api.inspect_container(name)["State"]["Status"])
+        inspect = client.api.inspect_image if kind == "images" else client.api.inspect_container
+        return dict(inspect(name))
     except docker.errors.NotFound:
         return None
     finally:
@@ -168,6 +189,7 @@ def container_text(facts: dict[str, Any]) -> str:
             f"{x['header']} of requests to {x['hosts']} (TLS decrypted for those hosts only)"
             for x in e["secrets"]
         ]
+    lines.append(f"exec       {facts['exec_path']}")
     lines += [f"mount      {m['host']} -> {m['container']} ({m['mode']})  [{m['from']}]" for m in facts["mounts"]]
     if facts["escape_hatches"]:
         lines.append(f"WARNING    escape hatches on: {', '.join(facts['escape_hatches'])}")

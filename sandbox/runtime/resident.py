@@ -19,6 +19,7 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.runtime.agent_frames import PROTOCOL
 from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
+from sandbox.runtime.docker_kill import kill_exec
 from sandbox.runtime.naming import LABEL_PREFIX
 
 if TYPE_CHECKING:
@@ -106,6 +107,9 @@ class ResidentAgents:
             link = self._links.get(key)
             if link is not None and link.dead is None:
                 return link
+            if link is not None:  # a dead one: a stopped or lying agent must not linger
+                del self._links[key]
+                await self._backend.call("kill agent", kill_exec, self._backend.client.api, container_id, link.exec_id)
             if container_id in self._refused:
                 return None
             try:

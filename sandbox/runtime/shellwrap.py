@@ -43,7 +43,7 @@ _WRAP = (
     "__sbx_c=$1; __sbx_p=$0; __sbx_m=$2; set --; "
     '[ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"; '
     '{ echo $$ > "$__sbx_p" || { mkdir -p -m "$__sbx_m" "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
-    '[ -z "$SBX_TMPDIR" ] || { mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null; '
+    '[ -z "$SBX_TMPDIR" ] || { [ -d "$SBX_TMPDIR" ] || mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null; '
     '[ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }; '
     'unset __sbx_p __sbx_m SBX_TMPDIR SBX_UMASK; eval "$__sbx_c"'
 )
@@ -102,7 +102,7 @@ setsid sh -c '
     env -u {TAG_VAR} sh -c "$4" "$0" "$1" "$3" "$$" </dev/null >/dev/null 2>&1 &
     w=$!
   fi
-  [ -z "$SBX_TMPDIR" ] || {{ mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null;
+  [ -z "$SBX_TMPDIR" ] || {{ [ -d "$SBX_TMPDIR" ] || mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null;
     [ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }}
   unset SBX_TMPDIR SBX_UMASK
   exec 3<>"$0/$1.in"

@@ -1,0 +1,208 @@
+"""The resident agent in real sandboxes: the same results as docker exec, one agent per user, and
+the faults an untrusted sandbox can cause it (killed, stopped, forged or oversized frames), each
+costing only that sandbox's call. Images without a working agent fall back to docker exec."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.runtime import agent_link
+from tests.cli_helpers import run_cli
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+
+HANG_GUARD_S = 90  # a guard against hanging, not a performance claim
+
+
+def config_for(make_config: Any, agent: str = "auto", image: str = "sandbox-exec:latest", extra: str = "") -> Any:
+    return make_config(f"""
+agents:
+  defaults: {{sandbox: {{mode: all, scope: agent, docker: {{agent: '{agent}', image: '{image}'}}{extra}}}}}
+  list: [{{id: a}}]
+""")
+
+
+async def outputs(sess: Any, command: str, **kw: Any) -> dict[str, Any]:
+    """What a command printed (stdout and stderr apart), its exit code, and the error code if any."""
+    result = await sess.call("exec", {"command": command, "merge_output": False, **kw})
+    assert result.ok or result.error.code in ("TIMEOUT", "KILLED"), result
+    out: dict[str, Any] = result.output
+    return {
+        "exit_code": out.get("exit_code"),
+        "stdout": out.get("stdout"),
+        "stderr": out.get("stderr"),
+        "error": result.error.code if result.error else None,
+    }
+
+
+COMMANDS = [
+    "echo out; echo err >&2; exit 3",
+    "pwd; id -u; echo $HOME",
+    "printf 'a\\0b\\377' | od -c | head -1",
+    "sh -c 'kill -9 $$'",
+    "mkdir -p sub && cd sub && pwd",
+    "yes line | head -c 200000 | wc -c",
+    "sleep 30",
+]
+
+
+async def test_the_agent_path_gives_what_docker_exec_gives(make_config: Any) -> None:
+    """Every command gives the same exit code and outputs through the agent and through docker exec."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for mode in ("auto", "off"):
+        async with Orchestrator(config_for(make_config, mode)) as orch:
+            sess = orch.session("agent:a:same")
+            results[mode] = [await outputs(sess, c, timeout_s=2 if c.startswith("sleep") else 60) for c in COMMANDS]
+            box: Any = await sess.sandbox()
+            assert box.backend.agents.started == (1 if mode == "auto" else 0)
+            path = await box.backend.agents.exec_path(box.spec, box.id)
+            assert path.kind == ("agent" if mode == "auto" else "docker exec")
+    assert results["auto"] == results["off"]
+    assert results["auto"][0]["exit_code"] == 3 and results["auto"][3]["exit_code"] == 137
+    assert results["auto"][6]["error"] == "TIMEOUT" and results["auto"][3]["error"] == "KILLED"
+
+
+async def agent_pids(sess: Any) -> list[str]:
+    # the agent is each command's parent: $PPID of the wrapping shell
+    out = await outputs(sess, "echo $PPID")
+    return str(out["stdout"]).split()
+
+
+@pytest.mark.parametrize(
+    ("attack", "words"),
+    [
+        ("kill -9 $PPID", "stream ended"),
+        ("printf 'garbage-garbage-garbage' > /proc/$PPID/fd/1", "over the limits"),
+        # a header announcing a 1 GiB payload: refused from the 8 header bytes, nothing waited for
+        ("printf '\\000\\000\\000\\020\\100\\000\\000\\000' > /proc/$PPID/fd/1", "over the limits"),
+        # a well-formed frame that is not in the protocol
+        (
+            'printf \'\\000\\000\\000\\022\\000\\000\\000\\000{"t":"boom","id":1}\' > /proc/$PPID/fd/1',
+            "not in the protocol",
+        ),
+    ],
+    ids=["killed", "garbage", "gigabyte-frame", "forged-frame"],
+)
+async def test_an_agent_attacked_from_its_sandbox_costs_only_that_call(
+    make_config: Any, attack: str, words: str
+) -> None:
+    """The sandbox user kills the agent or writes into its stream mid-call: the call fails with
+    SANDBOX_UNAVAILABLE naming what happened, its command is stopped, the sandbox stays, and the
+    next call gets a fresh agent."""
+    async with Orchestrator(config_for(make_config)) as orch:
+        sess = orch.session("agent:a:attacked")
+        first = await agent_pids(sess)
+        box: Any = await sess.sandbox()
+        with anyio.fail_after(HANG_GUARD_S):
+            result = await sess.call("exec", {"command": f"{attack}; sleep 171", "timeout_s": 600})
+        assert result.error is not None and result.error.code == "SANDBOX_UNAVAILABLE", result
+        assert "agent" in result.error.message and words in result.error.message, result.error.message
+        after = await outputs(sess, "ps -eo args | grep -c '^sleep 171' || true; echo $PPID")
+        left, new_agent = str(after["stdout"]).split()
+        assert left == "0"  # the attacked call's command was stopped
+        assert new_agent != first[0]
+        again: Any = await sess.sandbox()
+        assert again.id == box.id  # the sandbox was kept
+        assert box.backend.agents.started == 2
+
+
+async def test_a_stopped_agent_is_found_out_and_replaced(make_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox user SIGSTOPs the agent: the call that did it times out, the agent's silence is
+    noticed then, the stopped agent is killed, and the next call runs on a new one."""
+    monkeypatch.setattr(agent_link, "ANSWER_TIMEOUT_S", 2.0)
+    async with Orchestrator(config_for(make_config)) as orch:
+        sess = orch.session("agent:a:stopped")
+        (first,) = await agent_pids(sess)
+        with anyio.fail_after(HANG_GUARD_S):
+            stopped = await outputs(sess, "kill -STOP $PPID; sleep 60", timeout_s=2)
+        assert stopped["error"] == "TIMEOUT"
+        box: Any = await sess.sandbox()
+        link = await box.backend.agents.link(box.id, box.spec, None)
+        assert link is not None and str(link.agent_pid) != first
+        listing = await outputs(sess, f"ps -o stat= -p {first} || echo gone")
+        assert str(listing["stdout"]).strip() == "gone"
+
+
+async def test_each_session_user_gets_its_own_agent(make_config: Any) -> None:
+    """Sessions that run as uids of their own never share an agent (one could not signal the other's)."""
+    config = make_config("""
+agents:
+  defaults: {sandbox: {mode: all, scope: agent, session_users: true}}
+  list: [{id: a}]
+""")
+    async with Orchestrator(config) as orch:
+        one, two = orch.session("agent:a:one"), orch.session("agent:a:two")
+        out_one = await outputs(one, "id -u; echo $PPID; ps -o user= -p $PPID")
+        out_two = await outputs(two, "id -u; echo $PPID; ps -o user= -p $PPID")
+        uid_one, agent_one, owner_one = str(out_one["stdout"]).split()
+        uid_two, agent_two, owner_two = str(out_two["stdout"]).split()
+        assert uid_one != uid_two and agent_one != agent_two
+        assert (owner_one, owner_two) == (uid_one, uid_two)
+        # session two cannot reach session one's agent stream
+        poke = await outputs(two, f"printf x > /proc/{agent_one}/fd/1 2>&1; echo rc=$?")
+        assert "rc=0" not in str(poke["stdout"]), poke
+        assert (await outputs(one, "echo still-fine"))["stdout"] == "still-fine\n"
+
+
+@pytest.fixture
+def odd_images(docker_client: Any, run_id: str) -> Iterator[dict[str, str]]:
+    """Images from the exec image that claim an agent they cannot run, or an old protocol."""
+    tags = {
+        "broken": f"sandbox-exec-noagent:{run_id}",
+        "old": f"sandbox-exec-oldagent:{run_id}",
+    }
+    dockerfiles = {
+        "broken": "FROM sandbox-exec:latest\nUSER 0\nRUN rm /usr/local/lib/sandbox-agent/agent.py\nUSER 1000:1000\n",
+        "old": 'FROM sandbox-exec:latest\nLABEL io.agent-sandbox.agent-protocol="0"\n',
+    }
+    for kind, tag in tags.items():
+        docker_client.images.build(fileobj=io.BytesIO(dockerfiles[kind].encode()), tag=tag, rm=True)
+    yield tags
+    for tag in tags.values():
+        docker_client.images.remove(tag, force=True)
+
+
+async def test_images_without_a_working_agent_fall_back_to_docker_exec(make_config: Any, odd_images: Any) -> None:
+    for kind, tag in odd_images.items():
+        async with Orchestrator(config_for(make_config, image=tag)) as orch:
+            sess = orch.session(f"agent:a:{kind}")
+            out = await outputs(sess, "echo works; exit 4")
+            assert (out["stdout"], out["exit_code"]) == ("works\n", 4)
+            box: Any = await sess.sandbox()
+            path = await box.backend.agents.exec_path(box.spec, box.id)
+            assert path.kind == "docker exec"
+            assert ("could not start" if kind == "broken" else "rebuild") in path.reason, path
+            assert box.backend.agents.started == 0
+
+
+async def test_explain_and_the_health_check_name_the_agent(
+    make_config: Any, docker_client: Any, tmp_path: Path, instance: str
+) -> None:
+    """explain says which path a sandbox uses; the container's health check is the agent's, and it passes."""
+    for mode, expected in (
+        ("auto", "agent (resident agent /usr/local/lib/sandbox-agent/agent.py)"),
+        ("off", "docker exec (docker.agent is off)"),
+    ):
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(
+            f"state_dir: {tmp_path}/state-{mode}\ninstance: {instance}\n"
+            f"agents: {{defaults: {{sandbox: {{mode: all, docker: {{agent: {mode}}}}}}}}}\n"
+        )
+        shown = run_cli("explain", "--session", "agent:main:x", "--json", config=path)
+        assert json.loads(shown.stdout)["container"]["exec_path"] == expected
+        assert f"exec       {expected}" in run_cli("explain", "--session", "agent:main:x", config=path).stdout
+    config = config_for(make_config)
+    async with Orchestrator(config) as orch:
+        box: Any = await orch.session("agent:a:health").sandbox()
+        container = docker_client.containers.get(box.id)
+        health = container.attrs["Config"]["Healthcheck"]["Test"]
+        assert health[-1] == "--health" and "agent.py" in health[-2]
+        assert container.exec_run(health[1:], user="1000").exit_code == 0
