@@ -31,7 +31,7 @@ from sandbox.runtime.agent_frames import (
     Started,
     encode,
 )
-from sandbox.runtime.resident import AGENT_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
+from sandbox.runtime.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
 
 AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
 

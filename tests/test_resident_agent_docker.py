@@ -161,7 +161,7 @@ def odd_images(docker_client: Any, run_id: str) -> Iterator[dict[str, str]]:
     }
     dockerfiles = {
         "broken": "FROM sandbox-exec:latest\nUSER 0\nRUN rm /usr/local/lib/sandbox-agent/agent.py\nUSER 1000:1000\n",
-        "old": 'FROM sandbox-exec:latest\nLABEL io.agent-sandbox.agent-protocol="0"\n',
+        "old": 'FROM sandbox-exec:latest\nLABEL io.agent-sandbox.resident-agent-protocol="0"\n',
     }
     for kind, tag in tags.items():
         docker_client.images.build(fileobj=io.BytesIO(dockerfiles[kind].encode()), tag=tag, rm=True)

@@ -74,6 +74,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         async with Orchestrator(config) as orch, anyio.create_task_group() as tg, mcp_sessions.run():
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
+            tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
             app.state.orch = orch
             yield
             # uvicorn cancelled what outlived the grace period; their clean-up (killing what

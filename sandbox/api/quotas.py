@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 
 from sandbox.api.tenants import Caller
+from sandbox.runtime.pool import unclaimed
 
 if TYPE_CHECKING:
     from sandbox.api.metrics import Metrics
@@ -87,7 +88,11 @@ class Admission:
         if quotas.max_sandboxes and session.sandboxed:
             spec = orch.manager.spec_for(session.agent, session.key)
             if not await orch.backend.exists(spec.name):
-                live = [s for s in await orch.backend.list(instance=orch.manager.instance) if s.tenant == who.tenant.id]
+                live = [
+                    s
+                    for s in await orch.backend.list(instance=orch.manager.instance)
+                    if s.tenant == who.tenant.id and not unclaimed(s)  # a free pool container is no one's yet
+                ]
                 if len(live) >= quotas.max_sandboxes:
                     raise HTTPException(
                         429,

@@ -310,6 +310,12 @@ class TenantEgress(StrictModel):
     allow: list[EgressHost] | None = None
 
 
+class PoolConfig(StrictModel):
+    """The warm pool: sandboxes started ahead of their session (session scope only)."""
+
+    size: int = Field(0, ge=0, le=64)  # started, unclaimed sandboxes kept per agent; 0: no pool
+
+
 class PruneConfig(StrictModel):
     """When idle or old sandboxes are removed; 0 disables a rule."""
 
@@ -342,6 +348,7 @@ class SandboxConfig(StrictModel):
     browser: BrowserConfig = BrowserConfig()
     egress: EgressConfig = EgressConfig()
     prune: PruneConfig = PruneConfig()
+    pool: PoolConfig = PoolConfig()
 
 
 class AgentConfig(StrictModel):

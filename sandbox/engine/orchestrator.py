@@ -195,6 +195,18 @@ class Orchestrator:
             await anyio.to_thread.run_sync(self.journal.close)
         self.sessions.shutdown()
 
+    async def keep_pools_filled(self) -> None:
+        """Keep every agent's warm pool (`sandbox.pool.size`) filled until cancelled: start it in
+        a task group of a long-lived application (the service does). Returns at once without pools."""
+        pool = self.manager.pool
+        if pool is not None and pool.pooled_agents():
+            await pool.keep_filled()
+
+    async def fill_pools(self) -> int:
+        """Fill the warm pools once (and remove stale pool containers); how many were made."""
+        pool = self.manager.pool
+        return await pool.fill_once() if pool is not None else 0
+
     def pending_approvals(self) -> list[Approval]:
         """Calls waiting for a human."""
         return self.journal.approvals("pending") if self.journal else []

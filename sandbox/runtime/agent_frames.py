@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-PROTOCOL = 1
 HEAD = struct.Struct(">II")
 # what the agent may send: headers are a few numbers; payloads are output chunks of <= 64 KiB
 MAX_HEADER = 4 << 10

@@ -25,9 +25,10 @@ import anyio
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.agent_frames import PROTOCOL, Exit, Failed, FrameError, FrameReader, Hello, Out, Reply, Started
+from sandbox.runtime.agent_frames import Exit, Failed, FrameError, FrameReader, Hello, Out, Reply, Started
 from sandbox.runtime.agent_frames import encode as encode_frame
 from sandbox.runtime.docker_exec import close_exec_socket, create_exec
+from sandbox.runtime.exec_path import PROTOCOL
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 

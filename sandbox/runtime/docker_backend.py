@@ -29,6 +29,7 @@ from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.hostpaths import prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
+from sandbox.runtime.pool import PoolClaims
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.resident import ResidentAgents
 from sandbox.runtime.spec import SandboxSpec
@@ -93,6 +94,7 @@ class DockerBackend:
         self.stream_limiter = anyio.CapacityLimiter(256)  # long-running output readers
         self._image_ids: dict[str, tuple[float, str]] = {}
         self.agents = ResidentAgents(self)
+        self.pool_claims: PoolClaims | None = None  # set by the manager that owns the state dir
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -172,6 +174,20 @@ class DockerBackend:
         if attrs is not None:
             labels = attrs["Config"].get("Labels") or {}
             theirs = (labels.get(Labels.TENANT), labels.get(Labels.SCOPE_KEY))
+            config_hash = labels.get(Labels.CONFIG_HASH)
+            if labels.get(Labels.POOL):
+                # a warm-pool container handed to a session: its labels name no session, the
+                # claim made when it was handed over does (runtime/pool.py)
+                claim = self.pool_claims.get(attrs["Id"]) if self.pool_claims is not None else None
+                theirs = (
+                    (claim.tenant, claim.scope_key)
+                    if claim is not None and claim.name == spec.name
+                    else (
+                        labels.get(Labels.TENANT),
+                        "(a pool container not handed to this session)",
+                    )
+                )
+                config_hash = spec.config_hash if labels[Labels.POOL] == spec.pool_key else "(pool drift)"
             if theirs != (spec.tenant, spec.scope_key):
                 raise SandboxUnavailable(
                     f"container {spec.name} belongs to tenant {theirs[0]!r}, scope key {theirs[1]!r}, "
@@ -186,9 +202,9 @@ class DockerBackend:
             ):
                 logger.bind(container=spec.name).info("sandbox_egress_proxy_gone")
                 running = False  # its only way out is gone: remade with a new proxy
-            if labels.get(Labels.CONFIG_HASH) == spec.config_hash and running:
+            if config_hash == spec.config_hash and running:
                 return DockerSandbox(self, attrs["Id"], spec)
-            if labels.get(Labels.CONFIG_HASH) != spec.config_hash:
+            if config_hash != spec.config_hash:
                 changed = self._changed_keys(labels, spec)
                 logger.bind(container=spec.name, changed=changed).info("sandbox_config_drift")
             else:
@@ -342,6 +358,8 @@ class DockerBackend:
         removed = await self.call("remove sandbox", rm)
         if removed:
             self.agents.forget(removed)
+            if self.pool_claims is not None:
+                self.pool_claims.drop(removed)
 
     async def sweep_egress(self, instance: str) -> builtins.list[str]:
         """Remove egress proxies and networks whose sandbox is gone (see runtime/egress.py)."""

@@ -14,9 +14,9 @@ from sandbox.config.merge import agent_ids, default_agent_id, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.exec_path import path_from_labels
 from sandbox.runtime.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.resident import path_from_labels
 from sandbox.runtime.spec import spec_from_config
 
 Status = Literal["ok", "warn", "fail"]

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.pool import unclaimed
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import spec_from_config
 
@@ -103,7 +104,16 @@ async def prune(manager: SandboxManager, *, dry_run: bool = False) -> list[tuple
     """
     config = manager.config
     out = []
+    pool = manager.pool
+    stale_pool = await pool.stale() if pool is not None else []
+    for info, why in stale_pool:
+        if pool is not None and not dry_run:
+            await pool.remove_member(info)
+        out.append((info.name, why))
+    gone = {info.id for info, _ in stale_pool}
     for row in await rows(manager):
+        if row.info.id in gone or unclaimed(row.info):
+            continue  # pool containers are the pool's: stale ones went above, free ones stay
         agent_id = row.info.agent if row.info.agent in agent_ids(config) else None
         prune_cfg = (
             effective_agent(config, agent_id).sandbox.prune if agent_id else config.agents.defaults.sandbox.prune

@@ -26,6 +26,7 @@ from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
     from sandbox.journal.store import Journal
+    from sandbox.runtime.pool import WarmPool
     from sandbox.runtime.protocol import Backend, Sandbox
 
 _K = TypeVar("_K")
@@ -68,6 +69,12 @@ class SandboxManager:
         self._last_used_written: OrderedDict[str, float] = OrderedDict()
         # where egress proxies' request lines go (set by the orchestrator that owns a journal)
         self.journal: Journal | None = None
+        self.pool: WarmPool | None = None
+        if getattr(backend, "name", "") == "docker":
+            from sandbox.runtime.pool import WarmPool
+
+            self.pool = WarmPool(self, backend)  # type: ignore[arg-type]
+            backend.pool_claims = self.pool.claims  # type: ignore[attr-defined]
 
     def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:
         """The spec a session maps to (cached; the config is immutable)."""
@@ -111,7 +118,7 @@ class SandboxManager:
                 return entry.sandbox
             image = await self.backend.image_id(spec.image)
             full = spec_from_config(self.config, agent, session, self.instance, image_id=image)
-            sandbox = await self.backend.ensure(full)
+            sandbox = await self._from_pool(full) or await self.backend.ensure(full)
 
             async def revive() -> str:
                 # the container died under us: make a new one (once, under the identity's lock)
@@ -122,6 +129,21 @@ class SandboxManager:
             _remember(self._entries, ident, _Entry(sandbox, time.monotonic()))
             self._touch(spec.name, time.monotonic(), force=True)
             return sandbox
+
+    def pool_size(self, spec: SandboxSpec) -> int:
+        """The warm pool size of the agent whose sandbox `spec` is (0: none)."""
+        from sandbox.config.merge import effective_agent
+
+        try:
+            return effective_agent(self.config, spec.agent).sandbox.pool.size
+        except Exception:  # an agent no longer configured has no pool
+            return 0
+
+    async def _from_pool(self, spec: SandboxSpec) -> Sandbox | None:
+        """A warm container for a session that has none yet (never in place of an existing one)."""
+        if self.pool is None or not self.pool.wanted(spec) or await self.backend.exists(spec.name):
+            return None
+        return await self.pool.claim(spec)
 
     async def close_session(self, agent: EffectiveAgent, session: str) -> bool:
         """End a session: its session-scoped sandbox goes; agent and shared ones stay."""
@@ -174,8 +196,11 @@ class SandboxManager:
         return await egress_log.collect(self.journal, client, sandbox_name)
 
     async def list(self) -> builtins.list[SandboxInfo]:
-        """This instance's sandboxes."""
-        return await self.backend.list(instance=self.instance)
+        """This instance's sandboxes (pool containers handed to a session show that session)."""
+        found = await self.backend.list(instance=self.instance)
+        if self.pool is None:
+            return found
+        return [self.pool.as_claimed(info) for info in found]
 
     async def cleanup_orphans(self) -> builtins.list[str]:
         """Remove half-created containers whose creating process is gone (crash recovery)."""

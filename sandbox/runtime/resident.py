@@ -10,55 +10,21 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 import docker.errors
 
 from sandbox._log import logger
-from sandbox.runtime.agent_frames import PROTOCOL
 from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
 from sandbox.runtime.docker_kill import kill_exec
-from sandbox.runtime.naming import LABEL_PREFIX
+from sandbox.runtime.exec_path import ExecPath, path_from_labels
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker_backend import DockerBackend
     from sandbox.runtime.spec import SandboxSpec
 
-AGENT_LABEL = f"{LABEL_PREFIX}.agent"
-AGENT_PROTOCOL_LABEL = f"{LABEL_PREFIX}.agent-protocol"
 IMAGE_CACHE_S = 10.0
-
-
-@dataclass(frozen=True)
-class ExecPath:
-    """How commands reach a sandbox: `agent` (the resident agent) or `docker exec`, and why."""
-
-    kind: str
-    reason: str
-    agent_path: str | None = None
-
-    def describe(self) -> str:
-        """One line for explain and doctor."""
-        return f"{self.kind} ({self.reason})"
-
-
-def path_from_labels(labels: dict[str, str] | None, mode: str) -> ExecPath:
-    """The path an image's labels allow under `docker.agent` = `mode`."""
-    if mode == "off":
-        return ExecPath("docker exec", "docker.agent is off")
-    found = labels or {}
-    path = found.get(AGENT_LABEL)
-    if not path:
-        return ExecPath("docker exec", f"the image has no resident agent (label {AGENT_LABEL})")
-    if found.get(AGENT_PROTOCOL_LABEL) != str(PROTOCOL):
-        return ExecPath(
-            "docker exec",
-            f"the image's agent speaks protocol {found.get(AGENT_PROTOCOL_LABEL)!r}, this orchestrator {PROTOCOL}; "
-            "rebuild it with `sandbox images build`",
-        )
-    return ExecPath("agent", f"resident agent {path}", path)
 
 
 class ResidentAgents:

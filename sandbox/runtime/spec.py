@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -71,6 +72,7 @@ class SandboxSpec:
     for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
     # `network: egress`: the proxy's policy (runtime/egress.py), None for every other network
     egress: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    pool_member: bool = False  # made for the warm pool, before any session (runtime/pool.py)
 
     @property
     def identity(self) -> str:
@@ -99,13 +101,37 @@ class SandboxSpec:
         return dataclasses.replace(self, mounts=self.engine_mounts, for_engine=True)
 
     @property
+    def pool_key(self) -> str | None:
+        """What a warm-pool container must match to be handed to this spec's session: the config
+        hash without what names the session (its scratch folder), plus tenant, agent and
+        instance. None when such sandboxes are not pooled (not session scope, an egress edge, a
+        parent's view)."""
+        if self.kind != "exec" or self.scope != "session" or self.egress is not None or self.hashed.get("parent_view"):
+            return None
+        hashed = dict(self.hashed)
+        if self.workspace_access == "none":
+            hashed["mounts"] = [["<scratch>", *hashed["mounts"][0][1:]], *hashed["mounts"][1:]]
+        text = json.dumps([hashed, self.tenant, self.agent, self.instance], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def as_pool_member(self) -> SandboxSpec:
+        """This spec as a pool member: a pool name, pool labels (see :meth:`labels`)."""
+        return dataclasses.replace(self, name=f"sbx-{self.instance}-pool-{uuid.uuid4().hex[:16]}", pool_member=True)
+
+    @property
     def config_hash(self) -> str:
         """Hash of every setting that, when it changes, requires a new container."""
         return hashlib.sha256(json.dumps(self.hashed, sort_keys=True).encode()).hexdigest()[:16]
 
     def labels(self) -> dict[str, str]:
-        """The labels the container is created with."""
+        """The labels the container is created with (a pool member's name no session yet)."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
+        if self.pool_member:
+            return {
+                **dataclasses.replace(self, pool_member=False, scope="pool", scope_key="", session="").labels(),
+                Labels.POOL: self.pool_key or "",
+                Labels.POOL_SCRATCH: str(self.workspace_host) if self.workspace_access == "none" else "",
+            }
         return {
             Labels.MANAGED: "true",
             Labels.INSTANCE: self.instance,

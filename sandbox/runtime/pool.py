@@ -1,0 +1,382 @@
+"""The warm pool: sandboxes made before their session exists, handed to a new session at once.
+
+`sandbox.pool.size: N` keeps N started sandboxes (their resident agent up) per pool key: the
+effective sandbox of an agent's sessions minus what names one session (image, hardening,
+binds, user, tenant, instance; see SandboxSpec.pool_key). Only session-scoped sandboxes without
+an egress edge or a parent's view are pooled: those are the ones a new session waits for.
+
+A claim is a file made with O_EXCL under the state dir (`pool/claims/<container id>`), so two
+sessions, even in two processes on one state dir, never get one container. The claimed
+container is then renamed to the session's name and its scratch workspace folder to the
+session's (the container's bind mount follows the folder, not its path). A claimed container
+never goes back: any failure after the claim file exists removes it. Unclaimed members whose
+key no current config wants (drift), that stopped (an engine restart), or that were claimed by
+a process that died before the rename, are removed by the pool and by `sandbox prune`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+
+from sandbox._log import logger
+from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.runtime.naming import Labels
+
+if TYPE_CHECKING:
+    from sandbox.config.merge import EffectiveAgent
+    from sandbox.runtime.docker_backend import DockerBackend, DockerSandbox
+    from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.protocol import SandboxInfo
+    from sandbox.runtime.spec import SandboxSpec
+
+CLAIM_GRACE_S = 60.0  # a claim younger than this may still be renaming its container
+FILL_PARALLEL = 2  # creations at once per pool (what a 2-core engine sustains without starving calls)
+REFILL_EVERY_S = 5.0  # the pool is checked this often, and at once after a claim
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who a pool container was handed to (its labels still say `pool`: they cannot change)."""
+
+    container_id: str
+    name: str
+    tenant: str
+    scope_key: str
+    session: str
+    config_hash: str
+    claimed_at: float
+
+
+class PoolClaims:
+    """The claim files of one state dir: an O_EXCL create is the atomic hand-over."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "pool" / "claims"
+
+    def _path(self, container_id: str) -> Path:
+        if not container_id.isalnum():
+            raise ValueError(f"not a container id: {container_id!r}")
+        return self.root / container_id
+
+    def take(self, container_id: str, spec: SandboxSpec) -> bool:
+        """Claim a container for `spec`'s session; False when someone else already did."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        record = {
+            "container_id": container_id,
+            "name": spec.name,
+            "tenant": spec.tenant,
+            "scope_key": spec.scope_key,
+            "session": spec.session,
+            "config_hash": spec.config_hash,
+            "claimed_at": time.time(),
+        }
+        try:
+            fd = os.open(self._path(container_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            json.dump(record, out)
+        return True
+
+    def get(self, container_id: str) -> Claim | None:
+        """The claim of a container, if any (an unreadable record is no claim: never handed out)."""
+        try:
+            data = json.loads(self._path(container_id).read_text())
+            return Claim(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def claimed(self, container_id: str) -> bool:
+        """Whether a claim file exists (even a half-written one: that container is not free)."""
+        return self._path(container_id).exists()
+
+    def drop(self, container_id: str) -> None:
+        """Forget the claim of a container that is gone."""
+        with contextlib.suppress(OSError, ValueError):
+            self._path(container_id).unlink()
+
+    def ids(self) -> Iterator[str]:
+        """Container ids with a claim file."""
+        if self.root.is_dir():
+            yield from (p.name for p in self.root.iterdir())
+
+
+def pool_member(info: SandboxInfo) -> bool:
+    """Whether a listed container was made for the pool (claimed or not)."""
+    return bool(info.labels.get(Labels.POOL))
+
+
+def unclaimed(info: SandboxInfo) -> bool:
+    """A pool container no session has yet (it counts against no tenant's quota)."""
+    return pool_member(info) and info.scope == "pool"
+
+
+class WarmPool:
+    """The pools of one manager: filling, claiming, sweeping."""
+
+    def __init__(self, manager: SandboxManager, backend: DockerBackend) -> None:
+        self.manager = manager
+        self.backend = backend
+        self.claims = PoolClaims(manager.config.state_dir)
+        self.wake = anyio.Event()
+        self.made = 0  # members this pool created (for tests and the bench)
+        self._claiming: set[str] = set()  # container ids this process is handing over now
+        self._free: dict[str, list[SandboxInfo]] = {}  # pool key -> members this process knows free
+
+    # -- which agents have a pool ------------------------------------------------------------
+
+    def pooled_agents(self) -> list[EffectiveAgent]:
+        """Configured agents whose sandboxes are pooled (size > 0, sandboxed, session scope)."""
+        from sandbox.config.merge import agent_ids, effective_agent
+
+        out = []
+        for agent_id in agent_ids(self.manager.config):
+            agent = effective_agent(self.manager.config, agent_id)
+            if agent.sandbox.pool.size > 0 and agent.sandbox.mode != "off" and agent.sandbox.scope == "session":
+                out.append(agent)
+        return out
+
+    async def member_spec(self, agent: EffectiveAgent) -> SandboxSpec | None:
+        """The spec of a new pool member of `agent`, or None when its sandboxes cannot be pooled."""
+        from sandbox.runtime.spec import spec_from_config
+
+        image = await self.backend.image_id(agent.sandbox.docker.image)
+        placeholder = f"agent:{agent.id}:pool-{uuid.uuid4().hex[:12]}"
+        spec = spec_from_config(self.manager.config, agent, placeholder, self.manager.instance, image_id=image)
+        if spec.pool_key is None:
+            return None
+        return spec.as_pool_member()
+
+    def as_claimed(self, info: SandboxInfo) -> SandboxInfo:
+        """A listed pool container as the session it was handed to sees it (labels cannot say)."""
+        if not pool_member(info):
+            return info
+        claim = self.claims.get(info.id)
+        if claim is None or claim.name != info.name:
+            return info
+        import dataclasses
+
+        return dataclasses.replace(
+            info,
+            scope="session",
+            scope_key=claim.scope_key,
+            session=claim.session,
+            config_hash=claim.config_hash,
+        )
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    def wanted(self, spec: SandboxSpec) -> bool:
+        """Whether `spec`'s session may take a pooled container (its agent has a pool)."""
+        agent_pool = self.manager.pool_size(spec)
+        if agent_pool <= 0 or spec.pool_key is None:
+            return False
+        # a scratch workspace that exists already holds this session's files: it is kept and a
+        # container is made for it (the pool's folder could not take its place)
+        return not (spec.workspace_access == "none" and os.path.lexists(spec.workspace_host))
+
+    async def claim(self, spec: SandboxSpec) -> DockerSandbox | None:
+        """A started pool container for `spec`'s session, renamed to it; None when none is free."""
+
+        key = spec.pool_key or ""
+        for source in ("made here", "on the engine"):
+            # the members this process made are known without asking the engine; others'
+            # (another process on this state dir) are listed when those are used up
+            candidates = self._free.setdefault(key, []) if source == "made here" else await self._members(key)
+            while candidates:
+                info = candidates.pop(0)
+                box = await self._try(info, spec)
+                if box is not None:
+                    return box
+        self.wake.set()  # empty: fill now, for the next session
+        return None
+
+    async def _try(self, info: SandboxInfo, spec: SandboxSpec) -> DockerSandbox | None:
+        """Claim one member for `spec` and hand it over; None when it is not (or no longer) free."""
+        from sandbox.runtime.docker_sandbox import DockerSandbox
+
+        if info.tenant != spec.tenant or not info.running or self.claims.claimed(info.id):
+            return None
+        if not self.claims.take(info.id, spec):
+            return None  # another session (maybe another process) took it first
+        self._claiming.add(info.id)
+        try:
+            await self._hand_over(info, spec)
+        except BaseException as exc:
+            # claimed means never handed to anyone else: it goes
+            with anyio.CancelScope(shield=True):
+                await self.backend.remove(info.id)
+                self.claims.drop(info.id)
+            if not isinstance(exc, (SandboxError, OSError)):
+                raise
+            logger.bind(container=info.name, session=spec.session).warning("pool_claim_failed", error=str(exc))
+            return None
+        finally:
+            self._claiming.discard(info.id)
+        self.wake.set()  # refill
+        logger.bind(container=spec.name, member=info.name, session=spec.session).info("pool_claimed")
+        return DockerSandbox(self.backend, info.id, spec)
+
+    async def _hand_over(self, info: SandboxInfo, spec: SandboxSpec) -> None:
+        if spec.workspace_access == "none":
+            scratch = info.labels.get(Labels.POOL_SCRATCH)
+            if not scratch:
+                raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
+            source = Path(scratch)
+            await anyio.to_thread.run_sync(_move_scratch, source, spec.workspace_host)
+        await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
+
+    async def _members(self, key: str) -> list[SandboxInfo]:
+        found = await self.backend.list(instance=self.manager.instance, kind="exec")
+        return [i for i in found if i.labels.get(Labels.POOL) == key]
+
+    # -- filling -------------------------------------------------------------------------------
+
+    async def fill_once(self) -> int:
+        """Make the missing members of every pool (and sweep stale ones); returns how many were made."""
+        made = 0
+        await self.sweep()
+        for agent in self.pooled_agents():
+            try:
+                template = await self.member_spec(agent)
+            except SandboxError as exc:
+                logger.bind(agent=agent.id).warning("pool_unavailable", error=exc.message)
+                continue
+            if template is None or template.pool_key is None:
+                continue
+            free = [
+                i
+                for i in await self._members(template.pool_key)
+                if i.running and not self.claims.claimed(i.id) and i.tenant == agent.tenant
+            ]
+            self._free[template.pool_key] = free
+            missing = min(agent.sandbox.pool.size - len(free), await self._room(agent))
+            if missing <= 0:
+                continue
+            limiter = anyio.CapacityLimiter(FILL_PARALLEL)
+
+            async def one(a: EffectiveAgent = agent, limiter: anyio.CapacityLimiter = limiter) -> None:
+                nonlocal made
+                async with limiter:
+                    spec = await self.member_spec(a)
+                    if spec is None:
+                        return
+                    box = await self.backend.ensure(spec)
+                    # the agent is started now, so the session's first call does not wait for it
+                    with contextlib.suppress(SandboxError):
+                        await self.backend.agents.link(box.id, spec, None)
+                        # one command through the wrapper: its record folder exists when the session comes
+                        await box.run("true", call_id=f"pool-warm-{uuid.uuid4().hex[:8]}", timeout_s=30)
+                    self._free.setdefault(spec.pool_key or "", []).append(_member_info(box.id, spec))
+                    made += 1
+                    self.made += 1
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(missing):
+                    tg.start_soon(one)
+        return made
+
+    async def _room(self, agent: EffectiveAgent) -> int:
+        """How many more containers the agent's tenant may have (tenants[].quotas.max_sandboxes)."""
+        tenant = next((t for t in self.manager.config.tenants if t.id == agent.tenant), None)
+        cap = tenant.quotas.max_sandboxes if tenant is not None else 0
+        if not cap:
+            return 1 << 30
+        live = [i for i in await self.backend.list(instance=self.manager.instance) if i.tenant == agent.tenant]
+        return cap - len(live)
+
+    async def keep_filled(self) -> None:
+        """Fill every pool, then again after each claim or every few seconds (a background task)."""
+        while True:
+            self.wake = anyio.Event()
+            try:
+                await self.fill_once()
+            except Exception as exc:  # the engine away, a bad image: said, and tried again later
+                logger.warning("pool_fill_failed", error=f"{exc.__class__.__name__}: {exc}")
+            with anyio.move_on_after(REFILL_EVERY_S):
+                await self.wake.wait()
+
+    # -- sweeping ------------------------------------------------------------------------------
+
+    async def stale(self) -> list[tuple[SandboxInfo, str]]:
+        """Pool containers of this instance that will never be handed out, and why."""
+        wanted: set[str] = set()
+        for agent in self.pooled_agents():
+            with contextlib.suppress(SandboxError):
+                template = await self.member_spec(agent)
+                if template is not None and template.pool_key is not None:
+                    wanted.add(template.pool_key)
+        out = []
+        for info in await self.backend.list(instance=self.manager.instance, kind="exec"):
+            key = info.labels.get(Labels.POOL)
+            if not key or info.id in self._claiming:
+                continue
+            claim = self.claims.get(info.id)
+            if claim is not None and claim.name == info.name:
+                continue  # handed out: a session's sandbox now
+            if self.claims.claimed(info.id):
+                if claim is not None and time.time() - claim.claimed_at < CLAIM_GRACE_S:
+                    continue  # being handed over (maybe by another process): not stale yet
+                out.append((info, "claimed, but never handed out (its claimer stopped)"))
+            elif not info.running:
+                out.append((info, f"pool member is {info.status} (an engine restart?)"))
+            elif key not in wanted:
+                out.append((info, "pool member of a config that changed (or a pool that is gone)"))
+        return out
+
+    async def sweep(self) -> list[str]:
+        """Remove the stale pool containers; their names."""
+        removed = []
+        for info, reason in await self.stale():
+            logger.bind(container=info.name, reason=reason).info("pool_member_removed")
+            await self.remove_member(info)
+            removed.append(info.name)
+        return removed
+
+    async def remove_member(self, info: SandboxInfo) -> None:
+        """Remove a pool container never handed out, with its claim and scratch folder."""
+        await self.backend.remove(info.id)
+        self.claims.drop(info.id)
+        for members in self._free.values():
+            members[:] = [m for m in members if m.id != info.id]
+        await anyio.to_thread.run_sync(_remove_scratch, info)
+
+
+def _move_scratch(source: Path, target: Path) -> None:
+    """Give the pool container's scratch folder the session's path. The container keeps the
+    folder (a bind mount holds it, not its path); the host-side file tools find it there now."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(target):
+        raise SandboxUnavailable(f"{target} exists already; the session keeps its own workspace")
+    os.rename(source, target)
+
+
+def _member_info(container_id: str, spec: SandboxSpec) -> SandboxInfo:
+    """What the engine would list for a member just made (without asking it)."""
+    import dataclasses
+
+    from sandbox.runtime.protocol import SandboxInfo
+
+    made = SandboxInfo.from_spec(spec, created_at="")
+    return dataclasses.replace(made, id=container_id, scope="pool", labels=spec.labels())
+
+
+def _remove_scratch(info: SandboxInfo) -> None:
+    """An unclaimed member's scratch folder goes with it (nothing of a session is in it)."""
+    folder = info.labels.get(Labels.POOL_SCRATCH)
+    if folder:
+        import shutil
+
+        with contextlib.suppress(OSError):
+            shutil.rmtree(folder)
