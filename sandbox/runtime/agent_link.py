@@ -15,6 +15,7 @@ SANDBOX_UNAVAILABLE); the next call starts a fresh agent. The sandbox itself is 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -173,6 +174,20 @@ class AgentLink:
             self._pending.pop(call.id, None)
         self._raise_if_failed(call)
         return (time.perf_counter() - start) * 1000
+
+    def check(self) -> bool:
+        """Whether the link still looks alive, without waiting: a stream the engine already
+        ended (the container stopped, the agent died while idle) is found dead before a request
+        is sent on it, so that request can go to a new container or agent instead."""
+        if self.dead is None and not self._reading:
+            try:
+                poller = select.poll()  # not select(): a busy host has fds past 1024
+                poller.register(self._sock, select.POLLIN)
+                if poller.poll(0) and self._sock.recv(1, socket.MSG_PEEK) == b"":
+                    self._fail(self._ended())
+            except (OSError, ValueError) as exc:
+                self._fail(f"the agent's stream failed: {exc}")
+        return self.dead is None
 
     def close(self, reason: str = "closed") -> None:
         """End the link: the agent sees its stdin end and exits; waiting calls fail."""

@@ -64,7 +64,7 @@ class ResidentAgents:
         """The live link for this container and user, started when needed; None: use docker exec."""
         key = (container_id, user or "")
         link = self._links.get(key)
-        if link is not None and link.dead is None:
+        if link is not None and link.check():
             return link
         path = await self.exec_path(spec, container_id)
         if path.agent_path is None:

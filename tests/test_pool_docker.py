@@ -1,0 +1,264 @@
+"""The warm pool against the real engine: new sessions take started containers, never the same
+one twice, never one that went back; scratch workspaces go with them; drifted, stopped and
+half-claimed pool containers are removed, never handed out; a killed orchestrator leaves no
+orphans; the service keeps the pool filled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.runtime.naming import Labels
+from sandbox.runtime.pool import CLAIM_GRACE_S, unclaimed
+from tests.cli_helpers import run_cli
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+
+
+def pool_config(make_config: Any, size: int = 2, extra: str = "") -> Any:
+    return make_config(f"""
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session, pool: {{size: {size}}}{extra}}}}}
+""")
+
+
+async def members(orch: Any) -> list[Any]:
+    return [i for i in await orch.manager.list() if unclaimed(i)]
+
+
+async def exec_ok(orch: Any, session: str, command: str) -> str:
+    result = await orch.session(session).call("exec", {"command": command})
+    assert result.ok, result
+    return str(result.output["output"])
+
+
+async def test_new_sessions_take_warm_containers_each_its_own(make_config: Any) -> None:
+    """Six sessions at once, a pool of two: every session gets a container of its own; the two
+    pool containers went to two sessions and are no longer in the pool, which refills."""
+    async with Orchestrator(pool_config(make_config)) as orch:
+        assert await orch.fill_pools() == 2
+        pooled = {i.id for i in await members(orch)}
+        assert len(pooled) == 2
+        ids: dict[str, str] = {}
+
+        async def first_call(n: int) -> None:
+            box: Any = await orch.session(f"agent:main:s{n}").sandbox()
+            ids[f"s{n}"] = box.id
+            assert (await exec_ok(orch, f"agent:main:s{n}", "echo $((6*7))")).strip() == "42"
+
+        async with anyio.create_task_group() as tg:
+            for n in range(6):
+                tg.start_soon(first_call, n)
+        assert len(set(ids.values())) == 6  # nobody shares
+        assert pooled <= set(ids.values())  # both warm containers were handed out
+        assert not pooled & {i.id for i in await members(orch)}  # ... and are not free any more
+        assert await orch.fill_pools() == 2  # refilled with new ones
+        assert not pooled & {i.id for i in await members(orch)}
+        listed = {i.session: i for i in await orch.manager.list() if not unclaimed(i)}
+        assert set(listed) == {f"agent:main:s{n}" for n in range(6)}  # handed-out ones show their session
+
+
+async def test_the_scratch_workspace_goes_with_the_container(make_config: Any) -> None:
+    """What the sandbox writes in /workspace is what the host-side file tools read, and stays
+    the session's after the container is gone (like any scratch workspace)."""
+    async with Orchestrator(pool_config(make_config, 1)) as orch:
+        await orch.fill_pools()
+        member = (await members(orch))[0]
+        scratch = Path(member.labels[Labels.POOL_SCRATCH])
+        sess = orch.session("agent:main:ws")
+        await exec_ok(orch, "agent:main:ws", "echo from-the-sandbox > note.txt")
+        read = await sess.call("read", {"path": "note.txt"})
+        assert read.ok and read.output["content"] == "from-the-sandbox\n"
+        wrote = await sess.call("write", {"path": "back.txt", "content": "from-the-host\n"})
+        assert wrote.ok
+        assert (await exec_ok(orch, "agent:main:ws", "cat back.txt")) == "from-the-host\n"
+        box: Any = await sess.sandbox()
+        assert box.id == member.id and not scratch.exists()
+        assert (box.spec.workspace_host / "note.txt").read_text() == "from-the-sandbox\n"
+
+
+async def test_a_session_with_a_workspace_already_keeps_it(make_config: Any) -> None:
+    """A session whose scratch folder exists (its container was pruned) gets a new container on
+    that folder, not a pool container with an empty one."""
+    async with Orchestrator(pool_config(make_config, 1)) as orch:
+        await exec_ok(orch, "agent:main:back", "echo kept > kept.txt")
+        await orch.manager.close_session(orch.session("agent:main:back").agent, "agent:main:back")
+        await orch.fill_pools()
+        pooled = {i.id for i in await members(orch)}
+        assert (await exec_ok(orch, "agent:main:back", "cat kept.txt")) == "kept\n"
+        assert {i.id for i in await members(orch)} == pooled  # the pool was not used
+
+
+async def test_drifted_and_stopped_members_are_removed_never_handed_out(
+    make_config: Any, docker_client: Any, tmp_path: Path
+) -> None:
+    """Pool containers of a config that changed, and ones that stopped (what an engine restart
+    does to them), are swept; the new config's sessions never get them."""
+    state = tmp_path / "shared-state"
+    old = make_config("agents: {defaults: {sandbox: {mode: all, scope: session, pool: {size: 2}}}}", state=state)
+    async with Orchestrator(old) as orch:
+        await orch.fill_pools()
+        drifted = {i.id for i in await members(orch)}
+        stopped_one = next(iter(drifted))
+    docker_client.containers.get(stopped_one).kill()
+    new = make_config(
+        "agents: {defaults: {sandbox: {mode: all, scope: session, pool: {size: 1}, docker: {memory: 768m}}}}",
+        state=state,
+    )
+    async with Orchestrator(new) as orch:
+        box: Any = await orch.session("agent:main:after").sandbox()
+        assert box.id not in drifted
+        removed = await orch.manager.pool.sweep()
+        assert len(removed) == 2
+        left = {c.id for c in docker_client.containers.list(all=True, filters={"label": Labels.POOL})}
+        assert not drifted & left
+
+
+async def test_the_pool_stays_in_the_tenants_quota(make_config: Any) -> None:
+    config = make_config("""
+tenants: [{id: acme, quotas: {max_sandboxes: 2}}]
+agents:
+  defaults: {sandbox: {mode: all, scope: session, pool: {size: 5}}}
+  list: [{id: main, tenant: acme}]
+""")
+    async with Orchestrator(config) as orch:
+        assert await orch.fill_pools() == 2
+        assert await orch.fill_pools() == 0
+
+
+KILLED_SCRIPT = textwrap.dedent("""
+    import sys, anyio
+    from sandbox import Orchestrator, load_config
+    async def main():
+        async with Orchestrator(load_config(sys.argv[1])) as orch:
+            await orch.fill_pools()
+            r = await orch.session("agent:main:claimed").call("exec", {"command": "echo hi > mine.txt"})
+            assert r.ok, r
+            await orch.fill_pools()
+            print("ready", flush=True)
+            await anyio.sleep(600)
+    anyio.run(main)
+""")
+
+
+def test_kill_9_of_the_orchestrator_leaves_no_orphans(tmp_path: Path, instance: str, docker_client: Any) -> None:
+    """An orchestrator with a claimed and unclaimed pool containers is killed with -9 (one claim
+    left half done, as a claimer killed mid-hand-over leaves it). After a restart the claimed
+    session gets its own container back with its files, prune removes the half-claimed one, and
+    nothing else of the pool is left but what the pool should hold."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
+        "agents: {defaults: {sandbox: {mode: all, scope: session, pool: {size: 2}}}}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(cfg)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    label = {"label": [f"{Labels.INSTANCE}={instance}", Labels.POOL]}
+    pool = docker_client.containers.list(all=True, filters=label)
+    assert len(pool) == 3  # one handed out, two free
+    free = [c for c in pool if c.name.startswith(f"sbx-{instance}-pool-")]
+    # a claim whose claimer died before the rename
+    half = free[0]
+    claims = tmp_path / "state" / "pool" / "claims"
+    (claims / half.id).write_text(
+        json.dumps(
+            {
+                "container_id": half.id,
+                "name": "sbx-never-renamed",
+                "tenant": "default",
+                "scope_key": "agent:main:lost",
+                "session": "agent:main:lost",
+                "config_hash": "x",
+                "claimed_at": time.time() - CLAIM_GRACE_S - 1,
+            }
+        )
+    )
+    shown = run_cli("call", "--session", "agent:main:claimed", "exec", '{"command": "cat mine.txt"}', config=cfg)
+    assert json.loads(shown.stdout)["output"]["output"] == "hi\n", shown.stdout
+    pruned = run_cli("prune", "--json", config=cfg)
+    assert pruned.returncode == 0, pruned.stderr
+    assert half.name in pruned.stdout and "never handed out" in pruned.stdout
+    remaining = {c.id for c in docker_client.containers.list(all=True, filters=label)}
+    assert half.id not in remaining and len(remaining) == 2  # the claimed one and one free member
+    assert not (claims / half.id).exists()
+    for c in docker_client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"}):
+        c.remove(force=True)
+    assert os.path.isdir(tmp_path / "state")
+
+
+def test_the_service_keeps_the_pool_filled(make_config: Any, docker_client: Any, instance: str) -> None:
+    """`sandbox serve` fills the pools at start and after each claim; a new session over HTTP
+    gets a warm container."""
+    import httpx
+
+    from tests.service_helpers import TOKEN_A, serve, sha
+
+    config = make_config(f"""
+tenants: [{{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session, pool: {{size: 2}}}}}}
+  list: [{{id: alpha, tenant: acme}}]
+""")
+    label = {"label": [f"{Labels.INSTANCE}={instance}", Labels.POOL]}
+
+    def free() -> set[str]:
+        return {c.id for c in docker_client.containers.list(filters=label) if "-pool-" in c.name}
+
+    def wait_for_two() -> set[str]:
+        deadline = time.monotonic() + 120
+        while len(found := free()) < 2:
+            assert time.monotonic() < deadline, "the pool was not filled"
+            time.sleep(0.2)
+        return found
+
+    with serve(config) as url:
+        warm = wait_for_two()
+        r = httpx.post(
+            f"{url}/v1/sessions/new/calls",
+            headers={"Authorization": f"Bearer {TOKEN_A}"},
+            json={"tool": "exec", "args": {"command": "true"}},
+            timeout=120,
+        )
+        assert r.status_code == 200 and r.json()["ok"], r.text
+        (session_box,) = [c for c in docker_client.containers.list(filters=label) if "-exec-agent-alpha-new" in c.name]
+        assert session_box.id in warm  # the session's container was a warm one
+        refilled = wait_for_two()
+        assert session_box.id not in refilled
+
+
+async def test_pool_containers_stopped_under_the_pool_cost_a_cold_start_not_a_failure(
+    make_config: Any, docker_client: Any
+) -> None:
+    """An engine restart stops every pool container (they have no restart policy) while this
+    process still counts them as free: the next session's first call still succeeds (on a new
+    container), and the next fill replaces the dead ones."""
+    async with Orchestrator(pool_config(make_config, 2)) as orch:
+        await orch.fill_pools()
+        dead = {i.id for i in await members(orch)}
+        for cid in dead:
+            docker_client.containers.get(cid).kill()
+        assert (await exec_ok(orch, "agent:main:after-restart", "echo fine")) == "fine\n"
+        box: Any = await orch.session("agent:main:after-restart").sandbox()
+        assert box.id not in dead
+        await orch.fill_pools()
+        now = {i.id: i.status for i in await members(orch)}
+        assert len(now) == 2 and not dead & set(now) and set(now.values()) == {"running"}
+        left = docker_client.containers.list(all=True, filters={"label": Labels.POOL, "status": "exited"})
+        assert not dead & {c.id for c in left}
