@@ -107,7 +107,8 @@ def test_each_command_leads_its_own_session_and_process_group(agent: LocalAgent)
 def test_environment_and_working_directory(agent: LocalAgent, tmp_path: Path) -> None:
     _, out, _ = agent.run(1, ["sh", "-c", 'echo "$SBX_CALL"; pwd'], env={"SBX_CALL": "c-1"}, cwd=str(tmp_path))
     assert out[1].decode().split() == ["c-1", str(tmp_path)]
-    assert "SBX_CALL" not in agent.proc.args  # the tag is the command's, never the agent's own
+    # the tag is the command's, never the agent's own (its own would mark it as part of the call)
+    assert b"SBX_CALL=" not in Path(f"/proc/{agent.proc.pid}/environ").read_bytes()
 
 
 def test_missing_command_and_missing_directory_are_exit_codes(agent: LocalAgent, tmp_path: Path) -> None:
@@ -155,7 +156,7 @@ def test_large_output_arrives_whole_and_in_bounded_frames(agent: LocalAgent) -> 
 def test_concurrent_commands_are_multiplexed(agent: LocalAgent) -> None:
     for rid, delay in ((1, "0.4"), (2, "0")):
         agent.send({"t": "run", "id": rid, "argv": ["sh", "-c", f"sleep {delay}; echo {rid}"], "env": {}, "cwd": None})
-    order = []
+    order: list[int] = []
     while len(order) < 2:
         frame, _ = agent.next()
         if isinstance(frame, Exit):
