@@ -1,4 +1,4 @@
-"""Benchmark: many idle sandboxes on one host (issue 12's scale goal, measured before the pool).
+"""Benchmark: many idle sandboxes on one host.
 
 Run: python bench/scale.py [count] [parallelism]   (defaults 200 and 8; needs the engine and
 `sandbox images build`; removes everything it made)
@@ -7,7 +7,7 @@ Creates `count` session-scoped sandboxes through the orchestrator with `parallel
 in flight, then the same number of raw `containers.run` of the same image with the same
 parallelism (the baseline, same run). Reports the wall time of each, the memory one idle
 sandbox costs the host (MemAvailable before and after, divided by the count: container, shim,
-its tini and sleep), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with
+its tini and sleep), what its resident agent adds once started (one command in each), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with
 all of them present.
 """
 
@@ -85,6 +85,18 @@ async def main() -> None:
         ours_s = await in_parallel([make(i) for i in range(COUNT)], PARALLEL)
         after = settle()
         per_sandbox_mib = (before - after) / COUNT
+
+        def first_command(i: int):  # type: ignore[no-untyped-def]
+            async def job() -> None:
+                box = await manager.sandbox_for(agent, f"agent:main:scale-{i}")
+                await box.run("true", call_id=f"scale-{i}", timeout_s=60)
+
+            return job
+
+        # each sandbox's resident agent starts with its first command
+        agents_s = await in_parallel([first_command(i) for i in range(COUNT)], PARALLEL)
+        after_agents = settle()
+        agent_mib = (after - after_agents) / COUNT
         start = time.perf_counter()
         listed = await lifecycle.rows(manager)
         list_s = time.perf_counter() - start
@@ -122,6 +134,8 @@ async def main() -> None:
         f"{'create, per sandbox (ms, wall / count)':<52} {ours_s / COUNT * 1000:>10.0f} {raw_s / COUNT * 1000:>10.0f}"
     )
     print(f"{'host memory per idle sandbox (MiB)':<52} {per_sandbox_mib:>10.1f} {raw_per_mib:>10.1f}")
+    print(f"{'+ its resident agent, started (MiB)':<52} {agent_mib:>10.1f}")
+    print(f"{'first command in all, agents starting (wall s)':<52} {agents_s:>10.1f}")
     print(f"{'sandbox list with all present (s, rows)':<52} {list_s:>10.2f} {len(listed):>10}")
     print(f"{'prune --dry-run with all present (s)':<52} {prune_s:>10.2f} {len(pruned):>10}")
     print(f"{'remove all, one at a time (s)':<52} {remove_s:>10.1f}")

@@ -246,3 +246,14 @@ def test_path_follows_the_image_labels_and_the_config() -> None:
     old = path_from_labels({**good, AGENT_PROTOCOL_LABEL: "0"}, "auto")
     assert old.kind == "docker exec" and "rebuild" in old.reason
     assert struct.calcsize(">II") == HEAD.size
+
+
+def test_the_session_tmpdir_is_made_700_and_never_its_parent(agent: LocalAgent, tmp_path: Path) -> None:
+    """The agent makes a missing session TMPDIR (a mkdir process less) only as its last folder, 0700:
+    a missing parent is a session's private record folder, which the wrapper makes with its own
+    mode and checks (made here, it would be world-readable)."""
+    private = tmp_path / "private"
+    agent.run(1, ["true"], env={"SBX_TMPDIR": str(private / "tmp")})
+    assert not private.exists()
+    agent.run(2, ["true"], env={"SBX_TMPDIR": str(tmp_path / "tmp")})
+    assert (tmp_path / "tmp").stat().st_mode & 0o777 == 0o700

@@ -125,10 +125,12 @@ class Agent:
         cwd = request.get("cwd")
         tmpdir = env.get("SBX_TMPDIR")
         if tmpdir and not os.path.isdir(tmpdir):
-            # what the command's wrapper would do first (mkdir -p -m 700, then its own checks
-            # of owner and links), without a mkdir process: a session's first command is faster
+            # what the command's wrapper would do first (mkdir -m 700, then its own checks of
+            # owner and links), without a mkdir process: a session's first command is faster.
+            # Only the last folder: a missing parent (a session's private record folder) is the
+            # wrapper's to make, with its own mode and checks
             with contextlib.suppress(OSError):
-                os.makedirs(tmpdir, 0o700)
+                os.mkdir(tmpdir, 0o700)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
