@@ -29,14 +29,14 @@ N = 300
 IMAGE = "sandbox-exec:latest"
 
 
-async def tool_exec_ms(tmp: Path, agent: str) -> tuple[list[float], list[float]]:
+async def tool_exec_ms(tmp: Path, agent: str, runtime: str = "runc") -> tuple[list[float], list[float]]:
     """(exec `true` through the tool, the agent's ping) in ms; ping is [] without the agent."""
-    ws = tmp / f"ws-{agent}"
+    ws = tmp / f"ws-{agent}-{runtime}"
     ws.mkdir()
     os.chown(ws, 1000, 1000)
     config = load_config_text(
-        f"state_dir: {tmp}/state-{agent}\ninstance: bench-agent-{agent}\n"
-        f"agents: {{defaults: {{sandbox: {{mode: all, scope: agent, docker: {{agent: '{agent}'}}}}}}, "
+        f"state_dir: {tmp}/state-{agent}-{runtime}\ninstance: ba-{agent}-{runtime}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: all, scope: agent, docker: {{agent: '{agent}', runtime: {runtime}}}}}}}, "
         f"list: [{{id: a, workspace: '{ws}'}}]}}\n"
     )
     async with Orchestrator(config) as orch:
@@ -72,15 +72,26 @@ def llm_sandbox_ms() -> list[float] | None:
 
 async def main() -> None:
     client = docker.from_env()
+    gvisor = "runsc" in (client.info().get("Runtimes") or {})
     plain = client.containers.run(IMAGE, detach=True, labels={"io.agent-sandbox.bench": "1"})
+    plain_runsc = (
+        client.containers.run(IMAGE, detach=True, runtime="runsc", labels={"io.agent-sandbox.bench": "1"})
+        if gvisor
+        else None
+    )
     try:
         raw = timed(lambda: plain.exec_run(["true"]), N)
         with tempfile.TemporaryDirectory() as tmp:
             agent_ms, ping_ms = await tool_exec_ms(Path(tmp), "auto")
             exec_ms, _ = await tool_exec_ms(Path(tmp), "off")
+            if plain_runsc is not None:
+                raw_runsc = timed(lambda: plain_runsc.exec_run(["true"]), N)
+                agent_runsc, _ = await tool_exec_ms(Path(tmp), "auto", "runsc")
         peer = llm_sandbox_ms()
     finally:
         plain.remove(force=True)
+        if plain_runsc is not None:
+            plain_runsc.remove(force=True)
         client.close()
     rows = [
         ("exec `true`: tool via agent vs exec_run", agent_ms, raw, "<= 0.15x"),
@@ -89,7 +100,14 @@ async def main() -> None:
     ]
     if peer is not None:
         rows.append(("llm-sandbox execute_command vs exec_run", peer, raw, "(peer)"))
-    print(table(f"resident agent: n={N} each, one run, same image", rows))
+    if gvisor:
+        rows += [
+            ("runsc: raw exec_run vs runc exec_run", raw_runsc, raw, "(gVisor's cost)"),
+            ("runsc: tool via agent vs runsc exec_run", agent_runsc, raw_runsc, "(reported)"),
+        ]
+    print(table(f"resident agent: n={N} each, one run, same image (runc unless said)", rows))
+    if not gvisor:
+        print("\n(no runsc runtime on this engine: scripts/runsc adds the gVisor rows)")
     if peer is not None:
         print(f"\ntool via agent / llm-sandbox at p50: {pct(agent_ms, 50) / pct(peer, 50):.3f}  (goal <= 0.15)")
     else:

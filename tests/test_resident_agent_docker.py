@@ -206,3 +206,25 @@ async def test_explain_and_the_health_check_name_the_agent(
         health = container.attrs["Config"]["Healthcheck"]["Test"]
         assert health[-1] == "--health" and "agent.py" in health[-2]
         assert container.exec_run(health[1:], user="1000").exit_code == 0
+
+
+async def test_the_agent_runs_under_gvisor(make_config: Any, docker_client: Any) -> None:
+    """With `docker.runtime: runsc` commands go through the agent too, inside gVisor's kernel, and
+    an agent killed by the sandbox costs only that call there as well."""
+    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("the engine has no runsc runtime (scripts/runsc installs and registers it)")
+    config = make_config("""
+agents:
+  defaults: {sandbox: {mode: all, scope: agent, docker: {runtime: runsc}}}
+  list: [{id: a}]
+""")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:gvisor")
+        assert (await outputs(sess, "uname -r"))["stdout"] == "4.4.0\n"  # gVisor's kernel
+        box: Any = await sess.sandbox()
+        assert (await box.backend.agents.exec_path(box.spec, box.id)).kind == "agent"
+        assert box.backend.agents.started == 1
+        killed = await sess.call("exec", {"command": "kill -9 $PPID; sleep 171", "timeout_s": 600})
+        assert killed.error is not None and killed.error.code == "SANDBOX_UNAVAILABLE", killed
+        assert (await outputs(sess, "ps -eo args | grep -c '^sleep 171' || true"))["stdout"] == "0\n"
+        assert box.backend.agents.started == 2

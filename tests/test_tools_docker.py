@@ -20,6 +20,26 @@ from sandbox import Orchestrator
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
 
+@pytest.fixture(params=["runc", "runsc"])
+def make_config(request: pytest.FixtureRequest, make_config: Any, docker_client: Any) -> Any:
+    """The tool suite runs on each container runtime: runc, and gVisor's runsc (where the engine
+    has it registered; `.ci/run` installs it, see README)."""
+    import yaml
+
+    runtime = request.param
+    if runtime == "runsc" and "runsc" not in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("the engine has no runsc runtime (scripts/runsc installs and registers it)")
+
+    def make(text: str = "{}", **kwargs: Any) -> Any:
+        data = yaml.safe_load(text) or {}
+        if runtime == "runsc":
+            sandbox = data.setdefault("agents", {}).setdefault("defaults", {}).setdefault("sandbox", {})
+            sandbox.setdefault("docker", {})["runtime"] = "runsc"
+        return make_config(yaml.safe_dump(data), **kwargs)
+
+    return make
+
+
 def sandbox_config(make_config: Any, ws: Path, access: str = "rw", scope: str = "session", extra: str = "") -> Any:
     ws.mkdir(exist_ok=True)
     os.chown(ws, 1000, 1000)

@@ -189,7 +189,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
             "ok",
             "runtimes",
             f"{', '.join(runtimes)}"
-            + ("" if has_runsc else " (gVisor runsc not installed: optional, see README to add it)"),
+            + ("" if has_runsc else " (gVisor runsc not installed: optional; scripts/runsc installs and registers it)"),
         )
     )
     for target in targets:

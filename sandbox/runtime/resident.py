@@ -62,7 +62,7 @@ class ResidentAgents:
 
     async def link(self, container_id: str, spec: SandboxSpec, user: str | None) -> AgentLink | None:
         """The live link for this container and user, started when needed; None: use docker exec."""
-        key = (container_id, user or "")
+        key = (container_id, user or spec.user)  # no user: docker exec runs as the container's
         link = self._links.get(key)
         if link is not None and link.check():
             return link
