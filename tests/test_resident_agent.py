@@ -39,9 +39,12 @@ AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
 class LocalAgent:
     """The agent as a child process of the test, spoken to with the orchestrator's frame code."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-I", "-S", str(AGENT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, **(env or {})},
         )
         self.reader = FrameReader(muxed=False)
         self.backlog: list[tuple[Any, bytes]] = []
@@ -257,3 +260,76 @@ def test_the_session_tmpdir_is_made_700_and_never_its_parent(agent: LocalAgent, 
     assert not private.exists()
     agent.run(2, ["true"], env={"SBX_TMPDIR": str(tmp_path / "tmp")})
     assert (tmp_path / "tmp").stat().st_mode & 0o777 == 0o700
+
+
+# -- file operations beneath a root (what serves a workspace on a volume) ---------------------
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def file_agent(request: pytest.FixtureRequest) -> Iterator[LocalAgent]:
+    """The agent with openat2 (this kernel has it) and with the O_NOFOLLOW walk alone."""
+    a = LocalAgent({"SBX_AGENT_NO_OPENAT2": "1"} if request.param == "walk" else None)
+    a.next()
+    yield a
+    a.close()
+
+
+def file_call(agent: LocalAgent, rid: int, kind: str, root: Path, parts: list[str], **extra: Any) -> tuple[Any, bytes]:
+    payloads = extra.pop("chunks", [b""])
+    for index, chunk in enumerate(payloads):
+        header = {"t": kind, "id": rid, "root": str(root), "parts": parts, "last": index == len(payloads) - 1, **extra}
+        assert agent.proc.stdin is not None
+        agent.proc.stdin.write(encode(header, chunk))
+        agent.proc.stdin.flush()
+    data = b""
+    while True:
+        frame, payload = agent.next()
+        assert frame.id == rid
+        if frame.t == "data":
+            data += payload
+        else:
+            return frame, data
+
+
+def test_files_are_written_atomically_in_chunks_and_read_back(file_agent: LocalAgent, tmp_path: Path) -> None:
+    chunks = [b"a" * 1000, b"b" * 1000, b"c"]
+    done, _ = file_call(file_agent, 1, "fwrite", tmp_path, ["new", "dir", "f.txt"], chunks=chunks, mode=0o640)
+    assert done.t == "file" and done.size == 2001
+    assert (tmp_path / "new/dir/f.txt").read_bytes() == b"".join(chunks)
+    assert (tmp_path / "new/dir/f.txt").stat().st_mode & 0o777 == 0o640
+    assert not [p for p in (tmp_path / "new/dir").iterdir() if p.name.endswith(".sbx-tmp")]
+    info, data = file_call(file_agent, 2, "fread", tmp_path, ["new", "dir", "f.txt"], max=10_000)
+    assert info.t == "file" and data == b"".join(chunks)
+    big, _ = file_call(file_agent, 3, "fread", tmp_path, ["new", "dir", "f.txt"], max=100)
+    assert (big.t, big.why, big.size) == ("ferror", "too_big", 2001)
+    gone, _ = file_call(file_agent, 4, "funlink", tmp_path, ["new", "dir", "f.txt"])
+    missing, _ = file_call(file_agent, 5, "fstat", tmp_path, ["new", "dir", "f.txt"])
+    assert gone.t == "done" and missing.t == "file" and missing.exists is False
+
+
+def test_links_anywhere_in_a_path_are_refused(file_agent: LocalAgent, tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET")
+    (root / "flink").symlink_to(outside / "secret.txt")
+    (root / "dlink").symlink_to(outside)
+    (root / "real").mkdir()
+    (root / "real" / "up").symlink_to("..")
+    for rid, parts in enumerate((["flink"], ["dlink", "secret.txt"], ["real", "up", "flink"]), start=1):
+        read, data = file_call(file_agent, rid, "fread", root, parts, max=100)
+        assert read.t == "ferror" and data == b"", (parts, read)
+        wrote, _ = file_call(file_agent, 10 + rid, "fwrite", root, parts, chunks=[b"PWNED"])
+        if parts == ["flink"]:  # the link itself is replaced by a file, never written through
+            assert wrote.t == "file" and not (root / "flink").is_symlink()
+        else:
+            assert wrote.t == "ferror", (parts, wrote)
+    assert (outside / "secret.txt").read_text() == "SECRET" and sorted(p.name for p in outside.iterdir()) == [
+        "secret.txt"
+    ]
+
+
+def test_file_requests_with_path_tricks_are_refused(file_agent: LocalAgent, tmp_path: Path) -> None:
+    for rid, parts in enumerate(([".."], ["a/b"], [""], ["ok", "."]), start=1):
+        answer, _ = file_call(file_agent, rid, "fstat", tmp_path, parts)
+        assert answer.t == "error" and "component" in answer.message, (parts, answer)

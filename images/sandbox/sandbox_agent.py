@@ -21,6 +21,7 @@ import json
 import os
 import selectors
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -41,6 +42,7 @@ class Agent:
         self.inbox = bytearray()
         self.out = os.fdopen(1, "wb", buffering=0)
         self.children: dict[int, Child] = {}  # request id -> running command
+        self.files = FileServer(self)
         os.set_blocking(0, False)
         self.sel.register(0, selectors.EVENT_READ, ("stdin", None))
 
@@ -89,11 +91,12 @@ class Agent:
             if len(self.inbox) < end:
                 break
             header = bytes(self.inbox[HEAD.size : HEAD.size + head_len])
+            payload = bytes(self.inbox[HEAD.size + head_len : end])
             del self.inbox[:end]
-            self.handle(header)
+            self.handle(header, payload)
         return True
 
-    def handle(self, raw: bytes) -> None:
+    def handle(self, raw: bytes, payload: bytes = b"") -> None:
         try:
             request = json.loads(raw)
             kind, rid = request["t"], int(request["id"])
@@ -110,8 +113,12 @@ class Agent:
                 self.send({"t": "done", "id": rid})
             elif kind == "ping":
                 self.send({"t": "pong", "id": rid})
+            elif kind in FILE_REQUESTS:
+                self.files.handle(kind, rid, request, payload)
             else:
                 self.send({"t": "error", "id": rid, "message": f"unknown request {kind!r}"})
+        except FileProblem as problem:
+            self.send({"t": "ferror", "id": rid, **problem.fields})
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self.send({"t": "error", "id": rid, "message": f"{type(exc).__name__}: {exc}"})
 
@@ -225,6 +232,224 @@ class Child:
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
+
+
+# -- file operations beneath a root (a workspace on a volume, which the host cannot see) -----
+
+FILE_REQUESTS = frozenset({"fstat", "fread", "fwrite", "funlink"})
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x04, 0x08
+SYS_OPENAT2 = 437  # the same number on every architecture that has it
+READ_CHUNK = 512 << 10
+
+
+class FileProblem(Exception):
+    """A refusal the orchestrator turns into the same error a host-side workspace gives."""
+
+    def __init__(self, errno_: int, why: str = "", **extra: object) -> None:
+        super().__init__(why or os.strerror(errno_))
+        self.fields = {"errno": errno_, "why": why, **extra}
+
+
+def _parts(request: dict[str, object]) -> tuple[str, list[str]]:
+    root, parts = request["root"], request["parts"]
+    if not (isinstance(root, str) and root.startswith("/") and isinstance(parts, list)):
+        raise ValueError("root must be absolute and parts a list")
+    for part in parts:
+        # the orchestrator checked them already; a component is never a path of its own here
+        if not isinstance(part, str) or part in ("", ".", "..") or "/" in part or "\0" in part:
+            raise ValueError(f"bad path component {part!r}")
+    return root, parts
+
+
+class FileServer:
+    """Files beneath a root, never through a symbolic link: openat2(RESOLVE_BENEATH |
+    RESOLVE_NO_SYMLINKS) where the kernel has it, else a walk that opens each folder with
+    O_NOFOLLOW from the one before. Runs as the sandbox user: it can reach nothing the
+    sandbox's own commands cannot; the rules are the file tools' (links are never followed)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.writes: dict[int, tuple[int, int, str, str, int]] = {}  # id -> (dir fd, fd, tmp, name, mode)
+        self.openat2 = self._probe_openat2()
+        self.dir_mode = 0o755
+
+    @staticmethod
+    def _probe_openat2() -> object:
+        if os.environ.get("SBX_AGENT_NO_OPENAT2"):  # the walk alone (old kernels; tests)
+            return None
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            return libc.syscall
+        except (OSError, AttributeError):
+            return None
+
+    def _open_beneath(self, dirfd: int, rel: str) -> int | None:
+        """A folder beneath `dirfd` by openat2, or None where the kernel lacks it."""
+        if self.openat2 is None:
+            return None
+        import ctypes
+
+        how = struct.pack("QQQ", DIR_FLAGS, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+        buf = ctypes.create_string_buffer(how)
+        fd = self.openat2(SYS_OPENAT2, dirfd, rel.encode(), buf, len(how))  # type: ignore[operator]
+        if fd >= 0:
+            return int(fd)
+        err = ctypes.get_errno()
+        if err in (38, 1):  # ENOSYS, EPERM (a seccomp filter that does not know it): walk instead
+            self.openat2 = None
+            return None
+        raise OSError(err, os.strerror(err))
+
+    def _dir(self, root: str, parts: list[str], create: bool = False) -> int:
+        fd = os.open(root, DIR_FLAGS)
+        if not parts:
+            return fd
+        try:
+            found = self._open_beneath(fd, "/".join(parts))
+            if found is not None:
+                os.close(fd)
+                return found
+        except OSError:
+            pass  # the walk below says precisely what is wrong (a link, a missing folder), or makes it
+        try:
+            for part in parts:
+                try:
+                    nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except NotADirectoryError:
+                    if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                        raise FileProblem(40, "symlink") from None
+                    raise
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, self._dir_mode(), dir_fd=fd)
+                    nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _dir_mode(self) -> int:
+        return self.dir_mode
+
+    @staticmethod
+    def _stat(st: os.stat_result) -> dict[str, int]:
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode}
+
+    def handle(self, kind: str, rid: int, request: dict[str, object], payload: bytes) -> None:
+        try:
+            self._handle(kind, rid, request, payload)
+        except OSError as exc:
+            raise FileProblem(exc.errno or 5, "symlink" if exc.errno in (40, 18) else "") from None
+
+    def _handle(self, kind: str, rid: int, request: dict[str, object], payload: bytes) -> None:
+        root, parts = _parts(request)
+        dir_mode = request.get("dir_mode")
+        self.dir_mode = int(dir_mode) if isinstance(dir_mode, int) else 0o755
+        if kind == "fwrite":
+            self.write(rid, root, parts, request, payload)
+            return
+        if not parts and kind != "fstat":
+            raise FileProblem(21, "the root itself")
+        dfd = self._dir(root, parts[:-1])
+        try:
+            if kind == "fstat":
+                try:
+                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False) if parts else os.fstat(dfd)
+                except FileNotFoundError:
+                    self.agent.send({"t": "file", "id": rid, "exists": False, "size": 0, "mtime_ns": 0, "mode": 0})
+                    return
+                self.agent.send({"t": "file", "id": rid, "exists": True, **self._stat(st)})
+            elif kind == "fread":
+                self.read(rid, dfd, parts[-1], int(request["max"]))  # type: ignore[arg-type]
+            elif kind == "funlink":
+                os.unlink(parts[-1], dir_fd=dfd)
+                self.agent.send({"t": "done", "id": rid})
+        finally:
+            os.close(dfd)
+
+    def read(self, rid: int, dfd: int, name: str, max_bytes: int) -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (6, 95):  # ENXIO, EOPNOTSUPP: a socket
+                raise FileProblem(exc.errno, "not_regular") from None
+            raise FileProblem(exc.errno or 5, "symlink" if exc.errno == 40 else "") from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise FileProblem(21, "is_dir")
+            if not stat.S_ISREG(st.st_mode):
+                raise FileProblem(22, "not_regular")
+            if st.st_size > max_bytes:
+                raise FileProblem(27, "too_big", size=st.st_size)
+            left = st.st_size + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, READ_CHUNK))
+                if not chunk:
+                    break
+                self.agent.send({"t": "data", "id": rid}, chunk)
+                left -= len(chunk)
+            self.agent.send({"t": "file", "id": rid, "exists": True, **self._stat(st)})
+        finally:
+            os.close(fd)
+
+    def write(self, rid: int, root: str, parts: list[str], request: dict[str, object], payload: bytes) -> None:
+        """Chunks of one write arrive as fwrite frames of one id; the last renames the temp file
+        over the name (readers see the old file or the new one, never a mix)."""
+        if rid not in self.writes:
+            if not parts:
+                raise FileProblem(21, "the root itself")
+            dfd = self._dir(root, parts[:-1], create=True)
+            name = parts[-1]
+            mode = request.get("mode")
+            mode = int(mode) if isinstance(mode, int) else 0o644
+            try:
+                old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(old.st_mode):
+                    os.close(dfd)
+                    raise FileProblem(21, "is_dir")
+                if stat.S_ISREG(old.st_mode):
+                    mode = stat.S_IMODE(old.st_mode)
+            except FileNotFoundError:
+                pass
+            tmp = f".{name[:200]}.{os.urandom(4).hex()}.sbx-tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+            except OSError:
+                os.close(dfd)
+                raise
+            self.writes[rid] = (dfd, fd, tmp, name, mode)
+        dfd, fd, tmp, name, mode = self.writes[rid]
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            if not request.get("last"):
+                return
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+            st = os.fstat(fd)
+            os.close(fd)
+            fd = -1
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            del self.writes[rid]
+            os.close(dfd)
+            self.agent.send({"t": "file", "id": rid, "exists": True, **self._stat(st)})
+        except BaseException:
+            self.writes.pop(rid, None)
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.close(dfd)
+            raise
 
 
 def health() -> int:

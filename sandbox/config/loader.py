@@ -179,6 +179,7 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
             )
     problems.extend(_tenant_problems(config))
     problems.extend(_network_problems(config))
+    problems.extend(_workspace_store_problems(config))
     problems.extend(_workspace_root_problems(config))
     problems.extend(bind_problems(config))
     problems.extend(isolation_problems(config))
@@ -242,6 +243,29 @@ def _workspace_root_problems(config: Config) -> list[tuple[Loc, str]]:
             check_source(str(root), DockerConfig(), what="workspace_root")
         except BindRefused as exc:
             out.append((loc, f"{exc.message} [rule {exc.rule}]; fix: give scratch workspaces a folder of their own"))
+    return out
+
+
+def _workspace_store_problems(config: Config) -> list[tuple[Loc, str]]:
+    """A volume holds a scratch workspace only: an agent's own folder is on the host by definition."""
+    from sandbox.config.merge import agent_ids, effective_agent
+
+    out: list[tuple[Loc, str]] = []
+    for index, agent_id in enumerate(agent_ids(config)):
+        sandbox = effective_agent(config, agent_id).sandbox
+        if sandbox.workspace_store == "volume" and sandbox.workspace_access != "none":
+            listed = (
+                index < len(config.agents.list)
+                and "workspace_store" in config.agents.list[index].sandbox.model_fields_set
+            )
+            loc: Loc = ("agents", "list", index, "sandbox") if listed else ("agents", "defaults", "sandbox")
+            out.append(
+                (
+                    (*loc, "workspace_store"),
+                    f"agent {agent_id!r}: `volume` holds a scratch workspace only; it needs workspace_access "
+                    f"none (is {sandbox.workspace_access})",
+                )
+            )
     return out
 
 

@@ -340,6 +340,9 @@ class SandboxConfig(StrictModel):
     scope: Scope = "agent"
     workspace_access: WorkspaceAccess = "none"
     workspace_root: ConfigPath | None = None
+    # where a `none` workspace lives: a host folder under workspace_root, or a Docker volume that
+    # only the sandbox's resident agent reaches (what a remote engine needs)
+    workspace_store: Literal["host", "volume"] = "host"
     # bytes a writable workspace may hold (measured); 0 disables the quota
     workspace_quota: str = Field("1g", pattern=r"^\d+[bkmgBKMG]?$")
     # a uid of its own for each session in an agent- or shared-scope container (see README)

@@ -466,7 +466,10 @@ class Session:
                 ]
                 uid, _, gid = spec.user.partition(":")
                 owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
-                self._files = self._make_files(roots, owner, group_shared=spec.session_users)
+                if spec.mounts[0].volume:
+                    self._files = self._volume_files(roots, group_shared=spec.session_users)
+                else:
+                    self._files = self._make_files(roots, owner, group_shared=spec.session_users)
         else:
             workspace = self.agent.workspace
             if self._host_shell is None:
@@ -512,6 +515,32 @@ class Session:
             roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
         )
 
+    def _volume_files(self, roots: list[Root], *, group_shared: bool) -> WorkspaceFiles:
+        """The file tools of a workspace on a Docker volume: through the sandbox's agent
+        (fs/agent_files.py). No measured quota: the host cannot see the volume."""
+        from sandbox.fs.agent_files import AgentFiles
+
+        async def link() -> Any:
+            shell: Any = await self._sandbox_shell()
+            box = getattr(shell, "sandbox", shell)  # a session user's view wraps the sandbox
+            user = shell.session_user.user if hasattr(shell, "session_user") else None
+            agents = getattr(getattr(box, "backend", None), "agents", None)
+            found = await agents.link(box.id, box.spec, user) if agents is not None else None
+            if found is None:
+                path = await agents.exec_path(box.spec, box.id) if agents is not None else None
+                raise SandboxError(
+                    ErrorCode.SANDBOX_UNAVAILABLE,
+                    "this workspace is a Docker volume (workspace_store: volume), reached only through the "
+                    f"sandbox's resident agent, and this sandbox has none: {path.describe() if path else 'no agent'}",
+                )
+            return found
+
+        config = self._orch.config
+        states = FileStates(self.state_dir / "file-states.json")
+        return AgentFiles(
+            link, roots, config.tools.fs, states, config.state_dir / "locks", None, None, group_shared=group_shared
+        )
+
     def _tenant_quota(self) -> WorkspaceQuota | None:
         config = self._orch.config
         for index, tenant in enumerate(config.tenants):
@@ -530,7 +559,7 @@ class Session:
 
     async def _spill_file(self, ctx: ToolContext, host_file: Path) -> str:
         root = ctx.files.roots[0]
-        if root.read_only:
+        if root.read_only or _on_volume(ctx):
             return os.fspath(host_file)
         name = f"{ctx.call_id}.txt"
         safe = SafeRoot(root.host, self._owner(), ctx.files.quota, group_shared=self._group_shared())
@@ -553,7 +582,7 @@ class Session:
         root = ctx.files.roots[0]
         data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
         outputs = WorkspacePath((spill.STATE_SUBDIR,))
-        if not root.read_only:
+        if not root.read_only and not _on_volume(ctx):
             safe = SafeRoot(root.host, self._owner(), group_shared=self._group_shared())
             where = WorkspacePath((".sandbox", "outputs"))
             await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
@@ -602,3 +631,10 @@ class _SessionBrowser:
 
     async def cdp_url(self) -> str:
         return (await self._session.browser()).cdp_url
+
+
+def _on_volume(ctx: ToolContext) -> bool:
+    """A workspace on a Docker volume: full outputs stay host-side (owner-only, pruned)."""
+    from sandbox.fs.agent_files import AgentFiles
+
+    return isinstance(ctx.files, AgentFiles)

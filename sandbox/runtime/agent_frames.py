@@ -68,13 +68,37 @@ class Reply(_Frame):
     id: int = Field(ge=1)
 
 
+class Data(_Frame):
+    t: Literal["data"]
+    id: int = Field(ge=1)
+
+
+class FileInfo(_Frame):
+    t: Literal["file"]
+    id: int = Field(ge=1)
+    exists: bool
+    size: int = Field(ge=0)
+    mtime_ns: int = Field(ge=0)
+    mode: int = Field(ge=0, le=0o177777)
+
+
+class FileRefused(_Frame):
+    t: Literal["ferror"]
+    id: int = Field(ge=1)
+    errno: int = Field(ge=1, le=4095)
+    why: Literal["", "symlink", "not_regular", "is_dir", "too_big", "the root itself"]
+    size: int = Field(0, ge=0)
+
+
 class Failed(_Frame):
     t: Literal["error"]
     id: int = Field(ge=0)
     message: str = Field(max_length=1000)
 
 
-Frame = Annotated[Hello | Started | Out | Exit | Reply | Failed, Field(discriminator="t")]
+Frame = Annotated[
+    Hello | Started | Out | Exit | Reply | Failed | Data | FileInfo | FileRefused, Field(discriminator="t")
+]
 _FRAME: TypeAdapter[Frame] = TypeAdapter(Frame)
 
 
@@ -148,7 +172,7 @@ class FrameReader:
                 frame = _FRAME.validate_json(head)
             except ValidationError as exc:
                 raise FrameError(f"the agent sent a frame that is not in the protocol: {_short(exc)}") from None
-            if payload and not isinstance(frame, Out):
+            if payload and not isinstance(frame, (Out, Data)):
                 raise FrameError(f"the agent sent a payload with a {frame.t!r} frame")
             out.append((frame, payload))
         return out

@@ -26,7 +26,19 @@ import anyio
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.agent_frames import Exit, Failed, FrameError, FrameReader, Hello, Out, Reply, Started
+from sandbox.runtime.agent_frames import (
+    Data,
+    Exit,
+    Failed,
+    FileInfo,
+    FileRefused,
+    FrameError,
+    FrameReader,
+    Hello,
+    Out,
+    Reply,
+    Started,
+)
 from sandbox.runtime.agent_frames import encode as encode_frame
 from sandbox.runtime.docker_exec import close_exec_socket, create_exec
 from sandbox.runtime.exec_path import PROTOCOL
@@ -39,6 +51,7 @@ if TYPE_CHECKING:
 HELLO_TIMEOUT_S = 15.0  # python's start in a loaded sandbox
 ANSWER_TIMEOUT_S = 10.0  # a request's first answer (`started`, `pong`, `done`)
 WRITE_TIMEOUT_S = 10.0  # the agent not reading its stdin for this long ends the link
+FILE_TIMEOUT_S = 60.0  # a file operation's answer (16 MiB through a loaded sandbox)
 RECV = 256 << 10
 
 
@@ -57,7 +70,9 @@ class _Pending:
     pid: int = 0
     exit: Exit | None = None
     error: str | None = None
-    replies: list[str] = field(default_factory=list)
+    data: bytearray = field(default_factory=bytearray)  # a file request's bytes
+    data_limit: int = 0  # the most a file request may be sent back
+    reply: FileInfo | FileRefused | Reply | None = None  # a file request's answer
 
 
 class AgentLink:
@@ -153,6 +168,25 @@ class AgentLink:
             capture, exit_code=exit_code, duration_ms=(time.perf_counter() - start) * 1000, timed_out=timed_out
         )
 
+    async def file_request(
+        self, header: dict[str, Any], chunks: Sequence[bytes] = (b"",), *, data_limit: int = 0
+    ) -> tuple[FileInfo | FileRefused | Reply, bytes]:
+        """One file operation (runtime/agent_files.py): the request (its payload in `chunks`, one
+        frame each), then what the agent sent back (bytes up to `data_limit`) and its answer."""
+        call = self._new(data_limit=data_limit)
+        try:
+            for index, chunk in enumerate(chunks):
+                await self._send({**header, "id": call.id, "last": index == len(chunks) - 1}, chunk)
+            with anyio.move_on_after(FILE_TIMEOUT_S):
+                await self._wait(lambda: call.reply is not None or call.error is not None)
+            if call.reply is None and call.error is None:
+                self._fail(f"the agent did not answer file request {call.id} within {FILE_TIMEOUT_S:.0f} s")
+        finally:
+            self._pending.pop(call.id, None)
+        self._raise_if_failed(call)
+        assert call.reply is not None
+        return call.reply, bytes(call.data)
+
     async def signal(self, target: int, signum: int) -> None:
         """Signal the process group of a running request (`target`: its id)."""
         call = self._new()
@@ -215,8 +249,8 @@ class AgentLink:
         if call.error is not None:
             raise AgentUnavailable(call.error)
 
-    async def _send(self, header: dict[str, Any]) -> None:
-        data = memoryview(encode_frame(header))
+    async def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        data = memoryview(encode_frame(header, payload))
         async with self._write_lock:
             with anyio.move_on_after(WRITE_TIMEOUT_S) as scope:
                 while data:
@@ -296,8 +330,16 @@ class AgentLink:
                     self._fail(f"the agent reported an exit for request {frame.id} before it started")
                     return
                 call.exit = frame
+            elif isinstance(frame, Data):
+                if len(call.data) + len(payload) > call.data_limit:
+                    self._fail(f"the agent sent more than the {call.data_limit} bytes asked for request {frame.id}")
+                    return
+                call.data += payload
+            elif isinstance(frame, (FileInfo, FileRefused)):
+                call.reply = frame
             elif isinstance(frame, Reply):
                 call.answered = True
+                call.reply = frame
             elif isinstance(frame, Failed):
                 call.error = f"the agent refused the request: {frame.message}"
 

@@ -225,7 +225,8 @@ class DockerBackend:
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
         # no-follow from a trusted root: a planted link cannot aim a root mkdir or chown elsewhere
-        prepare_workspace(spec)
+        if not spec.mounts[0].volume:  # a volume is the engine's to make
+            prepare_workspace(spec)
 
     async def _create(self, spec: SandboxSpec) -> DockerSandbox:
         egress.MAKING.add(spec.name)  # an orphan sweep meanwhile leaves its proxy alone
@@ -250,9 +251,16 @@ class DockerBackend:
         kwargs["labels"][CONFIG_KEYS_LABEL] = json.dumps(_key_hashes(spec.hashed), sort_keys=True)
         kwargs["labels"][CREATOR_LABEL] = f"{socket.gethostname()}:{os.getpid()}"
         kwargs["mounts"] = [
-            DockerMount(m.target, m.source, type="bind", read_only=m.read_only, propagation="rprivate")
+            DockerMount(m.target, m.source, type="volume", read_only=m.read_only)
+            if m.volume
+            else DockerMount(m.target, m.source, type="bind", read_only=m.read_only, propagation="rprivate")
             for m in spec.mounts
         ]
+        for m in spec.mounts:
+            if m.volume:  # made with labels (an implicit one would have none); an existing one is kept
+                labels = {Labels.MANAGED: "true", Labels.INSTANCE: spec.instance, Labels.TENANT: spec.tenant}
+                labels[Labels.SCOPE_KEY] = spec.scope_key
+                await self.call("create workspace volume", self.client.volumes.create, name=m.source, labels=labels)
         if spec.docker.ulimits:
             kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
         if spec.egress is not None:

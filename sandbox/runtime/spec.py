@@ -25,6 +25,7 @@ from sandbox.runtime.naming import (
     container_name,
     scope_key,
     scratch_dir_name,
+    short_hash,
     tenant_dir_name,
     tenant_scope,
 )
@@ -40,10 +41,11 @@ SKILLS_MOUNT = "/opt/skills"
 class Mount:
     """One bind mount as the container sees it; `origin` says which config key made it."""
 
-    source: str
+    source: str  # a host path, or a volume's name (`volume`)
     target: str
     read_only: bool
     origin: str
+    volume: bool = False  # a Docker volume (workspace_store: volume), not a host folder
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class SandboxSpec:
         parent's view)."""
         if self.kind != "exec" or self.scope != "session" or self.egress is not None or self.hashed.get("parent_view"):
             return None
+        if self.mounts and self.mounts[0].volume:
+            return None  # a volume cannot be renamed to a session's name
         hashed = dict(self.hashed)
         if self.workspace_access == "none":
             hashed["mounts"] = [["<scratch>", *hashed["mounts"][0][1:]], *hashed["mounts"][1:]]
@@ -191,6 +195,11 @@ def owner_user(path: Path) -> str:
     return f"{info.st_uid}:{info.st_gid}"
 
 
+def volume_name(instance: str, tenant: str, key: str) -> str:
+    """The Docker volume of a scope key's workspace (`workspace_store: volume`)."""
+    return f"sbx-{instance}-ws-{short_hash(tenant_scope(tenant, key), 24)}"
+
+
 def scratch_workspace(agent: EffectiveAgent, key: str) -> Path:
     """The per-scope workspace used when workspace_access is none (a neutral, per-tenant name)."""
     root = agent.sandbox.workspace_root
@@ -255,7 +264,11 @@ def build_spec(
     docker = cfg.docker
     key = scope_key(cfg.scope, agent.id, session)
     protected: list[ProtectedMount] = []
-    if cfg.workspace_access == "none":
+    if cfg.workspace_access == "none" and cfg.workspace_store == "volume":
+        ws_source = volume_name(instance, agent.tenant, key)
+        workspace = Path("/") / "volume" / ws_source  # no host path: a name for locks and file versions
+        ws_origin = f"{agent.key_path}.sandbox.workspace_store (volume {ws_source}, workspace_access none)"
+    elif cfg.workspace_access == "none":
         workspace = scratch_workspace(agent, key)
         ws_origin = f"{agent.key_path}.sandbox.workspace_root (scratch, workspace_access none)"
         ws_source = _scratch_source(workspace, docker)
@@ -265,7 +278,15 @@ def build_spec(
         ws_source = check_source(str(workspace), docker, what="workspace")
         if cfg.workspace_access == "rw":
             protected = protected_mounts(Path(ws_source), protected_paths)
-    mounts = [Mount(ws_source, CONTAINER_WORKDIR, cfg.workspace_access == "ro", ws_origin)]
+    mounts = [
+        Mount(
+            ws_source,
+            CONTAINER_WORKDIR,
+            cfg.workspace_access == "ro",
+            ws_origin,
+            volume=cfg.workspace_store == "volume",
+        )
+    ]
     if agent.parent_view is not None:
         # a spawned session sees its parent's workspace here (tools.subagents.parent_workspace)
         source, read_only = agent.parent_view
@@ -276,7 +297,7 @@ def build_spec(
         # skill handlers run in the sandbox; their code is mounted read-only
         source = check_source(str(folder), docker, what="skills dir")
         mounts.append(Mount(source, f"{SKILLS_MOUNT}/{index}", True, f"skills.dirs[{index}]"))
-    user = docker.user or owner_user(workspace)
+    user = docker.user or (owner_user(workspace) if not mounts[0].volume else "1000:1000")
     session_users = uses_session_users(cfg.session_users, cfg.scope, cfg.workspace_access, user)
     ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
     egress = egress_policy(agent) if docker.network == EGRESS_NETWORK else None
