@@ -141,11 +141,16 @@ _POLL = (
 id="$1"; off="$2"; lim="$3"; d="$4"
 if [ "$5" = 1 ] && { [ -L "$d" ] || [ ! -O "$d" ]; }; then echo gone; exit 0; fi
 if [ ! -f "$d/$id.out" ]; then echo gone; exit 0; fi
-rc=; for f in "$d/$id".exit-*; do [ -e "$f" ] && rc="${f##*.exit-}"; done
-[ -z "$rc" ] && [ -f "$d/$id.rc" ] && rc=$(cat "$d/$id.rc")
+exit_rc() {
+  rc=; for f in "$d/$id".exit-*; do [ -e "$f" ] && rc="${f##*.exit-}"; done
+  [ -z "$rc" ] && [ -f "$d/$id.rc" ] && rc=$(cat "$d/$id.rc")
+}
+exit_rc
 if [ -n "$rc" ]; then echo "exited $rc"
 elif [ -f "$d/$id.timeout" ]; then echo timed_out
 elif alive "$(pid_of "$d" "$id")"; then echo running
+# it may have ended between the first look and this one: its exit file is written before it goes
+elif exit_rc; [ -n "$rc" ]; then echo "exited $rc"
 else echo killed; fi
 stat -c %s "$d/$id.out"
 tail -c +"$((off + 1))" "$d/$id.out" | head -c "$lim"
