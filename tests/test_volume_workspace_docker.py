@@ -125,3 +125,18 @@ async def test_a_volume_holds_scratch_workspaces_only(make_config: Any) -> None:
     with pytest.raises(ConfigError) as info:
         make_config("agents: {defaults: {sandbox: {mode: all, workspace_store: volume, workspace_access: rw}}}")
     assert "agents.defaults.sandbox.workspace_store" in str(info.value) and "workspace_access" in str(info.value)
+
+
+async def test_sessions_with_uids_of_their_own_share_the_volume_through_the_group(make_config: Any) -> None:
+    """Agent scope: each session runs as a uid of its own, and its file tools go through its own
+    agent; the workspace is shared through the sandbox user's group, as a host scratch folder is."""
+    async with Orchestrator(volume_config(make_config, scope="agent")) as orch:
+        one, two = orch.session("agent:main:one"), orch.session("agent:main:two")
+        assert (await one.call("write", {"path": "shared/plan.md", "content": "step 1\n"})).ok
+        edited = await two.call("edit", {"path": "shared/plan.md", "old_string": "step 1", "new_string": "step 2"})
+        assert edited.ok, edited
+        uids = {await sh(s, "id -u") for s in (one, two)}
+        assert len(uids) == 2
+        assert await sh(one, "cat shared/plan.md; stat -c '%a %G' shared shared/plan.md") == (
+            "step 2\n2775 sandbox\n664 sandbox\n"
+        )

@@ -325,9 +325,13 @@ class FileServer:
                 except FileNotFoundError:
                     if not create:
                         raise
+                    made = False
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, self._dir_mode(), dir_fd=fd)
+                        made = True
                     nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+                    if made:
+                        os.fchmod(nxt, self._dir_mode())  # past the umask (a group-shared 2775)
                 os.close(fd)
                 fd = nxt
             return fd

@@ -27,7 +27,8 @@ from sandbox.runtime import egress, egress_secrets
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
-from sandbox.runtime.hostpaths import prepare_workspace
+from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.hostpaths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.pool import PoolClaims
 from sandbox.runtime.protocol import SandboxInfo
@@ -290,6 +291,8 @@ class DockerBackend:
                 ca = await self.call("start egress proxy", egress.wait_ready, self.client, spec.name)
                 if ca:  # it decrypts for secrets: the sandbox trusts its CA (and only for that proxy)
                     await self._install_ca(sandbox, spec, ca)
+            if spec.mounts[0].volume and spec.session_users:
+                await self._share_volume(sandbox, spec)
             if spec.docker.setup_command:
                 await self._setup(sandbox, spec)
             await self.call("rename sandbox", lambda: self.client.api.rename(container_id, spec.name))
@@ -311,6 +314,18 @@ class DockerBackend:
         if result.exit_code != 0:
             raise SandboxUnavailable(
                 "the egress proxy's CA could not be installed in the sandbox (exit "
+                f"{result.exit_code}): {result.output.decode(errors='replace')[-300:]}",
+                container=spec.name,
+            )
+
+    async def _share_volume(self, sandbox: DockerSandbox, spec: SandboxSpec) -> None:
+        """Sessions with uids of their own share a workspace through the sandbox user's group, as
+        a host scratch folder is made for them (its owner, the sandbox user, may say so)."""
+        mode = f"{SHARED_DIR_MODE:o}"
+        result = await sandbox.run_argv(["chmod", mode, CONTAINER_WORKDIR], user=spec.user, timeout_s=30)
+        if result.exit_code != 0:
+            raise SandboxUnavailable(
+                f"the workspace volume could not be shared by the sessions' group (chmod {mode}, exit "
                 f"{result.exit_code}): {result.output.decode(errors='replace')[-300:]}",
                 container=spec.name,
             )
