@@ -1,64 +1,41 @@
-"""The public entry points: an Orchestrator owns config, policy and runtime; a Session calls tools."""
+"""The public entry point: an Orchestrator owns config, policy and runtime (a Session, in
+engine/session.py, calls tools)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-from functools import partial
-from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
 from sandbox._log import logger
-from sandbox.config.merge import EffectiveAgent, default_agent_id
+from sandbox.config.merge import default_agent_id
 from sandbox.config.models import Config
-from sandbox.engine import spill
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES as MAX_ARGUMENT_BYTES
-from sandbox.engine.batch import BatchCall, BatchResult, run_batch
-from sandbox.engine.context import TaskContext
-from sandbox.engine.executor import Engine, execute
+from sandbox.engine.executor import Engine
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import ProgressBus
+from sandbox.engine.session import Session
 from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
-from sandbox.fs.paths import WorkspacePath
-from sandbox.fs.quota import WorkspaceQuota, parse_size
-from sandbox.fs.safe import SafeRoot
-from sandbox.fs.states import FileStates
-from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.journal.store import Approval, Journal
-from sandbox.policy.resolver import Identity, PolicyResolver, ResolvedPolicy
+from sandbox.policy.resolver import Identity, PolicyResolver
 from sandbox.policy.sessions import agent_of
-from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host_backend import HostShell
-from sandbox.runtime.naming import short_hash, slug, tenant_scope
-from sandbox.runtime.session_users import session_shell
-from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child, Message
-from sandbox.sessions.service import BoundSessions, SessionsService, end_session_work
-from sandbox.tools.availability import offered
+from sandbox.sessions.service import SessionsService
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
-from sandbox.tools.context import ToolContext
 from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.skills import SkillProblem
-from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
-    from sandbox.runtime.browser import BrowserEndpoint, BrowserManager
+    from sandbox.runtime.browser import BrowserManager
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Backend
     from sandbox.tools.search import SearchProvider
-
-
-# tool categories that work host-side (files, memory, sessions): a call of theirs sends nothing
-# through an egress proxy, so nothing is collected after it
-HOST_SIDE_CATEGORIES = frozenset({"file", "memory", "session"})
 
 
 class Orchestrator:
@@ -276,326 +253,6 @@ class Orchestrator:
         return Session(self, policy, sender, child)
 
 
-class Session:
-    """One agent session: the tools it may see, and calls to them."""
-
-    def __init__(
-        self, orchestrator: Orchestrator, policy: ResolvedPolicy, sender: str | None, child: Child | None = None
-    ) -> None:
-        self._orch = orchestrator
-        self.policy = policy
-        self.sender = sender
-        self.child = child  # the lineage of a spawned session (None for any other)
-        self._agent = orchestrator.sessions.child_agent(policy.agent, child) if child else policy.agent
-        self._files: WorkspaceFiles | None = None
-        self._host_shell: HostShell | None = None
-
-    @property
-    def key(self) -> str:
-        """The full session key."""
-        return self.policy.session.raw
-
-    @property
-    def agent(self) -> EffectiveAgent:
-        """The merged agent config (for a spawned session: its own sandbox, its parent's at /parent)."""
-        return self._agent
-
-    @property
-    def sandboxed(self) -> bool:
-        """Whether tools run in a sandbox for this session."""
-        return self.policy.sandbox.sandboxed
-
-    @property
-    def state_dir(self) -> Path:
-        """This session's folder in the orchestrator's state dir."""
-        # the tenant is part of the name, and a 128-bit hash of the full key keeps apart keys
-        # that one slug would merge (case, punctuation); the slug is only for people
-        identity = tenant_scope(self.agent.tenant, self.key)
-        return self._orch.config.state_dir / "sessions" / f"{slug(self.key, 40)}-{short_hash(identity, 32)}"
-
-    def tools(self) -> list[ToolSpec]:
-        """The tools the model may see (allowed by policy and runnable here)."""
-        registry = self._orch.registry
-        here = offered(registry, self.policy, self._orch.providers())
-        return [registry.get(n) for n in registry.names() if n in here]
-
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        """name, description and JSON schema of each tool in :meth:`tools`."""
-        return [{"name": s.name, "description": s.description, "parameters": s.json_schema()} for s in self.tools()]
-
-    async def call(self, name: str, arguments: Any = None, *, trace_id: str | None = None) -> ToolResult:
-        """Run one tool call; every failure comes back as a ToolResult with an error code."""
-        return await self._execute(name, arguments, trace_id=trace_id)
-
-    async def call_many(
-        self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
-    ) -> BatchResult:
-        """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
-        return await run_batch(self.call, calls, mode=mode, refuse=self._refuse)
-
-    async def _refuse(self, name: str, arguments: Any, error: SandboxError) -> ToolResult:
-        """Journal a call that is not run (skipped or refused in a batch) and return its result."""
-        return await self._execute(name, arguments, refused=error)
-
-    async def _execute(
-        self, name: str, arguments: Any, *, trace_id: str | None = None, refused: SandboxError | None = None
-    ) -> ToolResult:
-        result = await execute(
-            self._orch.engine,
-            name=name,
-            arguments=arguments,
-            policy=self.policy,
-            make_context=self._context,
-            spill=self._spill,
-            tenant=self.agent.tenant,
-            sender=self.sender,
-            trace_id=trace_id,
-            refused=refused,
-        )
-        egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
-        registry = self._orch.registry
-        ran_inside = result.tool in registry and registry.get(result.tool).category not in HOST_SIDE_CATEGORIES
-        if refused is None and egress and ran_inside:
-            # what the call fetched, in the journal beside it (`sandbox logs`): the sandbox's proxy,
-            # and the browser's when the call drove it
-            manager = self._orch.manager
-            await manager.collect_egress(manager.spec_for(self.agent, self.key).name)
-            if result.tool == "browser":
-                with contextlib.suppress(SandboxError):  # no docker backend: no browser, no proxy
-                    await manager.collect_egress(self._orch.browsers().name_for(self.agent, self.key))
-        return await self._settled(result)
-
-    async def _settled(self, result: ToolResult) -> ToolResult:
-        # a call's record is complete when its caller sees the result (the last stages and its
-        # loop history were queued); waiting yields the loop, so concurrent calls share a commit
-        if self._orch.journal is not None:
-            await self._orch.journal.settle(result.call_id)
-        return result
-
-    def reset_loops(self) -> None:
-        """Clear this session's loop history and its circuit breaker (in every process)."""
-        self._orch.loops.reset(self.agent.tenant, self.key)
-
-    async def close(self) -> list[str]:
-        """End the session and every session it spawned (deepest first); return the keys closed.
-
-        For each: pending approvals are denied, background processes killed, a session-scoped
-        sandbox is removed (agent and shared ones stay). What the orchestrator holds in memory for
-        the session goes too (its cached policy, its in-memory loop history), so a service that
-        opens and closes sessions for weeks stays flat.
-        """
-        return await self._orch.sessions.close_session(self)
-
-    async def release(self, *, reason: str) -> None:
-        """Close this session alone (see :meth:`close`); `reason` goes on its cancelled approvals."""
-        await end_session_work(self._orch, self, reason)
-        if self.sandboxed:
-            await self._orch.manager.close_session(self.agent, self.key)
-            await self._close_browser()
-        self._orch.policy.forget(self.policy.identity)
-        self._orch.loops.forget(self.agent.tenant, self.key)
-        self._files = None
-        self._host_shell = None
-
-    async def shell(self, *, create: bool = True) -> Any:
-        """The Shell this session's tools use (its sandbox, or the host); None if absent and not created."""
-        if not self.sandboxed:
-            env = self.agent.sandbox.docker.env
-            return HostShell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
-        if not create:
-            spec = self._orch.manager.spec_for(self.agent, self.key)
-            if not await self._orch.backend.exists(spec.name):
-                return None
-        return await self._sandbox_shell()
-
-    async def _sandbox_shell(self) -> Any:
-        """The sandbox as this session's commands see it: as its own uid where sessions share it."""
-        box = await self._orch.manager.sandbox_for(self.agent, self.key)
-        registry = self._orch.config.state_dir / "session-users"
-        return await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
-
-    async def sandbox(self) -> Any:
-        """The live sandbox of this session (created on first use); None when not sandboxed."""
-        if not self.sandboxed:
-            return None
-        return await self._orch.manager.sandbox_for(self.agent, self.key)
-
-    async def _close_browser(self) -> None:
-        """The session's own browser sandbox goes with it (agent- and shared-scope ones stay)."""
-        from sandbox.runtime.docker_backend import DockerBackend
-
-        if self.agent.sandbox.scope != "session" or not isinstance(self._orch.backend, DockerBackend):
-            return
-        manager = self._orch.manager
-        await self._orch.browsers().close_session(self.agent, self.key, before=manager.collect_egress)
-
-    async def browser(self) -> BrowserEndpoint:
-        """Start (or find) this session's browser sandbox; only when policy and config allow it."""
-        return await self._orch.browsers().ensure(
-            self.agent, self.key, browser_allowed="browser" in self.policy.allowed
-        )
-
-    async def _context(self, task: TaskContext) -> ToolContext:
-        if self._orch.journal is not None:
-            # the handler runs next: the call's stages must be durable first (INTERNAL if not)
-            await self._orch.journal.commit(task.call_id)
-        if self.child is not None:
-            current = await anyio.to_thread.run_sync(self._orch.sessions.lineage, self.key)
-            if current is not None and current.status == "closed":
-                raise SandboxError(
-                    ErrorCode.CONFLICT,
-                    f"session {self.key} was closed (it or its parent ended); nothing runs in it any more",
-                )
-        config = self._orch.config
-        if self.sandboxed:
-            shell: Any = await self._sandbox_shell()
-            box = shell
-            workdir = CONTAINER_WORKDIR
-            if self._files is None:
-                spec = box.spec
-                roots = [
-                    Root(
-                        m.target,
-                        Path(m.source),
-                        m.read_only,
-                        f"the workspace (workspace_access {spec.workspace_access})"
-                        if i == 0
-                        else f"the bind {m.target}",
-                    )
-                    for i, m in enumerate(spec.mounts)
-                ]
-                uid, _, gid = spec.user.partition(":")
-                owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
-                if spec.mounts[0].volume:
-                    self._files = self._volume_files(roots, group_shared=spec.session_users)
-                else:
-                    self._files = self._make_files(roots, owner, group_shared=spec.session_users)
-        else:
-            workspace = self.agent.workspace
-            if self._host_shell is None:
-                await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
-                self._host_shell = HostShell(
-                    workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env
-                )
-            shell = self._host_shell
-            workdir = str(workspace)
-            if self._files is None:
-                self._files = self._make_files([Root(str(workspace), workspace, False, "the workspace")], None)
-        tool_ctx = ToolContext(
-            call_id=task.call_id,
-            trace_id=task.trace_id,
-            config=config,
-            agent=self.agent,
-            session=self.key,
-            sandboxed=self.sandboxed,
-            shell=shell,
-            files=self._files,
-            workdir=workdir,
-            state_dir=self.state_dir,
-        )
-        tool_ctx.publish = partial(self._spill, tool_ctx)
-        if self._orch.journal is not None:
-            tool_ctx.sessions = BoundSessions(self._orch.sessions, self, task.call_id)
-        if self.sandboxed:
-            tool_ctx.browser = _SessionBrowser(self)
-        tool_ctx.search = self._orch.search_provider
-        return tool_ctx
-
-    def _make_files(
-        self, roots: list[Root], owner: tuple[int, int] | None, *, group_shared: bool = False
-    ) -> WorkspaceFiles:
-        config = self._orch.config
-        states = FileStates(self.state_dir / "file-states.json")
-        quota = None
-        if self.sandboxed and roots:  # on the host (mode off) commands can write anywhere anyway
-            limit = parse_size(self.agent.sandbox.workspace_quota)
-            key = f"{self.agent.key_path}.sandbox.workspace_quota"
-            quota = WorkspaceQuota([roots[0].host], limit, key, outer=self._tenant_quota())
-        return WorkspaceFiles(
-            roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
-        )
-
-    def _volume_files(self, roots: list[Root], *, group_shared: bool) -> WorkspaceFiles:
-        """The file tools of a workspace on a Docker volume: through the sandbox's agent
-        (fs/agent_files.py). No measured quota: the host cannot see the volume."""
-        from sandbox.fs.agent_files import AgentFiles
-
-        async def link() -> Any:
-            shell: Any = await self._sandbox_shell()
-            box = getattr(shell, "sandbox", shell)  # a session user's view wraps the sandbox
-            user = shell.session_user.user if hasattr(shell, "session_user") else None
-            agents = getattr(getattr(box, "backend", None), "agents", None)
-            found = await agents.link(box.id, box.spec, user) if agents is not None else None
-            if found is None:
-                path = await agents.exec_path(box.spec, box.id) if agents is not None else None
-                raise SandboxError(
-                    ErrorCode.SANDBOX_UNAVAILABLE,
-                    "this workspace is a Docker volume (workspace_store: volume), reached only through the "
-                    f"sandbox's resident agent, and this sandbox has none: {path.describe() if path else 'no agent'}",
-                )
-            return found
-
-        config = self._orch.config
-        states = FileStates(self.state_dir / "file-states.json")
-        return AgentFiles(
-            link, roots, config.tools.fs, states, config.state_dir / "locks", None, None, group_shared=group_shared
-        )
-
-    def _tenant_quota(self) -> WorkspaceQuota | None:
-        config = self._orch.config
-        for index, tenant in enumerate(config.tenants):
-            if tenant.id == self.agent.tenant and (limit := parse_size(tenant.quotas.max_workspace_bytes)):
-                folders = tenant_workspaces(config, tenant.id)
-                key = f"tenants[{index}].quotas.max_workspace_bytes"
-                return WorkspaceQuota(folders, limit, key, label=f"the workspaces of tenant {tenant.id!r}")
-        return None
-
-    def _group_shared(self) -> bool:
-        return self._files is not None and self._files.group_shared
-
-    def _owner(self) -> tuple[int, int] | None:
-        # spills are written host-side like the session's own files, as the sandbox user
-        return self._files.safe_owner if self._files is not None else None
-
-    async def _spill_file(self, ctx: ToolContext, host_file: Path) -> str:
-        root = ctx.files.roots[0]
-        if root.read_only or _on_volume(ctx):
-            return os.fspath(host_file)
-        name = f"{ctx.call_id}.txt"
-        safe = SafeRoot(root.host, self._owner(), ctx.files.quota, group_shared=self._group_shared())
-        where = WorkspacePath((".sandbox", "outputs"))
-        await anyio.to_thread.run_sync(spill.save, safe, where, name, host_file, spill.Budget())
-        await anyio.to_thread.run_sync(host_file.unlink)
-        return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
-
-    async def _spill(self, ctx: ToolContext, text: str | Path) -> str | None:
-        """Save a full output: in the workspace when writable, else in this session's state dir.
-
-        `text` may be a host file that already holds the output (exec's capture): it is copied
-        in chunks and removed, or, for a read-only workspace, left where it is (owner-only).
-        Either place is bounded and pruned (see engine/spill.py). Raises on failure; the engine
-        turns that into a warning on the result.
-        """
-        if isinstance(text, Path):
-            return await self._spill_file(ctx, text)
-        name = f"{ctx.call_id}.txt"
-        root = ctx.files.roots[0]
-        data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
-        outputs = WorkspacePath((spill.STATE_SUBDIR,))
-        if not root.read_only and not _on_volume(ctx):
-            safe = SafeRoot(root.host, self._owner(), group_shared=self._group_shared())
-            where = WorkspacePath((".sandbox", "outputs"))
-            await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
-            return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
-        session_dir = self.state_dir
-        await anyio.to_thread.run_sync(lambda: session_dir.mkdir(mode=0o700, parents=True, exist_ok=True))
-        # owner-only: a read-only workspace's outputs are the orchestrator's, not the sandbox's
-        await anyio.to_thread.run_sync(
-            lambda: spill.save(SafeRoot(session_dir), outputs, name, data, spill.Budget(), mode=0o600)
-        )
-        return os.fspath(session_dir / spill.STATE_SUBDIR / name)
-
-
 def _refuse_approvals_without_journal(config: Config, registry: ToolRegistry) -> None:
     """Approvals are decided through the journal: configured without one they would be dropped.
 
@@ -623,18 +280,4 @@ def _refuse_approvals_without_journal(config: Config, registry: ToolRegistry) ->
         )
 
 
-class _SessionBrowser:
-    """The browser tool's port: the session's browser sandbox, started on first use."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    async def cdp_url(self) -> str:
-        return (await self._session.browser()).cdp_url
-
-
-def _on_volume(ctx: ToolContext) -> bool:
-    """A workspace on a Docker volume: full outputs stay host-side (owner-only, pruned)."""
-    from sandbox.fs.agent_files import AgentFiles
-
-    return isinstance(ctx.files, AgentFiles)
+__all__ = ["Orchestrator", "Session"]
