@@ -1,5 +1,6 @@
-"""A call killed from outside while it runs: start it, wait until the journal shows it running,
-do what an outsider does, and return the call's result."""
+"""Calls driven the way faults and attacks need: a call killed from outside while it runs (start
+it, wait until the journal shows it running, do what an outsider does, return its result), and
+file writes racing a folder swapped for a link."""
 
 from __future__ import annotations
 
@@ -36,3 +37,21 @@ async def killed_mid_call(
         ((call_id, owner, _, _),) = journal.open_calls()
         await kill(call_id, owner)
     return result
+
+
+async def writes_during_a_swap_race(sess: Any, target: str, *, seconds: float = 4.0) -> tuple[int, dict[str, int]]:
+    """A background loop in the sandbox swaps folder `d` for a link to `target` and back while
+    the file tools write into `d/`: returns how many writes were tried and their outcomes."""
+    import time
+
+    swap = f"end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do rm -rf d; mkdir d; rm -rf d; ln -s {target} d; done"
+    assert (await sess.call("exec", {"command": swap, "background": True})).ok
+    outcomes: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < deadline:
+        r = await sess.call("write", {"path": f"d/f{n}.txt", "content": "RACE"})
+        key = "ok" if r.ok else r.error.code
+        outcomes[key] = outcomes.get(key, 0) + 1
+        n += 1
+    return n, outcomes

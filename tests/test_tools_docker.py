@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
+from tests.call_helpers import writes_during_a_swap_race
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
@@ -131,17 +132,7 @@ async def test_symlink_swap_race_never_lands_outside(make_config: Any, tmp_path:
     config = sandbox_config(make_config, tmp_path / "ws")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:a:race")
-        swap = f"end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do rm -rf d; mkdir d; rm -rf d; ln -s {decoy} d; done"
-        start = await sess.call("exec", {"command": swap, "background": True})
-        assert start.ok
-        outcomes: dict[str, int] = {}
-        deadline = time.monotonic() + 4
-        n = 0
-        while time.monotonic() < deadline:
-            r = await sess.call("write", {"path": f"d/f{n}.txt", "content": "RACE"})
-            key = "ok" if r.ok else r.error.code
-            outcomes[key] = outcomes.get(key, 0) + 1
-            n += 1
+        n, outcomes = await writes_during_a_swap_race(sess, str(decoy))
         assert n > 50, outcomes
         assert set(decoy_state(decoy)) == {"decoy.txt"}, outcomes
         assert outcomes.get("PERMISSION_DENIED", 0) > 0 or outcomes.get("ok", 0) > 0

@@ -4,7 +4,6 @@ host-side workspace, run against this path; the decoy lives in the container, ou
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from sandbox import Orchestrator
 from sandbox.errors import ConfigError
 from sandbox.runtime.naming import Labels
+from tests.call_helpers import writes_during_a_swap_race
 from tests.test_tools_docker import ATTACKS
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
@@ -91,16 +91,7 @@ async def test_a_folder_swapped_for_a_link_mid_write_never_lands_outside(make_co
     async with Orchestrator(volume_config(make_config)) as orch:
         sess = orch.session("agent:main:race")
         await sh(sess, f"mkdir -p {DECOY}")
-        swap = f"end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do rm -rf d; mkdir d; rm -rf d; ln -s {DECOY} d; done"
-        assert (await sess.call("exec", {"command": swap, "background": True})).ok
-        outcomes: dict[str, int] = {}
-        deadline = time.monotonic() + 4
-        n = 0
-        while time.monotonic() < deadline:
-            r = await sess.call("write", {"path": f"d/f{n}.txt", "content": "RACE"})
-            key = "ok" if r.ok else r.error.code
-            outcomes[key] = outcomes.get(key, 0) + 1
-            n += 1
+        n, outcomes = await writes_during_a_swap_race(sess, DECOY)
         assert n > 50, outcomes
         assert await sh(sess, f"sleep 3; ls -A {DECOY} | wc -l") == "0\n", outcomes
         assert outcomes.get("PERMISSION_DENIED", 0) > 0 or outcomes.get("ok", 0) > 0
