@@ -131,3 +131,22 @@ async def test_sessions_with_uids_of_their_own_share_the_volume_through_the_grou
         assert await sh(one, "cat shared/plan.md; stat -c '%a %G' shared shared/plan.md") == (
             "step 2\n2775 sandbox\n664 sandbox\n"
         )
+
+
+async def test_the_quota_is_measured_on_the_volume_from_the_host(make_config: Any) -> None:
+    """workspace_quota holds on a volume too, measured host-side on the engine's folder of it
+    (never by asking the agent, which the sandbox could make lie): a write past it is refused,
+    and a command writing past it is stopped."""
+    config = make_config(
+        "agents: {defaults: {sandbox: {mode: all, scope: session, workspace_store: volume, workspace_quota: 1m}}}"
+    )
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:quota")
+        big = await sess.call("write", {"path": "big.txt", "content": "x" * (2 << 20)})
+        assert big.error is not None and big.error.code == "QUOTA_EXCEEDED", big
+        assert "the workspace volume" in big.error.message
+        flood = await sess.call("exec", {"command": "head -c 50000000 /dev/zero > flood; sleep 20", "timeout_s": 60})
+        assert flood.error is not None and flood.error.code == "QUOTA_EXCEEDED", flood
+        await sh(sess, "rm -f flood")  # room again: a small write fits (measured afresh)
+        small = await sess.call("write", {"path": "small.txt", "content": "fits\n"})
+        assert small.ok, small

@@ -233,7 +233,7 @@ class Session:
                 uid, _, gid = spec.user.partition(":")
                 owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
                 if spec.mounts[0].volume:
-                    self._files = self._volume_files(roots, group_shared=spec.session_users)
+                    self._files = await self._volume_files(box, roots, group_shared=spec.session_users)
                 else:
                     self._files = self._make_files(roots, owner, group_shared=spec.session_users)
         else:
@@ -281,9 +281,10 @@ class Session:
             roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
         )
 
-    def _volume_files(self, roots: list[Root], *, group_shared: bool) -> WorkspaceFiles:
+    async def _volume_files(self, box: Any, roots: list[Root], *, group_shared: bool) -> WorkspaceFiles:
         """The file tools of a workspace on a Docker volume: through the sandbox's agent
-        (fs/agent_files.py). No measured quota: the host cannot see the volume."""
+        (fs/agent_files.py). Its quota is measured host-side, on the volume's folder, when the
+        engine keeps it on this host (never by asking the agent: the sandbox could lie)."""
         from sandbox.fs.agent_files import AgentFiles
 
         async def link() -> Any:
@@ -303,8 +304,19 @@ class Session:
 
         config = self._orch.config
         states = FileStates(self.state_dir / "file-states.json")
+        quota = None
+        limit = parse_size(self.agent.sandbox.workspace_quota)
+        sandbox = getattr(box, "sandbox", box)
+        client = getattr(getattr(sandbox, "backend", None), "client", None)
+        if limit and client is not None:
+            name = sandbox.spec.mounts[0].source
+            found = await sandbox.backend.call("inspect workspace volume", client.api.inspect_volume, name)
+            folder = Path(str(found.get("Mountpoint", "")))
+            if await anyio.to_thread.run_sync(folder.is_dir):  # a local engine: its folder is on this host
+                key = f"{self.agent.key_path}.sandbox.workspace_quota"
+                quota = WorkspaceQuota([folder], limit, key, label="the workspace volume")
         return AgentFiles(
-            link, roots, config.tools.fs, states, config.state_dir / "locks", None, None, group_shared=group_shared
+            link, roots, config.tools.fs, states, config.state_dir / "locks", None, quota, group_shared=group_shared
         )
 
     def _tenant_quota(self) -> WorkspaceQuota | None:

@@ -14,6 +14,8 @@ import errno
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import anyio.to_thread
+
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.safe import FileStat, _denied, _map_os_error, _not_regular
 from sandbox.fs.states import digest
@@ -81,6 +83,10 @@ class AgentFiles(WorkspaceFiles):
         """Replace a file atomically (temp file + rename in the sandbox), no checks."""
         if not loc.path.parts:
             raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "cannot write to the workspace root itself")
+        if self.quota is not None and loc.root is self.roots[0]:
+            old = await self.stat(loc)
+            grown_from = old.size if old is not None and old.is_file else 0
+            await anyio.to_thread.run_sync(self.quota.check_write, len(data), grown_from, loc.path.relative)
         chunks = tuple(data[i : i + WRITE_CHUNK] for i in range(0, len(data), WRITE_CHUNK)) or (b"",)
         new_mode = mode if mode is not None else (0o664 if self.group_shared else 0o644)
         reply, _ = await self._ask("fwrite", loc, chunks, extra={"mode": new_mode})
