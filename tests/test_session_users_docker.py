@@ -201,3 +201,15 @@ async def test_a_planted_pid_file_never_redirects_a_kill(make_config: Any) -> No
         polled = await sess.call("process", {"action": "poll", "id": bg.output["process_id"]})
         assert polled.output["status"] == "running", polled
         await sess.call("process", {"action": "kill", "id": bg.output["process_id"]})
+
+
+async def test_files_added_by_a_patch_are_shared_like_written_ones(make_config: Any) -> None:
+    """In a workspace sessions share through the group, apply_patch's new files are 0664 like
+    write's, so another session's commands can change them."""
+    async with Orchestrator(agent_config(make_config)) as orch:
+        alice, bob = orch.session("agent:main:alice"), orch.session("agent:main:bob")
+        patch = "*** Begin Patch\n*** Add File: added.txt\n+from alice\n*** End Patch\n"
+        assert (await alice.call("apply_patch", {"input": patch})).ok
+        assert (await alice.call("write", {"path": "written.txt", "content": "from alice\n"})).ok
+        changed = await bob.call("exec", {"command": "echo bob >> added.txt && stat -c %a added.txt written.txt"})
+        assert changed.ok and changed.output["output"] == "664\n664\n", changed

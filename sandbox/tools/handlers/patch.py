@@ -37,7 +37,9 @@ class Step:
 
     loc: Located
     data: bytes | None
-    mode: int = 0o644
+    # None: the workspace's own default for a new file (0664 where sessions share it by group,
+    # like `write` makes them), not a fixed 0644
+    mode: int | None = None
 
 
 Target = tuple[FileOp, Located, Located | None]  # an operation, its file, its "Move to" destination
