@@ -39,12 +39,19 @@ AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
 class LocalAgent:
     """The agent as a child process of the test, spoken to with the orchestrator's frame code."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, max_file_bytes: int | None = None) -> None:
+        def limit() -> None:
+            if max_file_bytes is not None:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(AGENT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, **(env or {})},
+            preexec_fn=limit if max_file_bytes is not None else None,
         )
         self.reader = FrameReader(muxed=False)
         self.backlog: list[tuple[Any, bytes]] = []
@@ -277,7 +284,8 @@ def file_agent(request: pytest.FixtureRequest) -> Iterator[LocalAgent]:
 def file_call(agent: LocalAgent, rid: int, kind: str, root: Path, parts: list[str], **extra: Any) -> tuple[Any, bytes]:
     payloads = extra.pop("chunks", [b""])
     for index, chunk in enumerate(payloads):
-        header = {"t": kind, "id": rid, "root": str(root), "parts": parts, "last": index == len(payloads) - 1, **extra}
+        last = index == len(payloads) - 1
+        header = {"t": kind, "id": rid, "root": str(root), "parts": parts, "first": index == 0, "last": last, **extra}
         assert agent.proc.stdin is not None
         agent.proc.stdin.write(encode(header, chunk))
         agent.proc.stdin.flush()
@@ -333,3 +341,76 @@ def test_file_requests_with_path_tricks_are_refused(file_agent: LocalAgent, tmp_
     for rid, parts in enumerate(([".."], ["a/b"], [""], ["ok", "."]), start=1):
         answer, _ = file_call(file_agent, rid, "fstat", tmp_path, parts)
         assert answer.t == "error" and "component" in answer.message, (parts, answer)
+
+
+def test_a_write_that_fails_half_way_changes_nothing_and_answers_once(tmp_path: Path) -> None:
+    """The second of three chunks fails (the file size limit): one `ferror`, the rest of that write
+    is dropped, the old file stays, no temp file is left, and the stream stays in step."""
+    agent = LocalAgent(max_file_bytes=100)
+    agent.next()
+    try:
+        (tmp_path / "f.txt").write_text("OLD")
+        failed, _ = file_call(agent, 1, "fwrite", tmp_path, ["f.txt"], chunks=[b"A" * 60, b"B" * 60, b"C" * 10])
+        assert failed.t == "ferror"
+        assert agent.run(2, ["true"])[0].code == 0  # the next answer is the next request's
+        assert (tmp_path / "f.txt").read_text() == "OLD"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    finally:
+        agent.close()
+
+
+# -- the orchestrator's link, fed a hostile stream (a socket pair stands in for the engine) -----
+
+
+def _link() -> tuple[Any, Any]:
+    import socket
+
+    from sandbox.runtime.agent_link import AgentLink
+
+    from types import SimpleNamespace
+
+    mine, theirs = socket.socketpair()
+    mine.setblocking(False)
+    raw = SimpleNamespace(_sock=mine, close=lambda: None)  # what docker-py hands out, around the socket
+    return AgentLink(mine, raw, "exec-id", "container-id", None), theirs
+
+
+@pytest.mark.anyio
+async def test_empty_output_frames_and_answers_to_requests_never_made_end_the_link() -> None:
+    from sandbox.runtime.agent_link import _Pending
+    from sandbox.runtime.output import OutputCapture
+
+    for bad, words in (
+        (frame(b'{"t":"out","id":1,"stream":1}'), "empty"),
+        (frame(b'{"t":"pong","id":7}'), "never made"),
+    ):
+        link, theirs = _link()
+        link._next = 2
+        link._pending[1] = _Pending(1, capture=OutputCapture(), answered=True)
+        await link._dispatch(muxed(bad))
+        assert link.dead is not None and words in link.dead, link.dead
+        assert link._pending[1].error is not None  # the call waiting on it fails at once
+        theirs.close()
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_small_frames_lets_other_tasks_run_between_them() -> None:
+    """Thousands of tiny (legal) frames in one read: the link hands the event loop back every
+    few hundred, so other tenants' calls are not held up behind them (order, not timing)."""
+    import anyio
+
+    link, theirs = _link()
+    link._next = 2  # request 1 was made and is no longer waited for: its late answers are dropped
+    ran = anyio.Event()
+
+    async def neighbour() -> None:
+        ran.set()
+
+    flood = muxed(frame(b'{"t":"pong","id":1}') * 2000)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(neighbour)
+        await link._dispatch(flood)
+        assert ran.is_set()  # the neighbour ran before the flood was through
+        assert link.dead is None  # late answers are legal; a flood of them costs only CPU
+    theirs.close()
+    link.close()

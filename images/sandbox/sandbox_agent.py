@@ -130,6 +130,8 @@ class Agent:
         if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
             raise ValueError("env must map strings to strings")
         cwd = request.get("cwd")
+        if any("\0" in text for text in [*argv, *env, *env.values(), cwd if isinstance(cwd, str) else ""]):
+            raise ValueError("a NUL byte in the command, its environment or its folder")
         tmpdir = env.get("SBX_TMPDIR")
         if tmpdir and not os.path.isdir(tmpdir):
             # what the command's wrapper would do first (mkdir -m 700, then its own checks of
@@ -404,10 +406,27 @@ class FileServer:
         finally:
             os.close(fd)
 
+    def _abandon(self, rid: int) -> None:
+        """Forget an unfinished write of this id (its temp file goes)."""
+        found = self.writes.pop(rid, None)
+        if found is None:
+            return
+        dfd, fd, tmp, _, _ = found
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        with contextlib.suppress(OSError):
+            os.close(dfd)
+
     def write(self, rid: int, root: str, parts: list[str], request: dict[str, object], payload: bytes) -> None:
-        """Chunks of one write arrive as fwrite frames of one id; the last renames the temp file
-        over the name (readers see the old file or the new one, never a mix)."""
-        if rid not in self.writes:
+        """Chunks of one write arrive as fwrite frames of one id, the first marked `first`; the last
+        renames the temp file over the name (readers see the old file or the new one, never a
+        mix). Once a chunk failed (answered `ferror`), the rest of that write is dropped."""
+        if not request.get("first") and rid not in self.writes:
+            return  # the rest of a write that failed (or was never begun): answered already
+        if request.get("first"):
+            self._abandon(rid)
             if not parts:
                 raise FileProblem(21, "the root itself")
             dfd = self._dir(root, parts[:-1], create=True)
@@ -416,13 +435,16 @@ class FileServer:
             mode = int(mode) if isinstance(mode, int) else 0o644
             try:
                 old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if stat.S_ISDIR(old.st_mode):
-                    os.close(dfd)
-                    raise FileProblem(21, "is_dir")
-                if stat.S_ISREG(old.st_mode):
-                    mode = stat.S_IMODE(old.st_mode)
             except FileNotFoundError:
-                pass
+                old = None
+            except BaseException:
+                os.close(dfd)
+                raise
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                os.close(dfd)
+                raise FileProblem(21, "is_dir")
+            if old is not None and stat.S_ISREG(old.st_mode):
+                mode = stat.S_IMODE(old.st_mode)
             tmp = f".{name[:200]}.{os.urandom(4).hex()}.sbx-tmp"
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)

@@ -90,7 +90,8 @@ class Admission:
             if not await orch.backend.exists(spec.name):
                 live = [
                     s
-                    for s in await orch.backend.list(instance=orch.manager.instance)
+                    # the manager's list: a pool container handed to a session shows it (labels cannot)
+                    for s in await orch.manager.list()
                     if s.tenant == who.tenant.id and not unclaimed(s)  # a free pool container is no one's yet
                 ]
                 if len(live) >= quotas.max_sandboxes:

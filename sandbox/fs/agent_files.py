@@ -91,6 +91,10 @@ class AgentFiles(WorkspaceFiles):
         new_mode = mode if mode is not None else (0o664 if self.group_shared else 0o644)
         reply, _ = await self._ask("fwrite", loc, chunks, extra={"mode": new_mode})
         info = _info(reply, loc)
+        if info.size != len(data):
+            raise SandboxError(
+                ErrorCode.INTERNAL, f"{loc.display}: the agent wrote {info.size} of {len(data)} bytes; write it again"
+            )
         return FileStat(info.size, info.mtime_ns, info.mode)
 
     async def write(self, loc: Located, data: bytes) -> FileStat:

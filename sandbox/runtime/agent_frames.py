@@ -26,6 +26,7 @@ MAX_REQUEST = 8 << 20
 # docker's own multiplexing header of an attached stream without a TTY: stream, 0, 0, 0, size
 DOCKER_HEAD = struct.Struct(">BxxxI")
 STDERR_KEPT = 4 << 10  # the agent's own stderr (a traceback) is kept this far, for the log
+MAX_INT = (1 << 63) - 1  # every number in a frame fits a signed 64-bit (no 4,000-digit sizes)
 
 
 class FrameError(ValueError):
@@ -39,60 +40,60 @@ class _Frame(BaseModel):
 class Hello(_Frame):
     t: Literal["hello"]
     id: Literal[0]
-    protocol: int
-    pid: int = Field(ge=1)
+    protocol: int = Field(ge=0, le=MAX_INT)
+    pid: int = Field(ge=1, le=MAX_INT)
     pidfd: bool
 
 
 class Started(_Frame):
     t: Literal["started"]
-    id: int = Field(ge=1)
-    pid: int = Field(ge=0)
+    id: int = Field(ge=1, le=MAX_INT)
+    pid: int = Field(ge=0, le=MAX_INT)
 
 
 class Out(_Frame):
     t: Literal["out"]
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_INT)
     stream: Literal[1, 2]
 
 
 class Exit(_Frame):
     t: Literal["exit"]
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_INT)
     code: int = Field(ge=0, le=255)
     signal: int = Field(ge=0, le=64)
 
 
 class Reply(_Frame):
     t: Literal["pong", "done"]
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_INT)
 
 
 class Data(_Frame):
     t: Literal["data"]
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_INT)
 
 
 class FileInfo(_Frame):
     t: Literal["file"]
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_INT)
     exists: bool
-    size: int = Field(ge=0)
-    mtime_ns: int = Field(ge=0)
+    size: int = Field(ge=0, le=MAX_INT)
+    mtime_ns: int = Field(ge=0, le=MAX_INT)
     mode: int = Field(ge=0, le=0o177777)
 
 
 class FileRefused(_Frame):
     t: Literal["ferror"]
-    id: int = Field(ge=1)
+    id: int = Field(ge=1, le=MAX_INT)
     errno: int = Field(ge=1, le=4095)
     why: Literal["", "symlink", "not_regular", "is_dir", "too_big", "the root itself"]
-    size: int = Field(0, ge=0)
+    size: int = Field(0, ge=0, le=MAX_INT)
 
 
 class Failed(_Frame):
     t: Literal["error"]
-    id: int = Field(ge=0)
+    id: int = Field(ge=0, le=MAX_INT)
     message: str = Field(max_length=1000)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
@@ -52,7 +53,10 @@ HELLO_TIMEOUT_S = 15.0  # python's start in a loaded sandbox
 ANSWER_TIMEOUT_S = 10.0  # a request's first answer (`started`, `pong`, `done`)
 WRITE_TIMEOUT_S = 10.0  # the agent not reading its stdin for this long ends the link
 FILE_TIMEOUT_S = 60.0  # a file operation's answer (16 MiB through a loaded sandbox)
-RECV = 256 << 10
+RECV = 64 << 10
+# frames handled before the event loop gets a turn: a flood of tiny frames from a hostile agent
+# costs CPU, never a stall of other tenants' calls
+FRAMES_PER_TURN = 128
 
 
 class AgentUnavailable(SandboxUnavailable):
@@ -115,8 +119,12 @@ class AgentLink:
             raise AgentUnavailable("the engine's transport is not a plain socket; the agent is not used")
         sock.setblocking(False)
         link = cls(sock, raw, exec_id, container_id, user)
-        with anyio.move_on_after(HELLO_TIMEOUT_S):
-            await link._wait(lambda: link._hello is not None)
+        try:
+            with anyio.move_on_after(HELLO_TIMEOUT_S):
+                await link._wait(lambda: link._hello is not None)
+        except BaseException:  # cancelled while it started: the stream closes, the agent exits
+            link.close("the caller stopped waiting for the agent to start")
+            raise
         if link._hello is None:
             reason = link.dead or f"the agent did not greet within {HELLO_TIMEOUT_S:.0f} s"
             link.close(reason)
@@ -176,7 +184,8 @@ class AgentLink:
         call = self._new(data_limit=data_limit)
         try:
             for index, chunk in enumerate(chunks):
-                await self._send({**header, "id": call.id, "last": index == len(chunks) - 1}, chunk)
+                last = index == len(chunks) - 1
+                await self._send({**header, "id": call.id, "first": index == 0, "last": last}, chunk)
             with anyio.move_on_after(FILE_TIMEOUT_S):
                 await self._wait(lambda: call.reply is not None or call.error is not None)
             if call.reply is None and call.error is None:
@@ -259,7 +268,11 @@ class AgentLink:
                     try:
                         sent = self._sock.send(data)
                     except BlockingIOError:
-                        await anyio.wait_writable(self._sock)
+                        try:
+                            await anyio.wait_writable(self._sock)
+                        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                            self._fail("the link was closed while a request was being written")
+                            raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
                         continue
                     except OSError as exc:
                         self._fail(f"writing to the agent failed: {exc}")
@@ -291,19 +304,29 @@ class AgentLink:
                 if not data:
                     self._fail(self._ended())
                 else:
-                    self._dispatch(data)
+                    await self._dispatch(data)
             finally:
                 self._reading = False
                 changed, self._changed = self._changed, anyio.Event()
                 changed.set()
 
-    def _dispatch(self, data: bytes) -> None:
+    async def _dispatch(self, data: bytes) -> None:
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
             self._fail(str(exc))
             return
-        for frame, payload in frames:
+        for index, (frame, payload) in enumerate(frames):
+            if index and index % FRAMES_PER_TURN == 0:
+                await anyio.lowlevel.checkpoint()
+            if self.dead is not None:
+                return
+            if frame.id >= self._next:
+                self._fail(f"the agent answered request {frame.id}, which was never made")
+                return
+            if isinstance(frame, (Out, Data)) and not payload:
+                self._fail(f"the agent sent an empty {frame.t!r} frame (never sent by a working agent)")
+                return
             if isinstance(frame, Hello):
                 if self._hello is not None:
                     self._fail("the agent greeted twice")

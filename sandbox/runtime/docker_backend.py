@@ -295,6 +295,7 @@ class DockerBackend:
                 await self._share_volume(sandbox, spec)
             if spec.docker.setup_command:
                 await self._setup(sandbox, spec)
+            self.agents.close(container_id, "0")  # the CA install or a root setup ran as root
             await self.call("rename sandbox", lambda: self.client.api.rename(container_id, spec.name))
         except BaseException as exc:
             with anyio.CancelScope(shield=True):

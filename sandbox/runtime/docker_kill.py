@@ -108,15 +108,27 @@ def kill_exec(api: Any, container_id: str, exec_id: str) -> bool | None:
     goes: it is confined to it, and counts against its pids limit).
     """
     try:
-        pid = int(api.exec_inspect(exec_id).get("Pid") or 0)
+        found = api.exec_inspect(exec_id)
     except docker.errors.APIError:
         return False
+    if not found.get("Running"):
+        return False  # it ended: its pid may be another process's by now
+    pid = int(found.get("Pid") or 0)
     pids = container_pids(api, container_id)
     if pids is None:
         return None
-    if pid <= 1 or pid not in pids:
+    if pid <= 1 or pid not in pids or not _in_container(pid, container_id):
         return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, 9)
         return True
     return False
+
+
+def _in_container(pid: int, container_id: str) -> bool:
+    """Whether the host process `pid` is in the container's cgroup (its id is in the path)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as cgroups:
+            return container_id in cgroups.read()
+    except OSError:
+        return False

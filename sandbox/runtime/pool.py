@@ -206,7 +206,7 @@ class WarmPool:
         """Claim one member for `spec` and hand it over; None when it is not (or no longer) free."""
         from sandbox.runtime.docker_sandbox import DockerSandbox
 
-        if info.tenant != spec.tenant or not info.running or self.claims.claimed(info.id):
+        if not self._free_name(info) or info.tenant != spec.tenant or not info.running or self.claims.claimed(info.id):
             return None
         if not self.claims.take(info.id, spec):
             return None  # another session (maybe another process) took it first
@@ -237,6 +237,10 @@ class WarmPool:
             await anyio.to_thread.run_sync(_move_scratch, source, spec.workspace_host)
         await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
 
+    def _free_name(self, info: SandboxInfo) -> bool:
+        """Still under its pool name: never handed out (a hand-over renames it)."""
+        return info.name.startswith(f"sbx-{self.manager.instance}-pool-")
+
     async def _members(self, key: str) -> list[SandboxInfo]:
         found = await self.backend.list(instance=self.manager.instance, kind="exec")
         return [i for i in found if i.labels.get(Labels.POOL) == key]
@@ -258,7 +262,7 @@ class WarmPool:
             free = [
                 i
                 for i in await self._members(template.pool_key)
-                if i.running and not self.claims.claimed(i.id) and i.tenant == agent.tenant
+                if self._free_name(i) and i.running and not self.claims.claimed(i.id) and i.tenant == agent.tenant
             ]
             self._free[template.pool_key] = free
             missing = min(agent.sandbox.pool.size - len(free), await self._room(agent))
@@ -320,8 +324,8 @@ class WarmPool:
         out = []
         for info in await self.backend.list(instance=self.manager.instance, kind="exec"):
             key = info.labels.get(Labels.POOL)
-            if not key or info.id in self._claiming:
-                continue
+            if not key or info.id in self._claiming or not self._free_name(info):
+                continue  # a renamed one is a session's sandbox, whatever became of its claim file
             claim = self.claims.get(info.id)
             if claim is not None and claim.name == info.name:
                 continue  # handed out: a session's sandbox now

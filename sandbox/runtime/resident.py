@@ -94,8 +94,16 @@ class ResidentAgents:
         """Close and drop the links of a container (removed, or replaced)."""
         for key in [k for k in self._links if k[0] == container_id]:
             self._links.pop(key).close("the sandbox was removed")
+        for key in [k for k in self._locks if k[0] == container_id]:
             self._locks.pop(key, None)
         self._refused.pop(container_id, None)
+
+    def close(self, container_id: str, user: str) -> None:
+        """Close one user's agent in a container (root's, once setup is done: no root process
+        stays in a sandbox because of us)."""
+        link = self._links.pop((container_id, user), None)
+        if link is not None:
+            link.close("its work in the sandbox is done")
 
     def close_all(self) -> None:
         """Close every link (the backend is closing)."""
