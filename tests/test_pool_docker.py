@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -262,3 +263,120 @@ async def test_pool_containers_stopped_under_the_pool_cost_a_cold_start_not_a_fa
         assert len(now) == 2 and not dead & set(now) and set(now.values()) == {"running"}
         left = docker_client.containers.list(all=True, filters={"label": Labels.POOL, "status": "exited"})
         assert not dead & {c.id for c in left}
+
+
+class SecondEngine:
+    """A dockerd of the test's own (its own socket, data root and no networks of its own), so an
+    engine restart can happen for real without touching the engine every other test uses."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sock = root / "docker.sock"
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "daemon.json").write_text("{}")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        import docker
+
+        log = (self.root / "dockerd.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                "dockerd",
+                f"--config-file={self.root / 'daemon.json'}",
+                f"--data-root={self.root / 'data'}",
+                f"--exec-root={self.root / 'exec'}",
+                f"--pidfile={self.root / 'docker.pid'}",
+                f"--host=unix://{self.sock}",
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-masq=false",
+                "--storage-driver=fuse-overlayfs",  # as the main engine here (vfs roots are 0700)
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while True:
+            client = None
+            try:
+                # connectable first, on a socket closed here (docker-py leaks the socket of a
+                # refused connection); a fixed API version, so making the client asks nothing
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.settimeout(2)
+                    probe.connect(str(self.sock))
+                client = docker.DockerClient(base_url=f"unix://{self.sock}", version="1.41")
+                client.ping()
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (self.root / "dockerd.log").read_text()[-1500:]
+                    raise AssertionError(f"the test's dockerd did not start:\n{tail}") from None
+                time.sleep(0.3)
+            finally:
+                if client is not None:
+                    client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # stops its containers (no live-restore), as a restart does
+            self.proc.wait(timeout=120)
+        self.proc = None
+
+
+@pytest.fixture
+def second_engine() -> Any:
+    import shutil
+    import tempfile
+
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("needs dockerd and root, to run an engine of the test's own")
+    # a short path: containerd's socket lives below it, and a Unix socket path has 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="sbx-engine-", dir="/tmp"))
+    root.chmod(0o755)  # the sandbox user (not root) starts its container's init below it
+    engine = SecondEngine(root)
+    engine.start()
+    try:
+        # the image, from the main engine (no registry): docker save | docker load
+        save = subprocess.Popen(["docker", "save", "sandbox-exec:latest"], stdout=subprocess.PIPE)
+        load = subprocess.run(
+            ["docker", f"--host=unix://{engine.sock}", "load"], stdin=save.stdout, capture_output=True, timeout=300
+        )
+        assert save.wait(timeout=300) == 0 and load.returncode == 0, load.stderr
+        assert save.stdout is not None
+        save.stdout.close()
+        yield engine
+    finally:
+        engine.stop()
+        shutil.rmtree(engine.root, ignore_errors=True)
+
+
+async def test_a_real_engine_restart_under_a_warm_pool(make_config: Any, second_engine: SecondEngine) -> None:
+    """The engine restarts (its containers stop, every agent stream ends) while this process holds
+    a warm pool and a session's sandbox: the session's next call and a new session's first call
+    both succeed, the dead pool containers are replaced, and nothing stopped is left behind."""
+    import docker
+
+    from sandbox.runtime.docker_backend import DockerBackend
+
+    client = docker.DockerClient(base_url=f"unix://{second_engine.sock}")
+    backend = DockerBackend(client=client)
+    async with Orchestrator(pool_config(make_config, 2), backend=backend) as orch:
+        await orch.fill_pools()
+        before = {i.id for i in await members(orch)}
+        assert len(before) == 2
+        assert (await exec_ok(orch, "agent:main:lived", "echo kept > kept.txt; echo ok")) == "ok\n"
+        await anyio.to_thread.run_sync(second_engine.stop)
+        await anyio.to_thread.run_sync(second_engine.start)
+        # the session's sandbox stopped with the engine: it is made again, its workspace kept
+        assert (await exec_ok(orch, "agent:main:lived", "cat kept.txt")) == "kept\n"
+        # a new session: the pool this process counted on is dead; still served (cold)
+        assert (await exec_ok(orch, "agent:main:fresh", "echo fresh")) == "fresh\n"
+        await orch.fill_pools()
+        now = await members(orch)
+        assert len(now) == 2 and {i.status for i in now} == {"running"} and not before & {i.id for i in now}
+        stopped = client.containers.list(all=True, filters={"status": "exited"})
+        assert stopped == [], [c.name for c in stopped]
+        for info in await orch.manager.list():
+            await orch.manager.remove(info)

@@ -378,10 +378,9 @@ def test_a_write_that_fails_half_way_changes_nothing_and_answers_once(tmp_path: 
 
 def _link() -> tuple[Any, Any]:
     import socket
+    from types import SimpleNamespace
 
     from sandbox.runtime.agent_link import AgentLink
-
-    from types import SimpleNamespace
 
     mine, theirs = socket.socketpair()
     mine.setblocking(False)
