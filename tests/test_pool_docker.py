@@ -269,8 +269,9 @@ class SecondEngine:
     """A dockerd of the test's own (its own socket, data root and no networks of its own), so an
     engine restart can happen for real without touching the engine every other test uses."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, storage_driver: str) -> None:
         self.root = root
+        self.storage_driver = storage_driver
         self.sock = root / "docker.sock"
         root.mkdir(parents=True, exist_ok=True)
         (root / "daemon.json").write_text("{}")
@@ -291,7 +292,7 @@ class SecondEngine:
                 "--bridge=none",
                 "--iptables=false",
                 "--ip-masq=false",
-                "--storage-driver=fuse-overlayfs",  # as the main engine here (vfs roots are 0700)
+                f"--storage-driver={self.storage_driver}",  # the main engine's (vfs roots are 0700)
             ],
             stdout=log,
             stderr=log,
@@ -326,7 +327,7 @@ class SecondEngine:
 
 
 @pytest.fixture
-def second_engine() -> Any:
+def second_engine(docker_client: Any) -> Any:
     import shutil
     import tempfile
 
@@ -335,7 +336,7 @@ def second_engine() -> Any:
     # a short path: containerd's socket lives below it, and a Unix socket path has 108 bytes
     root = Path(tempfile.mkdtemp(prefix="sbx-engine-", dir="/tmp"))
     root.chmod(0o755)  # the sandbox user (not root) starts its container's init below it
-    engine = SecondEngine(root)
+    engine = SecondEngine(root, docker_client.info()["Driver"])
     engine.start()
     try:
         # the image, from the main engine (no registry): docker save | docker load
