@@ -102,6 +102,8 @@ def test_doctor_all_ok_and_images_idempotent(cfg: Path) -> None:
     checks = json.loads(doctor.stdout)
     assert doctor.returncode == 0, checks
     assert {c["status"] for c in checks} == {"ok"}, checks
+    (path,) = [c for c in checks if c["name"] == "exec path"]
+    assert "agent (resident agent /usr/local/lib/sandbox-agent/agent.py)" in path["detail"], path
     build = cli(cfg, "images", "build")
     assert build.returncode == 0 and "up to date" in build.stderr + build.stdout
 
@@ -147,3 +149,15 @@ def test_call_runs_a_skill_in_the_sandbox(tmp_path: Path, instance: str) -> None
     run = cli(cfg, "call", "--session", "agent:main:sk", "line_count", '{"pattern": "*.txt"}')
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(run.stdout)["output"]["lines"] == 2
+
+
+def test_doctor_says_when_commands_take_docker_exec(tmp_path: Path, instance: str) -> None:
+    """With the agent off, doctor warns that every command pays a Docker exec round trip, and says why."""
+    path = tmp_path / "off.yaml"
+    path.write_text(
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
+        "agents: {defaults: {sandbox: {mode: all, docker: {agent: 'off'}}}}\n"
+    )
+    checks = json.loads(cli(path, "doctor", "--json").stdout)
+    (found,) = [c for c in checks if c["name"] == "exec path"]
+    assert found["status"] == "warn" and "docker.agent is off" in found["detail"], found

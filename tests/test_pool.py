@@ -74,3 +74,25 @@ def test_claim_records_are_files_of_container_ids_only(tmp_path: Path) -> None:
             continue
         raise AssertionError(f"{bad!r} was accepted")
     assert not (tmp_path / "escape").exists()
+
+
+def test_pool_size_is_set_by_default_and_per_agent(tmp_path: Path) -> None:
+    """`sandbox.pool` merges like every sandbox key: a default for all, an agent's own over it;
+    only session-scoped, sandboxed agents are pooled."""
+    from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.pool import WarmPool
+
+    config = load_config_text(
+        f"state_dir: {tmp_path}/state\n"
+        "agents:\n"
+        "  defaults: {sandbox: {mode: all, scope: session, pool: {size: 3}}}\n"
+        "  list:\n"
+        "    - {id: coder}\n"
+        "    - {id: quiet, sandbox: {pool: {size: 0}}}\n"
+        "    - {id: wide, sandbox: {pool: {size: 5}}}\n"
+        "    - {id: shared, sandbox: {scope: agent}}\n"
+        "    - {id: host, sandbox: {mode: 'off'}}\n"
+    )
+    manager = SandboxManager(config, backend=type("Docker", (), {"name": "docker"})())  # nothing is called
+    assert isinstance(manager.pool, WarmPool)
+    assert {a.id: a.sandbox.pool.size for a in manager.pool.pooled_agents()} == {"coder": 3, "wide": 5}
