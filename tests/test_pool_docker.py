@@ -266,8 +266,9 @@ async def test_pool_containers_stopped_under_the_pool_cost_a_cold_start_not_a_fa
 
 
 class SecondEngine:
-    """A dockerd of the test's own (its own socket, data root and no networks of its own), so an
-    engine restart can happen for real without touching the engine every other test uses."""
+    """A dockerd of the test's own (its own socket, data and exec roots, network namespace, and no
+    networks), so an engine restart can happen for real without touching the engine every other
+    test uses."""
 
     def __init__(self, root: Path, storage_driver: str) -> None:
         self.root = root
@@ -283,6 +284,10 @@ class SecondEngine:
         log = (self.root / "dockerd.log").open("ab")
         self.proc = subprocess.Popen(
             [
+                # a network namespace of its own: an engine started with --bridge=none removes
+                # any `docker0` it sees, and the host's belongs to the main engine
+                "unshare",
+                "--net",
                 "dockerd",
                 f"--config-file={self.root / 'daemon.json'}",
                 f"--data-root={self.root / 'data'}",
@@ -334,6 +339,7 @@ def second_engine(docker_client: Any) -> Any:
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         pytest.skip("needs dockerd and root, to run an engine of the test's own")
     # a short path: containerd's socket lives below it, and a Unix socket path has 108 bytes
+    interfaces = set(os.listdir("/sys/class/net"))  # the host's, which the test's engine must leave alone
     root = Path(tempfile.mkdtemp(prefix="sbx-engine-", dir="/tmp"))
     root.chmod(0o755)  # the sandbox user (not root) starts its container's init below it
     engine = SecondEngine(root, docker_client.info()["Driver"])
@@ -351,6 +357,7 @@ def second_engine(docker_client: Any) -> Any:
     finally:
         engine.stop()
         shutil.rmtree(engine.root, ignore_errors=True)
+    assert interfaces <= set(os.listdir("/sys/class/net")), "the test's engine removed a host interface"
 
 
 async def test_a_real_engine_restart_under_a_warm_pool(make_config: Any, second_engine: SecondEngine) -> None:
