@@ -147,8 +147,9 @@ exit_rc() {
 }
 exit_rc
 if [ -n "$rc" ]; then echo "exited $rc"
-elif [ -f "$d/$id.timeout" ]; then echo timed_out
+# still alive: running, even past its deadline while the watchdog is still killing it
 elif alive "$(pid_of "$d" "$id")"; then echo running
+elif [ -f "$d/$id.timeout" ]; then echo timed_out
 # it may have ended between the first look and this one: its exit file is written before it goes
 elif exit_rc; [ -n "$rc" ]; then echo "exited $rc"
 else echo killed; fi
