@@ -49,7 +49,10 @@ class FileStates:
     def record(self, key: str, data: bytes, mtime_ns: int) -> None:
         """Remember `data` as the version this session knows."""
         seen = self._load()
-        seen[key] = Seen(digest(data), mtime_ns)
+        new = Seen(digest(data), mtime_ns)
+        if seen.get(key) == new:
+            return  # a file read again unchanged: nothing to write (it cost ~0.8 ms a call)
+        seen[key] = new
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({k: {"sha256": v.sha256, "mtime_ns": v.mtime_ns} for k, v in seen.items()}))
