@@ -96,3 +96,16 @@ def test_pool_size_is_set_by_default_and_per_agent(tmp_path: Path) -> None:
     manager = SandboxManager(config, backend=type("Docker", (), {"name": "docker"})())  # nothing is called
     assert isinstance(manager.pool, WarmPool)
     assert {a.id: a.sandbox.pool.size for a in manager.pool.pooled_agents()} == {"coder": 3, "wide": 5}
+
+
+def test_workspace_volumes_are_per_tenant_and_scope_key() -> None:
+    """The same session key in two tenants, or two keys in one, never name the same volume."""
+    from sandbox.runtime.spec import volume_name
+
+    names = {
+        volume_name("inst", "acme", "agent:a:work"),
+        volume_name("inst", "globex", "agent:a:work"),
+        volume_name("inst", "acme", "agent:a:Work"),
+        volume_name("other", "acme", "agent:a:work"),
+    }
+    assert len(names) == 4 and all(n.startswith(("sbx-inst-ws-", "sbx-other-ws-")) for n in names)

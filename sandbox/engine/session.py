@@ -289,32 +289,25 @@ class Session:
 
         async def link() -> Any:
             shell: Any = await self._sandbox_shell()
-            box = getattr(shell, "sandbox", shell)  # a session user's view wraps the sandbox
-            user = shell.session_user.user if hasattr(shell, "session_user") else None
-            agents = getattr(getattr(box, "backend", None), "agents", None)
-            found = await agents.link(box.id, box.spec, user) if agents is not None else None
-            if found is None:
-                path = await agents.exec_path(box.spec, box.id) if agents is not None else None
+            if not hasattr(shell, "agent_link"):  # a backend without resident agents
+                raise SandboxError(ErrorCode.SANDBOX_UNAVAILABLE, "this backend has no resident agents")
+            try:
+                return await shell.agent_link()
+            except SandboxError as exc:
                 raise SandboxError(
                     ErrorCode.SANDBOX_UNAVAILABLE,
                     "this workspace is a Docker volume (workspace_store: volume), reached only through the "
-                    f"sandbox's resident agent, and this sandbox has none: {path.describe() if path else 'no agent'}",
-                )
-            return found
+                    f"sandbox's resident agent: {exc.message}",
+                ) from exc
 
         config = self._orch.config
         states = FileStates(self.state_dir / "file-states.json")
         quota = None
         limit = parse_size(self.agent.sandbox.workspace_quota)
-        sandbox = getattr(box, "sandbox", box)
-        client = getattr(getattr(sandbox, "backend", None), "client", None)
-        if limit and client is not None:
-            name = sandbox.spec.mounts[0].source
-            found = await sandbox.backend.call("inspect workspace volume", client.api.inspect_volume, name)
-            folder = Path(str(found.get("Mountpoint", "")))
-            if await anyio.to_thread.run_sync(folder.is_dir):  # a local engine: its folder is on this host
-                key = f"{self.agent.key_path}.sandbox.workspace_quota"
-                quota = WorkspaceQuota([folder], limit, key, label="the workspace volume")
+        folder = await box.volume_folder() if limit and hasattr(box, "volume_folder") else None
+        if folder is not None:  # a local engine: the volume's folder is on this host
+            key = f"{self.agent.key_path}.sandbox.workspace_quota"
+            quota = WorkspaceQuota([folder], limit, key, label="the workspace volume")
         return AgentFiles(
             link, roots, config.tools.fs, states, config.state_dir / "locks", None, quota, group_shared=group_shared
         )

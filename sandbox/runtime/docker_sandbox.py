@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import docker_kill, shellwrap
-from sandbox.runtime.agent_link import AgentUnavailable
+from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
 from sandbox.runtime.docker_exec import SandboxGone, exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
@@ -193,6 +195,30 @@ class DockerSandbox:
     def tmp_dir(self) -> str | None:
         """None: without a session user the session's TMPDIR is the tools' choice."""
         return None
+
+    async def agent_link(self, user: str | None = None) -> AgentLink:
+        """The resident agent of this sandbox for `user` (started when needed).
+
+        Raises:
+            SandboxUnavailable: the sandbox runs commands by docker exec (the reason is said).
+        """
+        link = await self._backend.agents.link(self._id, self._spec, user)
+        if link is None:
+            path = await self._backend.agents.exec_path(self._spec, self._id)
+            raise SandboxUnavailable(f"this sandbox has no resident agent: {path.describe()}")
+        return link
+
+    async def volume_folder(self) -> Path | None:
+        """The host folder of the workspace volume, when the engine keeps it on this host (a
+        local engine); None for a remote engine or a workspace that is not a volume."""
+        mount = self._spec.mounts[0]
+        if not mount.volume:
+            return None
+        found = await self._backend.call(
+            "inspect workspace volume", self._backend.client.api.inspect_volume, mount.source
+        )
+        folder = Path(str(found.get("Mountpoint", "")))
+        return folder if await anyio.to_thread.run_sync(folder.is_dir) else None
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids still tagged with `call_id` (host pids when the host can see them)."""

@@ -130,7 +130,6 @@ class WarmPool:
         self.backend = backend
         self.claims = PoolClaims(manager.config.state_dir)
         self.wake = anyio.Event()
-        self.made = 0  # members this pool created (for tests and the bench)
         self._claiming: set[str] = set()  # container ids this process is handing over now
         self._free: dict[str, list[SandboxInfo]] = {}  # pool key -> members this process knows free
 
@@ -284,7 +283,6 @@ class WarmPool:
                         await box.run("true", call_id=f"pool-warm-{uuid.uuid4().hex[:8]}", timeout_s=30)
                     self._free.setdefault(spec.pool_key or "", []).append(_member_info(box.id, spec))
                     made += 1
-                    self.made += 1
 
             async with anyio.create_task_group() as tg:
                 for _ in range(missing):

@@ -218,6 +218,14 @@ class SessionShell:
         """Pids `call_id` started that are still alive."""
         return await self.sandbox.alive(call_id, user=user or self.session_user.user)
 
+    async def agent_link(self, user: str | None = None) -> Any:
+        """The session uid's own resident agent (never another session's)."""
+        return await self.sandbox.agent_link(user or self.session_user.user)  # type: ignore[attr-defined]
+
+    async def volume_folder(self) -> Any:
+        """The host folder of the sandbox's workspace volume, if it has one here."""
+        return await self.sandbox.volume_folder()  # type: ignore[attr-defined]
+
 
 def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbox | SessionShell:
     """The Shell a session's tools use: its own-uid view when the spec asks for session users."""
