@@ -133,18 +133,20 @@ async def test_sessions_with_uids_of_their_own_share_the_volume_through_the_grou
         )
 
 
-async def test_the_quota_is_measured_on_the_volume_from_the_host(make_config: Any) -> None:
+@pytest.mark.parametrize("store", ["volume", "host"])
+async def test_the_quota_is_measured_on_the_volume_from_the_host(make_config: Any, store: str) -> None:
     """workspace_quota holds on a volume too, measured host-side on the engine's folder of it
     (never by asking the agent, which the sandbox could make lie): a write past it is refused,
-    and a command writing past it is stopped."""
+    and a command writing past it at once (before any measurement beside it) is stopped; the
+    same on a host folder."""
     config = make_config(
-        "agents: {defaults: {sandbox: {mode: all, scope: session, workspace_store: volume, workspace_quota: 1m}}}"
+        f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, workspace_store: {store}, workspace_quota: 1m}}}}}}"
     )
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:main:quota")
         big = await sess.call("write", {"path": "big.txt", "content": "x" * (2 << 20)})
         assert big.error is not None and big.error.code == "QUOTA_EXCEEDED", big
-        assert "the workspace volume" in big.error.message
+        assert ("the workspace volume" if store == "volume" else "the workspace") in big.error.message
         flood = await sess.call("exec", {"command": "head -c 50000000 /dev/zero > flood; sleep 20", "timeout_s": 60})
         assert flood.error is not None and flood.error.code == "QUOTA_EXCEEDED", flood
         await sh(sess, "rm -f flood")  # room again: a small write fits (measured afresh)

@@ -110,11 +110,14 @@ async def run_within_quota(
     result: ExecResult | None = None
     over: tuple[WorkspaceQuota, int] | None = None
     failure: Exception | None = None
+    # measured before the command starts: measured beside it, a command that writes fast (the
+    # resident agent starts it in milliseconds) had written it all before the first look, and
+    # growth past the limit was never seen
+    start = await anyio.to_thread.run_sync(quota.measure)
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
             nonlocal over
-            start = await anyio.to_thread.run_sync(quota.measure)
             while True:
                 await anyio.sleep(QUOTA_WATCH_S)
                 over = await anyio.to_thread.run_sync(quota.breached, start)
