@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, Response
 from sandbox._log import logger
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
-from sandbox.api.requests import BatchRequest, BodyLimit, CallRequest
-from sandbox.api.serving import past_drain_deadline, stopped_when
-from sandbox.api.tenants import Caller, default_agent, from_authorization, tenant_agents
+from sandbox.api.requests import BatchRequest, BodyLimit, CallRequest, json_body, read_body
+from sandbox.api.serving import StopWatch, past_drain_deadline
+from sandbox.api.tenants import Caller, Tenants, tenant_agents
 from sandbox.config.merge import EffectiveAgent, default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
@@ -42,7 +42,8 @@ async def current_caller(request: Request) -> Caller:
 
     Async although it blocks on nothing (hashing, a stat of the token file): a plain function
     would cost every request a trip through the thread pool."""
-    found = from_authorization(request.app.state.config, request.headers.get("authorization"))
+    tenants: Tenants = request.app.state.tenants
+    found = tenants.from_authorization(request.headers.get("authorization"))
     if found is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
     return found
@@ -62,16 +63,21 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     from sandbox.api.mcp_server import http_server
 
-    mcp_app, mcp_sessions = http_server(config, lambda: app.state.orch, lambda: admission_of[0])
+    tenants = Tenants(config)
+    watch = StopWatch()  # stops calls whose client went away, or that outlive a stopping service's grace
+    mcp_app, mcp_sessions = http_server(tenants, watch, lambda: app.state.orch, lambda: admission_of[0])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if orchestrator is not None:
             app.state.orch = orchestrator
-            async with mcp_sessions.run():
+            async with anyio.create_task_group() as tg, mcp_sessions.run():
+                tg.start_soon(watch.run)
                 yield
+                tg.cancel_scope.cancel()
             return
         async with Orchestrator(config) as orch, anyio.create_task_group() as tg, mcp_sessions.run():
+            tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
             tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
@@ -92,6 +98,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     admission = Admission(app.state, metrics)
     admission_of.append(admission)
     app.state.config = config
+    app.state.tenants = tenants
     app.mount("/mcp", mcp_app)  # MCP over streamable HTTP, behind the same bearer tokens
 
     app.add_middleware(BodyLimit)
@@ -109,7 +116,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         return found
 
     def session_for(request: Request, who: Caller, key: str, agent: str | None) -> Session:
-        return resolve_session(config, orch(request), who, key, agent)
+        return resolve_session(tenants, orch(request), who, key, agent)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -165,13 +172,16 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
         return explain_data(session_for(request, who, session, agent).policy)
 
-    @app.post("/v1/sessions/{key}/calls")
-    async def call(request: Request, who: CallerDep, key: str, body: CallRequest) -> Any:
+    # the hot route: its body and caller are read by hand (see read_body), documented the same way
+    @app.post("/v1/sessions/{key}/calls", openapi_extra=json_body(CallRequest))
+    async def call(request: Request, key: str) -> Any:
+        who = await current_caller(request)
+        body = await read_body(request, CallRequest)
         admission.rate(who)  # first: a tenant past its quota costs the others least
         session = session_for(request, who, key, body.agent)
         await admission.session(orch(request), who, session)
         async with admission.running(who):
-            result = await _unless_gone(request, session.call(body.tool, body.args))
+            result = await _unless_gone(request, watch, session.call(body.tool, body.args))
         if result is None:
             return _stopped(request, "call")
         metrics.record(who.tenant.id, result)
@@ -187,7 +197,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         await admission.session(orch(request), who, session)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
         async with admission.running(who):
-            outcome = await _unless_gone(request, session.call_many(calls, mode=body.mode))
+            outcome = await _unless_gone(request, watch, session.call_many(calls, mode=body.mode))
         if outcome is None:
             return _stopped(request, "batch")
         for result in outcome.results:
@@ -258,6 +268,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         o = orch(request)
+        metrics.queue_depth.set(o.limiter.waiting)
         metrics.sandboxes.clear()
         try:
             for s in await o.backend.list(instance=o.manager.instance):
@@ -274,13 +285,13 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     @app.get("/v1/approvals")
     async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
-        mine = {a.id for a in tenant_agents(config, who.tenant.id)}
+        mine = tenants.agents(who.tenant.id)
         return [a.__dict__ for a in orch(request).pending_approvals() if a.agent in mine]
 
     @app.post("/v1/approvals/{approval_id}/{verdict}")
     async def decide(request: Request, who: CallerDep, approval_id: str, verdict: Verdict) -> dict[str, Any]:
         o = orch(request)
-        mine = {a.id for a in tenant_agents(config, who.tenant.id)}
+        mine = tenants.agents(who.tenant.id)
         pending = {a.id: a for a in o.pending_approvals() if a.agent in mine}
         if approval_id not in pending:
             raise HTTPException(404, f"no pending approval {approval_id!r}")
@@ -303,26 +314,26 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     return app
 
 
-def agent_for(config: Config, who: Caller, key: str, agent: str | None) -> EffectiveAgent:
+def agent_for(tenants: Tenants, who: Caller, key: str, agent: str | None) -> EffectiveAgent:
     """The agent a request names (`agent`, else the key's, else the tenant's default); 404 across tenants."""
     problem = key_problem(key)
     if problem:
         raise HTTPException(400, problem)
     wanted = agent or agent_of(key)
-    mine = {a.id: a for a in tenant_agents(config, who.tenant.id)}
     if wanted is None:
-        fallback = default_agent(config, who.tenant.id)
+        fallback = tenants.default_agent(who.tenant.id)
         if fallback is None:
             raise HTTPException(404, "this tenant has no agents")
         return fallback
-    if wanted not in mine:  # another tenant's agent looks exactly like a missing one
+    found = tenants.agents(who.tenant.id).get(wanted)
+    if found is None:  # another tenant's agent looks exactly like a missing one
         raise HTTPException(404, f"no agent {wanted!r}")
-    return mine[wanted]
+    return found
 
 
-def resolve_session(config: Config, orch: Orchestrator, who: Caller, key: str, agent: str | None) -> Session:
+def resolve_session(tenants: Tenants, orch: Orchestrator, who: Caller, key: str, agent: str | None) -> Session:
     """The session a request names, as this tenant may reach it (HTTP errors otherwise)."""
-    target = agent_for(config, who, key, agent)
+    target = agent_for(tenants, who, key, agent)
     try:
         session = orch.session(key, agent=target.id)
     except UsageError as exc:
@@ -358,11 +369,11 @@ def _stopped(request: Request, what: str) -> JSONResponse:
     return JSONResponse({"detail": f"the client went away; the {what} was stopped"}, status_code=499)
 
 
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+async def _unless_gone(request: Request, watch: StopWatch, work: Awaitable[T]) -> T | None:
     """`work`, cancelled when the client disconnects or the service's drain deadline passes."""
 
     async def stop() -> bool:
         # the server says "disconnected" only when asked: there is no event to wait on
         return past_drain_deadline(request.app.state) or await request.is_disconnected()
 
-    return await stopped_when(stop, work)
+    return await watch.until_stopped(stop, work)

@@ -16,8 +16,8 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from sandbox.api.quotas import Admission
-from sandbox.api.tenants import Caller
-from sandbox.config.models import Config
+from sandbox.api.serving import StopWatch
+from sandbox.api.tenants import Caller, Tenants
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.tools.formats import render
 
@@ -64,7 +64,10 @@ async def serve_stdio(orch: Orchestrator, session: Session) -> None:
 
 
 def http_server(
-    config: Config, get_orch: Callable[[], Orchestrator], get_admission: Callable[[], Admission]
+    tenants: Tenants,
+    watch: StopWatch,
+    get_orch: Callable[[], Orchestrator],
+    get_admission: Callable[[], Admission],
 ) -> tuple[Any, Any]:
     """`/mcp` for the service: (an ASGI app behind the bearer auth, its session manager to run).
 
@@ -77,18 +80,17 @@ def http_server(
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 
     from sandbox.api.app import resolve_session
-    from sandbox.api.serving import past_drain_deadline, stopped_when
-    from sandbox.api.tenants import from_authorization
+    from sandbox.api.serving import past_drain_deadline
 
     def caller_and_session(ctx: Any) -> tuple[Caller, Session]:
         headers = ctx.request.headers if ctx.request is not None else {}
-        who = from_authorization(config, headers.get("authorization"))
+        who = tenants.from_authorization(headers.get("authorization"))
         if who is None:
             raise PermissionError("a valid bearer token is required")
         agent = headers.get("x-sandbox-agent")
         key = headers.get("x-sandbox-session") or f"mcp-{str(headers.get('mcp-session-id', 'default'))[:32]}"
         try:
-            return who, resolve_session(config, get_orch(), who, key, agent)
+            return who, resolve_session(tenants, get_orch(), who, key, agent)
         except HTTPException as exc:
             raise PermissionError(str(exc.detail)) from exc
 
@@ -109,7 +111,7 @@ def http_server(
             return past_drain_deadline(admission.state)
 
         async with admission.running(who):
-            result = await stopped_when(stop, call_in(session, params))
+            result = await watch.until_stopped(stop, call_in(session, params))
         if result is None:
             raise RuntimeError("the service stopped before the call finished; it was stopped and its commands killed")
         return result
@@ -122,7 +124,7 @@ def http_server(
         # the bearer check happens before the MCP layer sees the request at all
         if scope["type"] == "http":
             headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers") or []}
-            if from_authorization(config, headers.get("authorization")) is None:
+            if tenants.from_authorization(headers.get("authorization")) is None:
                 from fastapi.responses import JSONResponse
 
                 response = JSONResponse(

@@ -24,6 +24,9 @@ class Metrics:
         self.in_flight = Gauge(
             "sandbox_calls_in_flight", "Calls running now, by tenant", ["tenant"], registry=self.registry
         )
+        self.queue_depth = Gauge(
+            "sandbox_queue_depth", "Calls waiting for a concurrency slot (limits.queue)", registry=self.registry
+        )
         self.sandboxes = Gauge(
             "sandbox_sandboxes", "Sandboxes of this instance by state", ["state"], registry=self.registry
         )

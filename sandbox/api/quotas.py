@@ -87,7 +87,8 @@ class Admission:
             )
         if quotas.max_sandboxes and session.sandboxed:
             spec = orch.manager.spec_for(session.agent, session.key)
-            if not await orch.backend.exists(spec.name):
+            # a sandbox this process holds needs no engine call (a quota check per call cost one)
+            if not orch.manager.known_live(spec) and not await orch.backend.exists(spec.name):
                 live = [
                     s
                     # the manager's list: a pool container handed to a session shows it (labels cannot)

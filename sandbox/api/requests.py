@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 MAX_BODY_BYTES = 40 * 1024 * 1024
 
@@ -39,6 +43,27 @@ class BatchRequest(BaseModel):
     agent: str | None = None
     mode: Literal["parallel", "sequential"] = "parallel"
     calls: list[BatchItem] = Field(min_length=1, max_length=64)
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI `requestBody` of a route that reads its body with `read_body`."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """The request's JSON body as `model`, checked in one step by pydantic's JSON parser; a bad
+    body is FastAPI's usual 422. For the hot route: FastAPI's own body parsing and dependency
+    solving cost it about a quarter of a millisecond.
+
+    Raises:
+        RequestValidationError: not JSON, or not a `model`.
+    """
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=raw) from None
 
 
 class BodyLimit:

@@ -37,25 +37,32 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-_cache: dict[Path, tuple[float, list[dict[str, str]]]] = {}
+# the file's identity: a rewrite (create_token renames a new file in) changes the inode even
+# within one tick of a coarse mtime
+_cache: dict[Path, tuple[tuple[int, int, int], list[dict[str, str]]]] = {}
+
+
+_NONE_STORED: list[dict[str, str]] = []  # one object, so that callers can tell "unchanged" by identity
 
 
 def _stored(state_dir: Path) -> list[dict[str, str]]:
-    """The state dir's token hashes, read again only when the file changed."""
+    """The state dir's token hashes, read again only when the file changed (callers must not
+    change the list: it is the cache's)."""
     path = state_dir / TOKEN_FILE
     try:
-        mtime = path.stat().st_mtime_ns
+        st = path.stat()
     except OSError:
-        return []
+        return _NONE_STORED
+    version = (st.st_ino, st.st_mtime_ns, st.st_size)
     cached = _cache.get(path)
-    if cached is not None and cached[0] == mtime:
+    if cached is not None and cached[0] == version:
         return cached[1]
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return []
+        return _NONE_STORED
     found = [t for t in data if isinstance(t, dict)] if isinstance(data, list) else []
-    _cache[path] = (mtime, found)
+    _cache[path] = (version, found)
     return found
 
 
@@ -68,7 +75,7 @@ def create_token(config: Config, tenant_id: str, name: str) -> str:
     if not any(t.id == tenant_id for t in config.tenants):
         known = ", ".join(t.id for t in config.tenants) or "none"
         raise UsageError(f"unknown tenant {tenant_id!r}; tenants in the config: {known}")
-    stored = _stored(config.state_dir)
+    stored = list(_stored(config.state_dir))
     if any(t.get("tenant") == tenant_id and t.get("name") == name for t in stored):
         raise UsageError(f"tenant {tenant_id!r} already has a token named {name!r}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -81,31 +88,6 @@ def create_token(config: Config, tenant_id: str, name: str) -> str:
         json.dump(stored, f, indent=1)
     tmp.replace(path)
     return token
-
-
-def authenticate(config: Config, token: str | None) -> Caller | None:
-    """The tenant a bearer token belongs to, or None (no early exit on a match)."""
-    if not token:
-        return None
-    digest = token_hash(token).encode()
-    found: Caller | None = None
-    by_id = {t.id: t for t in config.tenants}
-    candidates = [(t, k.name, k.sha256) for t in config.tenants for k in t.tokens]
-    candidates += [
-        (by_id[s["tenant"]], s.get("name", ""), s.get("sha256", ""))
-        for s in _stored(config.state_dir)
-        if s.get("tenant") in by_id
-    ]
-    for tenant, name, stored_hash in candidates:
-        if hmac.compare_digest(digest, stored_hash.encode()) and found is None:
-            found = Caller(tenant, name)
-    return found
-
-
-def from_authorization(config: Config, header: str | None) -> Caller | None:
-    """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
-    scheme, _, token = (header or "").partition(" ")
-    return authenticate(config, token.strip()) if scheme.lower() == "bearer" else None
 
 
 def tenant_agents(config: Config, tenant: str) -> list[EffectiveAgent]:
@@ -121,3 +103,67 @@ def default_agent(config: Config, tenant: str) -> EffectiveAgent | None:
     flagged = {c.id for c in config.agents.list if c.tenant == tenant and c.default}
     ordered = [a for a in agents if a.id in flagged] + agents
     return ordered[0] if ordered else None
+
+
+def authenticate(config: Config, token: str | None) -> Caller | None:
+    """The tenant a bearer token belongs to, or None (no early exit on a match)."""
+    return Tenants(config).authenticate(token)
+
+
+def from_authorization(config: Config, header: str | None) -> Caller | None:
+    """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
+    return Tenants(config).from_authorization(header)
+
+
+class Tenants:
+    """The tenants of one config as the service asks for them on every request: by token, and
+    their agents. Merged once (a merge per request was a tenth of a millisecond), so the config
+    must not change under it; the state dir's token file is read again whenever it changes."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._by_id = {t.id: t for t in config.tenants}
+        self._configured = [(t, k.name, k.sha256) for t in config.tenants for k in t.tokens]
+        self._candidates: tuple[object, list[tuple[TenantConfig, str, str]]] = (None, self._configured)
+        self._agents: dict[str, dict[str, EffectiveAgent]] = {}
+
+    def _known_hashes(self) -> list[tuple[TenantConfig, str, str]]:
+        stored = _stored(self.config.state_dir)  # the same list object while the file is unchanged
+        if self._candidates[0] is not stored:
+            extra = [
+                (self._by_id[s["tenant"]], s.get("name", ""), s.get("sha256", ""))
+                for s in stored
+                if s.get("tenant") in self._by_id
+            ]
+            self._candidates = (stored, self._configured + extra)
+        return self._candidates[1]
+
+    def authenticate(self, token: str | None) -> Caller | None:
+        """The tenant a bearer token belongs to, or None: its hash is compared with every known
+        hash in constant time, with no early exit on a match."""
+        if not token:
+            return None
+        digest = token_hash(token).encode()
+        found: Caller | None = None
+        for tenant, name, stored_hash in self._known_hashes():
+            if hmac.compare_digest(digest, stored_hash.encode()) and found is None:
+                found = Caller(tenant, name)
+        return found
+
+    def from_authorization(self, header: str | None) -> Caller | None:
+        """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
+        scheme, _, token = (header or "").partition(" ")
+        return self.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+
+    def agents(self, tenant: str) -> dict[str, EffectiveAgent]:
+        """The tenant's agents by id, its default first (see `default_agent`)."""
+        found = self._agents.get(tenant)
+        if found is None:
+            ordered = [default_agent(self.config, tenant), *tenant_agents(self.config, tenant)]
+            found = {a.id: a for a in ordered if a is not None}
+            self._agents[tenant] = found
+        return found
+
+    def default_agent(self, tenant: str) -> EffectiveAgent | None:
+        """The tenant's default agent, or None when it has none."""
+        return next(iter(self.agents(tenant).values()), None)

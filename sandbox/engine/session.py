@@ -160,6 +160,7 @@ class Session:
             await self._close_browser()
         self._orch.policy.forget(self.policy.identity)
         self._orch.loops.forget(self.agent.tenant, self.key)
+        self._orch.forget_session(self)
         self._files = None
         self._host_shell = None
 

@@ -97,6 +97,11 @@ class SandboxManager:
                 container=spec.name,
             )
 
+    def known_live(self, spec: SandboxSpec) -> bool:
+        """Whether this manager holds `spec`'s sandbox as live, checked recently (no engine call)."""
+        entry = self._entries.get(spec.identity)
+        return entry is not None and not entry.sandbox.gone and time.monotonic() - entry.checked_at < REVALIDATE_AFTER_S
+
     async def sandbox_for(self, agent: EffectiveAgent, session: str) -> Sandbox:
         """The live sandbox of a session: cached, adopted, or created (once per identity)."""
         spec = self.spec_for(agent, session)
