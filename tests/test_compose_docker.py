@@ -14,8 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from sandbox.runtime.naming import Labels
+from tests.egress_lab import Lab
 from tests.service_helpers import free_port, wait_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
@@ -28,24 +30,58 @@ def compose_v2_present() -> bool:
 
 
 @pytest.mark.parametrize("cli", [["docker-compose"], ["docker", "compose"]], ids=["compose-1.29", "compose-v2"])
+def firewall_rules() -> list[str]:
+    """The host's INPUT rules that egress and browser sandboxes get (hostfirewall.TAG)."""
+    listed = subprocess.run(["iptables", "-w", "5", "-S", "INPUT"], capture_output=True, text=True, check=True)
+    return [line for line in listed.stdout.splitlines() if "agent-sandbox-browser:" in line]
+
+
+def service_config(instance: str, token: str, workspaces: Path, lab: Lab) -> dict[str, Any]:
+    """A tenant with two agents: `coder` (no network) and `web` (egress to the lab's test
+    server only, and a browser), as a platform would run them through compose."""
+    egress = {
+        "allow": ["allowed.test"],
+        "ports": [8000],
+        "upstream_network": lab.network,
+        "allow_private": [f"{lab.web_ip}/32"],  # the test server only; the canary stays refused
+        "extra_hosts": [f"canary.test:{lab.canary_ip}"],
+    }
+    return {
+        "state_dir": "/var/lib/agent-sandbox",
+        "instance": instance,
+        "tools": {"sandbox": {"tools": {"also_allow": ["browser"]}}},
+        "tenants": [{"id": "acme", "tokens": [{"name": "t", "sha256": hashlib.sha256(token.encode()).hexdigest()}]}],
+        "agents": {
+            "defaults": {"sandbox": {"mode": "all", "scope": "session", "workspace_root": str(workspaces / "scratch")}},
+            "list": [
+                {"id": "coder", "tenant": "acme", "default": True},
+                {
+                    "id": "web",
+                    "tenant": "acme",
+                    "sandbox": {"docker": {"network": "egress"}, "egress": egress, "browser": {"enabled": True}},
+                },
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize("cli", [["docker-compose"], ["docker", "compose"]], ids=["compose-1.29", "compose-v2"])
 def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
-    tmp_path: Path, instance: str, docker_client: Any, service_image: str, cli: list[str]
+    tmp_path: Path, instance: str, docker_client: Any, service_image: str, cli: list[str], lab: Lab
 ) -> None:
     """compose up (Debian's docker-compose 1.29, and compose v2): /healthz, the tenant's agents,
-    an exec in a sandbox, then down leaves nothing."""
+    an exec in a sandbox, then down leaves nothing. Under 1.29 also the browser tool through an
+    egress proxy, with the host firewall rules the service itself put in (no
+    require_host_firewall: false), and a host off the list refused with the canary hearing nothing."""
     if cli == ["docker", "compose"] and not compose_v2_present():
         pytest.skip("no compose v2 on this machine (scripts/compose-v2 installs it; .ci/run does)")
     token = "sbx_" + secrets.token_urlsafe(16)
     workspaces = tmp_path / "ws"
     workspaces.mkdir()
     config = tmp_path / "sandbox.yaml"
-    config.write_text(
-        f"state_dir: /var/lib/agent-sandbox\ninstance: {instance}\n"
-        f"tenants: [{{id: acme, tokens: [{{name: t, sha256: {hashlib.sha256(token.encode()).hexdigest()}}}]}}]\n"
-        "agents:\n"
-        f"  defaults: {{sandbox: {{mode: all, scope: session, workspace_root: {workspaces / 'scratch'}}}}}\n"
-        "  list: [{id: coder, tenant: acme, default: true}]\n"
-    )
+    config.write_text(yaml.safe_dump(service_config(instance, token, workspaces, lab)))
+    rules_before = firewall_rules()
+    canary_before = len(lab.canary_heard())
     port = free_port()
     project = f"sbx{instance.replace('-', '')}"
     env = {
@@ -61,7 +97,7 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, seconds=60)
         headers = {"Authorization": f"Bearer {token}"}
-        assert [a["id"] for a in httpx.get(f"{url}/v1/agents", headers=headers).json()] == ["coder"]
+        assert [a["id"] for a in httpx.get(f"{url}/v1/agents", headers=headers).json()] == ["coder", "web"]
         r = httpx.post(
             f"{url}/v1/sessions/t1/calls",
             headers=headers,
@@ -73,7 +109,36 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         # the scratch workspace the engine mounted is this host folder (same path in the service)
         assert [p.read_text() for p in (workspaces / "scratch").glob("*/*/note.txt")] == ["hi\n"]
         assert httpx.delete(f"{url}/v1/sessions/t1", headers=headers, timeout=120).status_code == 200
+        if cli == ["docker-compose"]:  # once: it is the service's doing, not the compose tool's
+            browse(url, headers, lab, rules_before)
     finally:
         down = subprocess.run([*compose, "down", "-v"], capture_output=True, text=True, env=env, timeout=300)
     assert down.returncode == 0, down.stderr[-2000:]
     assert docker_client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"}) == []
+    assert lab.canary_heard()[canary_before:] == []
+
+
+def browse(url: str, headers: dict[str, str], lab: Lab, rules_before: list[str]) -> None:
+    """The browser tool through the service in compose: a page of the lab's server through the
+    egress proxy, a host off the list refused; the host rules exist while the session lives and
+    go with it."""
+
+    def browser(args: dict[str, Any]) -> dict[str, Any]:
+        r = httpx.post(
+            f"{url}/v1/sessions/agent:web:b1/calls",
+            headers=headers,
+            json={"tool": "browser", "args": args},
+            timeout=180,
+        )
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    went = browser({"action": "navigate", "url": "http://allowed.test:8000/page"})
+    assert went["ok"] and went["output"]["status"] == 200 and went["output"]["title"] == "t", went.get("error")
+    refused = browser({"action": "navigate", "url": "http://canary.test:8000/"})
+    assert refused["error"]["code"] == "PERMISSION_DENIED", refused
+    added = [rule for rule in firewall_rules() if rule not in rules_before]
+    assert added, "the service put no host firewall rules in for its egress and browser sandboxes"
+    assert httpx.delete(f"{url}/v1/sessions/agent:web:b1", headers=headers, timeout=180).status_code == 200
+    assert [rule for rule in firewall_rules() if rule not in rules_before] == []

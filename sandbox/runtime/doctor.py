@@ -102,6 +102,33 @@ def _host_firewall_check() -> Check:
     )
 
 
+def _browser_client_check(config: Config) -> Check | None:
+    """The browser tool's CDP client (Playwright's node driver) runs here; None when no agent
+    enables the browser."""
+    import subprocess
+    import sys
+
+    if not any(effective_agent(config, a).sandbox.browser.enabled for a in agent_ids(config)):
+        return None
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-m", "playwright", "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+        said = (ran.stdout or ran.stderr).strip().splitlines()
+        detail = said[-1] if said else f"exit {ran.returncode}"
+        ok = ran.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, detail = False, str(exc)
+    if ok:
+        return Check("ok", "browser client", f"Playwright's driver runs ({detail})")
+    return Check(
+        "fail",
+        "browser client",
+        f"Playwright's driver does not run: {detail}",
+        "pip install 'agent-sandbox[browser]' (no browser download is needed); its node driver needs libatomic1",
+    )
+
+
 def _provenance_check(client: Any, target: ImageTarget) -> Check:
     """What the image was built from (base id and digest, apt pin, package list hash), from its labels."""
     try:
@@ -233,6 +260,9 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
             )
         )
     checks.append(_host_firewall_check())
+    browser_client = _browser_client_check(config)
+    if browser_client is not None:
+        checks.append(browser_client)
     if os.geteuid() == 0:
         checks.append(
             Check(

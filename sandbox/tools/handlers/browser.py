@@ -37,7 +37,15 @@ async def _browser(cdp_url: str) -> Any:
     loop = asyncio.get_running_loop()
     entry = _drivers.get(id(loop))
     if entry is None or entry[0] is not loop:
-        entry = (loop, await async_playwright().start(), {})
+        try:
+            driver = await async_playwright().start()
+        except Exception as exc:  # its node driver cannot run here: the host's problem, said plainly
+            raise SandboxError(
+                ErrorCode.SANDBOX_UNAVAILABLE,
+                f"the browser tool's CDP client (Playwright's driver) could not start on the orchestrator's "
+                f"host: {exc}; `sandbox doctor` checks it",
+            ) from exc
+        entry = (loop, driver, {})
         _drivers[id(loop)] = entry
     connections = entry[2]
     browser = connections.get(cdp_url)
