@@ -29,7 +29,6 @@ def compose_v2_present() -> bool:
     return found.returncode == 0 and (" 2." in found.stdout or " v2." in found.stdout)
 
 
-@pytest.mark.parametrize("cli", [["docker-compose"], ["docker", "compose"]], ids=["compose-1.29", "compose-v2"])
 def firewall_rules() -> list[str]:
     """The host's INPUT rules that egress and browser sandboxes get (hostfirewall.TAG)."""
     listed = subprocess.run(["iptables", "-w", "5", "-S", "INPUT"], capture_output=True, text=True, check=True)

@@ -350,6 +350,38 @@ async def test_kill_during_creation_leaves_nothing_unadopted(tmp_path: Path, ins
     assert docker_client.containers.list(all=True, filters=label) == []
 
 
+async def test_orphans_of_an_earlier_service_container_are_removed(
+    tmp_path: Path, instance: str, docker_client: Any
+) -> None:
+    """compose runs the service as pid 1 on the host's hostname: a half-created container of an
+    earlier service container names a pid that is alive again (the new one's), so the creator is
+    told by its start time too. Its leftover goes; one this live process is making stays."""
+    from sandbox import load_config
+    from sandbox.journal.owners import current_owner
+    from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.naming import CREATOR_LABEL
+
+    host, boot, pid, start = current_owner().split("|")
+    earlier = f"{host}|{boot}|{pid}|{int(start) - 1}"  # this pid, started at another time
+    made = {}
+    for who, creator in (("earlier", earlier), ("live", current_owner())):
+        made[who] = docker_client.containers.create(
+            "sandbox-exec:latest",
+            ["true"],
+            name=f"sbx-{instance}-x-creating-{who}",
+            labels={Labels.MANAGED: "true", Labels.INSTANCE: instance, CREATOR_LABEL: creator},
+        ).name
+    cfg = _write_config(tmp_path / "c.yaml", tmp_path / "state", instance)
+    manager = SandboxManager(load_config(cfg), DockerBackend())
+    try:
+        removed = await manager.cleanup_orphans()
+    finally:
+        await manager.backend.aclose()
+    left = [c.name for c in docker_client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"})]
+    assert removed == [made["earlier"]] and left == [made["live"]]
+    docker_client.containers.get(made["live"]).remove(force=True)
+
+
 async def test_dead_container_is_recreated_on_next_use(make_config: Any, docker_client: Any) -> None:
     """A container removed behind our back is replaced on the next call (nothing had started in it)."""
     config = make_config("agents: {defaults: {sandbox: {mode: all, scope: agent}}}")

@@ -201,3 +201,64 @@ def test_metrics_show_calls_waiting_in_the_queue(tmp_path: Path) -> None:
         assert depth(url) == 0
     assert [r.status_code for r in answers] == [200, 200]
     assert all(r.json()["ok"] for r in answers), [r.text for r in answers]
+
+
+def test_file_states_of_two_handles_do_not_drop_each_others_entries(tmp_path: Path) -> None:
+    """Two holders of one session's file states (two processes on the state dir, or two handles):
+    what one records survives the other's next write."""
+    from sandbox.fs.states import FileStates
+
+    path = tmp_path / "file-states.json"
+    one, two = FileStates(path), FileStates(path)
+    one.record("f", b"first", 1)
+    two.record("g", b"other", 2)
+    one.record("f", b"first, changed", 3)
+    assert set(json.loads(path.read_text())) == {"f", "g"}
+    assert two.get("f") is not None and one.get("g") is not None
+
+
+def test_closing_forgets_every_handle_of_the_session(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Orchestrator(config(tmp_path), journal=False) as orch:
+            plain = orch.session("agent:alpha:s")
+            bobs = orch.session("agent:alpha:s", sender="bob")
+            await plain.close()
+            assert orch.session("agent:alpha:s", sender="bob") is not bobs
+
+    anyio.run(main)
+
+
+def test_a_host_workspace_removed_between_calls_is_made_again(tmp_path: Path) -> None:
+    """The reused handle does not assume its workspace still exists."""
+    import shutil
+
+    async def main() -> None:
+        async with Orchestrator(config(tmp_path), journal=False) as orch:
+            session = orch.session("agent:alpha:s")
+            assert (await session.call("write", {"path": "a.txt", "content": "a"})).ok
+            shutil.rmtree(tmp_path / "wa")
+            again = await session.call("write", {"path": "b.txt", "content": "b"})
+            assert again.ok, again.error
+            ran = await session.call("exec", {"command": "ls"})
+            assert ran.ok and "b.txt" in ran.output["output"], ran
+
+    anyio.run(main)
+
+
+def test_bodies_that_are_not_json_are_4xx_and_not_echoed(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, a large body that is not JSON, and a body sent as text/plain are
+    each a 422 (never a 500), and the answer does not repeat the body."""
+    cfg = config(tmp_path)
+    with serve(cfg) as url:
+        calls = f"{url}/v1/sessions/agent:alpha:s/calls"
+        bad_bytes = httpx.post(calls, headers={**A, "content-type": "application/json"}, content=b'{"tool":"\xff"}')
+        assert bad_bytes.status_code == 422, bad_bytes.text
+        big = b"{" + b"x" * 1_000_000
+        refused = httpx.post(calls, headers={**A, "content-type": "application/json"}, content=big)
+        assert refused.status_code == 422 and len(refused.content) < 2_000, len(refused.content)
+        as_text = httpx.post(
+            calls, headers={**A, "content-type": "text/plain"}, content=b'{"tool": "read", "args": {"path": "x"}}'
+        )
+        assert as_text.status_code == 422 and "must be JSON" in as_text.text
+        fine = httpx.post(calls, headers=A, json={"tool": "write", "args": {"path": "x.txt", "content": "1"}})
+        assert fine.status_code == 200 and fine.json()["ok"], fine.text

@@ -58,12 +58,18 @@ async def read_body(request: Request, model: type[M]) -> M:
     Raises:
         RequestValidationError: not JSON, or not a `model`.
     """
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise RequestValidationError(
+            [{"type": "model_attributes_type", "loc": ("body",), "msg": f"the body must be JSON, not {kind}"}]
+        )
     raw = await request.body()
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise RequestValidationError(errors, body=raw) from None
+        # without the input: a body that is not JSON would be echoed whole (and may not be UTF-8)
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
+        raise RequestValidationError(errors) from None
 
 
 class BodyLimit:

@@ -269,8 +269,10 @@ class Orchestrator:
         return made
 
     def forget_session(self, session: Session) -> None:
-        """Drop the handles of a closed session (a later call starts afresh)."""
-        for handle_key in [k for k, v in self._handles.items() if v is session]:
+        """Drop every handle of a closed session, whatever its sender, provider or model (a later
+        call starts afresh)."""
+        agent_id, key = session.policy.identity.agent, session.key
+        for handle_key in [k for k in self._handles if k[0] == agent_id and k[1] == key]:
             del self._handles[handle_key]
 
 

@@ -239,8 +239,9 @@ class Session:
                     self._files = self._make_files(roots, owner, group_shared=spec.session_users)
         else:
             workspace = self.agent.workspace
-            if self._host_shell is None:
+            if not workspace.is_dir():  # made on first use, and again if it was removed since
                 await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
+            if self._host_shell is None:
                 self._host_shell = HostShell(
                     workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env
                 )
@@ -322,19 +323,18 @@ class Session:
                 return WorkspaceQuota(folders, limit, key, label=f"the workspaces of tenant {tenant.id!r}")
         return None
 
-    def _group_shared(self) -> bool:
-        return self._files is not None and self._files.group_shared
-
-    def _owner(self) -> tuple[int, int] | None:
-        # spills are written host-side like the session's own files, as the sandbox user
-        return self._files.safe_owner if self._files is not None else None
+    @staticmethod
+    def _owner(ctx: ToolContext) -> tuple[int, int] | None:
+        # spills are written host-side like the session's own files, as the sandbox user (the
+        # call's files: a session closed meanwhile has dropped its own)
+        return ctx.files.safe_owner
 
     async def _spill_file(self, ctx: ToolContext, host_file: Path) -> str:
         root = ctx.files.roots[0]
         if root.read_only or _on_volume(ctx):
             return os.fspath(host_file)
         name = f"{ctx.call_id}.txt"
-        safe = SafeRoot(root.host, self._owner(), ctx.files.quota, group_shared=self._group_shared())
+        safe = SafeRoot(root.host, self._owner(ctx), ctx.files.quota, group_shared=ctx.files.group_shared)
         where = WorkspacePath((".sandbox", "outputs"))
         await anyio.to_thread.run_sync(spill.save, safe, where, name, host_file, spill.Budget())
         await anyio.to_thread.run_sync(host_file.unlink)
@@ -355,7 +355,7 @@ class Session:
         data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
         outputs = WorkspacePath((spill.STATE_SUBDIR,))
         if not root.read_only and not _on_volume(ctx):
-            safe = SafeRoot(root.host, self._owner(), group_shared=self._group_shared())
+            safe = SafeRoot(root.host, self._owner(ctx), group_shared=ctx.files.group_shared)
             where = WorkspacePath((".sandbox", "outputs"))
             await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
             return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"

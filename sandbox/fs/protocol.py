@@ -42,6 +42,16 @@ class Files(Protocol):
         """The workspace's quota, when one applies."""
         ...
 
+    @property
+    def safe_owner(self) -> tuple[int, int] | None:
+        """The uid and gid host-side writes take (the sandbox user's); None: the orchestrator's."""
+        ...
+
+    @property
+    def group_shared(self) -> bool:
+        """Whether new files are group-writable (sessions with uids of their own share the workspace)."""
+        ...
+
     def locate(self, raw: str) -> Located:
         """Resolve a tool's path argument; refuse escapes, deny patterns and malformed paths."""
         ...

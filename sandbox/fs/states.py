@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +33,26 @@ class FileStates:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._seen: dict[str, Seen] | None = None
+        self._version: tuple[int, int, int] | None = None  # the file as last read or written here
+
+    def _file_version(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _load(self) -> dict[str, Seen]:
-        if self._seen is None:
+        # read again when another writer changed the file (another process on the state dir, or
+        # another handle of the session): a map kept from before would drop its entries
+        version = self._file_version()
+        if self._seen is None or version != self._version:
             try:
                 raw = json.loads(self.path.read_text())
                 self._seen = {k: Seen(v["sha256"], int(v["mtime_ns"])) for k, v in raw.items()}
             except (OSError, ValueError, KeyError, TypeError):
                 self._seen = {}
+            self._version = version
         return self._seen
 
     def get(self, key: str) -> Seen | None:
@@ -54,6 +67,8 @@ class FileStates:
             return  # a file read again unchanged: nothing to write (it cost ~0.8 ms a call)
         seen[key] = new
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        # a name of its own: two calls of one session may record at once, in two threads
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         tmp.write_text(json.dumps({k: {"sha256": v.sha256, "mtime_ns": v.mtime_ns} for k, v in seen.items()}))
         tmp.replace(self.path)
+        self._version = self._file_version()

@@ -50,6 +50,12 @@ def current_owner() -> str:
     return _owner[1]
 
 
+def owner_here(owner: str) -> bool:
+    """Whether `owner` ran on this host since its last boot (so the kernel can say if it runs)."""
+    parts = owner.split("|")
+    return len(parts) == 4 and parts[0] == socket.gethostname() and parts[1] == _boot_id()
+
+
 def owner_alive(owner: str, lease_until: float | None, now: float) -> bool:
     """Whether the orchestrator that wrote `owner` still runs.
 

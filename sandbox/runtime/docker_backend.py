@@ -6,8 +6,6 @@ import builtins
 import gc
 import hashlib
 import json
-import os
-import socket
 import time
 import uuid
 import warnings
@@ -23,6 +21,7 @@ from docker.types import Ulimit
 
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.journal.owners import current_owner
 from sandbox.runtime import egress, egress_secrets
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker_create import create_kwargs
@@ -250,7 +249,9 @@ class DockerBackend:
         kwargs = create_kwargs(spec)
         kwargs["name"] = temp_name
         kwargs["labels"][CONFIG_KEYS_LABEL] = json.dumps(_key_hashes(spec.hashed), sort_keys=True)
-        kwargs["labels"][CREATOR_LABEL] = f"{socket.gethostname()}:{os.getpid()}"
+        # host, boot, pid and its start time: a pid alone says nothing where every service
+        # container is pid 1 on the host's hostname (compose runs it with network_mode: host)
+        kwargs["labels"][CREATOR_LABEL] = current_owner()
         kwargs["mounts"] = [
             DockerMount(m.target, m.source, type="volume", read_only=m.read_only)
             if m.volume

@@ -26,6 +26,7 @@ import docker.errors
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
+from sandbox.journal.owners import current_owner
 from sandbox.runtime import egress_secrets, hostfirewall
 from sandbox.runtime.naming import CREATOR_LABEL, LABEL_PREFIX, Labels, short_hash
 from sandbox.runtime.spec import SandboxSpec
@@ -148,7 +149,7 @@ def create_edge(client: Any, owner: EdgeOwner) -> EgressEdge:
         Labels.SCOPE_KEY: owner.scope_key,
         Labels.SESSION: owner.session,
         SANDBOX_LABEL: owner.name,
-        CREATOR_LABEL: f"{socket.gethostname()}:{os.getpid()}",
+        CREATOR_LABEL: current_owner(),
     }
     try:
         network = client.networks.create(
@@ -350,10 +351,9 @@ def sweep_orphans(client: Any, instance: str) -> list[str]:
         except docker.errors.NotFound:
             pass
         creator = str((item.get("Labels") or {}).get(CREATOR_LABEL, ""))
-        c_host, _, c_pid = creator.partition(":")
         if sandbox_name in MAKING:
             continue  # this process is making its sandbox right now
-        mine = c_host == host and c_pid == str(os.getpid())
+        mine = creator in (current_owner(), f"{host}:{os.getpid()}")
         if not mine and _age_s(item.get("Created")) < ORPHAN_GRACE_S:
             # another process (maybe on another host, or in a container: its pid says nothing
             # here) may be making its sandbox right now

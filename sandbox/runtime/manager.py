@@ -20,6 +20,7 @@ from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
+from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import SandboxSpec, spec_from_config
@@ -215,10 +216,16 @@ class SandboxManager:
             if CREATING_MARK not in info.name:
                 continue
             creator = info.labels.get(CREATOR_LABEL, "")
-            c_host, _, c_pid = creator.partition(":")
-            if c_host == host and c_pid.isdigit() and _pid_alive(int(c_pid)):
-                continue
-            if c_host != host and _age_s(info.created_at) < 600:
+            if "|" in creator:  # host|boot|pid|start (journal/owners.py)
+                here = owner_here(creator)
+                if here and owner_alive(creator, None, time.time()):
+                    continue
+            else:  # host:pid, as labelled before the start time was part of it
+                c_host, _, c_pid = creator.partition(":")
+                here = c_host == host
+                if here and c_pid.isdigit() and _pid_alive(int(c_pid)):
+                    continue
+            if not here and _age_s(info.created_at) < 600:
                 continue  # another host may still be creating it
             await self.backend.remove(info.id)
             removed.append(info.name)
