@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -63,7 +64,10 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise RequestValidationError(
             [{"type": "model_attributes_type", "loc": ("body",), "msg": f"the body must be JSON, not {kind}"}]
         )
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone before its body arrived: nobody reads the answer (FastAPI: 400)
+        raise HTTPException(400, "the client went away before its body arrived") from None
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
