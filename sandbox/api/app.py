@@ -176,8 +176,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     @app.post("/v1/sessions/{key}/calls", openapi_extra=json_body(CallRequest))
     async def call(request: Request, key: str) -> Any:
         who = await current_caller(request)
+        admission.rate(who)  # before the body is read: a tenant past its quota costs the others least
         body = await read_body(request, CallRequest)
-        admission.rate(who)  # first: a tenant past its quota costs the others least
         session = session_for(request, who, key, body.agent)
         await admission.session(orch(request), who, session)
         async with admission.running(who):
