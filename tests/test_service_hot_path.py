@@ -295,3 +295,18 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(
         assert fine.status_code == 200, fine.text
     uvicorn_log.removeHandler(caplog.handler)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_metrics_need_a_metrics_token_once_one_is_configured(tmp_path: Path) -> None:
+    """/metrics names every tenant: with service.metrics_tokens set it needs one of them; a
+    tenant's valid token is refused like no token at all."""
+    scraper = "sbx_metrics-scraper-token"
+    cfg = config(tmp_path, f"service: {{metrics_tokens: [{{name: prom, sha256: {sha(scraper)}}}]}}")
+    with serve(cfg) as url:
+        for headers in ({}, A, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {scraper}"}):
+            refused = httpx.get(f"{url}/metrics", headers=headers)
+            assert refused.status_code == 401 and "acme" not in refused.text, refused.text
+        scraped = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {scraper}"})
+        assert scraped.status_code == 200 and "sandbox_queue_depth" in scraped.text
+    with serve(config(tmp_path / "open")) as url:  # none configured: open, as documented
+        assert httpx.get(f"{url}/metrics").status_code == 200

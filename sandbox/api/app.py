@@ -267,6 +267,12 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         from fastapi.responses import Response
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        if not tenants.may_read_metrics(request.headers.get("authorization")):
+            raise HTTPException(
+                401,
+                "/metrics needs one of service.metrics_tokens (a tenant's token does not do)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         o = orch(request)
         metrics.queue_depth.set(o.limiter.waiting)
         metrics.sandboxes.clear()

@@ -155,6 +155,22 @@ class Tenants:
         scheme, _, token = (header or "").partition(" ")
         return self.authenticate(token.strip()) if scheme.lower() == "bearer" else None
 
+    def may_read_metrics(self, header: str | None) -> bool:
+        """Whether the header carries one of `service.metrics_tokens` (every one compared, in
+        constant time); True when none is configured. A tenant's token never does: /metrics
+        names every tenant."""
+        allowed = self.config.service.metrics_tokens
+        if not allowed:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return False
+        digest = token_hash(token.strip()).encode()
+        matched = False
+        for stored in allowed:
+            matched |= hmac.compare_digest(digest, stored.sha256.encode())
+        return matched
+
     def agents(self, tenant: str) -> dict[str, EffectiveAgent]:
         """The tenant's agents by id, its default first (see `default_agent`)."""
         found = self._agents.get(tenant)

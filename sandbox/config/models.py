@@ -485,6 +485,14 @@ class TenantConfig(StrictModel):
     allow_unsandboxed: bool = False
 
 
+class ServiceSection(StrictModel):
+    """`service:`: settings of `sandbox serve` that belong to no tenant."""
+
+    # who may read /metrics (it names every tenant): tokens stored hashed, never a tenant's;
+    # none configured: /metrics needs no token (keep it off the tenants' network then)
+    metrics_tokens: list[TenantToken] = []
+
+
 class Config(StrictModel):
     """The whole configuration file."""
 
@@ -498,6 +506,7 @@ class Config(StrictModel):
     results: ResultsConfig = ResultsConfig()
     skills: SkillsConfig = SkillsConfig()
     runtime: RuntimeSection = RuntimeSection()
+    service: ServiceSection = ServiceSection()
     # the file this config was read from (the loader says; never a key of the file itself)
     _source_file: Path | None = PrivateAttr(default=None)
 
