@@ -185,9 +185,9 @@ def test_metrics_show_calls_waiting_in_the_queue(tmp_path: Path) -> None:
                 httpx.post(f"{url}/v1/sessions/{key}/calls", headers=A, json={"tool": tool, "args": args}, timeout=60)
             )
 
-        slow = threading.Thread(target=call, args=("agent:alpha:q1", "exec", {"command": "sleep 2"}))
+        slow = threading.Thread(target=call, args=("agent:alpha:q1", "exec", {"command": "sleep 1"}))
         slow.start()
-        time.sleep(0.5)
+        time.sleep(0.3)
         waiting = threading.Thread(target=call, args=("agent:alpha:q2", "read", {"path": "f.txt"}))
         waiting.start()
         seen = []
@@ -278,7 +278,7 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(
     with serve(cfg) as url, caplog.at_level(logging.ERROR):
         uvicorn_log.addHandler(caplog.handler)  # after uvicorn configured its logging
         where = urlparse(url)
-        for _ in range(3):
+        for _ in range(2):
             with socket.create_connection((where.hostname, where.port)) as conn:
                 conn.sendall(
                     b"POST /v1/sessions/agent:alpha:s/calls HTTP/1.1\r\nHost: x\r\n"
@@ -286,7 +286,7 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(
                     + b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"tool": '
                 )
                 time.sleep(0.3)  # the route waits for the rest of the body when the client goes
-        time.sleep(0.5)
+        time.sleep(0.2)
         fine = httpx.post(
             f"{url}/v1/sessions/agent:alpha:s/calls",
             headers=A,
