@@ -576,3 +576,22 @@ def test_opening_the_journal_never_drops_sqlite_locks(tmp_path: Path) -> None:
         assert seen.stdout.strip() == "held"
     finally:
         journal.close()
+
+
+def test_long_outputs_are_captured_per_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each tenant's captures have a folder and a budget of their own: making room for one
+    tenant's outputs never removes another's."""
+    from sandbox.tools.handlers import execs
+
+    monkeypatch.setattr(execs, "SPILL_MAX_FILES", 2)
+    mine, theirs = execs.capture_folder(tmp_path, "acme"), execs.capture_folder(tmp_path, "globex")
+    assert mine != theirs and mine.parent == theirs.parent
+    theirs.mkdir(parents=True)
+    (theirs / "c_kept.txt").write_text("globex's output")
+    mine.mkdir(parents=True)
+    for i in range(10):
+        execs.make_room(mine)
+        (mine / f"c_{i}.txt").write_text("acme's flood")
+        os.utime(mine / f"c_{i}.txt", ns=(i * 10**9, i * 10**9))
+    assert sorted(p.name for p in mine.iterdir()) == ["c_8.txt", "c_9.txt"]
+    assert [p.name for p in theirs.iterdir()] == ["c_kept.txt"]

@@ -355,7 +355,8 @@ class Session:
         data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
         outputs = WorkspacePath((spill.STATE_SUBDIR,))
         if not root.read_only and not _on_volume(ctx):
-            safe = SafeRoot(root.host, self._owner(ctx), group_shared=ctx.files.group_shared)
+            # within the workspace's quota, like the file tools' writes and exec's own spills
+            safe = SafeRoot(root.host, self._owner(ctx), ctx.files.quota, group_shared=ctx.files.group_shared)
             where = WorkspacePath((".sandbox", "outputs"))
             await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
             return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"

@@ -2,7 +2,7 @@
 
 A writable workspace keeps them in `.sandbox/outputs/` (the sandbox can read them back); a
 read-only one in the session's folder of the state dir, `spilled/` (owner-only files). An
-`exec` output too long to hold in memory is captured host-side first (state_dir/outputs/) and
+`exec` output too long to hold in memory is captured host-side first (state_dir/outputs/<tenant>/) and
 then copied in by the same rule. Either directory keeps at
 most :data:`MAX_FILES` outputs and :data:`MAX_BYTES` bytes: the oldest are removed first to make
 room, and one output larger than the whole budget is not saved (the caller says so). Every

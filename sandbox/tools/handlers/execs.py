@@ -92,9 +92,15 @@ def make_room(folder: Path) -> None:
             os.unlink(folder / name)
 
 
+def capture_folder(state_dir: Path, tenant: str) -> Path:
+    """Where a tenant's long outputs are captured: a folder and a budget of its own, so that one
+    tenant's flood of long outputs never removes another's (tenant ids are plain names)."""
+    return state_dir / SPILL_DIR / tenant
+
+
 def new_capture(ctx: ToolContext) -> OutputCapture:
-    """Bounded output capture for one call, spilling to the orchestrator's state dir."""
-    folder = ctx.config.state_dir / SPILL_DIR
+    """Bounded output capture for one call, spilling to its tenant's folder of the state dir."""
+    folder = capture_folder(ctx.config.state_dir, ctx.agent.tenant)
     make_room(folder)
     return OutputCapture(folder / f"{ctx.call_id}{spill.SUFFIX}", max_bytes=ctx.config.tools.exec.max_output_bytes)
 
