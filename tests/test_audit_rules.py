@@ -336,3 +336,14 @@ def test_s002_senders_meeting_in_one_container(tmp_path: Path) -> None:
     assert [f.rule for f in sender_findings(by_sender, {})] == ["SBX-S002"]
     session = _unvalidated({"agents": {"defaults": {"sandbox": {"scope": "session"}}}}, tmp_path)
     assert sender_findings(session, {"main": {"alice", "bob"}}) == []
+
+
+def test_the_host_backend_is_a_critical_finding(tmp_path: Path) -> None:
+    """runtime.backend: host isolates nothing, whatever sandbox.mode says: SBX-P006, critical."""
+    config = load_config_text(
+        f"state_dir: {tmp_path}\nruntime: {{backend: host}}\nagents: {{defaults: {{sandbox: {{mode: all}}}}}}\n"
+    )
+    found = [f for f in audit_config(config, []) if f.rule == "SBX-P006"]
+    assert [(f.severity, f.target) for f in found] == [("critical", "config")]
+    docker = load_config_text(f"state_dir: {tmp_path}\nagents: {{defaults: {{sandbox: {{mode: all}}}}}}\n")
+    assert "SBX-P006" not in [f.rule for f in audit_config(docker, [])]

@@ -1,5 +1,5 @@
-"""Config rules about who runs tools on the host: the main session of `mode: non-main`, and the
-built-in defaults that apply when no config file is given."""
+"""Config rules about who runs tools on the host: the main session of `mode: non-main`, the
+host backend, and the built-in defaults that apply when no config file is given."""
 
 from __future__ import annotations
 
@@ -42,6 +42,18 @@ def host_session_findings(config: Config) -> list[Finding]:
                     f"agent {agent_id} (config)",
                 )
             )
+    if config.runtime.backend == "host":
+        out.append(
+            Finding(
+                "SBX-P006",
+                "critical",
+                "no sandbox at all: runtime.backend host",
+                "every session's tools, sandboxed or not, run on the orchestrator's host as its user: "
+                "nothing isolates one session, tenant or agent from another or from the host",
+                "set runtime.backend: docker (the host backend is for testing code built on the library)",
+                "config",
+            )
+        )
     if is_builtin_defaults(config):
         out.append(
             Finding(
