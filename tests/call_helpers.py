@@ -39,19 +39,29 @@ async def killed_mid_call(
     return result
 
 
-async def writes_during_a_swap_race(sess: Any, target: str, *, seconds: float = 4.0) -> tuple[int, dict[str, int]]:
+async def writes_during_a_swap_race(
+    sess: Any, target: str, *, writes: int = 60, seconds: float = 4.0
+) -> tuple[int, dict[str, int]]:
     """A background loop in the sandbox swaps folder `d` for a link to `target` and back while
-    the file tools write into `d/`: returns how many writes were tried and their outcomes."""
+    the file tools write into `d/`: at least `writes` writes (a slow machine makes fewer in a
+    given time) and for at least `seconds` (a slow sandbox, gVisor's, swaps fewer times in a given
+    number of writes). Returns how many swaps happened meanwhile and the writes' outcomes."""
     import time
 
-    swap = f"end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do rm -rf d; mkdir d; rm -rf d; ln -s {target} d; done"
+    swap = (
+        "rm -f swaps stop; end=$(($(date +%s)+120)); "
+        f"while [ ! -e stop ] && [ $(date +%s) -lt $end ]; do rm -rf d; mkdir d; rm -rf d; ln -s {target} d; "
+        "echo >> swaps; done"
+    )
     assert (await sess.call("exec", {"command": swap, "background": True})).ok
     outcomes: dict[str, int] = {}
     deadline = time.monotonic() + seconds
     n = 0
-    while time.monotonic() < deadline:
+    while n < writes or time.monotonic() < deadline:
         r = await sess.call("write", {"path": f"d/f{n}.txt", "content": "RACE"})
         key = "ok" if r.ok else r.error.code
         outcomes[key] = outcomes.get(key, 0) + 1
         n += 1
-    return n, outcomes
+    stopped = await sess.call("exec", {"command": "touch stop; sleep 0.5; wc -l < swaps"})
+    assert stopped.ok, stopped
+    return int(stopped.output["output"].strip()), outcomes

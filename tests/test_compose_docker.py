@@ -110,6 +110,11 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         assert httpx.delete(f"{url}/v1/sessions/t1", headers=headers, timeout=120).status_code == 200
         if cli == ["docker-compose"]:  # once: it is the service's doing, not the compose tool's
             browse(url, headers, lab, rules_before)
+    except AssertionError as failure:  # the service's own words go with the failure (down loses them)
+        logs = subprocess.run(
+            [*compose, "logs", "--no-color", "--tail", "60", "service"], capture_output=True, text=True, env=env
+        )
+        raise AssertionError(f"{failure}\n--- service log ---\n{logs.stdout[-6000:]}") from failure
     finally:
         down = subprocess.run([*compose, "down", "-v"], capture_output=True, text=True, env=env, timeout=300)
     assert down.returncode == 0, down.stderr[-2000:]

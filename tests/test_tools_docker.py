@@ -132,8 +132,8 @@ async def test_symlink_swap_race_never_lands_outside(make_config: Any, tmp_path:
     config = sandbox_config(make_config, tmp_path / "ws")
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:a:race")
-        n, outcomes = await writes_during_a_swap_race(sess, str(decoy))
-        assert n > 50, outcomes
+        swaps, outcomes = await writes_during_a_swap_race(sess, str(decoy))
+        assert swaps > 10 and sum(outcomes.values()) >= 60, (swaps, outcomes)  # the race really ran
         assert set(decoy_state(decoy)) == {"decoy.txt"}, outcomes
         assert outcomes.get("PERMISSION_DENIED", 0) > 0 or outcomes.get("ok", 0) > 0
 

@@ -91,8 +91,8 @@ async def test_a_folder_swapped_for_a_link_mid_write_never_lands_outside(make_co
     async with Orchestrator(volume_config(make_config)) as orch:
         sess = orch.session("agent:main:race")
         await sh(sess, f"mkdir -p {DECOY}")
-        n, outcomes = await writes_during_a_swap_race(sess, DECOY)
-        assert n > 50, outcomes
+        swaps, outcomes = await writes_during_a_swap_race(sess, DECOY)
+        assert swaps > 10 and sum(outcomes.values()) >= 60, (swaps, outcomes)  # the race really ran
         assert await sh(sess, f"sleep 3; ls -A {DECOY} | wc -l") == "0\n", outcomes
         assert outcomes.get("PERMISSION_DENIED", 0) > 0 or outcomes.get("ok", 0) > 0
 

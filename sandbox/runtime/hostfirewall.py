@@ -15,8 +15,16 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import time
+
+from sandbox._log import logger
 
 TAG = "agent-sandbox-browser"  # the name rules were first made with (browsers); kept for removal
+# another writer of the tables (the engine making or removing networks at the same moment, which
+# a service in a container does not share a lock with) can make one iptables call fail: removals
+# are checked and tried again, inserts tried again
+TRIES = 5
+RETRY_S = 0.2
 
 
 def _iptables() -> str | None:
@@ -42,20 +50,45 @@ def _rules(bridge: str) -> list[list[str]]:
     ]
 
 
+def _usable() -> bool:
+    """Whether this process may read the tables at all (root, NET_ADMIN): if not, nothing is tried
+    again (a retry would only wait)."""
+    return _run(["-S", "INPUT"])
+
+
 def drop_from_bridge(bridge: str) -> bool:
     """Make sure new connections from `bridge` to the host are dropped; True when the rules are in."""
-    if rules_present(bridge):
-        return True
-    remove_rules(bridge)  # a partial set: start over so the ACCEPT always comes before the DROP
-    drop, accept = _rules(bridge)
-    return _run(["-I", drop[0], "1", *drop[1:]]) and _run(["-I", accept[0], "1", *accept[1:]])
+    if not _usable():
+        return False
+    for _ in range(TRIES):
+        if rules_present(bridge):
+            return True
+        remove_rules(bridge)  # a partial set: start over so the ACCEPT always comes before the DROP
+        drop, accept = _rules(bridge)
+        if _run(["-I", drop[0], "1", *drop[1:]]) and _run(["-I", accept[0], "1", *accept[1:]]):
+            return True
+        time.sleep(RETRY_S)
+    return rules_present(bridge)
+
+
+def _delete_all(rule: list[str]) -> bool:
+    """Delete every copy of `rule`; True once none is left (checked, and tried again)."""
+    for _ in range(TRIES):
+        while _run(["-D", *rule]):
+            pass
+        if not _run(["-C", *rule]):
+            return True
+        time.sleep(RETRY_S)
+    return False
 
 
 def remove_rules(bridge: str) -> None:
     """Remove the rules of a bridge (when its network is removed)."""
+    if not _usable():
+        return
     for rule in _rules(bridge):
-        while _run(["-D", *rule]):
-            pass
+        if not _delete_all(rule):
+            logger.bind(bridge=bridge, rule=" ".join(rule)).warning("host_firewall_rule_left")
 
 
 def rules_present(bridge: str) -> bool:
