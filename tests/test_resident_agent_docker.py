@@ -228,3 +228,45 @@ agents:
         assert killed.error is not None and killed.error.code == "SANDBOX_UNAVAILABLE", killed
         assert (await outputs(sess, "ps -eo args | grep -c '^sleep 171' || true"))["stdout"] == "0\n"
         assert box.backend.agents.started == 2
+
+
+def test_the_host_side_kill_refuses_a_pid_outside_its_container(docker_client: Any) -> None:
+    """kill_exec signals only a running exec's pid that the engine lists for *that* container and
+    whose cgroup is that container's: asked to kill container B's exec in A's name, or an exec
+    that has ended, it signals nothing; asked for B's own, it kills exactly that process."""
+    import time
+
+    from sandbox.runtime.docker_kill import _in_container, kill_exec
+    from tests.conftest import RUN_ID, TEST_LABEL
+
+    api = docker_client.api
+    made = [
+        docker_client.containers.run(
+            "sandbox-exec:latest", ["sleep", "120"], detach=True, network_mode="none", labels={TEST_LABEL: RUN_ID}
+        )
+        for _ in range(2)
+    ]
+    a, b = made
+    try:
+        running = api.exec_create(b.id, ["sleep", "171"])["Id"]
+        api.exec_start(running, detach=True)
+        ended = api.exec_create(b.id, ["true"])["Id"]
+        api.exec_start(ended)
+        deadline = time.monotonic() + 10
+        while not api.exec_inspect(running).get("Running") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(api.exec_inspect(running)["Pid"])
+        assert pid > 1 and _in_container(pid, b.id) and not _in_container(pid, a.id)
+
+        assert kill_exec(api, a.id, running) is False  # B's process in A's name: refused
+        assert kill_exec(api, b.id, ended) is False  # ended: its pid may be someone else's now
+        assert "sleep 171" in str(api.top(b.id))
+        assert kill_exec(api, b.id, running) is True
+        deadline = time.monotonic() + 10
+        while "sleep 171" in str(api.top(b.id)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "sleep 171" not in str(api.top(b.id))
+        assert "sleep 120" in str(api.top(b.id))  # only that process
+    finally:
+        for container in made:
+            container.remove(force=True)
