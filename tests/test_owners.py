@@ -20,7 +20,7 @@ def test_this_process_is_alive_and_a_finished_one_is_not() -> None:
     """The kernel answers for owners on this host: pid and start time must both match."""
     me = current_owner()
     host, _boot, pid, start = me.split("|")
-    assert host == socket.gethostname() and int(pid) > 1 and start.isdigit()
+    assert host.startswith(socket.gethostname() + "@") and int(pid) > 1 and start.isdigit()
     assert owner_alive(me, None, time.time())
     child = subprocess.run(
         [sys.executable, "-c", "from sandbox.journal.owners import current_owner; print(current_owner())"],
@@ -31,6 +31,23 @@ def test_this_process_is_alive_and_a_finished_one_is_not() -> None:
     assert not owner_alive(child.stdout.strip(), None, time.time())  # it has exited
     reused = "|".join([host, _boot, pid, str(int(start) + 1)])  # same pid, another process
     assert not owner_alive(reused, None, time.time())
+
+
+def test_an_owner_in_another_pid_namespace_of_this_host_lives_by_its_lease() -> None:
+    """A service in a container on the host's network (compose) has the host's name and boot but
+    pids of its own: its pid 1 is not this host's pid 1, so the kernel here is not asked. Before,
+    the host's own pid 1 (another start time) made it look dead, and a CLI beside it settled its
+    live calls. An unknown start time is the lease's to judge too."""
+    me = current_owner()
+    host, boot, _pid, _start = me.split("|")
+    name = host.rsplit("@", 1)[0]
+    in_container = "|".join([f"{name}@4026532999", boot, "1", "12345"])
+    now = time.time()
+    assert not owners.owner_here(in_container)
+    assert owner_alive(in_container, now + 10, now) and not owner_alive(in_container, now - 1, now)
+    unknown_start = "|".join([host, boot, _pid, "?"])
+    assert not owners.owner_here(unknown_start) and owner_alive(unknown_start, now + 10, now)
+    assert owners.owner_here(me)
 
 
 def test_other_hosts_live_by_their_lease() -> None:

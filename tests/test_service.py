@@ -191,6 +191,11 @@ def test_token_create_prints_once_and_stores_only_the_hash(make_config: Any, tmp
             f"{{id: a2, tokens: [{{name: y, sha256: {'a' * 64}}}]}}]\nagents: {{list: [{{id: a, tenant: a1}}]}}",
             "used twice",
         ),
+        (
+            f"tenants: [{{id: a1, tokens: [{{name: x, sha256: {'b' * 64}}}]}}]\n"
+            f"service: {{metrics_tokens: [{{name: prom, sha256: {'b' * 64}}}]}}\nagents: {{list: [{{id: a, tenant: a1}}]}}",
+            "service.metrics_tokens[0].sha256",
+        ),
     ],
 )
 def test_tenant_config_errors_name_the_key(tmp_path: Path, text: str, words: str) -> None:

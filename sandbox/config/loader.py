@@ -203,6 +203,9 @@ def _tenant_problems(config: Config) -> list[tuple[Loc, str]]:
             if token.sha256 in used:  # one token must name one tenant
                 problems.append((("tenants", i, "tokens", j, "sha256"), "this token hash is used twice"))
             used.add(token.sha256)
+    for j, token in enumerate(config.service.metrics_tokens):
+        if token.sha256 in used:  # a scraper's token is never a tenant's (/metrics names them all)
+            problems.append((("service", "metrics_tokens", j, "sha256"), "this token hash is also a tenant's"))
     for i, agent in enumerate(config.agents.list):
         if agent.tenant not in seen:
             problems.append(

@@ -67,8 +67,13 @@ class FileStates:
             return  # a file read again unchanged: nothing to write (it cost ~0.8 ms a call)
         seen[key] = new
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # a name of its own: two calls of one session may record at once, in two threads
+        # a name of its own: another holder (a handle, a process) may write at the same moment
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(json.dumps({k: {"sha256": v.sha256, "mtime_ns": v.mtime_ns} for k, v in seen.items()}))
-        tmp.replace(self.path)
-        self._version = self._file_version()
+        try:
+            tmp.write_text(json.dumps({k: {"sha256": v.sha256, "mtime_ns": v.mtime_ns} for k, v in seen.items()}))
+            st = tmp.stat()  # the version is the file this holder wrote (a rename keeps it), not
+            tmp.replace(self.path)  # whatever another holder put there right after
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._version = (st.st_ino, st.st_mtime_ns, st.st_size)

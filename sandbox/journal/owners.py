@@ -2,9 +2,10 @@
 
 Recovery must settle only the calls of orchestrators that are gone: two processes on one state
 dir (two CLI calls, the CLI beside a service) would otherwise kill each other's running
-commands. An owner is `<host>|<boot id>|<pid>|<process start time>`: on the same host and boot
-the kernel answers (the pid runs and started at that time, so a reused pid is not mistaken for
-it); elsewhere the owner's lease in the journal does (renewed while it has calls open).
+commands. An owner is `<host>@<pid namespace>|<boot id>|<pid>|<process start time>`: on the same
+host, boot and pid namespace the kernel answers (the pid runs and started at that time, so a
+reused pid is not mistaken for it); elsewhere the owner's lease in the journal does (renewed
+while it has calls open).
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def _start_time(pid: int) -> str | None:
     return fields[19].decode()
 
 
+@cache
+def _host() -> str:
+    """This host as an owner names it: its name and this process's pid namespace. A service in a
+    container on the host's network (compose) has the host's name and boot but pids of its own,
+    so the kernel here can say nothing of its pids."""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "?"
+    return f"{socket.gethostname()}@{namespace}"
+
+
 _owner: tuple[int, str] | None = None
 
 
@@ -46,26 +59,28 @@ def current_owner() -> str:
     global _owner
     pid = os.getpid()
     if _owner is None or _owner[0] != pid:
-        _owner = (pid, f"{socket.gethostname()}|{_boot_id()}|{pid}|{_start_time(pid) or '?'}")
+        _owner = (pid, f"{_host()}|{_boot_id()}|{pid}|{_start_time(pid) or '?'}")
     return _owner[1]
 
 
 def owner_here(owner: str) -> bool:
-    """Whether `owner` ran on this host since its last boot (so the kernel can say if it runs)."""
+    """Whether `owner` ran on this host since its last boot, in this pid namespace, with a known
+    start time (so the kernel can say whether it runs)."""
     parts = owner.split("|")
-    return len(parts) == 4 and parts[0] == socket.gethostname() and parts[1] == _boot_id()
+    return len(parts) == 4 and parts[0] == _host() and parts[1] == _boot_id() and parts[3] != "?"
 
 
 def owner_alive(owner: str, lease_until: float | None, now: float) -> bool:
     """Whether the orchestrator that wrote `owner` still runs.
 
-    Same host and boot: the kernel says (pid present with the same start time). Otherwise: the
-    lease. An owner of an older journal (empty) is gone.
+    Same host, boot and pid namespace: the kernel says (pid present with the same start time).
+    Otherwise (another host, a container with pids of its own, an unknown start time): the lease.
+    An owner of an older journal (empty) is gone.
     """
     parts = owner.split("|")
     if len(parts) != 4:
         return False
-    host, boot, pid, start = parts
-    if host == socket.gethostname() and boot == _boot_id():
+    pid, start = parts[2], parts[3]
+    if owner_here(owner):
         return pid.isdigit() and _start_time(int(pid)) == start
     return lease_until is not None and lease_until > now

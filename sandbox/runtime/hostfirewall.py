@@ -20,9 +20,10 @@ import time
 from sandbox._log import logger
 
 TAG = "agent-sandbox-browser"  # the name rules were first made with (browsers); kept for removal
-# another writer of the tables (the engine making or removing networks at the same moment, which
-# a service in a container does not share a lock with) can make one iptables call fail: removals
-# are checked and tried again, inserts tried again
+# iptables' exit status for a resource problem (the tables busy with another writer: the engine
+# making or removing networks at the same moment, which a service in a container shares no lock
+# with). Only that is tried again: any other failure is final at once, so nothing waits for it.
+BUSY = 4
 TRIES = 5
 RETRY_S = 0.2
 
@@ -31,15 +32,28 @@ def _iptables() -> str | None:
     return shutil.which("iptables")
 
 
-def _run(args: list[str]) -> bool:
+def _call(args: list[str]) -> int:
+    """iptables' exit status for `args`, tried again while the tables are busy (-1: no iptables)."""
     binary = _iptables()
     if binary is None:
-        return False
-    try:
-        done = subprocess.run([binary, "-w", "5", *args], capture_output=True, timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+        return -1
+    status = -1
+    for attempt in range(TRIES):
+        try:
+            done = subprocess.run([binary, "-w", "5", *args], capture_output=True, timeout=15, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return -1
+        status = done.returncode
+        if status != BUSY:
+            return status
+        if attempt + 1 < TRIES:
+            time.sleep(RETRY_S)
+    logger.bind(args=" ".join(args)).warning("host_firewall_busy")
+    return status
+
+
+def _run(args: list[str]) -> bool:
+    return _call(args) == 0
 
 
 def _rules(bridge: str) -> list[list[str]]:
@@ -50,45 +64,20 @@ def _rules(bridge: str) -> list[list[str]]:
     ]
 
 
-def _usable() -> bool:
-    """Whether this process may read the tables at all (root, NET_ADMIN): if not, nothing is tried
-    again (a retry would only wait)."""
-    return _run(["-S", "INPUT"])
-
-
 def drop_from_bridge(bridge: str) -> bool:
     """Make sure new connections from `bridge` to the host are dropped; True when the rules are in."""
-    if not _usable():
-        return False
-    for _ in range(TRIES):
-        if rules_present(bridge):
-            return True
-        remove_rules(bridge)  # a partial set: start over so the ACCEPT always comes before the DROP
-        drop, accept = _rules(bridge)
-        if _run(["-I", drop[0], "1", *drop[1:]]) and _run(["-I", accept[0], "1", *accept[1:]]):
-            return True
-        time.sleep(RETRY_S)
-    return rules_present(bridge)
-
-
-def _delete_all(rule: list[str]) -> bool:
-    """Delete every copy of `rule`; True once none is left (checked, and tried again)."""
-    for _ in range(TRIES):
-        while _run(["-D", *rule]):
-            pass
-        if not _run(["-C", *rule]):
-            return True
-        time.sleep(RETRY_S)
-    return False
+    if rules_present(bridge):
+        return True
+    remove_rules(bridge)  # a partial set: start over so the ACCEPT always comes before the DROP
+    drop, accept = _rules(bridge)
+    return _run(["-I", drop[0], "1", *drop[1:]]) and _run(["-I", accept[0], "1", *accept[1:]])
 
 
 def remove_rules(bridge: str) -> None:
     """Remove the rules of a bridge (when its network is removed)."""
-    if not _usable():
-        return
     for rule in _rules(bridge):
-        if not _delete_all(rule):
-            logger.bind(bridge=bridge, rule=" ".join(rule)).warning("host_firewall_rule_left")
+        while _run(["-D", *rule]):
+            pass
 
 
 def rules_present(bridge: str) -> bool:
