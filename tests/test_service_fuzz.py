@@ -1,6 +1,6 @@
 """A property-based fuzzer over the service's OpenAPI document (schemathesis) against a real server:
-whatever a client sends, the service never answers 5xx, and a 2xx body matches the schema it
-documents. Agents run in mode off (no containers); the token is valid, so requests reach the
+whatever a client sends, the service never answers 5xx, every status it answers is one it
+documents, and every body matches the schema documented for its status. Agents run in mode off (no containers); the token is valid, so requests reach the
 handlers. Everything heavy is imported in the test, so collecting the quick tier stays cheap."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ READINESS = "/readyz"
 
 
 def test_no_server_errors_and_documented_successes(tmp_path: Path) -> None:
-    """For every route: no request gets a 5xx, and every 2xx body matches the documented schema."""
+    """For every route: no request gets a 5xx, every status is documented, every body matches its schema."""
     import schemathesis
     from schemathesis.checks import not_a_server_error
-    from schemathesis.specs.openapi.checks import response_schema_conformance
+    from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
     from sandbox import load_config_text
 
@@ -45,6 +45,8 @@ def test_no_server_errors_and_documented_successes(tmp_path: Path) -> None:
             @settings(max_examples=EXAMPLES, suppress_health_check=list(HealthCheck), deadline=None)
             def check(case: Any) -> None:
                 response = case.call(base_url=url, headers={"Authorization": f"Bearer {TOKEN_A}"}, timeout=30)
-                case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
+                case.validate_response(
+                    response, checks=[not_a_server_error, status_code_conformance, response_schema_conformance]
+                )
 
             check()

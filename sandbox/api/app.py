@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from sandbox._log import logger
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
-from sandbox.api.requests import BatchRequest, BodyLimit, CallRequest, json_body, read_body
+from sandbox.api.requests import ERROR_RESPONSES, BatchRequest, BodyLimit, CallRequest, json_body, read_body
 from sandbox.api.serving import StopWatch, past_drain_deadline
 from sandbox.api.tenants import Caller, Tenants, tenant_agents
 from sandbox.config.merge import EffectiveAgent, default_agent_id
@@ -90,7 +90,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
 
-    app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan)
+    # the refusals every route may answer, documented so that clients (and the fuzzer) can check them
+    app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan, responses=ERROR_RESPONSES)
     # set on SIGTERM/SIGINT (api/serving.py): streams end, new calls are refused, and calls still
     # running at the deadline are stopped
     app.state.stopping = False

@@ -76,6 +76,28 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise RequestValidationError(errors) from None
 
 
+class ErrorBody(BaseModel):
+    """Every refusal that is not a tool result: 400, 401, 403, 404, 409, 413, 429 and 503."""
+
+    detail: str = Field(description="What was refused and why, in words a client (or a model) can act on.")
+    code: str | None = Field(None, description="The error code, when the refusal is one of the engine's.")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (400, "a malformed request (an invalid session key, a bad batch)"),
+        (401, "no valid bearer token"),
+        (403, "an unsandboxed session this tenant may not reach"),
+        (404, "not this tenant's (or does not exist)"),
+        (409, "the approval was decided already"),
+        (413, "the body is over the size limit"),
+        (429, "a tenant quota (see Retry-After)"),
+        (503, "the service is stopping (see Retry-After)"),
+    )
+}
+
+
 class BodyLimit:
     """413 for a body declared larger than MAX_BODY_BYTES, before it is read.
 
