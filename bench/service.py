@@ -230,6 +230,15 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+            if docker:
+                anyio.run(remove_sandboxes, config)
+
+
+async def remove_sandboxes(config: object) -> None:
+    """The bench's sandboxes go with it (agent scope: closing a session would leave them)."""
+    async with Orchestrator(config) as orch:  # type: ignore[arg-type]
+        for info in await orch.manager.list():
+            await orch.manager.remove(info)
 
 
 if __name__ == "__main__":
