@@ -15,11 +15,13 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from sandbox.config.merge import EffectiveAgent, effective_agent
 from sandbox.config.models import Config, TenantConfig
 from sandbox.errors import UsageError
 
+T = TypeVar("T")
 TOKEN_FILE = "tenant-tokens.json"  # noqa: S105 - a file name, not a secret
 TOKEN_PREFIX = "sbx_"  # noqa: S105 - a prefix, not a secret
 
@@ -110,9 +112,23 @@ def authenticate(config: Config, token: str | None) -> Caller | None:
     return Tenants(config).authenticate(token)
 
 
-def from_authorization(config: Config, header: str | None) -> Caller | None:
-    """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
-    return Tenants(config).from_authorization(header)
+def bearer_token(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header; None for anything else."""
+    scheme, _, token = (header or "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def first_match(token: str | None, hashes: list[tuple[T, str]]) -> T | None:
+    """What the first of `hashes` (item, sha256) matching `token` names: the token's hash is
+    compared with every one, in constant time, with no early exit on a match."""
+    if not token:
+        return None
+    digest = token_hash(token).encode()
+    found: T | None = None
+    for item, stored_hash in hashes:
+        if hmac.compare_digest(digest, stored_hash.encode()) and found is None:
+            found = item
+    return found
 
 
 class Tenants:
@@ -123,15 +139,16 @@ class Tenants:
     def __init__(self, config: Config) -> None:
         self.config = config
         self._by_id = {t.id: t for t in config.tenants}
-        self._configured = [(t, k.name, k.sha256) for t in config.tenants for k in t.tokens]
-        self._candidates: tuple[object, list[tuple[TenantConfig, str, str]]] = (None, self._configured)
+        self._configured = [(Caller(t, k.name), k.sha256) for t in config.tenants for k in t.tokens]
+        self._candidates: tuple[object, list[tuple[Caller, str]]] = (None, self._configured)
+        self._metrics = [(True, k.sha256) for k in config.service.metrics_tokens]
         self._agents: dict[str, dict[str, EffectiveAgent]] = {}
 
-    def _known_hashes(self) -> list[tuple[TenantConfig, str, str]]:
+    def _known_hashes(self) -> list[tuple[Caller, str]]:
         stored = _stored(self.config.state_dir)  # the same list object while the file is unchanged
         if self._candidates[0] is not stored:
             extra = [
-                (self._by_id[s["tenant"]], s.get("name", ""), s.get("sha256", ""))
+                (Caller(self._by_id[s["tenant"]], s.get("name", "")), s.get("sha256", ""))
                 for s in stored
                 if s.get("tenant") in self._by_id
             ]
@@ -141,35 +158,19 @@ class Tenants:
     def authenticate(self, token: str | None) -> Caller | None:
         """The tenant a bearer token belongs to, or None: its hash is compared with every known
         hash in constant time, with no early exit on a match."""
-        if not token:
-            return None
-        digest = token_hash(token).encode()
-        found: Caller | None = None
-        for tenant, name, stored_hash in self._known_hashes():
-            if hmac.compare_digest(digest, stored_hash.encode()) and found is None:
-                found = Caller(tenant, name)
-        return found
+        return first_match(token, self._known_hashes())
 
     def from_authorization(self, header: str | None) -> Caller | None:
         """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
-        scheme, _, token = (header or "").partition(" ")
-        return self.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        return self.authenticate(bearer_token(header))
 
     def may_read_metrics(self, header: str | None) -> bool:
         """Whether the header carries one of `service.metrics_tokens` (every one compared, in
         constant time); True when none is configured. A tenant's token never does: /metrics
         names every tenant."""
-        allowed = self.config.service.metrics_tokens
-        if not allowed:
+        if not self._metrics:
             return True
-        scheme, _, token = (header or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return False
-        digest = token_hash(token.strip()).encode()
-        matched = False
-        for stored in allowed:
-            matched |= hmac.compare_digest(digest, stored.sha256.encode())
-        return matched
+        return first_match(bearer_token(header), self._metrics) is True
 
     def agents(self, tenant: str) -> dict[str, EffectiveAgent]:
         """The tenant's agents by id, its default first (see `default_agent`)."""
