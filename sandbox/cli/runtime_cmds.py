@@ -18,10 +18,15 @@ if TYPE_CHECKING:  # imported where used: the CLI starts without docker
     from sandbox.runtime.manager import SandboxManager
 
 
-def _docker() -> DockerBackend:
-    from sandbox.runtime.docker_backend import DockerBackend
+# an image build streams its steps' output through the control client, and a step may be
+# silent for minutes (a layer export): builds wait longer than control calls for an answer
+BUILD_TIMEOUT_S = 900.0
 
-    return DockerBackend()
+
+def _docker(timeout_s: float | None = None) -> DockerBackend:
+    from sandbox.runtime.docker_backend import CONTROL_TIMEOUT_S, DockerBackend
+
+    return DockerBackend(timeout_s=timeout_s or CONTROL_TIMEOUT_S)
 
 
 def _targets(state: State) -> list[Any]:
@@ -64,7 +69,7 @@ def images_build(state: State, offline: bool, force: bool, as_json: bool) -> Non
     """Build the exec and browser images from images/ (idempotent)."""
     from sandbox.runtime.images import build_all
 
-    backend = _docker()
+    backend = _docker(BUILD_TIMEOUT_S)
 
     def log(line: str) -> None:
         click.echo(line, err=as_json)

@@ -37,6 +37,10 @@ from sandbox.runtime.spec import SandboxSpec
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
 SETUP_TIMEOUT_S = 300.0
+# how long one control call (inspect, create, start, remove...) may wait for the engine's answer:
+# an engine that accepts connections but never answers fails a call with SANDBOX_UNAVAILABLE
+# after this (docker-py's default is 60 s); exec output streams are long by design and exempt
+CONTROL_TIMEOUT_S = 15.0
 
 __all__ = ["CREATING_MARK", "CREATOR_LABEL", "DockerBackend", "DockerSandbox", "info_from_container"]
 
@@ -84,12 +88,14 @@ class DockerBackend:
     Args:
         client: a docker SDK client; default `docker.from_env()` on first use.
         max_threads: how many blocking SDK calls may run at once.
+        timeout_s: how long the default client waits for each answer of the engine.
     """
 
     name = "docker"
 
-    def __init__(self, client: Any = None, *, max_threads: int = 32) -> None:
+    def __init__(self, client: Any = None, *, max_threads: int = 32, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
         self._client = client
+        self._timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(max_threads)
         self.stream_limiter = anyio.CapacityLimiter(256)  # long-running output readers
         self._image_ids: dict[str, tuple[float, str]] = {}
@@ -105,7 +111,7 @@ class DockerBackend:
             failure: SandboxError | None = None
             try:
                 with mapped("connect"):
-                    self._client = docker.from_env()
+                    self._client = docker.from_env(timeout=self._timeout_s)
             except SandboxError as exc:
                 failure = SandboxUnavailable(exc.message, **exc.details)
             if failure is not None:  # outside `except`: nothing holds the half-made client now

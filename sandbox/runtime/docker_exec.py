@@ -72,6 +72,9 @@ async def exec_stream(
         with mapped("exec output"):
             raw = api.exec_start(exec_id, socket=True)
             streams.append(raw)
+            # the answer came: from here on a silent command may run for as long as it is allowed
+            # (the client's timeout bounds control calls, not a command's output stream)
+            _no_read_timeout(raw)
             try:
                 if closed.is_set():
                     return
@@ -136,6 +139,12 @@ def _deliver(on_output: Callable[[bytes], None], data: bytes) -> None:
     # called in the reader thread: hand the chunk to the event loop; a gone loop drops it
     with contextlib.suppress(Exception):
         anyio.from_thread.run_sync(on_output, data)
+
+
+def _no_read_timeout(raw: Any) -> None:
+    for sock in (raw, getattr(raw, "_sock", None)):
+        if hasattr(sock, "settimeout"):
+            sock.settimeout(None)
 
 
 def _shutdown_exec_socket(raw: Any) -> None:
