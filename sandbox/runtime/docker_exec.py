@@ -143,8 +143,9 @@ def _deliver(on_output: Callable[[bytes], None], data: bytes) -> None:
 
 def _no_read_timeout(raw: Any) -> None:
     for sock in (raw, getattr(raw, "_sock", None)):
-        if hasattr(sock, "settimeout"):
-            sock.settimeout(None)
+        settimeout = getattr(sock, "settimeout", None)
+        if settimeout is not None:
+            settimeout(None)
 
 
 def _shutdown_exec_socket(raw: Any) -> None:
