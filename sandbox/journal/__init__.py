@@ -1,5 +1,7 @@
 """The durable journal of tool calls and approvals."""
 
-from sandbox.journal.store import TERMINAL, Approval, Event, Journal
+from sandbox.journal.queries import EventPage
+from sandbox.journal.schema import TERMINAL
+from sandbox.journal.store import Approval, Event, Journal
 
-__all__ = ["TERMINAL", "Approval", "Event", "Journal"]
+__all__ = ["TERMINAL", "Approval", "Event", "EventPage", "Journal"]

@@ -26,107 +26,22 @@ from typing import Any
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
+from sandbox.journal.queries import Event, EventPage, event_of
+from sandbox.journal.queries import page as _page
 from sandbox.journal.redact import redact
+from sandbox.journal.schema import (
+    DELETE_OPEN,
+    INSERT_EVENT,
+    INSERT_LOOP_CALL,
+    SETTLED,
+    TERMINAL,
+    UPSERT_LEASE,
+    UPSERT_OPEN,
+    migrate,
+)
 from sandbox.journal.writer import Statement, Writer
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,
-    trace_id TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    session TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    stage TEXT NOT NULL,
-    duration_ms REAL,
-    data TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS events_call ON events(call_id);
-CREATE INDEX IF NOT EXISTS events_trace ON events(trace_id);
-CREATE INDEX IF NOT EXISTS events_session ON events(session);
-CREATE TABLE IF NOT EXISTS approvals (
-    id TEXT PRIMARY KEY,
-    call_id TEXT NOT NULL,
-    trace_id TEXT NOT NULL,
-    session TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    arguments TEXT NOT NULL,
-    status TEXT NOT NULL,
-    reason TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL,
-    decided REAL
-);
-CREATE TABLE IF NOT EXISTS loop_calls (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    tenant TEXT NOT NULL,
-    session TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    args TEXT NOT NULL,
-    result TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS loop_calls_session ON loop_calls(tenant, session, id);
-CREATE TABLE IF NOT EXISTS loop_sessions (
-    tenant TEXT NOT NULL,
-    session TEXT NOT NULL,
-    tripped INTEGER NOT NULL DEFAULT 0,
-    since_id INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant, session)
-);
-CREATE TABLE IF NOT EXISTS open_calls (
-    call_id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    stage TEXT NOT NULL,
-    ts REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS owners (
-    owner TEXT PRIMARY KEY,
-    lease_until REAL NOT NULL
-);
-"""
-# a call leaves open_calls with its last stage; these end what recovery has to look at
-# (a re-attached background process stays open: later recoveries report when it exits)
-SETTLED = frozenset({"process_exited", "process_gone"})
-UPSERT_OPEN = (
-    "INSERT INTO open_calls(call_id, owner, stage, ts) VALUES (?,?,?,?) "
-    "ON CONFLICT(call_id) DO UPDATE SET owner = excluded.owner, stage = excluded.stage, ts = excluded.ts"
-)
-DELETE_OPEN = "DELETE FROM open_calls WHERE call_id = ?"
-UPSERT_LEASE = (
-    "INSERT INTO owners(owner, lease_until) VALUES (?,?) "
-    "ON CONFLICT(owner) DO UPDATE SET lease_until = excluded.lease_until"
-)
-# journals written before open_calls existed: their unfinished calls, owner unknown (= gone)
-BACKFILL_OPEN = (
-    "INSERT OR IGNORE INTO open_calls(call_id, owner, stage, ts) "
-    "SELECT call_id, '', stage, ts FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) "
-    "AND stage NOT IN ({})"
-)
-INSERT_EVENT = (
-    "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?)"
-)
-INSERT_LOOP_CALL = "INSERT INTO loop_calls(tenant, session, tool, args, result) VALUES (?,?,?,?,?)"
-TERMINAL = frozenset({"finished", "failed", "blocked", "denied", "invalid", "not_found", "abandoned"})
-
-
-@dataclass(frozen=True)
-class Event:
-    """One journaled stage of one call."""
-
-    id: int
-    ts: float
-    trace_id: str
-    call_id: str
-    session: str
-    tenant: str
-    agent: str
-    tool: str
-    stage: str
-    duration_ms: float | None
-    data: dict[str, Any]
+__all__ = ["Approval", "Event", "EventPage", "Journal"]
 
 
 @dataclass(frozen=True)
@@ -169,11 +84,7 @@ class Journal:
             self._db = sqlite3.connect(str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
-            had_open = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'open_calls'").fetchone()
-            self._db.executescript(SCHEMA)
-            if not had_open:
-                closed = ",".join("?" * len(TERMINAL | SETTLED))
-                self._db.execute(BACKFILL_OPEN.format(closed), tuple(sorted(TERMINAL | SETTLED)))
+            migrate(self._db, str(path))
             # reads get their own connection: in WAL mode they never wait for the writer thread
             self._reader = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
@@ -353,8 +264,64 @@ class Journal:
             f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?",  # noqa: S608 - fixed words
             (*args, limit),
         )
-        found = [_event(row) for row in rows]
+        found = [event_of(row) for row in rows]
         return list(reversed(found)) if newest else found
+
+    def page(
+        self,
+        *,
+        tenant: str | None,
+        session: str | None = None,
+        trace_id: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> EventPage:
+        """One page of events, newest first, reading only what it returns (O(limit) at any size).
+
+        Args:
+            tenant: only this tenant's events (inside the query: a busy neighbour never crowds
+                a tenant's page); None for every tenant (the operator's view).
+            session: only this session key.
+            trace_id: only this trace.
+            since: only events at or after this Unix time.
+            until: only events at or before this Unix time.
+            cursor: the `next_cursor` of the previous page; None for the newest page.
+            limit: events per page, 1 to 10,000.
+
+        Returns:
+            the events and the cursor of the next (older) page, None when there is none.
+
+        Raises:
+            UsageError: a bad limit or cursor.
+            SandboxError: INTERNAL when the journal cannot be read.
+        """
+        return _page(
+            self._read,
+            tenant=tenant,
+            session=session,
+            trace_id=trace_id,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+
+    def ping(self) -> None:
+        """One trivial read of the file (for readiness probes: no integrity check, no count).
+
+        Raises:
+            SandboxError: SERVICE_UNAVAILABLE, naming the file, when it cannot be read.
+        """
+        try:
+            with self._read_lock:
+                self._reader.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            raise SandboxError(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                f"the journal at {self.path} cannot be read ({exc}); `sandbox doctor` checks it",
+            ) from exc
 
     def sessions(self, tenant: str, agent: str) -> list[tuple[str, float, int]]:
         """(session, last activity, calls) of every session of `agent` in `tenant` the journal saw."""
@@ -370,7 +337,7 @@ class Journal:
         rows = self._read(
             "SELECT * FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) ORDER BY id", ()
         )
-        events = [_event(row) for row in rows]
+        events = [event_of(row) for row in rows]
         return [e for e in events if e.stage not in TERMINAL]
 
     # -- approvals ---------------------------------------------------------------------
@@ -615,7 +582,3 @@ def _approval(row: tuple[Any, ...], raw: bool) -> Approval:
     if not raw and row[7] == "pending":  # decided rows were masked by decide()
         arguments = redact(arguments, max_text=None)
     return Approval(row[0], row[1], row[2], row[3], row[4], row[5], arguments, row[7], row[8], row[9], row[10])
-
-
-def _event(row: tuple[Any, ...]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], json.loads(row[10]))
