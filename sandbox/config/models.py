@@ -491,6 +491,16 @@ class ServiceSection(StrictModel):
     # who may read /metrics (it names every tenant): tokens stored hashed, never a tenant's;
     # none configured: /metrics needs no token (keep it off the tenants' network then)
     metrics_tokens: list[TenantToken] = []
+    # the edge (api/connections.py, api/limits.py): what one client or tenant may hold open
+    head_timeout_s: float = Field(5.0, gt=0, le=300)
+    max_connections: int = Field(1024, ge=8)  # clipped below the process's file-descriptor limit
+    max_connections_per_address: int = Field(256, ge=1)
+    max_unauthenticated_connections: int = Field(128, ge=1)
+    max_unauthenticated_per_address: int = Field(32, ge=1)
+    max_event_streams_per_tenant: int = Field(8, ge=1)
+    max_mcp_sessions_per_tenant: int = Field(16, ge=1)
+    mcp_session_idle_s: float = Field(600.0, gt=0)
+    read_requests_per_minute: int = Field(600, ge=1)
 
 
 class Config(StrictModel):
