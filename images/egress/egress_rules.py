@@ -10,6 +10,8 @@ import contextlib
 import ipaddress
 import re
 
+from egress_ranges import refusal as iana_refusal
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # RFC 6598 shared address space (carrier-grade NAT): Python's is_global already says False, named
 # here so a refusal can say what it is
@@ -104,7 +106,8 @@ def _kind(ip: IPAddress) -> str | None:
 def address_refusal(address: str, exempt: list[str] | None = None) -> str | None:
     """Why the proxy must not connect to `address`, or None when it may.
 
-    Loopback, private, link-local (metadata), CGNAT, ULA, multicast and reserved addresses are
+    Loopback, private, link-local (metadata), CGNAT, ULA, multicast and reserved addresses, and
+    every block of IANA's special-purpose registries that is not globally reachable, are
     refused, also when an IPv6 address only wraps one. `exempt` networks (config
     `egress.allow_private`) are let through: an internal mirror, or a test network.
     """
@@ -121,9 +124,13 @@ def address_refusal(address: str, exempt: list[str] | None = None) -> str | None
                 return None
         except ValueError:
             return f"the exempt range {net!r} is not a network (refused: fail closed)"
-    for candidate in [ip, *_embedded_v4(ip)]:
-        kind = _kind(candidate)
-        if kind is not None:
-            shown = f"{candidate} inside {ip}" if candidate != ip else str(ip)
-            return f"{shown} is {kind}"
+    candidates = [ip, *_embedded_v4(ip)]
+    # the named kinds first (they say what an inward address is), then IANA's registries: every
+    # special-purpose block that is not globally reachable (egress_ranges.py)
+    for check in (_kind, iana_refusal):
+        for candidate in candidates:
+            kind = check(candidate)
+            if kind is not None:
+                shown = f"{candidate} inside {ip}" if candidate != ip else str(ip)
+                return f"{shown} is {kind}"
     return None

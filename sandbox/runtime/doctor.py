@@ -13,6 +13,7 @@ from sandbox.audit.ownership import write_problem
 from sandbox.config.merge import agent_ids, default_agent_id, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
+from sandbox.runtime import procfs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.exec_path import path_from_labels
 from sandbox.runtime.images import ImageTarget, image_current, provenance
@@ -234,6 +235,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
     exec_target = targets[0]
     if image_current(client, exec_target)[0]:
         checks.append(_cgroup_probe(client, exec_target.tag))
+        checks.append(Check(*procfs.probe(client, exec_target.tag)))  # runtime/procfs.py
     checks.append(_exec_path_check(client, config))
     if info.get("SwapLimit") is False:
         checks.append(
