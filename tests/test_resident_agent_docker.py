@@ -236,7 +236,7 @@ def test_the_host_side_kill_refuses_a_pid_outside_its_container(docker_client: A
     that has ended, it signals nothing; asked for B's own, it kills exactly that process."""
     import time
 
-    from sandbox.runtime.docker_kill import _in_container, kill_exec
+    from sandbox.runtime.docker_kill import in_container, kill_exec
     from tests.conftest import RUN_ID, TEST_LABEL
 
     api = docker_client.api
@@ -256,7 +256,7 @@ def test_the_host_side_kill_refuses_a_pid_outside_its_container(docker_client: A
         while not api.exec_inspect(running).get("Running") and time.monotonic() < deadline:
             time.sleep(0.05)
         pid = int(api.exec_inspect(running)["Pid"])
-        assert pid > 1 and _in_container(pid, b.id) and not _in_container(pid, a.id)
+        assert pid > 1 and in_container(pid, b.id) and not in_container(pid, a.id)
 
         assert kill_exec(api, a.id, running) is False  # B's process in A's name: refused
         assert kill_exec(api, b.id, ended) is False  # ended: its pid may be someone else's now

@@ -26,7 +26,7 @@ ECHO_LOOP = 'while read l; do echo "got:$l"; done'
 BOB_ATTACKS = r"""
 echo "uid $(id -u)"
 n=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -c alice-secret); echo "environ hits $n"
-pid=$(pgrep -f 'while read l' | head -1); echo "target ${pid:-none}"
+pid="$TARGET"; echo "target ${pid:-none}"  # Alice's pid, told: with hidepid Bob cannot find it
 cat "/proc/$pid/environ" >/dev/null 2>&1 && echo "ENVIRON READ" || echo "environ refused"
 ls "/proc/$pid/fd" >/dev/null 2>&1 && echo "FDS LISTED" || echo "fds refused"
 for d in /tmp/.sbx-*; do
@@ -44,6 +44,13 @@ echo done
 
 def agent_config(make_config: Any, extra: str = "") -> Any:
     return make_config(f"agents: {{defaults: {{sandbox: {{mode: all, scope: agent{extra}}}}}}}")
+
+
+async def pid_of_loop(sess: Any) -> str:
+    """The pid of the session's echo loop, as the session itself sees it."""
+    found = await sess.call("exec", {"command": "pgrep -f 'while rea[d] l' | head -1"})
+    assert found.ok and found.output["output"].strip().isdigit(), found
+    return str(found.output["output"].strip())
 
 
 async def wait_for(sess: Any, proc_id: str, text: str) -> dict[str, Any]:
@@ -68,7 +75,7 @@ async def test_another_session_cannot_read_forge_or_signal_background_processes(
         await wait_for(alice, proc_id, "got:one")
 
         whoami = await alice.call("exec", {"command": "id -u"})
-        attack = await bob.call("exec", {"command": BOB_ATTACKS})
+        attack = await bob.call("exec", {"command": BOB_ATTACKS, "env": {"TARGET": await pid_of_loop(alice)}})
         out = attack.output["output"]
         assert attack.ok and out.rstrip().endswith("done"), attack
         # two sessions, two uids
@@ -152,7 +159,10 @@ async def test_control_one_uid_lets_the_attack_through(make_config: Any) -> None
         proc_id = started.output["process_id"]
         attack = await bob.call(
             "exec",
-            {"command": BOB_ATTACKS.replace('[ -O "$d" ] && continue', "").replace("/tmp/.sbx-*", "/tmp/.sbx")},
+            {
+                "command": BOB_ATTACKS.replace('[ -O "$d" ] && continue', "").replace("/tmp/.sbx-*", "/tmp/.sbx"),
+                "env": {"TARGET": await pid_of_loop(alice)},
+            },
         )
         out = attack.output["output"]
         assert "ENVIRON READ" in out and "environ hits 0" not in out, out

@@ -22,7 +22,7 @@ from docker.types import Ulimit
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress, egress_secrets
+from sandbox.runtime import egress, egress_secrets, procfs
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
@@ -209,6 +209,7 @@ class DockerBackend:
                 logger.bind(container=spec.name).info("sandbox_egress_proxy_gone")
                 running = False  # its only way out is gone: remade with a new proxy
             if config_hash == spec.config_hash and running:
+                procfs.hide_in(attrs, spec)  # also one made before hidepid, or restarted (runtime/procfs.py)
                 return DockerSandbox(self, attrs["Id"], spec)
             if config_hash != spec.config_hash:
                 changed = self._changed_keys(labels, spec)
@@ -294,6 +295,7 @@ class DockerBackend:
         container_id = await self.call("create sandbox", create_and_start)
         try:
             sandbox = DockerSandbox(self, container_id, spec)
+            await procfs.hide_processes(self, container_id, spec)  # before any session runs in it
             if spec.egress is not None:
                 ca = await self.call("start egress proxy", egress.wait_ready, self.client, spec.name)
                 if ca:  # it decrypts for secrets: the sandbox trusts its CA (and only for that proxy)

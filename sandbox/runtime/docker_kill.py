@@ -117,7 +117,7 @@ def kill_exec(api: Any, container_id: str, exec_id: str) -> bool | None:
     pids = container_pids(api, container_id)
     if pids is None:
         return None
-    if pid <= 1 or pid not in pids or not _in_container(pid, container_id):
+    if pid <= 1 or pid not in pids or not in_container(pid, container_id):
         return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, 9)
@@ -125,7 +125,7 @@ def kill_exec(api: Any, container_id: str, exec_id: str) -> bool | None:
     return False
 
 
-def _in_container(pid: int, container_id: str) -> bool:
+def in_container(pid: int, container_id: str) -> bool:
     """Whether the host process `pid` is in the container's cgroup (its id is in the path)."""
     try:
         with open(f"/proc/{pid}/cgroup") as cgroups:
