@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -302,6 +303,8 @@ class EgressConfig(StrictModel):
     secrets: dict[SecretName, EgressSecret] = {}
     # a PEM file of CAs the proxy trusts upstream besides the system's (an internal mirror's)
     upstream_ca: ConfigPath | None = None
+    # where each egress or browser network takes its /29 (runtime/subnets.py): not Docker's pools
+    subnet_pool: Cidr = "10.213.0.0/16"
 
 
 class TenantEgress(StrictModel):
@@ -503,6 +506,47 @@ class ServiceSection(StrictModel):
     read_requests_per_minute: int = Field(600, ge=1)
 
 
+def _journal_size(value: object) -> object:
+    # `2GiB`, `2GB`, `2G` and `2g` are one size, kept in the other size keys' form (`2g`)
+    text = str(value).strip().replace(" ", "") if isinstance(value, str | int) else value
+    if not isinstance(text, str):
+        return value
+    for suffix in ("ib", "b"):
+        if len(text) > len(suffix) + 1 and text.lower().endswith(suffix) and text[-len(suffix) - 1].isalpha():
+            text = text[: -len(suffix)]
+            break
+    if re.fullmatch(r"\d+[bkmgBKMG]?", text) is None:
+        raise ValueError(f"a size such as 2g, 500m or 2GiB, or 0 for no bound (got {value!r})")
+    return text.lower()
+
+
+def _journal_age(value: object) -> object:
+    text = str(value).strip() if isinstance(value, str | int) else value
+    if not isinstance(text, str) or re.fullmatch(r"0|\d+[smhdw]", text) is None:
+        raise ValueError(f"an age such as 30d, 12h or 2w (units s m h d w), or 0 for no bound (got {value!r})")
+    return text
+
+
+class RetentionConfig(StrictModel):
+    """`journal.retention`: how much history the journal keeps (`0` disables a bound).
+
+    Enforced by `sandbox serve` every `check_every_s` and by `sandbox journal prune`; open calls
+    and pending approvals are always kept.
+    """
+
+    # events older than this go: a number and a unit, s m h d or w (`30d`, `12h`)
+    max_age: Annotated[str, BeforeValidator(_journal_age)] = "30d"
+    # the journal file is kept under this size, oldest events first (`2g`, `2GiB`, `500m`)
+    max_bytes: Annotated[str, BeforeValidator(_journal_size)] = "2g"
+    check_every_s: float = Field(300.0, gt=0)
+
+
+class JournalSection(StrictModel):
+    """`journal:`: the SQLite journal of every call in the state dir."""
+
+    retention: RetentionConfig = RetentionConfig()
+
+
 class Config(StrictModel):
     """The whole configuration file."""
 
@@ -517,6 +561,7 @@ class Config(StrictModel):
     skills: SkillsConfig = SkillsConfig()
     runtime: RuntimeSection = RuntimeSection()
     service: ServiceSection = ServiceSection()
+    journal: JournalSection = JournalSection()
     # the file this config was read from (the loader says; never a key of the file itself)
     _source_file: Path | None = PrivateAttr(default=None)
 

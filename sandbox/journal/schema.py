@@ -12,7 +12,8 @@ import sqlite3
 from sandbox.errors import ErrorCode, SandboxError
 
 # 1: tables of before (no version recorded); 2: the tenant and time indexes that keep a page
-# of `logs` and a retention batch O(limit) however large the journal grows
+# of `logs` and a retention batch O(limit) however large the journal grows, loop rows' time
+# (retention), and incremental auto-vacuum for journals made from then on
 SCHEMA_VERSION = 2
 
 SCHEMA = """
@@ -53,7 +54,8 @@ CREATE TABLE IF NOT EXISTS loop_calls (
     session TEXT NOT NULL,
     tool TEXT NOT NULL,
     args TEXT NOT NULL,
-    result TEXT NOT NULL
+    result TEXT NOT NULL,
+    ts REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS loop_calls_session ON loop_calls(tenant, session, id);
 CREATE TABLE IF NOT EXISTS loop_sessions (
@@ -74,6 +76,7 @@ CREATE TABLE IF NOT EXISTS owners (
     lease_until REAL NOT NULL
 );
 """
+TABLES = frozenset({"events", "approvals", "loop_calls", "loop_sessions", "open_calls", "owners"})
 # a call leaves open_calls with its last stage; these end what recovery has to look at
 # (a re-attached background process stays open: later recoveries report when it exits)
 SETTLED = frozenset({"process_exited", "process_gone"})
@@ -97,19 +100,40 @@ INSERT_EVENT = (
     "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
     "VALUES (?,?,?,?,?,?,?,?,?,?)"
 )
-INSERT_LOOP_CALL = "INSERT INTO loop_calls(tenant, session, tool, args, result) VALUES (?,?,?,?,?)"
+INSERT_LOOP_CALL = "INSERT INTO loop_calls(tenant, session, tool, args, result, ts) VALUES (?,?,?,?,?,?)"
 
 
 def migrate(db: sqlite3.Connection, where: str) -> None:
     """Bring the journal's tables and indexes up to :data:`SCHEMA_VERSION` (idempotent).
 
-    A journal from before the index of version 2 gets it here, once: at a million events
-    that takes a few seconds, during which other processes opening it wait (busy timeout).
+    One write transaction, so two processes opening an old journal at once migrate it once.
+    A journal from before version 2 gets its new indexes here: at a million events that takes
+    seconds, during which other processes opening it wait (their busy timeout).
 
     Raises:
         SandboxError: INTERNAL for a journal written by a newer version of this program.
         sqlite3.Error: the file is not a database, or cannot be written.
     """
+    tables = _tables(db)
+    if _version(db, where) == SCHEMA_VERSION and tables >= TABLES:
+        return  # the common case: no write lock taken to open a journal
+    if not tables:  # only possible before the first table: lets retention give space back in steps
+        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if _version(db, where) == SCHEMA_VERSION and _tables(db) >= TABLES:  # another process did it meanwhile
+            db.execute("ROLLBACK")
+            return
+        _upgrade(db)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _version(db: sqlite3.Connection, where: str) -> int:
     found = int(db.execute("PRAGMA user_version").fetchone()[0])
     if found > SCHEMA_VERSION:
         raise SandboxError(
@@ -117,10 +141,20 @@ def migrate(db: sqlite3.Connection, where: str) -> None:
             f"the journal at {where} has schema version {found}, newer than this program's "
             f"({SCHEMA_VERSION}); upgrade agent-sandbox or point state_dir elsewhere",
         )
-    had_open = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'open_calls'").fetchone()
-    db.executescript(SCHEMA)
-    if not had_open:
+    return found
+
+
+def _tables(db: sqlite3.Connection) -> set[str]:
+    return {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _upgrade(db: sqlite3.Connection) -> None:
+    tables = _tables(db)
+    if "loop_calls" in tables and "ts" not in {str(r[1]) for r in db.execute("PRAGMA table_info(loop_calls)")}:
+        db.execute("ALTER TABLE loop_calls ADD COLUMN ts REAL NOT NULL DEFAULT 0")  # 0: older than any bound
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    if "open_calls" not in tables:
         closed = ",".join("?" * len(TERMINAL | SETTLED))
         db.execute(BACKFILL_OPEN.format(closed), tuple(sorted(TERMINAL | SETTLED)))
-    if found < SCHEMA_VERSION:
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -12,27 +12,27 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import json
-import os
 import sqlite3
-import stat
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.approvals import Approval, ApprovalsMixin
+from sandbox.journal.files import private_files
+from sandbox.journal.notes import NotesMixin
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
 from sandbox.journal.queries import Event, EventPage, event_of
 from sandbox.journal.queries import page as _page
 from sandbox.journal.redact import redact
+from sandbox.journal.retention import PruneReport, Retention, file_bytes, prune
 from sandbox.journal.schema import (
     DELETE_OPEN,
     INSERT_EVENT,
-    INSERT_LOOP_CALL,
     SETTLED,
     TERMINAL,
     UPSERT_LEASE,
@@ -43,26 +43,20 @@ from sandbox.journal.writer import Statement, Writer
 
 __all__ = ["Approval", "Event", "EventPage", "Journal"]
 
-
-@dataclass(frozen=True)
-class Approval:
-    """A call waiting for (or decided by) a human."""
-
-    id: str
-    call_id: str
-    trace_id: str
-    session: str
-    agent: str
-    tool: str
-    # exactly what runs while pending (read with raw=True), masked once decided; see decide()
-    arguments: dict[str, Any]
-    status: str  # pending | approved | denied | expired
-    reason: str
-    created: float
-    decided: float | None
+T = TypeVar("T")
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
 
 
-class Journal:
+def damaged_message(path: Path, exc: BaseException) -> str:
+    """What to say about a journal that cannot be opened or read: the file, the cause, the fixes."""
+    return (
+        f"the journal at {path} cannot be opened ({exc}). If it is damaged, stop the service, move "
+        f"{path.name} (and its -wal and -shm files) aside and start again: a new, empty journal is made "
+        "(open calls and pending approvals it held are lost); `sandbox doctor` checks a journal in full"
+    )
+
+
+class Journal(ApprovalsMixin, NotesMixin):
     """SQLite journal in the state dir (WAL mode; one connection, serialized).
 
     Args:
@@ -79,20 +73,29 @@ class Journal:
         self._mine: set[str] = set()  # calls this process has open (its lease is renewed meanwhile)
         self._heartbeat: threading.Thread | None = None
         self._stop = threading.Event()
+        db: sqlite3.Connection | None = None
         try:
-            _private_files(path)
-            self._db = sqlite3.connect(str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
+            private_files(path)
+            self._db = db = sqlite3.connect(
+                str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
+            # the log is truncated back to this after a checkpoint (a big prune would leave it large)
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
             migrate(self._db, str(path))
             # reads get their own connection: in WAL mode they never wait for the writer thread
             self._reader = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
             )
             self._reader.execute("PRAGMA query_only=ON")
-            _private_files(path)  # the -wal and -shm files exist now
-        except (sqlite3.Error, OSError) as exc:
-            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {path} cannot be opened: {exc}") from exc
+            private_files(path)  # the -wal and -shm files exist now
+        except (sqlite3.Error, OSError, SandboxError) as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, SandboxError):
+                raise
+            raise SandboxError(ErrorCode.INTERNAL, damaged_message(path, exc)) from exc
         self._writer = Writer(self._db, self._lock, path.name)
         _OPEN.add(self)
 
@@ -340,80 +343,6 @@ class Journal:
         events = [event_of(row) for row in rows]
         return [e for e in events if e.stage not in TERMINAL]
 
-    # -- approvals ---------------------------------------------------------------------
-
-    def add_approval(self, approval: Approval) -> None:
-        """Record a pending approval with its exact arguments (the database is 0600).
-
-        The approver must see what will run, byte for byte: masking could hide executable text,
-        so a pending row keeps the raw arguments; the decision replaces them with the masked copy.
-        """
-        self._write(
-            "INSERT INTO approvals VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                approval.id,
-                approval.call_id,
-                approval.trace_id,
-                approval.session,
-                approval.agent,
-                approval.tool,
-                json.dumps(approval.arguments),
-                approval.status,
-                approval.reason,
-                approval.created,
-                approval.decided,
-            ),
-        )
-
-    def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
-        """Approve, deny or expire a pending approval: exactly one decision ever wins.
-
-        The check and the update are one write transaction (`BEGIN IMMEDIATE`), so of two
-        deciders (two processes) the second sees the first's decision and gets CONFLICT.
-
-        Raises:
-            SandboxError: INVALID_ARGUMENTS for an unknown id; CONFLICT when already decided;
-                INTERNAL when the journal cannot be written (nothing was decided).
-        """
-        row: tuple[Any, ...] | None = None
-        won = False
-        try:
-            with self._lock:
-                self._writer.drain_locked()
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    row = self._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
-                    if row is not None and row[7] == "pending":
-                        masked = json.dumps(redact(json.loads(row[6]), max_text=None), default=str)
-                        cursor = self._db.execute(
-                            "UPDATE approvals SET status = ?, reason = ?, decided = ?, arguments = ? "
-                            "WHERE id = ? AND status = 'pending'",
-                            (status, reason, time.time(), masked, approval_id),
-                        )
-                        won = cursor.rowcount == 1
-                    self._db.execute("COMMIT" if won else "ROLLBACK")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        self._db.execute("ROLLBACK")
-                    raise
-        except sqlite3.Error as exc:
-            raise SandboxError(
-                ErrorCode.INTERNAL,
-                f"the journal at {self.path} cannot record a decision on approval {approval_id} ({exc}); "
-                "nothing was decided",
-            ) from exc
-        if row is None:
-            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"no approval {approval_id!r}")
-        if not won:
-            raise SandboxError(
-                ErrorCode.CONFLICT,
-                f"approval {approval_id} was already decided ({row[7]}); this decision was not recorded",
-                status=row[7],
-            )
-        decided = self.approval(approval_id)
-        assert decided is not None
-        return decided
-
     def _read(self, sql: str, args: tuple[Any, ...], *, flush: bool = True) -> list[tuple[Any, ...]]:
         try:
             if flush and not self._writer.idle():
@@ -423,121 +352,64 @@ class Journal:
         except sqlite3.Error as exc:
             raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be read ({exc})") from exc
 
-    def approval(self, approval_id: str, *, raw: bool = False) -> Approval | None:
-        """One approval, or None; a pending one's arguments masked unless `raw` (for the approver).
-
-        Raises:
-            SandboxError: INTERNAL when the journal cannot be read.
-        """
-        rows = self._read("SELECT * FROM approvals WHERE id = ?", (approval_id,))
-        return _approval(rows[0], raw) if rows else None
-
-    def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
-        """Approvals (pending by default), oldest first; arguments as in :meth:`approval`."""
-        if status:
-            rows = self._read("SELECT * FROM approvals WHERE status = ? ORDER BY created", (status,))
-        else:
-            rows = self._read("SELECT * FROM approvals ORDER BY created", ())
-        return [_approval(r, raw) for r in rows]
-
-    # -- notes from outside a call (the egress proxy's request lines) ---------------------
-
-    def append_note(
-        self,
-        *,
-        ts: float,
-        call_id: str,
-        session: str,
-        tenant: str,
-        agent: str,
-        tool: str,
-        seq: int,
-        data: dict[str, Any],
-    ) -> None:
-        """Record one numbered note under a pseudo call id, once: a note already there (another
-        process collected it first) is not written again. Notes never open a call."""
-        payload = json.dumps(redact({**data, "seq": seq}), default=str)
-        self._write(
-            "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data) "
-            "SELECT ?,?,?,?,?,?,?,?,NULL,? WHERE NOT EXISTS (SELECT 1 FROM events WHERE call_id = ? "
-            "AND json_extract(data, '$.seq') = ?)",
-            (ts, "", call_id, session, tenant, agent, tool, tool, payload, call_id, seq),
-        )
-
-    def last_note(self, call_id: str) -> int:
-        """The highest `seq` of the notes under a pseudo call id (0 when none)."""
-        rows = self._read("SELECT MAX(json_extract(data, '$.seq')) FROM events WHERE call_id = ?", (call_id,))
-        return int(rows[0][0] or 0) if rows else 0
-
-    # -- loop detection: the calls of a session, wherever they were made -------------------
-
-    def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
-        """Remember one finished call of a session (digests only) for loop detection.
-
-        Queued like an event: the call has run, so a lost row is logged, never the call's failure;
-        :meth:`loop_recent` writes what is queued before it reads.
-        """
+    def _locked(self, step: Callable[[sqlite3.Connection], T]) -> T:
+        """Run one step on the write connection after what is queued (a short transaction)."""
         try:
-            self._writer.submit(None, ((INSERT_LOOP_CALL, [(tenant, session, tool, args, result)]),))
+            with self._lock:
+                self._writer.drain_locked()
+                return step(self._db)
         except sqlite3.Error as exc:
-            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be written ({exc})") from exc
+            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be pruned ({exc})") from exc
 
-    def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
-        """Whether the session's breaker is tripped, and its last `window` calls, oldest first.
+    def prune(self, retention: Retention, *, vacuum: bool = False, now: float | None = None) -> PruneReport:
+        """Delete what `retention` no longer keeps, in short batches, and give the space back.
+
+        Never an event of an open call or of a pending approval. See journal/retention.py.
+
+        Args:
+            retention: the bounds.
+            vacuum: also run one full VACUUM when the journal cannot give space back in steps
+                (a journal made before schema version 2): blocks every writer while it runs.
+            now: the time ages count from (default: the clock).
 
         Raises:
-            SandboxError: INTERNAL when the journal cannot be read.
+            SandboxError: INTERNAL when the journal cannot be written.
         """
-        # no flush: a call's loop row is written before its caller sees the result (Session.call
-        # settles it), so the session's next call finds it; waiting here would stall the loop
-        state = self._read(
-            "SELECT tripped, since_id FROM loop_sessions WHERE tenant = ? AND session = ?",
-            (tenant, session),
-            flush=False,
-        )
-        tripped, since = (bool(state[0][0]), int(state[0][1])) if state else (False, 0)
-        rows = self._read(
-            "SELECT tool, args, result FROM loop_calls WHERE tenant = ? AND session = ? AND id > ? "
-            "ORDER BY id DESC LIMIT ?",
-            (tenant, session, since, window),
-            flush=False,
-        )
-        return tripped, [(r[0], r[1], r[2]) for r in reversed(rows)]
-
-    def loop_trip(self, tenant: str, session: str) -> None:
-        """Trip a session's circuit breaker (it stays tripped until :meth:`loop_reset`)."""
-        self._write(
-            "INSERT INTO loop_sessions(tenant, session, tripped) VALUES (?,?,1) "
-            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 1",
-            (tenant, session),
-        )
-
-    def loop_reset(self, tenant: str, session: str) -> None:
-        """Forget a session's loop history and reset its breaker (older rows stay, unread)."""
-        self._write(
-            "INSERT INTO loop_sessions(tenant, session, tripped, since_id) "
-            "VALUES (?, ?, 0, (SELECT COALESCE(MAX(id), 0) FROM loop_calls)) "
-            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 0, since_id = excluded.since_id",
-            (tenant, session),
-        )
+        return prune(self._locked, self.path, retention, now=time.time() if now is None else now, vacuum=vacuum)
 
     def health(self) -> dict[str, Any]:
-        """Integrity, size and counts, for `sandbox status --deep`."""
-        with self._lock:
-            self._writer.drain_locked()
-            integrity = self._db.execute("PRAGMA integrity_check").fetchone()[0]
-            events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
-            pending = self._db.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
-            mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
-        size = self.path.stat().st_size if self.path.exists() else 0
+        """Size, mode and pending approvals, cheaply (no integrity check, no count of events)."""
+        self.ping()
+        rows = self._read(
+            "SELECT (SELECT COUNT(*) FROM approvals WHERE status = 'pending'), "
+            "(SELECT COALESCE(MAX(id), 0) FROM events), (SELECT MIN(ts) FROM events)",
+            (),
+            flush=False,
+        )
+        pending, last_id, oldest = rows[0]
+        with self._read_lock:
+            mode = self._reader.execute("PRAGMA journal_mode").fetchone()[0]
         return {
             "path": str(self.path),
-            "integrity": integrity,
             "journal_mode": mode,
-            "events": events,
-            "pending_approvals": pending,
-            "bytes": size,
+            "last_event_id": int(last_id),
+            "oldest_event": oldest,
+            "pending_approvals": int(pending),
+            "bytes": file_bytes(self.path),
         }
+
+    def integrity_check(self, max_errors: int = 20) -> list[str]:
+        """SQLite's full integrity check: every page read (seconds at a million events; for `doctor`).
+
+        Returns:
+            the problems found; empty when the file is sound.
+
+        Raises:
+            SandboxError: INTERNAL when the file cannot be read at all.
+        """
+        rows = self._read(f"PRAGMA integrity_check({int(max_errors)})", (), flush=False)
+        found = [str(r[0]) for r in rows]
+        return [] if found == ["ok"] else found
 
 
 # queued writes of journals still open when the process exits (no close()) are written then
@@ -549,36 +421,3 @@ def _flush_open_journals() -> None:
     for journal in list(_OPEN):
         with contextlib.suppress(Exception):  # exiting: a journal that cannot be written was logged
             journal.flush()
-
-
-def _private_files(path: Path) -> None:
-    """The state dir 0700, the database and its -wal/-shm files 0600 (they hold every call's arguments).
-
-    SQLite gives the -wal and -shm files the database file's mode, so creating the database
-    0600 before SQLite opens it covers files made later; existing ones are tightened by path.
-    An existing file is never opened here: closing any descriptor of a file drops every POSIX
-    lock this process holds on it, SQLite's included, and another process then resets the
-    shared-memory index under SQLite's feet (SIGBUS, "locking protocol").
-    """
-    directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory.stat().st_uid == os.geteuid():  # a directory someone else owns is left alone
-        directory.chmod(0o700)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-    for name in (str(path), f"{path}-wal", f"{path}-shm"):
-        try:
-            info = os.lstat(name)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISLNK(info.st_mode):
-            raise OSError(errno.ELOOP, "the journal or one of its files is a symbolic link", name)
-        if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != 0o600 and info.st_uid == os.geteuid():
-            os.chmod(name, 0o600)
-
-
-def _approval(row: tuple[Any, ...], raw: bool) -> Approval:
-    arguments = json.loads(row[6])
-    if not raw and row[7] == "pending":  # decided rows were masked by decide()
-        arguments = redact(arguments, max_text=None)
-    return Approval(row[0], row[1], row[2], row[3], row[4], row[5], arguments, row[7], row[8], row[9], row[10])

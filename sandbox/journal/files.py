@@ -1,0 +1,35 @@
+"""The journal's files on disk: private to the orchestrator's user, never through a link."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+
+def private_files(path: Path) -> None:
+    """The state dir 0700, the database and its -wal/-shm files 0600 (they hold every call's arguments).
+
+    SQLite gives the -wal and -shm files the database file's mode, so creating the database
+    0600 before SQLite opens it covers files made later; existing ones are tightened by path.
+    An existing file is never opened here: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, SQLite's included, and another process then resets the
+    shared-memory index under SQLite's feet (SIGBUS, "locking protocol").
+    """
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_uid == os.geteuid():  # a directory someone else owns is left alone
+        directory.chmod(0o700)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    for name in (str(path), f"{path}-wal", f"{path}-shm"):
+        try:
+            info = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            raise OSError(errno.ELOOP, "the journal or one of its files is a symbolic link", name)
+        if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != 0o600 and info.st_uid == os.geteuid():
+            os.chmod(name, 0o600)

@@ -1,0 +1,236 @@
+"""Retention: the journal keeps `journal.retention.max_age` of history in at most `max_bytes`.
+
+Pruning deletes the oldest events first, in small batches (each its own short transaction,
+so the writer thread and other processes wait milliseconds, not the whole prune), and never
+an event of a call that is still open (its owner may be running it, or recovery must settle
+it) nor of a call waiting for approval. Decided approvals and loop-detection rows older than
+the oldest event kept go with them.
+
+Space: SQLite keeps deleted pages in the file for reuse. A journal made since schema version 2
+uses `auto_vacuum=INCREMENTAL`, so a prune hands the pages back to the file system in small
+steps (`PRAGMA incremental_vacuum`), never one long lock. An older journal (`auto_vacuum=NONE`)
+reuses its free pages, so it stops growing, but shrinks only after one `VACUUM`
+(`sandbox journal prune --vacuum`, which converts it; the service never runs a VACUUM: it
+holds the write lock for as long as the whole file takes to copy).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from sandbox._log import logger
+
+if TYPE_CHECKING:
+    from sandbox.config.models import RetentionConfig
+    from sandbox.journal.store import Journal
+
+T = TypeVar("T")
+
+
+class Run(Protocol):
+    """Runs one step on the journal's write connection, under its lock (a short transaction)."""
+
+    def __call__(self, step: Callable[[sqlite3.Connection], T], /) -> T: ...
+
+
+BATCH_ROWS = 2000  # events per delete transaction: tens of milliseconds at a million rows
+VACUUM_STEP_PAGES = 1024  # pages handed back per step (4 MiB at SQLite's default page size)
+LOW_WATER = 0.9  # a size prune goes this far under the bound, so the next write does not prune again
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+# the oldest events that no open call and no pending approval needs, by the time index
+DELETE_OLDEST = (
+    "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE ts < ? "
+    "AND call_id NOT IN (SELECT call_id FROM open_calls) "
+    "AND call_id NOT IN (SELECT call_id FROM approvals WHERE status = 'pending') "
+    "ORDER BY ts LIMIT ?)"
+)
+DELETE_DECIDED = (
+    "DELETE FROM approvals WHERE rowid IN "
+    "(SELECT rowid FROM approvals WHERE status != 'pending' AND created < ? LIMIT ?)"
+)
+DELETE_LOOP_ROWS = "DELETE FROM loop_calls WHERE id IN (SELECT id FROM loop_calls WHERE ts < ? ORDER BY id LIMIT ?)"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Bounds in numbers: seconds of history and bytes of file (None: no bound)."""
+
+    max_age_s: float | None
+    max_bytes: int | None
+    every_s: float = 300.0
+
+    @classmethod
+    def of(cls, config: RetentionConfig) -> Retention:
+        """The bounds a `journal.retention` section states."""
+        return cls(parse_age(config.max_age), parse_bytes(config.max_bytes), config.check_every_s)
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What one prune did."""
+
+    events_deleted: int
+    approvals_deleted: int
+    loop_rows_deleted: int
+    bytes_before: int
+    bytes_after: int
+    auto_vacuum: str  # incremental | none (free pages reused, file not shrunk) | full
+    vacuumed: bool  # a full VACUUM ran (it converted the journal to incremental)
+    kept_open: int  # open calls whose events were kept whatever their age
+    seconds: float
+
+
+def parse_age(text: str) -> float | None:
+    """`30d`, `12h`, `2w` -> seconds; `0` -> None (no bound)."""
+    found = re.fullmatch(r"(\d+)([smhdw])", text)
+    if found is None:
+        return None
+    seconds = int(found.group(1)) * _UNITS[found.group(2)]
+    return float(seconds) if seconds else None
+
+
+def parse_bytes(text: str) -> int | None:
+    """`2g`, `500m`, `4096` -> bytes; `0` -> None (no bound)."""
+    last = text[-1:].lower()
+    size = int(text[:-1]) * _SIZE_UNITS[last] if last in _SIZE_UNITS else int(text)
+    return size or None
+
+
+def file_bytes(path: Path) -> int:
+    """The journal's bytes on disk: the database and its write-ahead log."""
+    total = 0
+    for name in (str(path), f"{path}-wal"):
+        try:
+            total += os.stat(name).st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def prune(run: Run, path: Path, retention: Retention, *, now: float, vacuum: bool) -> PruneReport:
+    """Apply `retention` to the journal at `path` through `run` (see the module's docstring)."""
+    started = time.monotonic()
+    before = file_bytes(path)
+    events = 0
+    if retention.max_age_s is not None:
+        events += _delete_batches(run, DELETE_OLDEST, now - retention.max_age_s)
+    if retention.max_bytes is not None:
+        events += _delete_to_size(run, int(retention.max_bytes * LOW_WATER))
+    horizon = _horizon(run, now, retention)
+    approvals = _delete_batches(run, DELETE_DECIDED, horizon)
+    loop_rows = _delete_batches(run, DELETE_LOOP_ROWS, horizon)
+    mode = ("none", "full", "incremental")[run(lambda db: int(db.execute("PRAGMA auto_vacuum").fetchone()[0]))]
+    vacuumed = False
+    if vacuum and mode != "incremental":
+        run(_vacuum_into_incremental)
+        mode, vacuumed = "incremental", True
+    elif mode == "incremental":
+        while run(_vacuum_step):
+            pass
+    run(_truncate_wal)
+    kept = run(lambda db: int(db.execute("SELECT COUNT(*) FROM open_calls").fetchone()[0]))
+    after = file_bytes(path)
+    report = PruneReport(events, approvals, loop_rows, before, after, mode, vacuumed, kept, time.monotonic() - started)
+    logger.bind(**report.__dict__).info("journal_pruned")
+    return report
+
+
+async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig) -> None:
+    """Prune `journal` now and every `check_every_s`, off the event loop, for as long as this runs.
+
+    For the service's lifespan (run it in its task group); a prune that fails is logged and
+    tried again next time.
+    """
+    import anyio.to_thread
+
+    from sandbox.errors import SandboxError
+
+    if journal is None:
+        return
+    retention = Retention.of(config)
+    if retention.max_age_s is None and retention.max_bytes is None:
+        return
+    warned = False
+    while True:
+        try:
+            report = await anyio.to_thread.run_sync(journal.prune, retention)
+            if report.auto_vacuum == "none" and retention.max_bytes is not None and not warned:
+                warned = True  # once per start: the fix is one command, run by the operator
+                logger.bind(path=str(journal.path)).warning(
+                    "journal_needs_vacuum: free pages are reused but the file does not shrink until "
+                    "`sandbox journal prune --vacuum` runs once"
+                )
+        except SandboxError as exc:
+            logger.bind(reason=exc.message).warning("journal_prune_failed")
+        await anyio.sleep(retention.every_s)
+
+
+def _delete_batches(run: Run, sql: str, before: float) -> int:
+    total = 0
+    while True:
+        deleted = run(lambda db: db.execute(sql, (before, BATCH_ROWS)).rowcount)
+        total += deleted
+        if deleted < BATCH_ROWS:
+            return total
+
+
+def _used_bytes(db: sqlite3.Connection) -> int:
+    pages = int(db.execute("PRAGMA page_count").fetchone()[0])
+    free = int(db.execute("PRAGMA freelist_count").fetchone()[0])
+    return (pages - free) * int(db.execute("PRAGMA page_size").fetchone()[0])
+
+
+def _delete_to_size(run: Run, target: int) -> int:
+    """Delete the oldest events until the pages in use fit `target` (or only kept ones are left)."""
+    used = run(_used_bytes)
+    if used <= target:
+        return 0
+    rows = run(lambda db: int(db.execute("SELECT COALESCE(MAX(id) - MIN(id) + 1, 0) FROM events").fetchone()[0]))
+    # a cap from the average row, so that pages an index frees late never make a prune empty the journal
+    cap = math.ceil(rows * (used - target) / used * 1.5) + BATCH_ROWS if used else 0
+    total = 0
+    while used > target and total < cap:
+        deleted = run(lambda db: db.execute(DELETE_OLDEST, (math.inf, BATCH_ROWS)).rowcount)
+        total += deleted
+        if deleted == 0:
+            break
+        used = run(_used_bytes)
+    return total
+
+
+def _horizon(run: Run, now: float, retention: Retention) -> float:
+    """Rows of the other tables older than this go: the age bound, or the oldest event kept."""
+    oldest = run(lambda db: db.execute("SELECT ts FROM events ORDER BY ts LIMIT 1").fetchone())
+    age = now - retention.max_age_s if retention.max_age_s is not None else -math.inf
+    if retention.max_bytes is None or oldest is None:
+        return age
+    return max(age, float(oldest[0]))
+
+
+def _vacuum_step(db: sqlite3.Connection) -> int:
+    if not int(db.execute("PRAGMA freelist_count").fetchone()[0]):
+        return 0
+    db.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
+    return 1
+
+
+def _vacuum_into_incremental(db: sqlite3.Connection) -> int:
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    db.execute("VACUUM")
+    return 1
+
+
+def _truncate_wal(db: sqlite3.Connection) -> int:
+    # a reader in another process can hold the log open: then it is truncated next time
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    return 0
