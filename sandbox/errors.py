@@ -9,7 +9,10 @@ convention for "you asked wrongly"), whose exit code is :data:`USAGE_EXIT_CODE`.
 
 from __future__ import annotations
 
+import errno
+import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 
@@ -168,3 +171,74 @@ class BindRefused(SandboxError):
         self.rule = rule
         self.path = path
         self.fix = fix
+
+
+class StateError(SandboxError):
+    """A file the orchestrator keeps in its state dir is damaged or cannot be read. It is never
+    replaced silently (a new instance id would orphan every container of the old one; a new token
+    file would lose every stored token): the message names the file and the fix.
+
+    Code INTERNAL (nothing a caller can retry; the operator has to act).
+
+    Args:
+        message: what is wrong with the file.
+        path: the file.
+        fix: what the operator can do.
+    """
+
+    def __init__(self, message: str, path: Path, fix: str) -> None:
+        super().__init__(ErrorCode.INTERNAL, f"{message}; fix: {fix}", path=str(path), fix=fix)
+        self.path = path
+        self.fix = fix
+
+
+# SQLite's primary result code for "database or disk is full"; sqlite3 itself is not imported
+# here (a CLI start does not pay for it): its exceptions exist only once it is loaded
+SQLITE_FULL = 13
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+FULL_DISK_HINT = "the disk holding the state dir is full; retry once space is freed"
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, says that a disk (or a disk quota) is
+    full: ENOSPC or EDQUOT from the OS, SQLITE_FULL from SQLite."""
+    sqlite3 = sys.modules.get("sqlite3")
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        if sqlite3 is not None and isinstance(exc, sqlite3.Error):
+            code = getattr(exc, "sqlite_errorcode", None)  # set only on errors the library reported
+            if isinstance(code, int) and code & 0xFF == SQLITE_FULL:
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def storage_error(exc: BaseException, what: str) -> SandboxError:
+    """The error for a state-dir write that failed with `exc`: SERVICE_UNAVAILABLE (retryable)
+    when the disk is full, else INTERNAL. `what` says what could not be done."""
+    if out_of_space(exc):
+        return SandboxError(ErrorCode.SERVICE_UNAVAILABLE, f"{what}: {FULL_DISK_HINT}")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return SandboxError(ErrorCode.INTERNAL, f"{what} ({reason})")
+
+
+def unavailable_when_full(exc: BaseException) -> SandboxError:
+    """A call's failure as the caller sees it: an INTERNAL error (or a foreign exception) that
+    comes from a full disk is SERVICE_UNAVAILABLE, which is retryable, since the same call
+    succeeds once space is freed; every other SandboxError keeps its own code (a full disk
+    under a workspace stays QUOTA_EXCEEDED), every other foreign exception is INTERNAL.
+
+    SERVICE_UNAVAILABLE, not SANDBOX_UNAVAILABLE: the disk is the service's own storage (the
+    journal, the state dir), not the container engine, whose failures exit 3 in the CLI.
+    """
+    if isinstance(exc, SandboxError) and exc.code != ErrorCode.INTERNAL:
+        return exc
+    if out_of_space(exc):
+        said = exc.message if isinstance(exc, SandboxError) else f"{exc.__class__.__name__}: {exc}"
+        return SandboxError(ErrorCode.SERVICE_UNAVAILABLE, f"{said}; {FULL_DISK_HINT}")
+    if isinstance(exc, SandboxError):
+        return exc
+    return SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})")

@@ -86,7 +86,10 @@ def test_cross_key_rules() -> None:
         "agents: {list: [{id: a, default: true}, {id: a, default: true}]}\n"
     )
     assert "cfg.yaml:2:46: agents.list[1].id: agent id 'a' repeats agents.list[0]" in found
-    assert "cfg.yaml:2:58: agents.list[1].default: only one agent may be `default: true`" in found
+    assert (
+        "cfg.yaml:2:58: agents.list[1].default: tenant 'default' already has a default agent "
+        "(agents.list[0].default); only one agent per tenant may be `default: true`"
+    ) in found
     assert any("tools.exec.default_timeout_s: must not exceed tools.exec.max_timeout_s" in p for p in found)
 
 

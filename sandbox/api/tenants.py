@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from sandbox.config.merge import EffectiveAgent, effective_agent
+from sandbox.api.token_file import TOKEN_FILE as TOKEN_FILE  # re-exported: where callers found it
+from sandbox.api.token_file import read_tokens, write_tokens
+from sandbox.config.merge import EffectiveAgent, default_agent_id, effective_agent
 from sandbox.config.models import Config, TenantConfig
 from sandbox.errors import UsageError
 
 T = TypeVar("T")
-TOKEN_FILE = "tenant-tokens.json"  # noqa: S105 - a file name, not a secret
 TOKEN_PREFIX = "sbx_"  # noqa: S105 - a prefix, not a secret
 
 
@@ -39,33 +38,9 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-# the file's identity: a rewrite (create_token renames a new file in) changes the inode even
-# within one tick of a coarse mtime
-_cache: dict[Path, tuple[tuple[int, int, int], list[dict[str, str]]]] = {}
-
-
-_NONE_STORED: list[dict[str, str]] = []  # one object, so that callers can tell "unchanged" by identity
-
-
 def _stored(state_dir: Path) -> list[dict[str, str]]:
-    """The state dir's token hashes, read again only when the file changed (callers must not
-    change the list: it is the cache's)."""
-    path = state_dir / TOKEN_FILE
-    try:
-        st = path.stat()
-    except OSError:
-        return _NONE_STORED
-    version = (st.st_ino, st.st_mtime_ns, st.st_size)
-    cached = _cache.get(path)
-    if cached is not None and cached[0] == version:
-        return cached[1]
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return _NONE_STORED
-    found = [t for t in data if isinstance(t, dict)] if isinstance(data, list) else []
-    _cache[path] = (version, found)
-    return found
+    """The state dir's token hashes as a running service reads them (see api/token_file.py)."""
+    return read_tokens(state_dir, strict=False)
 
 
 def create_token(config: Config, tenant_id: str, name: str) -> str:
@@ -73,22 +48,17 @@ def create_token(config: Config, tenant_id: str, name: str) -> str:
 
     Raises:
         UsageError: an unknown tenant, or a name it already uses.
+        StateError: the token file is damaged (it is left as it is).
     """
     if not any(t.id == tenant_id for t in config.tenants):
         known = ", ".join(t.id for t in config.tenants) or "none"
         raise UsageError(f"unknown tenant {tenant_id!r}; tenants in the config: {known}")
-    stored = list(_stored(config.state_dir))
+    stored = list(read_tokens(config.state_dir, strict=True))  # a damaged file is an error, never overwritten
     if any(t.get("tenant") == tenant_id and t.get("name") == name for t in stored):
         raise UsageError(f"tenant {tenant_id!r} already has a token named {name!r}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     stored.append({"tenant": tenant_id, "name": name, "sha256": token_hash(token)})
-    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = config.state_dir / TOKEN_FILE
-    tmp = path.with_name(f".{TOKEN_FILE}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(stored, f, indent=1)
-    tmp.replace(path)
+    write_tokens(config.state_dir, stored)
     return token
 
 
@@ -182,5 +152,11 @@ class Tenants:
         return found
 
     def default_agent(self, tenant: str) -> EffectiveAgent | None:
-        """The tenant's default agent, or None when it has none."""
-        return next(iter(self.agents(tenant).values()), None)
+        """The agent of a request that names none (config.merge.default_agent_id): the tenant's
+        `default: true`, else its only agent; None when it has none.
+
+        Raises:
+            UsageError: several agents, none marked default (the message lists them).
+        """
+        agents = self.agents(tenant)
+        return agents[default_agent_id(self.config, tenant)] if agents else None

@@ -31,6 +31,9 @@ def serve(state: State, host: str, port: int, grace: int) -> None:
         ) from exc
     if not state.config.tenants:
         raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
+    from sandbox.api.token_file import read_tokens
+
+    read_tokens(state.config.state_dir, strict=True)  # a damaged token file stops the start, said plainly
     serving.run(create_app(state.config), host=host, port=port, grace_s=grace)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -146,9 +147,8 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
                 )
             )
         seen.setdefault(agent.id, index)
-    defaults = [i for i, agent in enumerate(config.agents.list) if agent.default]
-    if len(defaults) > 1:
-        problems.append((("agents", "list", defaults[1], "default"), "only one agent may be `default: true`"))
+    problems.extend(_default_agent_problems(config))
+    problems.extend(_state_dir_problems(config))
     exec_cfg = config.tools.exec
     if exec_cfg.default_timeout_s > exec_cfg.max_timeout_s:
         problems.append((("tools", "exec", "default_timeout_s"), "must not exceed tools.exec.max_timeout_s"))
@@ -184,6 +184,43 @@ def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
     problems.extend(bind_problems(config))
     problems.extend(isolation_problems(config))
     return problems
+
+
+def _default_agent_problems(config: Config) -> list[tuple[Loc, str]]:
+    """At most one `default: true` per tenant (each tenant's calls that name no agent run as it)."""
+    problems: list[tuple[Loc, str]] = []
+    first: dict[str, int] = {}
+    for index, agent in enumerate(config.agents.list):
+        if not agent.default:
+            continue
+        if agent.tenant in first:
+            problems.append(
+                (
+                    ("agents", "list", index, "default"),
+                    f"tenant {agent.tenant!r} already has a default agent "
+                    f"(agents.list[{first[agent.tenant]}].default); only one agent per tenant may be `default: true`",
+                )
+            )
+        first.setdefault(agent.tenant, index)
+    return problems
+
+
+def _state_dir_problems(config: Config) -> list[tuple[Loc, str]]:
+    """The state dir is a folder, or can be made one: a file (or a file above it) is refused
+    here rather than as an OSError deep inside the first command that writes there."""
+    path = config.state_dir
+    for place in (path, *path.parents):
+        try:
+            st = place.stat()
+        except (FileNotFoundError, NotADirectoryError):  # not there, or below a file: look higher
+            continue
+        except OSError as exc:
+            return [(("state_dir",), f"{place} cannot be examined ({exc.strerror or exc}); expected a folder")]
+        if stat.S_ISDIR(st.st_mode):
+            return []
+        what = "is" if place == path else f"is below {place}, which is"
+        return [(("state_dir",), f"{path} {what} not a folder; expected a folder, or a path where one can be made")]
+    return []
 
 
 def _tenant_problems(config: Config) -> list[tuple[Loc, str]]:

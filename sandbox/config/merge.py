@@ -62,12 +62,48 @@ def agent_ids(config: Config) -> list[str]:
     return [agent.id for agent in config.agents.list] or ["main"]
 
 
-def default_agent_id(config: Config) -> str:
-    """The agent marked `default: true`, else the first, else `main`."""
-    for agent in config.agents.list:
-        if agent.default:
-            return agent.id
-    return agent_ids(config)[0]
+def default_agent_id(config: Config, tenant: str | None = None) -> str:
+    """The agent a call that names none runs as.
+
+    With `tenant` (the service, MCP): that tenant's agent marked `default: true`, else its only
+    agent. Without (the library and the CLI, which act for no tenant in particular): the one
+    agent marked `default: true` when only one is (several tenants marking one each: tenant
+    `default`'s), else the only agent. The implicit `main` when no agent is configured.
+
+    Raises:
+        UsageError: no agent, or several and none of them the default (the error lists them).
+    """
+    from sandbox.errors import UsageError
+
+    listed = [a for a in config.agents.list if tenant is None or a.tenant == tenant]
+    if not config.agents.list and tenant in (None, "default"):
+        return "main"
+    flagged = [a for a in listed if a.default]
+    if len(flagged) > 1:  # only without a tenant: the loader allows one per tenant
+        flagged = [a for a in flagged if a.tenant == "default"]
+    if flagged:
+        return flagged[0].id
+    if len(listed) == 1:
+        return listed[0].id
+    whose = "the config" if tenant is None else f"tenant {tenant!r}"
+    if not listed:
+        raise UsageError(f"{whose} has no agents", tenant=tenant)
+    marked = [f"{a.id} (tenant {a.tenant})" for a in config.agents.list if a.default]
+    why = f"the defaults are per tenant: {', '.join(marked)}" if marked else "none is `default: true`"
+    raise UsageError(
+        f"name the agent: {whose} has {len(listed)} agents ({', '.join(a.id for a in listed)}) and {why}",
+        tenant=tenant,
+        agents=[a.id for a in listed],
+    )
+
+
+def probe_agent_id(config: Config) -> str:
+    """An agent that stands for the config where one is needed but none is asked for (the image
+    `doctor` and `/readyz` check): the default agent when there is one, else the first. Never
+    raises."""
+    flagged = [a for a in config.agents.list if a.default]
+    home = [a for a in flagged if a.tenant == "default"]
+    return (home or flagged or config.agents.list or [AgentConfig(id="main")])[0].id
 
 
 def effective_agent(config: Config, agent_id: str) -> EffectiveAgent:

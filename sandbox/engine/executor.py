@@ -23,7 +23,7 @@ from sandbox.engine.progress import ProgressBus
 from sandbox.engine.retry import with_retries
 from sandbox.engine.running import MakeContext, Spill, fail, finish, run_once, shape_output
 from sandbox.engine.stages import await_approval, check_policy, detect_loops, propose, run_hooks, validate
-from sandbox.errors import ErrorCode, SandboxError
+from sandbox.errors import SandboxError, unavailable_when_full
 from sandbox.journal.store import Journal
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.registry import ToolRegistry
@@ -86,10 +86,11 @@ async def execute(
             raise
         except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
             logger.bind(code=exc.code.value).error("tool_call_not_journaled")
-            return call.failed(exc)
+            return call.failed(unavailable_when_full(exc))
         except Exception as exc:
+            # the one place a foreign exception becomes the call's error (a full disk: retryable)
             logger.exception("tool_call_crashed")
-            return call.failed(SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})"))
+            return call.failed(unavailable_when_full(exc))
         finally:
             if engine.journal is not None:
                 engine.journal.forget_pending(call.task.call_id)
@@ -113,5 +114,6 @@ async def _stages(
         attempt = partial(run_once, call, checked, make_context)
         ran = await with_retries(attempt, checked.spec.retry, tool=call.tool)
     except SandboxError as exc:
-        return await fail(call, checked, exc)
+        # mapped after the retries: a full disk is retried by the caller once space is freed
+        return await fail(call, checked, unavailable_when_full(exc))
     return await finish(call, checked, await shape_output(call, ran, spill))

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import docker.errors
 
 from sandbox.audit.ownership import write_problem
-from sandbox.config.merge import agent_ids, default_agent_id, effective_agent
+from sandbox.config.merge import agent_ids, effective_agent, probe_agent_id
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.runtime import procfs
@@ -149,7 +149,7 @@ def _provenance_check(client: Any, target: ImageTarget) -> Check:
 
 def _exec_path_check(client: Any, config: Config) -> Check:
     """How the default agent's sandboxes run commands: the resident agent, or docker exec (why)."""
-    docker_cfg = effective_agent(config, default_agent_id(config)).sandbox.docker
+    docker_cfg = effective_agent(config, probe_agent_id(config)).sandbox.docker
     try:
         labels = client.images.get(docker_cfg.image).labels
     except Exception as exc:  # a missing image is the image check's to report

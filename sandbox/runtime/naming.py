@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
 import secrets
 from pathlib import Path
+
+from sandbox.errors import StateError, storage_error
 
 LABEL_PREFIX = "io.agent-sandbox"
 SCHEMA_VERSION = "1"
@@ -101,20 +105,98 @@ def tenant_dir_name(tenant: str) -> str:
     return short_hash(f"tenant|{tenant}", 16)
 
 
+INSTANCE_FILE = "instance-id"
+INSTANCE_PATTERN = re.compile(r"[a-z0-9]{4,16}")
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
 def instance_id(state_dir: Path, configured: str | None) -> str:
-    """The configured instance id, else one made once and kept in the state dir."""
+    """The configured instance id, else the one kept in the state dir (made there once).
+
+    The id is in the label of every container this orchestrator made: a new one would leave
+    them all invisible to `list`, `recreate` and `prune`. So only a missing file is made, and
+    made atomically (two processes starting at once agree on one id); a damaged or unreadable
+    one is an error, never replaced.
+
+    Raises:
+        StateError: the file is damaged or cannot be read.
+        SandboxError: SERVICE_UNAVAILABLE when the disk is full (a missing file cannot be made).
+    """
     if configured:
         return configured
-    path = state_dir / "instance-id"
+    path = state_dir / INSTANCE_FILE
+    found = _read_instance(path)
+    if found is not None:
+        return found
     try:
-        value = path.read_text().strip()
-        if re.fullmatch(r"[a-z0-9]{4,16}", value):
-            return value
+        state_dir.mkdir(parents=True, exist_ok=True)
+        return _make_instance(path)
+    except OSError as exc:
+        raise storage_error(exc, f"the instance id cannot be written to {path}") from exc
+
+
+def _read_instance(path: Path) -> str | None:
+    """The id in `path`; None when there is no file."""
+    fix = (
+        "restore the id the containers of this state dir carry (docker ps -a --filter "
+        f"label={Labels.MANAGED}=true --format '{{{{.Label \"{Labels.INSTANCE}\"}}}}'), or set `instance:` "
+        "in the config to it; remove the file only when no container of the old id is left"
+    )
+    try:
+        raw = path.read_bytes()
     except FileNotFoundError:
-        pass
-    state_dir.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_hex(3)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(value + "\n")
-    tmp.replace(path)
+        return None
+    except OSError as exc:
+        raise StateError(f"the instance id file {path} cannot be read ({exc.strerror or exc})", path, fix) from exc
+    value = raw.decode("ascii", "replace").strip()
+    if not INSTANCE_PATTERN.fullmatch(value):
+        shown = repr(value[:40]) if value else "empty"
+        raise StateError(
+            f"the instance id file {path} is damaged ({shown}; expected 4-16 lower-case letters and digits)",
+            path,
+            fix,
+        )
     return value
+
+
+def _make_instance(path: Path) -> str:
+    """Write a new id to a temporary file, then link it to `path`: `link` fails when `path`
+    exists, so the first process wins and every other one reads the winner's id; the file is
+    never seen half-written (a full disk fails on the temporary file)."""
+    value = secrets.token_hex(3)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(value + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: its id is the one
+        except OSError as exc:
+            if exc.errno not in NO_HARD_LINKS:
+                raise
+            _make_exclusive(path, value)
+    finally:
+        tmp.unlink(missing_ok=True)
+    found = _read_instance(path)
+    if found is None:  # removed between our link and our read: nothing sane to guess
+        raise StateError(f"the instance id file {path} vanished while it was made", path, "start again")
+    return found
+
+
+def _make_exclusive(path: Path, value: str) -> None:
+    """Where hard links are refused (some network and FUSE filesystems): create `path` with
+    O_EXCL and remove it again if it cannot be written whole."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(value + "\n")
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
