@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from datetime import UTC, datetime
@@ -171,30 +172,84 @@ def _collect_egress(state: State, journal: Any) -> None:
 @main.command()
 @click.option("--trace", "trace_id", help="Only this trace.")
 @click.option("--session", help="Only this session key.")
+@click.option("--tenant", help="Only this tenant's events.")
+@click.option("--since", help="Only events at or after: an age (30m, 2h, 1d) or a UTC time (2026-12-01T08:00).")
+@click.option("--until", help="Only events at or before: an age or a UTC time, as --since.")
+@click.option("--cursor", help="The next (older) page: the cursor the previous page printed.")
 @click.option("--follow", is_flag=True, help="Keep printing new events.")
-@click.option("--limit", default=1000, show_default=True, help="At most this many events (before following).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Events per page (1 to 10,000): the newest ones, printed oldest first, before following.",
+)
 @json_option
 @click.pass_obj
 @handled
-def logs(state: State, trace_id: str | None, session: str | None, follow: bool, limit: int, as_json: bool) -> None:
-    """The timeline of calls from the journal."""
+def logs(
+    state: State,
+    trace_id: str | None,
+    session: str | None,
+    tenant: str | None,
+    since: str | None,
+    until: str | None,
+    cursor: str | None,
+    follow: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """The timeline of calls from the journal, a page at a time (it never reads the whole journal)."""
+    now = time.time()
+    start, end = _moment(since, now, "--since"), _moment(until, now, "--until")
     journal = _journal(state)
-    last = 0
     try:
         _collect_egress(state, journal)
-        events = journal.events(trace_id=trace_id, session=session, limit=10**9)[-limit:]
-        while True:
-            for e in events:
-                click.echo(escape_json(e.__dict__) if as_json else _event_line(e))
-                last = max(last, e.id)
-            if not follow:
-                break
+        page = journal.page(
+            tenant=tenant, session=session, trace_id=trace_id, since=start, until=end, cursor=cursor, limit=limit
+        )
+        events = list(reversed(page.events))  # a timeline reads oldest first
+        last = page.events[0].id if page.events else journal.last_event_id()
+        _print(events, as_json)
+        if page.next_cursor is not None and not follow:
+            click.echo(f"(older events: --cursor {page.next_cursor})", err=True)
+        while follow:
             time.sleep(0.5)
-            events = journal.events(trace_id=trace_id, session=session, after_id=last)
+            # new rows only (after the last one seen, whoever's it was): each poll reads what was written meanwhile
+            found = journal.events(trace_id=trace_id, session=session, after_id=last)
+            _print([e for e in found if _keep(e, tenant, end)], as_json)
+            last = max([last, *(e.id for e in found)])
     except KeyboardInterrupt:
         pass
     finally:
         journal.close()
+
+
+def _print(events: list[Event], as_json: bool) -> None:
+    for e in events:
+        click.echo(escape_json(e.__dict__) if as_json else _event_line(e))
+
+
+def _keep(e: Event, tenant: str | None, until: float | None) -> bool:
+    return (tenant is None or e.tenant == tenant) and (until is None or e.ts <= until)
+
+
+def _moment(text: str | None, now: float, flag: str) -> float | None:
+    """An age (`30m`: that long ago), a UTC time (ISO 8601) or Unix seconds, as Unix seconds."""
+    if text is None:
+        return None
+    from sandbox.journal.retention import parse_age
+
+    age = parse_age(text.strip())
+    if age is not None:
+        return now - age
+    with contextlib.suppress(ValueError):
+        return float(text)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give an age (30m, 2h, 1d, 1w) or a UTC time (2026-12-01T08:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 @main.command()

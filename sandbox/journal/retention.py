@@ -16,6 +16,7 @@ holds the write lock for as long as the whole file takes to copy).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -41,7 +42,11 @@ class Run(Protocol):
     def __call__(self, step: Callable[[sqlite3.Connection], T], /) -> T: ...
 
 
-BATCH_ROWS = 2000  # events per delete transaction: tens of milliseconds at a million rows
+BATCH_ROWS = 1000  # events per delete transaction: milliseconds to tens of them at a million rows
+# after each batch the prune rests at least as long as the batch took (and this long): writers
+# (the service's writer thread, other processes) always find the lock free about half the time
+PAUSE_S = 0.005
+CHECKPOINT_WAIT_MS = 100  # how long the final checkpoint may hold writers off waiting for readers
 VACUUM_STEP_PAGES = 1024  # pages handed back per step (4 MiB at SQLite's default page size)
 LOW_WATER = 0.9  # a size prune goes this far under the bound, so the next write does not prune again
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -135,9 +140,11 @@ def prune(run: Run, path: Path, retention: Retention, *, now: float, vacuum: boo
         run(_vacuum_into_incremental)
         mode, vacuumed = "incremental", True
     elif mode == "incremental":
-        while run(_vacuum_step):
+        while _paced(run, _vacuum_step):
             pass
-    run(_truncate_wal)
+    for _ in range(5):  # a busy log (a reader mid-snapshot) is tried again shortly
+        if not _paced(run, _truncate_wal):
+            break
     kept = run(lambda db: int(db.execute("SELECT COUNT(*) FROM open_calls").fetchone()[0]))
     after = file_bytes(path)
     report = PruneReport(events, approvals, loop_rows, before, after, mode, vacuumed, kept, time.monotonic() - started)
@@ -175,10 +182,18 @@ async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig)
         await anyio.sleep(retention.every_s)
 
 
+def _paced(run: Run, step: Callable[[sqlite3.Connection], int]) -> int:
+    """One step under the lock, then a rest as long as it took: a prune never starves writers."""
+    started = time.monotonic()
+    done = run(step)
+    time.sleep(max(PAUSE_S, time.monotonic() - started))
+    return done
+
+
 def _delete_batches(run: Run, sql: str, before: float) -> int:
     total = 0
     while True:
-        deleted = run(lambda db: db.execute(sql, (before, BATCH_ROWS)).rowcount)
+        deleted = _paced(run, lambda db: db.execute(sql, (before, BATCH_ROWS)).rowcount)
         total += deleted
         if deleted < BATCH_ROWS:
             return total
@@ -191,21 +206,29 @@ def _used_bytes(db: sqlite3.Connection) -> int:
 
 
 def _delete_to_size(run: Run, target: int) -> int:
-    """Delete the oldest events until the pages in use fit `target` (or only kept ones are left)."""
+    """Delete the oldest events until the pages in use fit `target` (or only kept ones are left).
+
+    Each batch is sized from the average row, so a small journal is not emptied by one batch,
+    and the total is capped, so that pages an index frees late never make a prune empty it.
+    """
     used = run(_used_bytes)
     if used <= target:
         return 0
-    rows = run(lambda db: int(db.execute("SELECT COALESCE(MAX(id) - MIN(id) + 1, 0) FROM events").fetchone()[0]))
-    # a cap from the average row, so that pages an index frees late never make a prune empty the journal
-    cap = math.ceil(rows * (used - target) / used * 1.5) + BATCH_ROWS if used else 0
+    rows = run(lambda db: int(db.execute("SELECT COUNT(*) FROM events").fetchone()[0]))  # once: ~0.1 s at 1M
+    cap = math.ceil(rows * (used - target) / used * 1.5) + 1
     total = 0
-    while used > target and total < cap:
-        deleted = run(lambda db: db.execute(DELETE_OLDEST, (math.inf, BATCH_ROWS)).rowcount)
+    while used > target and total < cap and rows:
+        batch = min(BATCH_ROWS, max(1, math.ceil((used - target) / (used / rows))))
+        deleted = _paced(run, functools.partial(_delete_oldest, batch))
         total += deleted
         if deleted == 0:
             break
-        used = run(_used_bytes)
+        used, rows = run(_used_bytes), rows - deleted
     return total
+
+
+def _delete_oldest(rows: int, db: sqlite3.Connection) -> int:
+    return db.execute(DELETE_OLDEST, (math.inf, rows)).rowcount
 
 
 def _horizon(run: Run, now: float, retention: Retention) -> float:
@@ -231,6 +254,12 @@ def _vacuum_into_incremental(db: sqlite3.Connection) -> int:
 
 
 def _truncate_wal(db: sqlite3.Connection) -> int:
-    # a reader in another process can hold the log open: then it is truncated next time
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    return 0
+    # TRUNCATE holds writers off while it waits for readers: only briefly (busy timeout lowered);
+    # a reader still busy then leaves the log for the next checkpoint (journal_size_limit caps it)
+    timeout = int(db.execute("PRAGMA busy_timeout").fetchone()[0])
+    db.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
+    try:
+        busy = int(db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+    finally:
+        db.execute(f"PRAGMA busy_timeout = {timeout}")
+    return busy

@@ -13,7 +13,8 @@ from sandbox.errors import ErrorCode, SandboxError
 
 # 1: tables of before (no version recorded); 2: the tenant and time indexes that keep a page
 # of `logs` and a retention batch O(limit) however large the journal grows, loop rows' time
-# (retention), and incremental auto-vacuum for journals made from then on
+# (retention); journals made from then on use incremental auto-vacuum (set by the store when it
+# creates the file: SQLite takes it only before the first page is written)
 SCHEMA_VERSION = 2
 
 SCHEMA = """
@@ -117,8 +118,6 @@ def migrate(db: sqlite3.Connection, where: str) -> None:
     tables = _tables(db)
     if _version(db, where) == SCHEMA_VERSION and tables >= TABLES:
         return  # the common case: no write lock taken to open a journal
-    if not tables:  # only possible before the first table: lets retention give space back in steps
-        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
     db.execute("BEGIN IMMEDIATE")
     try:
         if _version(db, where) == SCHEMA_VERSION and _tables(db) >= TABLES:  # another process did it meanwhile

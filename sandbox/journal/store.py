@@ -76,9 +76,12 @@ class Journal(ApprovalsMixin, NotesMixin):
         db: sqlite3.Connection | None = None
         try:
             private_files(path)
+            fresh = path.stat().st_size == 0
             self._db = db = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
             )
+            if fresh:  # only before the first page is written: lets retention give space back in steps
+                self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
             # the log is truncated back to this after a checkpoint (a big prune would leave it large)
@@ -310,6 +313,11 @@ class Journal(ApprovalsMixin, NotesMixin):
             cursor=cursor,
             limit=limit,
         )
+
+    def last_event_id(self) -> int:
+        """The id of the newest event (0 for none): where a follower starts."""
+        rows = self._read("SELECT COALESCE(MAX(id), 0) FROM events", ())
+        return int(rows[0][0])
 
     def ping(self) -> None:
         """One trivial read of the file (for readiness probes: no integrity check, no count).
