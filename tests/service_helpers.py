@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 TOKEN_A = "sbx_test-token-of-tenant-a"
@@ -23,8 +26,9 @@ def serve(config: Any) -> Iterator[str]:
     import uvicorn  # imported when a test serves, not when the quick tier is collected
 
     from sandbox.api.app import create_app
+    from sandbox.api.serving import uvicorn_config
 
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(create_app(config), host="127.0.0.1", port=0))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -66,3 +70,65 @@ def wait_healthy(url: str, *, seconds: float = 90, gone: Any = None) -> None:
             raise AssertionError(f"the service exited: {why}")
         time.sleep(0.2)
     raise AssertionError(f"the service never answered at {url}")
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """`app` served by uvicorn (the service's own settings) inside the current event loop, on an
+    ephemeral loopback port; yields its base URL. For apps over an orchestrator the test holds
+    (a fake backend), which must live in the same loop."""
+    import anyio
+    import uvicorn
+
+    from sandbox.api.serving import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        with anyio.fail_after(30):
+            while not server.started:
+                await anyio.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+
+
+@contextmanager
+def serve_process(config_path: Path, *, nofile: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`sandbox serve` in its own process (optionally with RLIMIT_NOFILE lowered to `nofile`),
+    on a free loopback port; yields its base URL and the process. Stopped with SIGTERM."""
+    import resource
+
+    port = free_port()
+
+    def limit() -> None:  # pragma: no cover - runs in the child
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    log = (config_path.parent / "serve.log").open("wb")  # its log, for a failing test to show
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandbox", "--config", str(config_path), "serve", "--port", str(port), "--grace", "1"],
+        stdout=log,
+        stderr=log,
+        preexec_fn=limit,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, gone=lambda: None if proc.poll() is None else f"exit {proc.returncode}")
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in KiB: what it holds now, and the most it ever held."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])

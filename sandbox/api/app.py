@@ -1,30 +1,35 @@
 """The HTTP service (FastAPI): one Orchestrator, many tenants, each behind its bearer tokens.
 
-Every request is authenticated first (401 without a valid token); a resource of another tenant
-is 404, exactly like one that does not exist. Tool-level failures are ToolResults (200); HTTP
-errors are kept for auth, tenancy, quotas (429 with Retry-After), unsandboxed sessions (403)
-and malformed requests.
+Every request is authenticated first (401 without a valid token, before any of its body is
+read: api/bodies.py); a resource of another tenant is 404, exactly like one that does not exist.
+Tool-level failures are ToolResults (200); HTTP errors are kept for auth, tenancy, quotas (429
+with Retry-After), unsandboxed sessions (403) and malformed requests. The read routes are in
+api/read_routes.py, the edge's bounds in api/connections.py, api/quotas.py and api/limits.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import anyio
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sandbox._log import logger
+from sandbox.api.auth import CallerDep, current_caller
+from sandbox.api.bodies import BodyLimit
+from sandbox.api.limits import TenantLimits
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
-from sandbox.api.requests import ERROR_RESPONSES, BatchRequest, BodyLimit, CallRequest, json_body, read_body
+from sandbox.api.read_routes import add_read_routes
+from sandbox.api.requests import ERROR_RESPONSES, BatchRequest, CallRequest, json_body, read_body
 from sandbox.api.serving import StopWatch, past_drain_deadline
-from sandbox.api.tenants import Caller, Tenants, tenant_agents
-from sandbox.config.merge import EffectiveAgent, default_agent_id
+from sandbox.api.tenants import Caller, Tenants
+from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError, UsageError
@@ -35,25 +40,7 @@ SSE_STOP_POLL_S = 1.0  # how soon an event stream notices the service is stoppin
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
 T = TypeVar("T")
-
-
-async def current_caller(request: Request) -> Caller:
-    """The tenant behind the request's bearer token; 401 otherwise.
-
-    Async although it blocks on nothing (hashing, a stat of the token file): a plain function
-    would cost every request a trip through the thread pool."""
-    tenants: Tenants = request.app.state.tenants
-    found = tenants.from_authorization(request.headers.get("authorization"))
-    if found is None:
-        raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
-    return found
-
-
-# FastAPI reads the annotations by name from this module (routes are made inside create_app)
-CallerDep = Annotated[Caller, Depends(current_caller)]
-Format = Literal["openai", "anthropic", "mcp"]
-Verdict = Literal["approve", "deny"]
-SessionQuery = Annotated[str, Query(max_length=256)]
+__all__ = ["create_app", "current_caller", "resolve_session"]
 
 
 def create_app(config: Config, orchestrator: Orchestrator | None = None) -> FastAPI:
@@ -64,23 +51,28 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     from sandbox.api.mcp_server import http_server
 
     tenants = Tenants(config)
+    limits = TenantLimits(config.service)
     watch = StopWatch()  # stops calls whose client went away, or that outlive a stopping service's grace
-    mcp_app, mcp_sessions = http_server(tenants, watch, lambda: app.state.orch, lambda: admission_of[0])
+    mcp_app, mcp_sessions = http_server(tenants, watch, lambda: app.state.orch, lambda: admission_of[0], metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if orchestrator is not None:
             app.state.orch = orchestrator
+            metrics.know_tools(orchestrator.registry.names())
             async with anyio.create_task_group() as tg, mcp_sessions.run():
+                app.state.spawn = tg.start_soon
                 tg.start_soon(watch.run)
                 yield
                 tg.cancel_scope.cancel()
             return
         async with Orchestrator(config) as orch, anyio.create_task_group() as tg, mcp_sessions.run():
+            app.state.spawn = tg.start_soon  # background work of requests (readiness probes)
             tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
             tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
+            metrics.know_tools(orch.registry.names())
             app.state.orch = orch
             yield
             # uvicorn cancelled what outlived the grace period; their clean-up (killing what
@@ -100,6 +92,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     admission_of.append(admission)
     app.state.config = config
     app.state.tenants = tenants
+    app.state.limits = limits
     app.mount("/mcp", mcp_app)  # MCP over streamable HTTP, behind the same bearer tokens
 
     app.add_middleware(BodyLimit)
@@ -119,69 +112,16 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     def session_for(request: Request, who: Caller, key: str, agent: str | None) -> Session:
         return resolve_session(tenants, orch(request), who, key, agent)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, bool]:
-        return {"ok": True}
-
-    @app.get("/readyz")
-    async def readyz(request: Request) -> JSONResponse:
-        checks: dict[str, str] = {}
-        o = orch(request)
-        try:
-            if o.journal is not None:
-                o.journal.health()
-            checks["journal"] = "ok"
-        except Exception as exc:  # any failure is "not ready", said plainly
-            checks["journal"] = f"failed: {exc}"
-        try:
-            agent = o.policy.agent(default_agent_id(config))
-            await o.backend.image_id(agent.sandbox.docker.image)
-            checks["engine"] = "ok"
-        except SandboxError as exc:
-            checks["engine"] = f"failed: {exc.message}"
-        ready = all(v == "ok" for v in checks.values())
-        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
-
-    @app.get("/v1/agents")
-    async def agents(who: CallerDep) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": a.id,
-                "tenant": a.tenant,
-                "sandbox": {"mode": a.sandbox.mode, "scope": a.sandbox.scope},
-            }
-            for a in tenant_agents(config, who.tenant.id)
-        ]
-
-    @app.get("/v1/tools")
-    async def tools(
-        request: Request,
-        who: CallerDep,
-        session: SessionQuery,
-        agent: str | None = None,
-        format: Format = "openai",
-    ) -> list[dict[str, Any]]:
-        from sandbox.tools import render
-
-        return render(session_for(request, who, session, agent).tools(), format)
-
-    @app.get("/v1/explain")
-    async def explain(
-        request: Request, who: CallerDep, session: SessionQuery, agent: str | None = None
-    ) -> dict[str, Any]:
-        from sandbox.policy import explain_data
-
-        return explain_data(session_for(request, who, session, agent).policy)
+    add_read_routes(app, tenants, limits, metrics, session_for)
 
     # the hot route: its body and caller are read by hand (see read_body), documented the same way
     @app.post("/v1/sessions/{key}/calls", openapi_extra=json_body(CallRequest))
     async def call(request: Request, key: str) -> Any:
         who = await current_caller(request)
-        admission.rate(who)  # before the body is read: a tenant past its quota costs the others least
+        admission.precheck(who)  # before the body is read: a tenant past its quota costs the others least
         body = await read_body(request, CallRequest)
         session = session_for(request, who, key, body.agent)
-        await admission.session(orch(request), who, session)
-        async with admission.running(who):
+        async with admission.admit(orch(request), who, session):
             result = await _unless_gone(request, watch, session.call(body.tool, body.args))
         if result is None:
             return _stopped(request, "call")
@@ -189,15 +129,21 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         # serialized once by pydantic, not walked again by FastAPI's encoder (a hot path)
         return Response(result.model_dump_json(), media_type="application/json")
 
-    @app.post("/v1/sessions/{key}/batches")
-    async def batch(request: Request, who: CallerDep, key: str, body: BatchRequest) -> Any:
-        from sandbox.engine.batch import BatchCall
+    # read by hand too: FastAPI reads a body parameter before it checks the token
+    @app.post("/v1/sessions/{key}/batches", openapi_extra=json_body(BatchRequest))
+    async def batch(request: Request, key: str) -> Any:
+        from sandbox.engine.batch import BatchCall, plan
 
-        admission.rate(who)
+        who = await current_caller(request)
+        admission.precheck(who)
+        body = await read_body(request, BatchRequest)
         session = session_for(request, who, key, body.agent)
-        await admission.session(orch(request), who, session)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
-        async with admission.running(who):
+        try:  # every call counts; at once, as many as its widest wave
+            width = max(len(wave) for wave in plan(calls, body.mode))
+        except SandboxError:
+            width = 1  # a bad batch: the engine refuses it before any call runs
+        async with admission.admit(orch(request), who, session, calls=len(calls), slots=width):
             outcome = await _unless_gone(request, watch, session.call_many(calls, mode=body.mode))
         if outcome is None:
             return _stopped(request, "batch")
@@ -212,9 +158,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     @app.get("/v1/sessions/{key}/events")
     async def events(request: Request, who: CallerDep, key: str, agent: str | None = None) -> Any:
         """Server-sent events: the progress of this session's calls, as they happen."""
-        from fastapi.responses import StreamingResponse
-
         session = session_for(request, who, key, agent)
+        give_back = limits.open_stream(who)  # 429 past service.max_event_streams_per_tenant
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](max_buffer_size=256)
 
         def forward(event: Any) -> None:
@@ -232,57 +177,27 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
         unsubscribe = orch(request).progress.subscribe(forward)
 
+        def ended() -> None:
+            unsubscribe()
+            send.close()
+            receive.close()
+            give_back()
+
         async def stream() -> AsyncIterator[str]:
-            try:
-                yield ": connected\n\n"
-                quiet_since = anyio.current_time()
-                # checked every second: a stream would otherwise hold a stopping service's drain
-                while not request.app.state.stopping and not await request.is_disconnected():
-                    with anyio.move_on_after(SSE_STOP_POLL_S):
-                        item = await receive.receive()
-                        yield f"event: {item['kind']}\ndata: {json.dumps(item, default=str)}\n\n"
-                        quiet_since = anyio.current_time()
-                        continue
-                    if anyio.current_time() - quiet_since >= SSE_KEEPALIVE_S:
-                        yield ": keep-alive\n\n"
-                        quiet_since = anyio.current_time()
-            finally:
-                unsubscribe()
-                send.close()
-                receive.close()
+            yield ": connected\n\n"
+            quiet_since = anyio.current_time()
+            # checked every second: a stream would otherwise hold a stopping service's drain
+            while not request.app.state.stopping and not await request.is_disconnected():
+                with anyio.move_on_after(SSE_STOP_POLL_S):
+                    item = await receive.receive()
+                    yield f"event: {item['kind']}\ndata: {json.dumps(item, default=str)}\n\n"
+                    quiet_since = anyio.current_time()
+                    continue
+                if anyio.current_time() - quiet_since >= SSE_KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    quiet_since = anyio.current_time()
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    @app.get("/v1/sandboxes")
-    async def sandboxes(request: Request, who: CallerDep) -> list[dict[str, Any]]:
-        o = orch(request)
-        found = await o.backend.list(instance=o.manager.instance)
-        return [
-            {"name": s.name, "agent": s.agent, "scope": s.scope, "status": s.status, "created_at": s.created_at}
-            for s in found
-            if s.tenant == who.tenant.id
-        ]
-
-    @app.get("/metrics")
-    async def prometheus(request: Request) -> Any:
-        from fastapi.responses import Response
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        if not tenants.may_read_metrics(request.headers.get("authorization")):
-            raise HTTPException(
-                401,
-                "/metrics needs one of service.metrics_tokens (a tenant's token does not do)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        o = orch(request)
-        metrics.queue_depth.set(o.limiter.waiting)
-        metrics.sandboxes.clear()
-        try:
-            for s in await o.backend.list(instance=o.manager.instance):
-                metrics.sandboxes.labels(s.status).inc()
-        except SandboxError:
-            pass  # the engine is away: the call metrics are still worth reading
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return _Counted(stream(), ended, media_type="text/event-stream")
 
     @app.delete("/v1/sessions/{key}")
     async def close(request: Request, who: CallerDep, key: str, agent: str | None = None) -> dict[str, Any]:
@@ -290,35 +205,22 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
         admission.closed(who.tenant.id, closed)
         return {"closed": closed}
 
-    @app.get("/v1/approvals")
-    async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
-        mine = tenants.agents(who.tenant.id)
-        return [a.__dict__ for a in orch(request).pending_approvals() if a.agent in mine]
-
-    @app.post("/v1/approvals/{approval_id}/{verdict}")
-    async def decide(request: Request, who: CallerDep, approval_id: str, verdict: Verdict) -> dict[str, Any]:
-        o = orch(request)
-        mine = tenants.agents(who.tenant.id)
-        pending = {a.id: a for a in o.pending_approvals() if a.agent in mine}
-        if approval_id not in pending:
-            raise HTTPException(404, f"no pending approval {approval_id!r}")
-        try:
-            decided = o.approve(approval_id) if verdict == "approve" else o.deny(approval_id)
-        except SandboxError as exc:
-            raise HTTPException(409, exc.message) from exc
-        return decided.__dict__
-
-    @app.get("/v1/logs")
-    async def logs(
-        request: Request, who: CallerDep, session: str | None = None, trace: str | None = None, limit: int = 1000
-    ) -> list[dict[str, Any]]:
-        journal = orch(request).journal
-        if journal is None:
-            return []
-        events = journal.events(session=session, trace_id=trace, limit=max(1, min(limit, 10_000)))
-        return [e.__dict__ for e in events if e.tenant == who.tenant.id]
-
     return app
+
+
+class _Counted(StreamingResponse):
+    """A stream whose `ended` runs once it is over, however it ends (even never started: a
+    generator's own `finally` would not run then, and the stream would stay counted)."""
+
+    def __init__(self, content: AsyncIterator[str], ended: Callable[[], None], media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self._ended = ended
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._ended()
 
 
 def agent_for(tenants: Tenants, who: Caller, key: str, agent: str | None) -> EffectiveAgent:

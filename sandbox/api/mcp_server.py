@@ -15,6 +15,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
 from sandbox.api.serving import StopWatch
 from sandbox.api.tenants import Caller, Tenants
@@ -68,6 +69,7 @@ def http_server(
     watch: StopWatch,
     get_orch: Callable[[], Orchestrator],
     get_admission: Callable[[], Admission],
+    metrics: Metrics | None = None,
 ) -> tuple[Any, Any]:
     """`/mcp` for the service: (an ASGI app behind the bearer auth, its session manager to run).
 
@@ -75,12 +77,18 @@ def http_server(
     tenant's default agent, and one session per MCP session); the tenant comes from the token,
     and the same rules as the REST routes apply: another tenant's agent is "no agent", the
     tenant's quotas hold, and a call still running when a stopping service's grace ends is stopped.
+    An MCP session belongs to the tenant and the token that opened it (any other token on it is
+    404, as if it did not exist), a tenant holds at most service.max_mcp_sessions_per_tenant of
+    them (429 past it), and one idle for service.mcp_session_idle_s ends.
     """
     from fastapi import HTTPException
-    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 
     from sandbox.api.app import resolve_session
+    from sandbox.api.mcp_sessions import OwnedSessions, owner_of
     from sandbox.api.serving import past_drain_deadline
+
+    service = tenants.config.service
 
     def caller_and_session(ctx: Any) -> tuple[Caller, Session]:
         headers = ctx.request.headers if ctx.request is not None else {}
@@ -101,36 +109,61 @@ def http_server(
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         admission = get_admission()
         who, session = caller_and_session(ctx)
-        try:
-            admission.rate(who)
-            await admission.session(get_orch(), who, session)
-        except HTTPException as exc:  # the REST routes' 429/503, as an MCP error with the same words
-            raise RuntimeError(str(exc.detail)) from exc
 
         async def stop() -> bool:
             return past_drain_deadline(admission.state)
 
-        async with admission.running(who):
-            result = await watch.until_stopped(stop, call_in(session, params))
+        try:
+            async with admission.admit(get_orch(), who, session):
+                result = await watch.until_stopped(stop, call_in(session, params))
+        except HTTPException as exc:  # the REST routes' 429/503, as an MCP error with the same words
+            raise RuntimeError(str(exc.detail)) from exc
         if result is None:
             raise RuntimeError("the service stopped before the call finished; it was stopped and its commands killed")
+        if metrics is not None and result.structured_content is not None:
+            metrics.record_body(who.tenant.id, result.structured_content)
         return result
 
     server: Server[Any] = Server("agent-sandbox", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
-    manager = StreamableHTTPSessionManager(app=server, json_response=True)
+    manager = OwnedSessions(
+        server,
+        json_response=True,
+        per_tenant=service.max_mcp_sessions_per_tenant,
+        session_idle_timeout=service.mcp_session_idle_s,
+        max_sessions=service.max_mcp_sessions_per_tenant * max(1, len(tenants.config.tenants)),
+    )
     inner = StreamableHTTPASGIApp(manager)
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
-        # the bearer check happens before the MCP layer sees the request at all
+        # the bearer check happens before the MCP layer sees the request (or its body) at all
         if scope["type"] == "http":
-            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers") or []}
-            if tenants.from_authorization(headers.get("authorization")) is None:
-                from fastapi.responses import JSONResponse
+            from fastapi.responses import JSONResponse
 
+            from sandbox.api.bodies import mark_authenticated
+
+            headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+            authorization = headers.get("authorization")
+            who = tenants.from_authorization(authorization)
+            if who is None:
                 response = JSONResponse(
                     {"detail": "a valid bearer token is required"},
                     status_code=401,
                     headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+            mark_authenticated(scope)
+            # the SDK binds a session to this principal: another token on it is 404
+            scope["user"] = owner_of(who, authorization)
+            if "mcp-session-id" not in headers and manager.held_by(who.tenant.id) >= manager.per_tenant:
+                response = JSONResponse(
+                    {
+                        "detail": f"tenant {who.tenant.id!r} has {manager.held_by(who.tenant.id)} MCP sessions open "
+                        f"(service.max_mcp_sessions_per_tenant is {manager.per_tenant}); end one (DELETE) "
+                        "or let it expire"
+                    },
+                    status_code=429,
+                    headers={"Retry-After": "30"},
                 )
                 await response(scope, receive, send)
                 return

@@ -1,4 +1,4 @@
-"""What the service accepts: the bodies of calls and batches, and a body-size limit."""
+"""What the service accepts: the bodies of calls and batches (their size limit: api/bodies.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,10 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 M = TypeVar("M", bound=BaseModel)
-
-MAX_BODY_BYTES = 40 * 1024 * 1024
 
 
 class CallRequest(BaseModel):
@@ -96,23 +93,3 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (503, "the service is stopping (see Retry-After)"),
     )
 }
-
-
-class BodyLimit:
-    """413 for a body declared larger than MAX_BODY_BYTES, before it is read.
-
-    Plain ASGI (not BaseHTTPMiddleware, which hides a client's disconnect from the endpoint).
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            length = headers.get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-                response = JSONResponse({"detail": f"the body is larger than {MAX_BODY_BYTES} bytes"}, status_code=413)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

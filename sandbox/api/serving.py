@@ -46,12 +46,23 @@ class DrainingServer(uvicorn.Server):
 CLEANUP_S = 15  # after the grace period: stopped calls kill what they started
 
 
+def uvicorn_config(app: Any, *, host: str, port: int, graceful_s: int | None = None) -> uvicorn.Config:
+    """uvicorn's settings for `app` (made by api/app.py): its HTTP protocol is the guarded one
+    (api/connections.py: a request-head timeout and bounded connections), whose guard is left in
+    `app.state.connections`."""
+    from sandbox.api.connections import protocol_for
+
+    protocol, guard = protocol_for(app.state.config.service)
+    app.state.connections = guard
+    return uvicorn.Config(
+        app, host=host, port=port, http=protocol, log_level="warning", timeout_graceful_shutdown=graceful_s
+    )
+
+
 def run(app: Any, *, host: str, port: int, grace_s: int) -> None:
     """Serve `app` until a signal, then drain: `grace_s` seconds for calls to finish, CLEANUP_S
     more for the stopped ones to clean up."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_s + CLEANUP_S
-    )
+    config = uvicorn_config(app, host=host, port=port, graceful_s=grace_s + CLEANUP_S)
     DrainingServer(config, app, grace_s).run()
 
 

@@ -1,0 +1,214 @@
+"""Connections of the service: a request head arrives within `service.head_timeout_s` or the
+connection is closed, and open connections are bounded (in all, per client address, and those
+that have not yet presented a valid token) below the process's file-descriptor limit.
+
+uvicorn has neither a request-head timeout nor a per-address bound (its keep-alive timer runs
+only between requests, and `limit_concurrency` answers 503 to everyone alike), so the service
+runs uvicorn with its own HTTP protocol class: uvicorn's httptools protocol plus a guard. When a
+bound is reached the oldest idle connection that never authenticated is closed to make room
+(an idle one: no request of it is being served); only when there is none is the new connection
+refused. A stranger's connections therefore cannot keep a tenant out: the tenant's new connection
+pushes out the stranger's oldest, and once it has authenticated it is no longer a candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from sandbox._log import logger
+from sandbox.api.bodies import CONNECTION
+from sandbox.config.models import ServiceSection
+
+FD_RESERVE = 256  # descriptors kept for everything else (the journal, the engine's sockets, exec streams); at most half
+MAX_HEAD_BYTES = 64 * 1024  # a request line and headers larger than this are refused
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    """The bounds one server enforces (see `limits_of`)."""
+
+    head_timeout_s: float
+    max_connections: int
+    per_address: int
+    unauthenticated: int
+    unauthenticated_per_address: int
+
+
+def limits_of(service: ServiceSection, nofile: int | None = None) -> EdgeLimits:
+    """The configured bounds, each kept below the file-descriptor limit (`nofile`: the soft
+    RLIMIT_NOFILE, read when not given) minus FD_RESERVE (or half of it, when it is small)."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile == resource.RLIM_INFINITY:
+        ceiling = service.max_connections
+    else:
+        ceiling = max(8, nofile - min(FD_RESERVE, nofile // 2))
+    total = min(service.max_connections, ceiling)
+    return EdgeLimits(
+        head_timeout_s=service.head_timeout_s,
+        max_connections=total,
+        per_address=min(service.max_connections_per_address, total),
+        unauthenticated=min(service.max_unauthenticated_connections, total),
+        unauthenticated_per_address=min(service.max_unauthenticated_per_address, total),
+    )
+
+
+class Conn:
+    """One open connection as the guard sees it."""
+
+    __slots__ = ("address", "authenticated", "close", "idle")
+
+    def __init__(self, address: str, idle: Callable[[], bool], close: Callable[[], None]) -> None:
+        self.address = address
+        self.authenticated = False  # set by the app (bodies.mark_authenticated) once a token checked
+        self.idle = idle
+        self.close = close
+
+
+class ConnectionGuard:
+    """The open connections of one server, oldest first, and the bounds they are held to."""
+
+    def __init__(self, limits: EdgeLimits) -> None:
+        self.limits = limits
+        self._open: dict[Conn, None] = {}  # insertion order: oldest first
+        self.refused = 0
+        self.evicted = 0
+
+    def admit(self, new: Conn) -> bool:
+        """Make room for `new` (closing idle strangers) and count it in; False: refused."""
+        lim = self.limits
+        same = sum(1 for c in self._open if c.address == new.address)
+        strangers = [c for c in self._open if not c.authenticated]
+        mine = sum(1 for c in strangers if c.address == new.address)
+        here: Callable[[Conn], bool] = lambda c: c.address == new.address  # noqa: E731
+        anywhere: Callable[[Conn], bool] = lambda c: True  # noqa: E731
+        for full, where in (
+            (mine >= lim.unauthenticated_per_address, here),
+            (len(strangers) >= lim.unauthenticated, anywhere),
+            (same >= lim.per_address, here),
+            (len(self._open) >= lim.max_connections, anywhere),
+        ):
+            if full and not self._evict(where):
+                self.refused += 1
+                logger.bind(address=new.address, open=len(self._open)).warning("connection_refused")
+                return False
+        self._open[new] = None
+        return True
+
+    def _evict(self, where: Callable[[Conn], bool]) -> bool:
+        # strangers first; a tenant's idle keep-alive connection only when there is no stranger
+        for authenticated in (False, True):
+            for c in self._open:
+                if c.authenticated == authenticated and where(c) and c.idle():
+                    self.forget(c)
+                    c.close()
+                    self.evicted += 1
+                    return True
+        return False
+
+    def forget(self, conn: Conn) -> None:
+        """A connection closed."""
+        self._open.pop(conn, None)
+
+    def count(self) -> int:
+        """Connections open now."""
+        return len(self._open)
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol held to `guard`, with a request-head timeout."""
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _conn: Conn | None = None
+        _head_timer: asyncio.TimerHandle | None = None
+        _awaiting_head = True
+        _draining = False  # answered before its body was read: the rest is discarded, for a while
+        _head_bytes = 0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            address = self.client[0] if self.client else ""
+            self._conn = Conn(address, self._idle, transport.close)
+            if not guard.admit(self._conn):
+                self._conn = None
+                transport.close()
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._conn is not None:
+                guard.forget(self._conn)
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(guard.limits.head_timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expired(self) -> None:
+            self._head_timer = None
+            stalled = (self._awaiting_head and self._idle()) or self._draining
+            if stalled and not self.transport.is_closing():
+                logger.bind(address=self._conn.address if self._conn else "").info("connection_head_timeout")
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if self._awaiting_head and self._head_timer is None:  # a new request after a keep-alive pause
+                self._arm()
+            super().data_received(data)
+            # counted only while the head is still incomplete after this chunk (one read may
+            # carry a whole head and the start of a large body)
+            if self._awaiting_head and self.parser is not None:
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope[CONNECTION] = self._conn  # type: ignore[literal-required]
+
+        def on_headers_complete(self) -> None:
+            self._awaiting_head = False
+            self._head_bytes = 0
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._draining:
+                self._draining = False
+                self._awaiting_head = True
+                self._arm()
+
+        def on_response_complete(self) -> None:
+            message_done = self.cycle is None or not self.cycle.more_body
+            super().on_response_complete()
+            if self.transport.is_closing():
+                return
+            if message_done:
+                self._awaiting_head = True  # uvicorn's keep-alive timer runs until the next byte
+            else:
+                self._draining = True  # the client may read the answer; the rest of its body goes
+                self._arm()
+
+    return GuardedProtocol
+
+
+def protocol_for(service: ServiceSection) -> tuple[type[Any], ConnectionGuard]:
+    """The HTTP protocol class to give uvicorn (`http=`) and the guard it reports to."""
+    guard = ConnectionGuard(limits_of(service))
+    return guarded_protocol(guard), guard

@@ -1,0 +1,202 @@
+"""The service's read routes: probes, listings, explain, approvals, logs and /metrics.
+
+Each tenant's reads are rate-limited (service.read_requests_per_minute, api/limits.py), and
+what reads the journal or the engine runs off the event loop: a slow read costs its own request,
+never everyone's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import anyio
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from sandbox.api.auth import CallerDep
+from sandbox.api.limits import TenantLimits
+from sandbox.api.metrics import Metrics
+from sandbox.api.readiness import SingleFlight
+from sandbox.api.tenants import Caller, Tenants, tenant_agents
+from sandbox.config.merge import probe_agent_id
+from sandbox.engine.orchestrator import Orchestrator, Session
+from sandbox.errors import SandboxError
+
+Format = Literal["openai", "anthropic", "mcp"]
+Verdict = Literal["approve", "deny"]
+SessionQuery = Annotated[str, Query(max_length=256)]
+LOG_PAGE_MAX = 1000
+NEXT_CURSOR = "X-Next-Cursor"
+
+
+def add_read_routes(
+    app: FastAPI,
+    tenants: Tenants,
+    limits: TenantLimits,
+    metrics: Metrics,
+    session_for: Callable[[Request, Caller, str, str | None], Session],
+) -> None:
+    """Register the read routes on `app`."""
+    config = tenants.config
+
+    def orch(request: Request) -> Orchestrator:
+        found: Orchestrator = request.app.state.orch
+        return found
+
+    def reader(request: Request, who: Caller) -> Orchestrator:
+        limits.read(who)
+        return orch(request)
+
+    journal_probe: SingleFlight | None = None
+    engine_probe: SingleFlight | None = None
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        nonlocal journal_probe, engine_probe
+        o = orch(request)
+        spawn = request.app.state.spawn
+        if journal_probe is None or engine_probe is None:
+            journal = o.journal
+
+            async def ping_journal() -> None:
+                if journal is not None:
+                    await anyio.to_thread.run_sync(journal.ping, abandon_on_cancel=True)
+
+            async def ping_engine() -> None:
+                agent = o.policy.agent(probe_agent_id(config))
+                await o.backend.image_id(agent.sandbox.docker.image)
+
+            journal_probe = SingleFlight("journal", ping_journal)
+            engine_probe = SingleFlight("engine", ping_engine)
+        checks: dict[str, str] = {}
+
+        async def probe(flight: SingleFlight) -> None:
+            checks[flight.name] = await flight.outcome(spawn)
+
+        async with anyio.create_task_group() as tg:  # both at once: the bound is one wait, not two
+            tg.start_soon(probe, journal_probe)
+            tg.start_soon(probe, engine_probe)
+        ready = all(v == "ok" for v in checks.values())
+        ordered = {k: checks[k] for k in ("journal", "engine")}
+        return JSONResponse({"ready": ready, "checks": ordered}, status_code=200 if ready else 503)
+
+    @app.get("/v1/agents")
+    async def agents(who: CallerDep) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": a.id,
+                "tenant": a.tenant,
+                "sandbox": {"mode": a.sandbox.mode, "scope": a.sandbox.scope},
+            }
+            for a in tenant_agents(config, who.tenant.id)
+        ]
+
+    @app.get("/v1/tools")
+    async def tools(
+        request: Request,
+        who: CallerDep,
+        session: SessionQuery,
+        agent: str | None = None,
+        format: Format = "openai",
+    ) -> list[dict[str, Any]]:
+        from sandbox.tools import render
+
+        limits.read(who)
+        return render(session_for(request, who, session, agent).tools(), format)
+
+    @app.get("/v1/explain")
+    async def explain(
+        request: Request, who: CallerDep, session: SessionQuery, agent: str | None = None
+    ) -> dict[str, Any]:
+        from sandbox.policy import explain_data
+
+        limits.read(who)
+        return explain_data(session_for(request, who, session, agent).policy)
+
+    @app.get("/v1/sandboxes")
+    async def sandboxes(request: Request, who: CallerDep) -> list[dict[str, Any]]:
+        o = reader(request, who)
+        found = await o.backend.list(instance=o.manager.instance)
+        return [
+            {"name": s.name, "agent": s.agent, "scope": s.scope, "status": s.status, "created_at": s.created_at}
+            for s in found
+            if s.tenant == who.tenant.id
+        ]
+
+    @app.get("/v1/approvals")
+    async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
+        o = reader(request, who)
+        mine = tenants.agents(who.tenant.id)
+        pending = await anyio.to_thread.run_sync(o.pending_approvals)
+        return [a.__dict__ for a in pending if a.agent in mine]
+
+    @app.post("/v1/approvals/{approval_id}/{verdict}")
+    async def decide(request: Request, who: CallerDep, approval_id: str, verdict: Verdict) -> dict[str, Any]:
+        o = orch(request)
+        mine = tenants.agents(who.tenant.id)
+        pending = {a.id: a for a in await anyio.to_thread.run_sync(o.pending_approvals) if a.agent in mine}
+        if approval_id not in pending:
+            raise HTTPException(404, f"no pending approval {approval_id!r}")
+        try:
+            decided = o.approve(approval_id) if verdict == "approve" else o.deny(approval_id)
+        except SandboxError as exc:
+            raise HTTPException(409, exc.message) from exc
+        return decided.__dict__
+
+    @app.get("/v1/logs")
+    async def logs(
+        request: Request,
+        response: Response,
+        who: CallerDep,
+        session: str | None = None,
+        trace: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: Annotated[str | None, Query(max_length=512)] = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """This tenant's events, newest first, `limit` (at most 1000) a page; the next (older)
+        page's cursor is in the X-Next-Cursor header (absent on the last page)."""
+        journal = reader(request, who).journal
+        if journal is None:
+            return []
+        # the tenant filter is inside the query: a busy neighbour never crowds a tenant's page
+        page = await anyio.to_thread.run_sync(
+            lambda: journal.page(
+                tenant=who.tenant.id,
+                session=session,
+                trace_id=trace,
+                since=since,
+                until=until,
+                cursor=cursor,
+                limit=max(1, min(limit, LOG_PAGE_MAX)),
+            )
+        )
+        if page.next_cursor:
+            response.headers[NEXT_CURSOR] = page.next_cursor
+        return [e.__dict__ for e in page.events]
+
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> Any:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if not tenants.may_read_metrics(request.headers.get("authorization")):
+            raise HTTPException(
+                401,
+                "/metrics needs one of service.metrics_tokens (a tenant's token does not do)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        o = orch(request)
+        metrics.queue_depth.set(o.limiter.waiting)
+        metrics.sandboxes.clear()
+        try:
+            for s in await o.backend.list(instance=o.manager.instance):
+                metrics.sandboxes.labels(s.status).inc()
+        except SandboxError:
+            pass  # the engine is away: the call metrics are still worth reading
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
