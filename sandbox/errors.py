@@ -196,7 +196,7 @@ class StateError(SandboxError):
 # here (a CLI start does not pay for it): its exceptions exist only once it is loaded
 SQLITE_FULL = 13
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-FULL_DISK_HINT = "the disk holding the state dir is full; retry once space is freed"
+FULL_DISK_HINT = "the disk is full (no space left on the device); retry once space is freed"
 
 
 def out_of_space(exc: BaseException | None) -> bool:

@@ -112,3 +112,49 @@ def test_cli_exits_2_for_config_and_usage_errors(tmp_path: Path) -> None:
     assert "global_concurrency" in config_run.stderr and "Traceback" not in config_run.stderr
     usage_run = run_cli("explain", "--agent", "nobody", "--session", "s1")
     assert usage_run.returncode == 2 and usage_run.stderr.startswith("error: unknown agent 'nobody'")
+
+
+def _raised_from(cause: BaseException, outer: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except BaseException as exc:
+            raise outer from exc
+    except BaseException as caught:
+        return caught
+
+
+def test_a_full_disk_is_retryable_and_nothing_else_changes_code() -> None:
+    """A call's failure that comes from a full disk (ENOSPC, EDQUOT, SQLite's SQLITE_FULL, however
+    deep in the chain) is SERVICE_UNAVAILABLE and retryable; any other foreign exception is
+    INTERNAL; a deliberate code (a full workspace disk is QUOTA_EXCEEDED) is kept."""
+    import errno
+    import sqlite3
+
+    from sandbox.errors import StateError, out_of_space, unavailable_when_full
+
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("PRAGMA max_page_count = 2")
+        db.execute("CREATE TABLE t (x)")
+        with pytest.raises(sqlite3.Error) as full_db:
+            db.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    finally:
+        db.close()
+    journal = _raised_from(full_db.value, SandboxError(ErrorCode.INTERNAL, "the journal cannot be written"))
+    for failure in (
+        journal,
+        OSError(errno.ENOSPC, "No space left on device"),
+        _raised_from(OSError(errno.EDQUOT, "Disk quota exceeded"), RuntimeError("wrapped")),
+    ):
+        assert out_of_space(failure)
+        mapped = unavailable_when_full(failure)
+        assert mapped.code == ErrorCode.SERVICE_UNAVAILABLE and mapped.retryable and "disk is full" in mapped.message
+    quota = SandboxError(ErrorCode.QUOTA_EXCEEDED, "no space left on the device that holds the workspace")
+    assert unavailable_when_full(_raised_from(OSError(errno.ENOSPC, "full"), quota)).code == ErrorCode.QUOTA_EXCEEDED
+    closed = _raised_from(
+        sqlite3.ProgrammingError("Cannot operate on a closed database."), SandboxError(ErrorCode.INTERNAL, "x")
+    )
+    assert not out_of_space(closed) and unavailable_when_full(closed).code == ErrorCode.INTERNAL
+    assert unavailable_when_full(ValueError("bug")).code == ErrorCode.INTERNAL
+    assert issubclass(StateError, SandboxError)
