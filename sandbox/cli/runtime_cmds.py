@@ -202,11 +202,12 @@ def doctor(state: State, as_json: bool) -> None:
     try:
         client = backend.client
     except Exception as exc:
-        from sandbox.runtime.doctor import Check, workspace_checks
+        from sandbox.runtime.doctor import Check, journal_check, workspace_checks
 
         checks = [
             Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST"),
             *workspace_checks(state.config),
+            journal_check(state.config),
         ]
     else:
         try:

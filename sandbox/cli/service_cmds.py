@@ -34,6 +34,9 @@ def serve(state: State, host: str, port: int, grace: int) -> None:
     from sandbox.api.token_file import read_tokens
 
     read_tokens(state.config.state_dir, strict=True)  # a damaged token file stops the start, said plainly
+    from sandbox.journal.store import check_journal
+
+    check_journal(state.config.state_dir / "journal.sqlite3")  # so does a damaged journal (no traceback)
     serving.run(create_app(state.config), host=host, port=port, grace_s=grace)
 
 

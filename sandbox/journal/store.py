@@ -45,15 +45,35 @@ __all__ = ["Approval", "Event", "EventPage", "Journal"]
 
 T = TypeVar("T")
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
+SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
 
 
-def damaged_message(path: Path, exc: BaseException) -> str:
+def damaged_message(path: Path, exc: BaseException, doing: str = "opened") -> str:
     """What to say about a journal that cannot be opened or read: the file, the cause, the fixes."""
     return (
-        f"the journal at {path} cannot be opened ({exc}). If it is damaged, stop the service, move "
+        f"the journal at {path} cannot be {doing} ({exc}). If it is damaged, stop the service, move "
         f"{path.name} (and its -wal and -shm files) aside and start again: a new, empty journal is made "
         "(open calls and pending approvals it held are lost); `sandbox doctor` checks a journal in full"
     )
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether SQLite says the file is not a database or is malformed (not a passing lock or I/O error)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
+
+
+def check_journal(path: Path) -> None:
+    """Open the journal at `path` (migrating it), read it once and close it: a start-up check.
+
+    Raises:
+        SandboxError: the journal cannot be opened or read, with the file and the fix.
+    """
+    journal = Journal(path)
+    try:
+        journal.ping()
+    finally:
+        journal.close()
 
 
 class Journal(ApprovalsMixin, NotesMixin):
@@ -323,12 +343,15 @@ class Journal(ApprovalsMixin, NotesMixin):
         """One trivial read of the file (for readiness probes: no integrity check, no count).
 
         Raises:
-            SandboxError: SERVICE_UNAVAILABLE, naming the file, when it cannot be read.
+            SandboxError: naming the file: INTERNAL (with the fix) when SQLite finds it damaged,
+                SERVICE_UNAVAILABLE when it cannot be read now (locked, an I/O error).
         """
         try:
             with self._read_lock:
                 self._reader.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1").fetchall()
         except sqlite3.Error as exc:
+            if damaged(exc):
+                raise SandboxError(ErrorCode.INTERNAL, damaged_message(self.path, exc, "read")) from exc
             raise SandboxError(
                 ErrorCode.SERVICE_UNAVAILABLE,
                 f"the journal at {self.path} cannot be read ({exc}); `sandbox doctor` checks it",
@@ -358,7 +381,12 @@ class Journal(ApprovalsMixin, NotesMixin):
             with self._read_lock:
                 return self._reader.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be read ({exc})") from exc
+            said = (
+                damaged_message(self.path, exc, "read")
+                if damaged(exc)
+                else f"the journal at {self.path} cannot be read ({exc})"
+            )
+            raise SandboxError(ErrorCode.INTERNAL, said) from exc
 
     def _locked(self, step: Callable[[sqlite3.Connection], T]) -> T:
         """Run one step on the write connection after what is queued (a short transaction)."""
@@ -367,7 +395,12 @@ class Journal(ApprovalsMixin, NotesMixin):
                 self._writer.drain_locked()
                 return step(self._db)
         except sqlite3.Error as exc:
-            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be pruned ({exc})") from exc
+            said = (
+                damaged_message(self.path, exc, "pruned")
+                if damaged(exc)
+                else f"the journal at {self.path} cannot be pruned ({exc})"
+            )
+            raise SandboxError(ErrorCode.INTERNAL, said) from exc
 
     def prune(self, retention: Retention, *, vacuum: bool = False, now: float | None = None) -> PruneReport:
         """Delete what `retention` no longer keeps, in short batches, and give the space back.
@@ -405,6 +438,11 @@ class Journal(ApprovalsMixin, NotesMixin):
             "pending_approvals": int(pending),
             "bytes": file_bytes(self.path),
         }
+
+    def auto_vacuum(self) -> str:
+        """How freed pages go back to the file system: incremental (in steps), none (only one VACUUM), full."""
+        rows = self._read("PRAGMA auto_vacuum", (), flush=False)
+        return ("none", "full", "incremental")[int(rows[0][0])]
 
     def integrity_check(self, max_errors: int = 20) -> list[str]:
         """SQLite's full integrity check: every page read (seconds at a million events; for `doctor`).

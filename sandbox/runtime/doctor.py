@@ -185,6 +185,49 @@ def workspace_checks(config: Config) -> list[Check]:
     return checks
 
 
+def journal_check(config: Config) -> Check:
+    """The journal read in full (SQLite's integrity check: seconds at a million events), its size
+    against `journal.retention`, and whether a prune can give space back. Never on a probe path."""
+    from sandbox.journal.retention import Retention
+    from sandbox.journal.store import Journal
+
+    path = config.state_dir / "journal.sqlite3"
+    if not path.exists():
+        return Check("ok", "journal", f"{path} does not exist yet (made on first use)")
+    try:
+        journal = Journal(path)
+    except SandboxError as exc:
+        return Check("fail", "journal", exc.message, "move the journal aside (see above); a new one is made")
+    try:
+        problems = journal.integrity_check()
+        health = journal.health()
+        mode = journal.auto_vacuum()
+    except SandboxError as exc:
+        return Check("fail", "journal", exc.message, "move the journal aside (see above); a new one is made")
+    finally:
+        journal.close()
+    if problems:
+        return Check(
+            "fail",
+            "journal",
+            f"{path} is damaged: " + "; ".join(problems[:5]),
+            f"stop the service and move {path.name} (with its -wal and -shm files) aside; a new one is made",
+        )
+    size = int(health["bytes"])
+    bound = Retention.of(config.journal.retention).max_bytes
+    detail = f"{path}: integrity ok, {size / 1024 / 1024:,.1f} MiB, last event id {health['last_event_id']}"
+    if bound is not None and size > bound:
+        return Check("warn", "journal", f"{detail}, over journal.retention.max_bytes", "sandbox journal prune")
+    if mode != "incremental" and bound is not None:
+        return Check(
+            "warn",
+            "journal",
+            f"{detail}; made before retention: pruning reuses its space but cannot shrink the file",
+            "sandbox journal prune --vacuum (once; it blocks writes while it runs)",
+        )
+    return Check("ok", "journal", detail)
+
+
 def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[Check]:
     """All doctor checks, in order; never raises for a failing check."""
     checks: list[Check] = []
@@ -201,6 +244,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
                 "start the Docker engine (dockerd) or set DOCKER_HOST",
             ),
             *workspace_checks(config),
+            journal_check(config),
         ]
     checks.append(
         Check(
@@ -261,6 +305,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
                 "set state_dir to a writable folder",
             )
         )
+    checks.append(journal_check(config))
     checks.append(_host_firewall_check())
     browser_client = _browser_client_check(config)
     if browser_client is not None:
