@@ -124,7 +124,7 @@ def test_token_create_never_overwrites_a_damaged_token_file(tmp_path: Path, cont
     assert ran.returncode == 1 and ran.stdout == ""
     assert f"the token file {tokens}" in ran.stderr and "fix: repair the JSON" in ran.stderr
     assert tokens.read_bytes() == content
-    assert sorted(p.name for p in tokens.parent.iterdir()) == ["tenant-tokens.json"]
+    assert [p.name for p in tokens.parent.iterdir() if p.name.startswith(".tenant-tokens.json")] == []
 
 
 def test_token_create_keeps_the_other_tokens(tmp_path: Path) -> None:
@@ -136,7 +136,42 @@ def test_token_create_keeps_the_other_tokens(tmp_path: Path) -> None:
     stored = json.loads(tokens.read_text())
     assert [t["sha256"] for t in stored] == [sha(first["token"]), sha(second["token"])]
     assert oct(tokens.stat().st_mode)[-3:] == "600"
-    assert sorted(p.name for p in tokens.parent.iterdir()) == ["tenant-tokens.json"]
+    assert [p.name for p in tokens.parent.iterdir() if p.name.startswith(".tenant-tokens.json")] == []
+
+
+MAKER = """
+import sys, time
+from pathlib import Path
+from sandbox import load_config
+from sandbox.api.tenants import create_token
+config = load_config(sys.argv[1])
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.001)
+print(create_token(config, "acme", sys.argv[3]))
+"""
+
+
+def test_tokens_created_at_once_are_all_kept(tmp_path: Path) -> None:
+    """Ten processes creating a token at the same moment each keep theirs: the read-modify-write
+    of the file is serialised (without it, the last rename wins and the other tokens are lost)."""
+    from sandbox import load_config
+    from sandbox.api.tenants import authenticate
+
+    config, go = _token_config(tmp_path), tmp_path / "go"
+    makers = [
+        subprocess.Popen(
+            [sys.executable, "-c", MAKER, str(config), str(go), f"n{i}"], stdout=subprocess.PIPE, text=True, cwd=ROOT
+        )
+        for i in range(10)
+    ]
+    go.touch()
+    made = [maker.communicate(timeout=120)[0].strip() for maker in makers]
+    assert all(maker.returncode == 0 for maker in makers)
+    stored = json.loads((tmp_path / "state" / "tenant-tokens.json").read_text())
+    assert sorted(t["name"] for t in stored) == sorted(f"n{i}" for i in range(10))
+    loaded = load_config(config)
+    assert all(authenticate(loaded, token) is not None for token in made)
 
 
 def test_serve_refuses_to_start_on_a_damaged_token_file(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sandbox.api.token_file import TOKEN_FILE as TOKEN_FILE  # re-exported: where callers found it
-from sandbox.api.token_file import read_tokens, write_tokens
+from sandbox.api.token_file import read_tokens, tokens_locked, write_tokens
 from sandbox.config.merge import EffectiveAgent, default_agent_id, effective_agent
 from sandbox.config.models import Config, TenantConfig
 from sandbox.errors import UsageError
@@ -53,12 +53,13 @@ def create_token(config: Config, tenant_id: str, name: str) -> str:
     if not any(t.id == tenant_id for t in config.tenants):
         known = ", ".join(t.id for t in config.tenants) or "none"
         raise UsageError(f"unknown tenant {tenant_id!r}; tenants in the config: {known}")
-    stored = list(read_tokens(config.state_dir, strict=True))  # a damaged file is an error, never overwritten
-    if any(t.get("tenant") == tenant_id and t.get("name") == name for t in stored):
-        raise UsageError(f"tenant {tenant_id!r} already has a token named {name!r}")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    stored.append({"tenant": tenant_id, "name": name, "sha256": token_hash(token)})
-    write_tokens(config.state_dir, stored)
+    with tokens_locked(config.state_dir):  # a token made meanwhile by another process is kept
+        stored = list(read_tokens(config.state_dir, strict=True))  # a damaged file is an error, never overwritten
+        if any(t.get("tenant") == tenant_id and t.get("name") == name for t in stored):
+            raise UsageError(f"tenant {tenant_id!r} already has a token named {name!r}")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        stored.append({"tenant": tenant_id, "name": name, "sha256": token_hash(token)})
+        write_tokens(config.state_dir, stored)
     return token
 
 

@@ -6,20 +6,25 @@ creating a token and starting the service read it strictly (an error naming the 
 fix). A running service reads it again whenever it changes, leniently: while it is damaged its
 tokens are refused (fail closed: an operator who broke the file while removing a token must not
 see that token work again) and the damage is logged once per version of the file.
-Writes are atomic: a new file beside it, synced, renamed over it.
+Writes are atomic: a new file beside it, synced, renamed over it; a read-modify-write holds
+the lock file beside it, so two `token create` at once both keep their token.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sandbox._log import logger
 from sandbox.errors import StateError, storage_error
 
 TOKEN_FILE = "tenant-tokens.json"  # noqa: S105 - a file name, not a secret
+LOCK_FILE = ".tenant-tokens.lock"
 FIX = (
     "repair the JSON (a list of {tenant, name, sha256}) or move the file away and create the "
     "tokens again (`sandbox tenants token create`); tokens under tenants[].tokens in the config still work"
@@ -110,3 +115,23 @@ def write_tokens(state_dir: Path, tokens: list[dict[str, str]]) -> None:
         raise storage_error(exc, f"the token file {path} cannot be written") from exc
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def tokens_locked(state_dir: Path) -> Iterator[None]:
+    """Hold the token file's lock for a read-modify-write (other processes wait).
+
+    Raises:
+        SandboxError: SERVICE_UNAVAILABLE when the disk is full, INTERNAL when the lock file
+            cannot be made.
+    """
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise storage_error(exc, f"the token file's lock in {state_dir} cannot be made") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for a few milliseconds by another `token create`
+        yield
+    finally:
+        os.close(fd)  # releases the lock
