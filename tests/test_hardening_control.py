@@ -578,20 +578,22 @@ def test_opening_the_journal_never_drops_sqlite_locks(tmp_path: Path) -> None:
         journal.close()
 
 
-def test_long_outputs_are_captured_per_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each tenant's captures have a folder and a budget of their own: making room for one
-    tenant's outputs never removes another's."""
-    from sandbox.tools.handlers import execs
+def test_long_outputs_are_captured_per_tenant(tmp_path: Path) -> None:
+    """Each tenant's captures have a folder of their own: sweeping one tenant's leftovers (a
+    crash's captures, older than any call runs) never removes another's."""
+    from sandbox.engine import spill
+    from sandbox.runtime.output import capture_folder
 
-    monkeypatch.setattr(execs, "SPILL_MAX_FILES", 2)
-    mine, theirs = execs.capture_folder(tmp_path, "acme"), execs.capture_folder(tmp_path, "globex")
+    mine, theirs = capture_folder(tmp_path, "acme"), capture_folder(tmp_path, "globex")
     assert mine != theirs and mine.parent == theirs.parent
     theirs.mkdir(parents=True)
     (theirs / "c_kept.txt").write_text("globex's output")
+    os.utime(theirs / "c_kept.txt", ns=(0, 0))
     mine.mkdir(parents=True)
     for i in range(10):
-        execs.make_room(mine)
         (mine / f"c_{i}.txt").write_text("acme's flood")
         os.utime(mine / f"c_{i}.txt", ns=(i * 10**9, i * 10**9))
-    assert sorted(p.name for p in mine.iterdir()) == ["c_8.txt", "c_9.txt"]
+    (mine / "c_now.txt").write_text("in flight")
+    assert spill.remove_leftovers(mine, 3600) == 10
+    assert sorted(p.name for p in mine.iterdir()) == ["c_now.txt"]
     assert [p.name for p in theirs.iterdir()] == ["c_kept.txt"]

@@ -50,7 +50,8 @@ finally:
 
 
 async def test_flood_of_output_keeps_orchestrator_memory_bounded(tmp_path: Path, instance: str) -> None:
-    """A sandbox printing 400 MB: the orchestrator stays under 150 MB RSS and saves the whole output."""
+    """A sandbox printing 400 MB: the orchestrator stays under 150 MB RSS; the output is cut (too big
+    for the saved-outputs budget, its capture on the host is dropped)."""
     config = cli_config(tmp_path, instance, {"tools": {"exec": {"max_output_bytes": 1024**3}}})
     size = 400 * 1024 * 1024
     cmd = f"head -c {size} /dev/zero | tr '\\0' x; echo; echo END-OF-OUTPUT"
@@ -72,10 +73,10 @@ async def test_flood_of_output_keeps_orchestrator_memory_bounded(tmp_path: Path,
     assert proc.returncode == 0 and result["ok"], result
     text = result["output"]["output"]
     assert text.startswith("x") and text.rstrip().endswith("END-OF-OUTPUT")
-    assert "bytes cut; full output in " in text and result["truncated"]
-    full = Path(result["full_output_path"])
-    assert full.stat().st_size == size + len("\nEND-OF-OUTPUT\n")
-    assert full.stat().st_mode & 0o777 == 0o600
+    assert "bytes cut" in text and result["truncated"]
+    # 400 MB is over the saved-outputs budget: no copy is kept, and none is left on the host
+    assert result["full_output_path"] is None and "not saved" in result["output"]["note"], result["output"]["note"]
+    assert not any((tmp_path / "state" / "outputs").rglob("*.txt"))
     print(f"orchestrator peak RSS while the sandbox printed {size >> 20} MiB: {rss_mib:.1f} MiB")
     assert rss_mib < 150, rss_mib
 

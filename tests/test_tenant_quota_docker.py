@@ -61,10 +61,10 @@ async def test_sessions_of_a_tenant_share_its_disk_budget(make_config: Any) -> N
 
 
 async def test_saved_outputs_stay_within_the_tenant_and_the_workspace_quota(make_config: Any, tmp_path: Any) -> None:
-    """A long output of a session whose workspace is read-only is kept host-side in its tenant's
-    own folder (one tenant's flood of outputs cannot push out another's); a cut output copied
-    into a workspace counts toward its quota, and past it the call still succeeds with a warning."""
-    from sandbox.tools.handlers.execs import capture_folder
+    """A long output of a session whose workspace is read-only is not kept (nowhere the tenant can
+    read it); a cut output copied into a workspace counts toward its quota, and past it the call
+    still succeeds with a warning."""
+    from sandbox.runtime.output import capture_folder
 
     ws = tmp_path / "ro-ws"
     ws.mkdir()
@@ -80,8 +80,10 @@ agents:
     )
     async with Orchestrator(config) as orch:
         long = await orch.session("agent:reader:s").call("exec", {"command": "head -c 3000000 /dev/zero | tr '\\0' x"})
-        assert long.ok and long.full_output_path, long
-        assert long.full_output_path.startswith(str(capture_folder(config.state_dir, "acme")) + "/"), long
+        # a read-only workspace keeps no full output, and nothing of it stays in the state dir
+        assert long.ok and long.truncated and long.full_output_path is None, long
+        assert "read-only" in long.output["note"], long.output
+        assert not any(capture_folder(config.state_dir, "acme").glob("*"))
         cut = await orch.session("agent:tight:s").call("exec", {"command": "head -c 200000 /dev/zero | tr '\\0' y"})
         assert cut.ok and cut.truncated and cut.full_output_path is None, cut
         assert any("could not be saved" in w and "quota" in w for w in cut.warnings), cut.warnings

@@ -278,8 +278,8 @@ async def test_five_megabytes_of_output_truncated_and_saved(make_config: Any, tm
     assert r.ok and r.truncated
     assert len(r.output["output"]) < 51_000
     # the middle never sat in the orchestrator's memory: captured host-side, then copied in
-    assert "of 5,000,000 bytes cut; full output in /workspace/.sandbox/outputs/" in r.output["output"]
-    assert r.full_output_path == f"/workspace/.sandbox/outputs/{r.call_id}.txt"
+    assert "of 5,000,000 bytes cut; full output in .sandbox/outputs/" in r.output["output"]
+    assert r.full_output_path == f".sandbox/outputs/{r.call_id}.txt"  # workspace-relative, never a host path
     saved = ws / ".sandbox" / "outputs" / f"{r.call_id}.txt"
     assert saved.stat().st_size == 5_000_000
 

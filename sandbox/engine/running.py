@@ -125,11 +125,13 @@ def _who_killed(call: Call, error: SandboxError) -> SandboxError:
 
 
 def lift_own_spill(output: Any) -> tuple[Any, str | None]:
-    """A handler that cut its own output and saved it whole (exec's bounded capture) says where:
-    the path moves from the output to the result."""
-    if isinstance(output, dict) and isinstance(output.get("full_output_path"), str):
+    """A handler that cut its own output (exec's bounded capture) says where it saved it whole,
+    or None where it could not: the key moves from the output to the result."""
+    path = output.get("full_output_path", 0) if isinstance(output, dict) else 0
+    if path is None or isinstance(path, str):
         output = dict(output)
-        return output, output.pop("full_output_path")
+        del output["full_output_path"]
+        return output, path
     return output, None
 
 
@@ -137,6 +139,7 @@ async def shape_output(call: Call, ran: Ran, spill: Spill) -> ToolResult:
     """Stage 10, shape: cut long text with an explicit marker and save the whole of it in the
     workspace, saying where; a copy that cannot be saved is a warning, never a lost result."""
     max_chars = call.engine.max_chars
+    own_cut = isinstance(ran.output, dict) and "full_output_path" in ran.output  # the handler cut it
     output, spill_path = lift_own_spill(ran.output)
     shaped = shape(output, max_chars, f"/.sandbox/outputs/{call.task.call_id}.txt")
     if shaped.truncated and shaped.full_text is not None:
@@ -153,7 +156,7 @@ async def shape_output(call: Call, ran: Ran, spill: Spill) -> ToolResult:
         call_id=call.task.call_id,
         trace_id=call.task.trace_id,
         output=shaped.output,
-        truncated=shaped.truncated or spill_path is not None,
+        truncated=shaped.truncated or spill_path is not None or own_cut,
         full_output_path=spill_path,
         duration_ms=call.elapsed_ms(),
         warnings=call.warnings,

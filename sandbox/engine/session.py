@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,9 +15,7 @@ from sandbox.engine.batch import BatchCall, BatchResult, run_batch
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.quota import WorkspaceQuota, parse_size
-from sandbox.fs.safe import SafeRoot
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import ResolvedPolicy
@@ -323,50 +320,11 @@ class Session:
                 return WorkspaceQuota(folders, limit, key, label=f"the workspaces of tenant {tenant.id!r}")
         return None
 
-    @staticmethod
-    def _owner(ctx: ToolContext) -> tuple[int, int] | None:
-        # spills are written host-side like the session's own files, as the sandbox user (the
-        # call's files: a session closed meanwhile has dropped its own)
-        return ctx.files.safe_owner
-
-    async def _spill_file(self, ctx: ToolContext, host_file: Path) -> str:
-        root = ctx.files.roots[0]
-        if root.read_only or _on_volume(ctx):
-            return os.fspath(host_file)
-        name = f"{ctx.call_id}.txt"
-        safe = SafeRoot(root.host, self._owner(ctx), ctx.files.quota, group_shared=ctx.files.group_shared)
-        where = WorkspacePath((".sandbox", "outputs"))
-        await anyio.to_thread.run_sync(spill.save, safe, where, name, host_file, spill.Budget())
-        await anyio.to_thread.run_sync(host_file.unlink)
-        return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
-
     async def _spill(self, ctx: ToolContext, text: str | Path) -> str | None:
-        """Save a full output: in the workspace when writable, else in this session's state dir.
-
-        `text` may be a host file that already holds the output (exec's capture): it is copied
-        in chunks and removed, or, for a read-only workspace, left where it is (owner-only).
-        Either place is bounded and pruned (see engine/spill.py). Raises on failure; the engine
-        turns that into a warning on the result.
-        """
-        if isinstance(text, Path):
-            return await self._spill_file(ctx, text)
-        name = f"{ctx.call_id}.txt"
-        root = ctx.files.roots[0]
-        data = str(text).encode("utf-8", "replace")  # a str here (a Path returned above)
-        outputs = WorkspacePath((spill.STATE_SUBDIR,))
-        if not root.read_only and not _on_volume(ctx):
-            # within the workspace's quota, like the file tools' writes and exec's own spills
-            safe = SafeRoot(root.host, self._owner(ctx), ctx.files.quota, group_shared=ctx.files.group_shared)
-            where = WorkspacePath((".sandbox", "outputs"))
-            await anyio.to_thread.run_sync(spill.save, safe, where, name, data, spill.Budget())
-            return f"{root.container_path.rstrip('/')}/.sandbox/outputs/{name}"
-        session_dir = self.state_dir
-        await anyio.to_thread.run_sync(lambda: session_dir.mkdir(mode=0o700, parents=True, exist_ok=True))
-        # owner-only: a read-only workspace's outputs are the orchestrator's, not the sandbox's
-        await anyio.to_thread.run_sync(
-            lambda: spill.save(SafeRoot(session_dir), outputs, name, data, spill.Budget(), mode=0o600)
-        )
-        return os.fspath(session_dir / spill.STATE_SUBDIR / name)
+        """Save a full output in the workspace; its workspace-relative path (engine/spill.py).
+        Raises on failure (a read-only or volume workspace keeps none); the engine turns that
+        into a warning on the result."""
+        return await spill.publish(ctx, text)
 
 
 class _SessionBrowser:
@@ -377,10 +335,3 @@ class _SessionBrowser:
 
     async def cdp_url(self) -> str:
         return (await self._session.browser()).cdp_url
-
-
-def _on_volume(ctx: ToolContext) -> bool:
-    """A workspace on a Docker volume: full outputs stay host-side (owner-only, pruned)."""
-    from sandbox.fs.agent_files import AgentFiles
-
-    return isinstance(ctx.files, AgentFiles)

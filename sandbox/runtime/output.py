@@ -6,10 +6,16 @@ up to `keep_bytes` of each stream stays in memory as it arrived; past that only 
 rolling tail are kept, and the full interleaved output goes to a spill file as it arrives. Past
 `max_bytes` nothing more is taken at all and the capture reports `overflowed`, so the caller
 stops the command.
+
+The spill file is the host's disk, spent for a tenant: it is bounded per call (`spill_max_bytes`,
+the room the tenant's quotas leave: a bigger output could not be saved where the tenant can read
+it anyway) and per tenant (a :class:`SpillBudget` shared by its calls in flight, bytes reserved
+before they are written), and it never outlives its call (:meth:`OutputCapture.discard`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -18,6 +24,40 @@ from pathlib import Path
 from typing import BinaryIO
 
 KEEP_BYTES = 512 * 1024  # per stream kept whole in memory before head/tail mode
+CAPTURE_DIR = "outputs"  # state_dir/outputs/<tenant>/: long outputs of calls in flight
+
+
+def capture_folder(state_dir: Path, tenant: str) -> Path:
+    """Where a tenant's long outputs are captured while their calls run: a folder and a budget
+    of its own, so one tenant's flood never takes another's room (tenant ids are plain names)."""
+    return state_dir / CAPTURE_DIR / tenant
+
+
+class SpillBudget:
+    """Bytes a tenant's spill files may hold at once, reserved before each write (thread-safe).
+
+    Args:
+        limit: the bytes all of them may hold together.
+        used: bytes already on disk when the budget was made (leftovers of a crash).
+    """
+
+    def __init__(self, limit: int, used: int = 0) -> None:
+        self.limit = limit
+        self.used = used
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        """Reserve `size` bytes; False (nothing reserved) when they do not fit."""
+        with self._lock:
+            if self.used + size > self.limit:
+                return False
+            self.used += size
+            return True
+
+    def give(self, size: int) -> None:
+        """Hand back bytes reserved earlier (their file was removed)."""
+        with self._lock:
+            self.used = max(0, self.used - size)
 
 
 @dataclass(frozen=True)
@@ -74,11 +114,25 @@ class OutputCapture:
             (a host file only the orchestrator can reach); None keeps only head and tail.
         max_bytes: total output after which nothing more is taken (`overflowed`).
         keep_bytes: bytes per stream kept whole before head/tail mode.
+        spill_max_bytes: the most the spill file may hold; past it the file is removed and the
+            command goes on with head and tail only (`spill_error` says why).
+        spill_budget: the tenant's budget each spilled byte is reserved from first.
     """
 
-    def __init__(self, spill_path: Path | None = None, max_bytes: int | None = None, keep_bytes: int = KEEP_BYTES):
+    def __init__(
+        self,
+        spill_path: Path | None = None,
+        max_bytes: int | None = None,
+        keep_bytes: int = KEEP_BYTES,
+        *,
+        spill_max_bytes: int | None = None,
+        spill_budget: SpillBudget | None = None,
+    ):
         self.spill_path = spill_path
         self.max_bytes = max_bytes
+        self.spill_max_bytes = spill_max_bytes
+        self.spill_budget = spill_budget
+        self._spill_size = 0  # bytes written to the spill file (reserved from the budget)
         self._streams = {1: _Stream(keep_bytes), 2: _Stream(keep_bytes), 0: _Stream(keep_bytes)}
         self._pending: list[bytes] | None = []  # merged output until it spills
         self._pending_size = 0
@@ -122,10 +176,31 @@ class OutputCapture:
             self._open_spill()
             data = b"".join(pending)
         if self._file is not None:
+            if not self._reserve(len(data)):
+                return
             try:
                 self._file.write(data)
             except OSError as exc:
                 self._spill_failed(exc)
+
+    def _reserve(self, size: int) -> bool:
+        # the room is taken before the bytes are written: concurrent calls of one tenant never
+        # hold more than its budget between them
+        limit = self.spill_max_bytes
+        if limit is not None and self._spill_size + size > limit:
+            self._spill_over(f"it is over {limit:,} bytes, the room left under the workspace quota")
+            return False
+        if self.spill_budget is not None and not self.spill_budget.take(size):
+            budget = self.spill_budget.limit
+            self._spill_over(f"the tenant's long outputs in flight would pass {budget:,} bytes")
+            return False
+        self._spill_size += size
+        return True
+
+    def _spill_over(self, why: str) -> None:
+        self._remove_spill()
+        self.spill_error = f"the full output was not saved ({why}); only its head and tail are kept"
+        self.spill_path = None
 
     def _open_spill(self) -> None:
         if self.spill_path is None:
@@ -141,10 +216,28 @@ class OutputCapture:
 
     def _spill_failed(self, exc: OSError) -> None:
         self.spill_error = f"the full output could not be saved ({exc.strerror or exc})"
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._remove_spill()
         self.spill_path = None
+
+    def _remove_spill(self) -> None:
+        """Close and remove the spill file, handing its bytes back to the budget."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+        if self._spilled and self.spill_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.spill_path)
+        if self.spill_budget is not None:
+            self.spill_budget.give(self._spill_size)
+        self._spill_size = 0
+        self._spilled = False
+
+    def discard(self) -> None:
+        """The call is over: its spill file goes (copied into the workspace by now, or not kept
+        at all) and its bytes go back to the tenant's budget. Safe to call more than once."""
+        with self._lock:
+            self._remove_spill()
 
     def close(self) -> None:
         """Flush and close the spill file."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import posixpath
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,8 +14,7 @@ from sandbox.engine import spill
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import split_path
 from sandbox.fs.quota import WorkspaceQuota
-from sandbox.fs.safe import FileStat
-from sandbox.runtime.output import OutputCapture, describe_cut
+from sandbox.runtime.output import describe_cut
 from sandbox.runtime.protocol import ExecResult
 from sandbox.tools.builtin import ExecArgs
 from sandbox.tools.context import ToolContext
@@ -39,10 +37,6 @@ def effective_timeout(ctx: ToolContext, requested: float | None) -> float:
 
 
 QUOTA_WATCH_S = 1.0  # how often a running command's workspace is measured
-# full outputs too long to keep in memory, kept host-side (never where the sandbox can reach)
-SPILL_DIR = "outputs"
-SPILL_MAX_FILES = 200
-SPILL_MAX_BYTES = 4 * 1024**3
 
 
 def text(data: bytes) -> str:
@@ -64,45 +58,20 @@ def stream_text(result: ExecResult, which: int, data: bytes, max_chars: int, whe
 
 
 async def publish_output(ctx: ToolContext, result: ExecResult, notes: list[str]) -> str | None:
-    """Where the model finds an output too long to keep in memory (copied into a writable
-    workspace's .sandbox/outputs/ within the spill budget, else kept host-side)."""
+    """Where the model finds an output too long to keep in memory: copied into the workspace's
+    .sandbox/outputs/ within the spill budget and the quotas (a workspace-relative path), else
+    nowhere (a note says why). The host-side capture goes either way (see engine/spill.py)."""
     if not result.full_output_path:
+        why = spill.not_kept(ctx) if result.kept else None
+        if why is not None:
+            notes.append(why)
         return None
-    host_file = Path(result.full_output_path)
     try:
-        return await ctx.publish(host_file)
+        return await ctx.publish(Path(result.full_output_path))
     except Exception as exc:  # the command ran: a lost copy is a note, never a lost result
         reason = exc.message if isinstance(exc, SandboxError) else f"{exc.__class__.__name__}: {exc}"
-        notes.append(f"the full output could not be put in the workspace ({reason}); the orchestrator keeps it")
-        return str(host_file)
-
-
-def make_room(folder: Path) -> None:
-    """Remove the oldest saved outputs so that one more fits the budget (the engine's rule)."""
-    try:
-        entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False)]
-    except FileNotFoundError:
-        return
-    existing = []
-    for entry in entries:
-        st = entry.stat(follow_symlinks=False)
-        existing.append((entry.name, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)))
-    for name in spill.to_remove(existing, 0, spill.Budget(SPILL_MAX_FILES, SPILL_MAX_BYTES)):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(folder / name)
-
-
-def capture_folder(state_dir: Path, tenant: str) -> Path:
-    """Where a tenant's long outputs are captured: a folder and a budget of its own, so that one
-    tenant's flood of long outputs never removes another's (tenant ids are plain names)."""
-    return state_dir / SPILL_DIR / tenant
-
-
-def new_capture(ctx: ToolContext) -> OutputCapture:
-    """Bounded output capture for one call, spilling to its tenant's folder of the state dir."""
-    folder = capture_folder(ctx.config.state_dir, ctx.agent.tenant)
-    make_room(folder)
-    return OutputCapture(folder / f"{ctx.call_id}{spill.SUFFIX}", max_bytes=ctx.config.tools.exec.max_output_bytes)
+        notes.append(f"the full output could not be saved ({reason}); only its head and tail are kept")
+        return None
 
 
 async def run_within_quota(
@@ -181,6 +150,8 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             "hint": "still running; use the process tool to poll",
         }
 
+    capture = await spill.new_capture(ctx)
+
     async def run() -> ExecResult:
         return await ctx.shell.run(
             args.command,
@@ -189,10 +160,15 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             workdir=workdir,
             timeout_s=timeout,
             on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),
-            capture=new_capture(ctx),
+            capture=capture,
         )
 
-    result, over_quota = await run_within_quota(ctx.files.quota, run)
+    notes: list[str] = []
+    try:
+        result, over_quota = await run_within_quota(ctx.files.quota, run)
+        where = await publish_output(ctx, result, notes) if result is not None else None
+    finally:
+        capture.discard()  # the host-side capture never outlives its call
     if result is None:
         if over_quota is None:  # cannot happen: no result means stopped for the quota
             raise SandboxError(ErrorCode.INTERNAL, "the command ended without a result")
@@ -202,8 +178,7 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 1),
     }
-    notes = list(result.notes)
-    where = await publish_output(ctx, result, notes)
+    notes = [*result.notes, *notes]
     limit = ctx.config.results.max_chars
     if args.merge_output:
         body["output"] = stream_text(result, 0, result.output, limit, where)
@@ -214,8 +189,8 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
         notes.append(f"timeout_s lowered to the configured maximum {timeout:g}s")
     if notes:
         body["note"] = "; ".join(notes)
-    if where:
-        body["full_output_path"] = where  # the engine lifts it into ToolResult.full_output_path
+    if where or result.kept:  # cut here: the engine lifts it (None: not kept) and marks it truncated
+        body["full_output_path"] = where
     if result.overflowed:
         cap = ctx.config.tools.exec.max_output_bytes
         raise SandboxError(
