@@ -1,5 +1,7 @@
 """Result shaping: long output is cut with an explicit marker (pure)."""
 
+from pathlib import Path
+
 from sandbox.engine.results import shape
 
 
@@ -29,3 +31,47 @@ def test_output_capture_keeps_head_and_tail_and_counts_the_cut() -> None:
     kept = capture.stream(1)
     assert kept.head == b"000\n001\n00" and kept.tail == b"7\n098\n099\n"
     assert kept.total == 400 and kept.cut == 380 and capture.stream(0).total == 400
+
+
+def test_a_capture_never_spills_past_its_cap_and_goes_when_discarded(tmp_path: Path) -> None:
+    """Past `spill_max_bytes` the spill file is removed at once (head and tail stay, a note says
+    why); `discard` removes a spill file and hands its bytes back to the budget."""
+    from sandbox.runtime.output import OutputCapture, SpillBudget
+
+    budget = SpillBudget(10_000)
+    capped = OutputCapture(tmp_path / "a.txt", keep_bytes=100, spill_max_bytes=1_000, spill_budget=budget)
+    for _ in range(50):
+        capped.add(1, b"x" * 100)
+    capped.close()
+    assert not capped.spilled and not (tmp_path / "a.txt").exists()
+    assert capped.spill_error is not None and "not saved" in capped.spill_error
+    assert capped.stream(1).total == 5_000 and budget.used == 0
+
+    kept = OutputCapture(tmp_path / "b.txt", keep_bytes=100, spill_max_bytes=5_000, spill_budget=budget)
+    for _ in range(20):
+        kept.add(1, b"y" * 100)
+    kept.close()
+    assert kept.spilled and (tmp_path / "b.txt").stat().st_size == 2_000 and budget.used == 2_000
+    kept.discard()
+    kept.discard()  # twice is fine
+    assert not (tmp_path / "b.txt").exists() and budget.used == 0
+
+
+def test_captures_of_one_tenant_share_its_budget(tmp_path: Path) -> None:
+    """Two captures in flight reserve from one budget: the second stops spilling where the budget
+    ends, whatever its own cap, and the first keeps its whole output."""
+    from sandbox.runtime.output import OutputCapture, SpillBudget
+
+    budget = SpillBudget(3_000)
+    first = OutputCapture(tmp_path / "1.txt", keep_bytes=100, spill_max_bytes=10_000, spill_budget=budget)
+    second = OutputCapture(tmp_path / "2.txt", keep_bytes=100, spill_max_bytes=10_000, spill_budget=budget)
+    for _ in range(20):
+        first.add(1, b"a" * 100)
+    for _ in range(20):
+        second.add(1, b"b" * 100)
+    first.close()
+    second.close()
+    assert first.spilled and (tmp_path / "1.txt").stat().st_size == 2_000
+    assert not second.spilled and not (tmp_path / "2.txt").exists()
+    assert second.spill_error is not None and "in flight" in second.spill_error
+    assert budget.used == 2_000 <= budget.limit
