@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -60,3 +61,17 @@ def test_a_gap_is_logged_once_per_container(monkeypatch: pytest.MonkeyPatch) -> 
             assert found is not None and not found.applied
     gaps = [e for e in logs if e.get("event") == "sandbox_processes_visible"]
     assert len(gaps) == 1 and "cannot see" in str(gaps[0].get("reason")), logs
+
+
+def test_doctor_names_agents_whose_runtime_cannot_hide(tmp_path: Path) -> None:
+    """An agent sharing containers on runsc is a doctor warning; session-scoped ones are not counted."""
+    from sandbox.config import load_config_text
+
+    config = load_config_text(
+        f"state_dir: {tmp_path}\nagents:\n  defaults: {{sandbox: {{mode: all, scope: agent}}}}\n"
+        "  list: [{id: a}, {id: g, sandbox: {docker: {runtime: runsc}}}, "
+        "{id: s, sandbox: {scope: session, docker: {runtime: kata}}}]\n"
+    )
+    assert procfs.shared_runtimes(config) == {"", "runsc"}
+    status, name, detail, fix = procfs.probe(None, "unused", {"", "runsc"})
+    assert (status, name) == ("warn", "process hiding") and "runsc" in detail and "scope: session" in fix

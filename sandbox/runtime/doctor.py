@@ -279,7 +279,7 @@ def run_checks(client: Any, config: Config, targets: list[ImageTarget]) -> list[
     exec_target = targets[0]
     if image_current(client, exec_target)[0]:
         checks.append(_cgroup_probe(client, exec_target.tag))
-        checks.append(Check(*procfs.probe(client, exec_target.tag)))  # runtime/procfs.py
+        checks.append(Check(*procfs.probe(client, exec_target.tag, procfs.shared_runtimes(config))))
     checks.append(_exec_path_check(client, config))
     if info.get("SwapLimit") is False:
         checks.append(

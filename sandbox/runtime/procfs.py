@@ -178,13 +178,37 @@ async def hide_processes(backend: Any, container_id: str, spec: Any) -> Hiding |
     return hide_in(attrs, spec)
 
 
-def probe(client: Any, image: str) -> tuple[Literal["ok", "warn", "fail"], str, str, str]:
+def shared_runtimes(config: Any) -> set[str]:
+    """The runtimes of configured agents whose sessions may share a container ("" is the default)."""
+    from sandbox.config.merge import agent_ids, effective_agent
+
+    found = set()
+    for agent_id in agent_ids(config):
+        sandbox = effective_agent(config, agent_id).sandbox
+        if sandbox.mode != "off" and sandbox.scope != "session" and sandbox.session_users != "off":
+            found.add(sandbox.docker.runtime or "")
+    return found
+
+
+def probe(
+    client: Any, image: str, runtimes: set[str] | None = None
+) -> tuple[Literal["ok", "warn", "fail"], str, str, str]:
     """`sandbox doctor`'s line: can this orchestrator hide sessions' processes from each other?
 
-    Starts a throwaway container (the engine's default runtime) and applies hidepid to it.
+    Starts a throwaway container (the engine's default runtime) and applies hidepid to it;
+    `runtimes` (of agents whose sessions share containers) other than runc are named as gaps.
     Returns (status, name, detail, fix).
     """
     name = "process hiding"
+    others = sorted(r for r in runtimes or () if r not in ("", "runc", "io.containerd.runc.v2"))
+    if others:
+        return (
+            "warn",
+            name,
+            f"sessions sharing a container on {', '.join(others)} can read each other's command lines "
+            "(gVisor's /proc has no hidepid)",
+            "use scope: session for those agents where sessions must not see each other's processes",
+        )
     container = None
     try:
         container = client.containers.run(
