@@ -49,6 +49,10 @@ class H(http.server.BaseHTTPRequestHandler):
             got = (self.headers.get("Authorization") or "").encode()
             self.send_response(200); self.send_header("X-Echo", got.decode()); self.send_header("Content-Length", str(len(got)))
             self.end_headers(); self.wfile.write(got); return
+        if self.path == "/keep":  # HTTP/1.1 keep-alive said, then the connection closed (a server's idle timeout)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nkept"); return
+        if self.path.startswith("/leak?how="):  # a server that hands back the secret it was sent
+            leak(self, self.path.split("=", 1)[1]); return
         if self.path == "/form":
             body = (b"<html><head><title>form</title></head><body><input id='q'>"
                     b"<button id='b' onclick=\"document.title=document.getElementById('q').value\">go</button>"
@@ -63,6 +67,31 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
+def leak(h, how):
+    import base64, gzip
+    token = (h.headers.get("Authorization") or "").split(" ", 1)[-1].encode()
+    body, headers, reason = b"fine", [], None
+    if how == "reason": reason = "OK " + token.decode()
+    elif how == "header": headers.append(("X-Leak", token.decode()))
+    elif how == "header-b64": headers.append(("X-Leak", base64.b64encode(token).decode()))
+    elif how == "header-part": headers.append(("X-Leak", token[3:11].decode()))
+    elif how == "header-name": headers.append(("X-" + token.decode(), "1"))
+    elif how == "body-b64": body = b"data=" + base64.b64encode(b"xy" + token + b"!")
+    elif how == "body-b64url": body = base64.urlsafe_b64encode(b"z" + token)
+    elif how == "body-hex": body = token.hex().upper().encode()
+    elif how == "body-percent": body = b"q=" + "".join("%%%02X" % b for b in token).encode()  # every byte
+    elif how == "body-part": body = b"..." + token[5:13] + b"..."
+    elif how == "utf8": body = token; headers.append(("Content-Encoding", "utf-8"))
+    elif how == "gzip": body = gzip.compress(b"gz " + token); headers.append(("Content-Encoding", "gzip"))
+    elif how == "gzip-b64": body = gzip.compress(base64.b64encode(token)); headers.append(("Content-Encoding", "gzip"))
+    elif how == "trailer":
+        h.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\nConnection: close\r\n\r\n"
+                      b"4\r\nfine\r\n0\r\nX-T: " + token + b"\r\n\r\n")
+        return
+    h.send_response(200, reason)
+    for key, value in headers:
+        h.send_header(key, value)
+    h.send_header("Content-Length", str(len(body))); h.end_headers(); h.wfile.write(body)
 def udp():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 53))
     while True:

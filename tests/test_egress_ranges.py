@@ -50,7 +50,9 @@ def test_the_registries_parse_and_hold_what_the_issue_named() -> None:
     assert {r[2] for r in rows} == {"True", "False", "N/A"}
 
 
-@pytest.mark.parametrize("address", ["fec0::1", "3fff::1", "3fff:fff:ffff::1", "2001:20::1", "192.88.99.1", "192.88.99.2"])
+@pytest.mark.parametrize(
+    "address", ["fec0::1", "3fff::1", "3fff:fff:ffff::1", "2001:20::1", "192.88.99.1", "192.88.99.2"]
+)
 def test_addresses_that_passed_before_are_refused(address: str) -> None:
     """Site-local fec0::/10, documentation 3fff::/20, ORCHIDv2 (inside 2001::/23) and the 6to4 relay
     anycast: all passed the old check; IANA lists none of them as globally reachable."""

@@ -22,7 +22,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from egress_rules import address_refusal, is_ip, normal_host
-from egress_secrets import SECRETS, ca_pem, misplaced, scrub, substitute, upstream_bundle
+from egress_scrub import TooManyHits
+from egress_secrets import SECRETS, Refused, ca_pem, carries_secret, misplaced, scrub, substitute, upstream_bundle
 from egress_state import (
     EXEMPT,
     MAX_BYTES,
@@ -63,7 +64,11 @@ def _connection_line(verdict: str, reason: str) -> None:
 
 def _host_header_refusal(request: http.Request, target: str) -> str | None:
     """Why the Host header (HTTP/1) or :authority and host (HTTP/2) do not name the request target."""
-    for header in {request.host_header, request.headers.get("host")} - {None}:
+    hosts = request.headers.get_all("host")
+    if len(hosts) > 1:
+        # a server or a front end may route by any one of them: only one, checked, is sent
+        return f"the request carries {len(hosts)} Host headers"
+    for header in {request.host_header, *hosts} - {None}:
         try:
             host, port = url.parse_authority(str(header), check=True)
         except ValueError:
@@ -79,6 +84,9 @@ class Egress:
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # server connection id -> the host name it was asked for
         self.connecting: set[str] = set()  # clients whose CONNECT is being answered
+        # client connection id -> the host its CONNECT named: what every request decrypted in
+        # that tunnel must name, however often the proxy reconnects upstream
+        self.tunnels: dict[str, str] = {}
         self.deadlines: dict[str, asyncio.TimerHandle] = {}  # client id -> its connection's time cap
 
     def client_connected(self, client: Any) -> None:
@@ -94,6 +102,7 @@ class Egress:
         self.deadlines[client.id] = asyncio.get_running_loop().call_later(MAX_DURATION_S, self._expire, client)
 
     def client_disconnected(self, client: Any) -> None:
+        self.tunnels.pop(client.id, None)
         timer = self.deadlines.pop(client.id, None)
         if timer is not None:
             timer.cancel()
@@ -116,6 +125,7 @@ class Egress:
             _refuse(flow, 403, reason)
         else:
             self.connecting.add(flow.client_conn.id)
+            self.tunnels[flow.client_conn.id] = normal_host(flow.request.host)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.request.method == "CONNECT" or flow.response is not None:
@@ -128,7 +138,7 @@ class Egress:
             return
         # in a decrypted tunnel (its host carries a secret) the target is the CONNECT host: the
         # request's own host is the pinned address, and its Host header must name that host
-        tunnel_host = self.names.get(flow.server_conn.id) if request.scheme == "https" else None
+        tunnel_host = self.tunnels.get(flow.client_conn.id) if request.scheme == "https" else None
         target = tunnel_host or normal_host(request.host)
         flow.metadata["egress_host"] = target
         reason = _host_header_refusal(request, target) or host_refusal(target, request.port)
@@ -230,19 +240,41 @@ class Egress:
         if flow.metadata.get("egress_logged") or flow.request.method == "CONNECT":
             return
         flow.metadata["egress_logged"] = True
-        if flow.metadata.get("egress_tunnel") and flow.response is not None:
-            scrub(flow.metadata["egress_tunnel"], flow.response)  # an echoed secret goes back as its placeholder
-        emit(
-            method=flow.request.method,
-            host=flow.metadata.get("egress_host") or normal_host(flow.request.host),
-            port=flow.request.port,
-            status=flow.response.status_code if flow.response else 0,
-            bytes_up=len(flow.request.raw_content or b"") + int(flow.metadata.get("egress_header_bytes", 0)),
-            bytes_down=len(flow.response.raw_content or b"") if flow.response else 0,
-            verdict="allowed",
-            reason="",
-            injected=",".join(flow.metadata.get("egress_secrets") or []),
-        )
+        host = flow.metadata.get("egress_host") or normal_host(flow.request.host)
+        verdict, reason = "allowed", ""
+        try:
+            if flow.response is not None and carries_secret(host):
+                # a secret's host, decrypted or in clear text: its value (a server that echoes a
+                # header, or hands out its own token) never reaches the sandbox
+                scrub(host, flow.response)
+        except Refused as exc:
+            verdict, reason = "refused", str(exc)
+        except TooManyHits:
+            verdict, reason = "refused", "the response could not be checked for secrets (too many partial matches)"
+        except Exception as exc:  # fail closed: an unchecked response never goes through
+            verdict, reason = "refused", f"the response could not be checked for secrets ({exc.__class__.__name__})"
+        finally:
+            if verdict != "allowed" or flow.response is None:
+                # whatever failed above: what goes to the sandbox is this refusal, not the response
+                status = flow.response.status_code if flow.response is not None else 0
+                flow.response = http.Response.make(
+                    502,
+                    f"egress refused: {reason or 'no response'}\n".encode(),
+                    {"Content-Type": "text/plain", "X-Egress-Verdict": "refused"},
+                )
+                reason = f"{reason} (upstream status {status})"
+                verdict = "refused"
+            emit(
+                method=flow.request.method,
+                host=host,
+                port=flow.request.port,
+                status=flow.response.status_code,
+                bytes_up=len(flow.request.raw_content or b"") + int(flow.metadata.get("egress_header_bytes", 0)),
+                bytes_down=len(flow.response.raw_content or b""),
+                verdict=verdict,
+                reason=reason,
+                injected=",".join(flow.metadata.get("egress_secrets") or []),
+            )
 
     def error(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("egress_logged"):

@@ -8,8 +8,11 @@ domain, and exemptions from the private-address refusal.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sandbox.audit.findings import Finding
-from sandbox.config.merge import EffectiveAgent
+from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
+from sandbox.config.models import Config
 from sandbox.runtime.spec import EGRESS_NETWORK
 
 
@@ -73,4 +76,32 @@ def egress_findings(agent: EffectiveAgent, target: str) -> list[Finding]:
                 target,
             )
         )
+    return out
+
+
+def pool_findings(config: Config, client: Any) -> list[Finding]:
+    """SBX-N005: an address pool for egress and browser networks that is running low (less than
+    a tenth free), one finding per pool; nothing without an engine or when no agent uses one."""
+    from sandbox.runtime import subnets
+
+    pools = set()
+    for agent_id in agent_ids(config):
+        sandbox = effective_agent(config, agent_id).sandbox
+        if sandbox.docker.network == EGRESS_NETWORK or sandbox.browser.enabled:
+            pools.add(sandbox.egress.subnet_pool)
+    out = []
+    for pool in sorted(pools):
+        use = subnets.usage(client, pool)
+        if use.low:
+            out.append(
+                Finding(
+                    "SBX-N005",
+                    "medium",
+                    "the address pool for sandbox networks is running low",
+                    f"{use.used} of the {use.total} /{subnets.PREFIX} subnets of {pool} are taken ({use.free} free): "
+                    "each egress sandbox and each browser takes one, and none is made once it is exhausted",
+                    "remove idle sandboxes (`sandbox prune`) or widen sandbox.egress.subnet_pool",
+                    "engine",
+                )
+            )
     return out

@@ -9,6 +9,7 @@ from typing import Any
 from sandbox.audit.config_rules import audit_config, inspect_of
 from sandbox.audit.container_rules import audit_container
 from sandbox.audit.control_rules import control_findings, live_control_findings
+from sandbox.audit.egress_rules import pool_findings
 from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import Finding
 from sandbox.audit.isolation_rules import (
@@ -156,7 +157,7 @@ def _run_audit(config: Config, client: Any | None, *, all_containers: bool = Fal
     for component in client.version().get("Components") or []:
         if str(component.get("Name", "")).lower() == "runc":
             info["_runc_version"] = component.get("Version", "")
-    findings += audit_engine(info) + image_findings(client, config)
+    findings += audit_engine(info) + image_findings(client, config) + pool_findings(config, client)
     filters: dict[str, Any] = (
         {}
         if all_containers

@@ -24,9 +24,18 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
-from sandbox.runtime import egress, hostfirewall
+from sandbox.journal.owners import current_owner
+from sandbox.runtime import egress, hostfirewall, subnets
 from sandbox.runtime.docker_backend import DockerBackend
-from sandbox.runtime.naming import LABEL_PREFIX, SCHEMA_VERSION, Labels, container_name, scope_key, short_hash
+from sandbox.runtime.naming import (
+    CREATOR_LABEL,
+    LABEL_PREFIX,
+    SCHEMA_VERSION,
+    Labels,
+    container_name,
+    scope_key,
+    short_hash,
+)
 from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
 
 NETWORK_KIND = "browser-net"
@@ -72,22 +81,39 @@ class BrowserManager:
         self.instance = instance
         self._lock = anyio.Lock()
 
-    async def ensure_network(self, name: str, bridge: str, labels: dict[str, str]) -> bool:
-        """Create the browser's own internal network (if missing) and drop its traffic to the host.
+    async def ensure_network(
+        self, name: str, bridge: str, labels: dict[str, str], pool: str = subnets.DEFAULT_POOL
+    ) -> bool:
+        """Create the browser's own internal network (if missing: a /29 of `pool`) and drop its
+        traffic to the host.
 
         Returns whether the host firewall rule is in place.
         """
 
         def make() -> None:
             client = self.backend.client
-            if not client.networks.list(names=[name]):
-                client.networks.create(
-                    name,
-                    driver="bridge",
-                    internal=True,  # no route beyond its own subnet: no metadata, no LAN, no internet
-                    options={"com.docker.network.bridge.name": bridge, "com.docker.network.bridge.enable_icc": "false"},
-                    labels=labels,
+            if any(n.name == name for n in client.networks.list(names=[name])):
+                return
+            try:
+                subnets.create_network(
+                    client,
+                    pool,
+                    lambda ipam: client.networks.create(
+                        name,
+                        driver="bridge",
+                        internal=True,  # no route beyond its own subnet: no metadata, no LAN, no internet
+                        options={
+                            "com.docker.network.bridge.name": bridge,
+                            "com.docker.network.bridge.enable_icc": "false",
+                        },
+                        labels={**labels, CREATOR_LABEL: current_owner()},
+                        ipam=ipam,
+                        check_duplicate=True,
+                    ),
                 )
+            except docker.errors.APIError as exc:
+                if "already exists" not in str(exc):  # another maker's: the same network
+                    raise
 
         await self.backend.call("create browser network", make)
         return await anyio.to_thread.run_sync(hostfirewall.drop_from_bridge, bridge)
@@ -189,7 +215,7 @@ class BrowserManager:
                 Labels.TENANT: agent.tenant,
                 Labels.SCOPE_KEY: key,
             }
-            firewall = await self.ensure_network(network, bridge, labels)
+            firewall = await self.ensure_network(network, bridge, labels, agent.sandbox.egress.subnet_pool)
             if not firewall:
                 logger.bind(network=network, bridge=bridge).warning("browser_host_firewall_unavailable")
             endpoint = await self._start(agent, key, name, network)

@@ -382,10 +382,9 @@ class DockerBackend:
             except docker.errors.APIError as exc:
                 if "already in progress" not in str(exc):
                     raise
-            mode = str((attrs.get("HostConfig") or {}).get("NetworkMode") or "")
-            name = str(attrs.get("Name", "")).lstrip("/")
-            if mode == egress.names(name).network:  # its proxy and network go with it
-                egress.remove_edge(self.client, name)
+            from sandbox.runtime import netsweep  # its egress edge, or its own browser network, goes with it
+
+            netsweep.remove_networks_of(self.client, attrs)
             return str(attrs.get("Id", ""))
 
         removed = await self.call("remove sandbox", rm)

@@ -16,19 +16,15 @@ their sandbox is gone.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import docker.errors
 
-from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.journal.owners import current_owner
 from sandbox.runtime import egress_secrets, hostfirewall
-from sandbox.runtime.naming import CREATOR_LABEL, LABEL_PREFIX, Labels, short_hash
+from sandbox.runtime.naming import LABEL_PREFIX, short_hash
 from sandbox.runtime.spec import SandboxSpec
 
 PROXY_KIND = "egress-proxy"
@@ -133,113 +129,15 @@ class EdgeOwner:
 
 
 def create_edge(client: Any, owner: EdgeOwner) -> EgressEdge:
-    """Make (afresh) the internal network and the proxy of a sandbox (or browser); blocking.
+    """The internal network and the proxy of a sandbox (or browser), made or adopted; blocking
+    (see `sandbox.runtime.egress_make`).
 
     Raises:
-        SandboxUnavailable: the network or the proxy could not be made or did not come up
-            (whatever was made is removed).
+        SandboxUnavailable: the network or the proxy could not be made or did not come up.
     """
-    policy = owner.policy
-    edge = names(owner.name)
-    remove_edge(client, owner.name)  # a stale edge of an earlier container of this name
-    labels = {
-        Labels.INSTANCE: owner.instance,
-        Labels.TENANT: owner.tenant,
-        Labels.AGENT: owner.agent,
-        Labels.SCOPE_KEY: owner.scope_key,
-        Labels.SESSION: owner.session,
-        SANDBOX_LABEL: owner.name,
-        CREATOR_LABEL: current_owner(),
-    }
-    try:
-        network = client.networks.create(
-            edge.network,
-            driver="bridge",
-            internal=True,  # no route beyond its own subnet: only the proxy is reachable
-            options={"com.docker.network.bridge.name": edge.bridge},
-            labels={**labels, Labels.KIND: NETWORK_KIND},
-        )
-        firewall = hostfirewall.drop_from_bridge(edge.bridge)
-        if not firewall:
-            logger.bind(network=edge.network, bridge=edge.bridge).warning("egress_host_firewall_unavailable")
-            if policy["require_host_firewall"]:
-                raise SandboxUnavailable(
-                    "the host firewall rules for the egress network could not be installed (they need root and "
-                    "iptables where the engine runs); without them the sandbox reaches every service of the host "
-                    "through its bridge. Run the orchestrator there as root, or set "
-                    "sandbox.egress.require_host_firewall: false to accept that",
-                    container=owner.name,
-                )
-        network.reload()
-        subnet = str(network.attrs["IPAM"]["Config"][0]["Subnet"])
-        identity = {
-            "tenant": owner.tenant,
-            "agent": owner.agent,
-            "scope": owner.scope_key,
-            "session": owner.session,
-        }
-        resolved = egress_secrets.resolve(policy, owner.name)
-        proxy_policy = {
-            **policy,
-            "identity": identity,
-            "client_subnet": subnet,
-            "secrets": resolved,
-            "upstream_ca_pem": egress_secrets.upstream_ca_pem(policy, owner.name),
-        }
-        extra_hosts = dict(h.split(":", 1) for h in policy["extra_hosts"]) or None
-        container = client.containers.create(
-            policy["image"],
-            command=proxy_command(policy),
-            name=edge.proxy,
-            detach=True,
-            labels={**labels, Labels.KIND: PROXY_KIND},
-            environment={"EGRESS_POLICY": json.dumps(proxy_policy), "HOME": "/tmp"},
-            network=policy["upstream_network"],
-            extra_hosts=extra_hosts,
-            user="1000:1000",
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges:true"],
-            read_only=True,
-            tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
-            pids_limit=128,
-            mem_limit="512m",
-            log_config=PROXY_LOG_CONFIG,
-            init=False,  # the image's entrypoint is tini
-            restart_policy={"Name": "no"},
-        )
-        network.connect(container)
-        container.start()
-        # its address is known at once; whether mitmproxy listens is awaited after the sandbox
-        # is made (see wait_ready): the two start side by side
-        attrs = client.api.inspect_container(container.id)
-        networks = attrs["NetworkSettings"]["Networks"] or {}
-        address = (networks.get(edge.network) or {}).get("IPAddress")
-        if not address:
-            raise SandboxUnavailable("the egress proxy got no address on the sandbox network", container=owner.name)
-        upstream_ok = _keep_proxy_off_the_host(client, edge, policy, networks)
-        if not upstream_ok:
-            logger.bind(proxy=edge.proxy).warning("egress_upstream_firewall_unavailable")
-            if policy["require_host_firewall"]:
-                raise SandboxUnavailable(
-                    "the host firewall rule that keeps the egress proxy off the host's own addresses could not be "
-                    "installed (root and iptables where the engine runs); set "
-                    "sandbox.egress.require_host_firewall: false to accept that",
-                    container=owner.name,
-                )
-        firewall = firewall and upstream_ok
-    except docker.errors.ImageNotFound as exc:
-        remove_edge(client, owner.name)
-        raise SandboxUnavailable(
-            f"the egress proxy image {policy['image']!r} is missing; run `sandbox images build`", container=owner.name
-        ) from exc
-    except (docker.errors.APIError, SandboxUnavailable) as exc:
-        remove_edge(client, owner.name)
-        if isinstance(exc, SandboxUnavailable):
-            raise
-        raise SandboxUnavailable(f"the egress proxy could not be made: {exc}", container=owner.name) from exc
-    logger.bind(sandbox=owner.name, proxy=edge.proxy, network=edge.network).info("egress_proxy_started")
-    placeholders = {str(secret["name"]): str(secret["placeholder"]) for secret in resolved}
-    return EgressEdge(edge.network, edge.proxy, f"http://{address}:{PROXY_PORT}", firewall, placeholders)
+    from sandbox.runtime import egress_make
+
+    return egress_make.create_edge(client, owner)
 
 
 def wait_ready(client: Any, sandbox_name: str) -> str:
@@ -305,7 +203,7 @@ def remove_edge(client: Any, sandbox_name: str) -> bool:
     return removed
 
 
-def _keep_proxy_off_the_host(client: Any, edge: EgressNames, policy: dict[str, Any], networks: dict[str, Any]) -> bool:
+def keep_proxy_off_the_host(client: Any, edge: EgressNames, policy: dict[str, Any], networks: dict[str, Any]) -> bool:
     """Drop what the proxy opens towards the host on its upstream bridge: the host's addresses,
     its public ones too (which the address check cannot know), stay out of reach."""
     upstream = str(policy["upstream_network"])
@@ -331,48 +229,8 @@ def proxy_running(client: Any, sandbox_name: str) -> bool:
 
 
 def sweep_orphans(client: Any, instance: str) -> list[str]:
-    """Remove edges of this instance whose sandbox is gone (a crash between the two); blocking."""
-    removed = []
-    host = socket.gethostname()
-    filters = {"label": [f"{Labels.KIND}={PROXY_KIND}", f"{Labels.INSTANCE}={instance}"]}
-    proxies = client.api.containers(all=True, filters=filters)
-    networks = client.api.networks(
-        filters={"label": [f"{Labels.KIND}={NETWORK_KIND}", f"{Labels.INSTANCE}={instance}"]}
-    )
-    owners = {str((p.get("Labels") or {}).get(SANDBOX_LABEL, "")): p for p in proxies}
-    for net in networks:
-        owners.setdefault(str((net.get("Labels") or {}).get(SANDBOX_LABEL, "")), net)
-    for sandbox_name, item in owners.items():
-        if not sandbox_name:
-            continue
-        try:
-            client.api.inspect_container(sandbox_name)
-            continue  # its sandbox is there
-        except docker.errors.NotFound:
-            pass
-        creator = str((item.get("Labels") or {}).get(CREATOR_LABEL, ""))
-        if sandbox_name in MAKING:
-            continue  # this process is making its sandbox right now
-        mine = creator in (current_owner(), f"{host}:{os.getpid()}")
-        if not mine and _age_s(item.get("Created")) < ORPHAN_GRACE_S:
-            # another process (maybe on another host, or in a container: its pid says nothing
-            # here) may be making its sandbox right now
-            continue
-        if remove_edge(client, sandbox_name):
-            removed.append(names(sandbox_name).proxy)
-            logger.bind(sandbox=sandbox_name).info("egress_orphan_removed")
-    return removed
+    """Remove edges and networks of this instance whose container is gone; blocking (see
+    `sandbox.runtime.netsweep`)."""
+    from sandbox.runtime import netsweep
 
-
-def _age_s(created: Any) -> float:
-    """Seconds since a container's (epoch) or a network's (RFC 3339) `Created`; 0 when unknown."""
-    if isinstance(created, (int, float)):
-        return time.time() - float(created)
-    if isinstance(created, str) and created:
-        from datetime import datetime
-
-        try:
-            return time.time() - datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00").timestamp()
-        except ValueError:
-            return 0.0
-    return 0.0
+    return netsweep.sweep_orphans(client, instance)

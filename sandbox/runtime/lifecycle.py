@@ -127,4 +127,6 @@ async def prune(manager: SandboxManager, *, dry_run: bool = False) -> list[tuple
             if not dry_run:
                 await manager.remove(row.info)
             out.append((row.info.name, reason))
+    if not dry_run:  # what a crash or an outside removal left: edges, networks, half-made containers
+        out += [(name, "orphan: its container is gone") for name in await manager.cleanup_orphans()]
     return out

@@ -181,6 +181,7 @@ def egress_policy(agent: EffectiveAgent) -> dict[str, Any]:
             for name, secret in sorted(cfg.secrets.items())
         ],
         "upstream_ca": str(cfg.upstream_ca) if cfg.upstream_ca else None,
+        "subnet_pool": cfg.subnet_pool,
     }
 
 
