@@ -33,6 +33,7 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError, UsageError
+from sandbox.journal.retention import keep_journal_bounded
 from sandbox.policy.sessions import agent_of, key_problem
 
 SSE_KEEPALIVE_S = 15.0
@@ -72,6 +73,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
             tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
+            tg.start_soon(keep_journal_bounded, orch.journal, config.journal.retention)  # journal.retention
             metrics.know_tools(orch.registry.names())
             app.state.orch = orch
             yield
