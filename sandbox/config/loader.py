@@ -214,6 +214,8 @@ def _state_dir_problems(config: Config) -> list[tuple[Loc, str]]:
             st = place.stat()
         except (FileNotFoundError, NotADirectoryError):  # not there, or below a file: look higher
             continue
+        except PermissionError:  # not ours to look at: the first write says what is wrong
+            return []
         except OSError as exc:
             return [(("state_dir",), f"{place} cannot be examined ({exc.strerror or exc}); expected a folder")]
         if stat.S_ISDIR(st.st_mode):
