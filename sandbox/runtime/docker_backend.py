@@ -27,6 +27,7 @@ from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
+from sandbox.runtime.docker_workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
 from sandbox.runtime.hostpaths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.pool import PoolClaims
@@ -101,6 +102,7 @@ class DockerBackend:
         self._image_ids: dict[str, tuple[float, str]] = {}
         self.agents = ResidentAgents(self)
         self.pool_claims: PoolClaims | None = None  # set by the manager that owns the state dir
+        self.workspace_ids: dict[str, str] = {}  # container id -> its workspace's id at creation
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -208,7 +210,11 @@ class DockerBackend:
             ):
                 logger.bind(container=spec.name).info("sandbox_egress_proxy_gone")
                 running = False  # its only way out is gone: remade with a new proxy
+            if running and await anyio.to_thread.run_sync(workspace_lost, recorded_id(labels), spec):
+                logger.bind(container=spec.name, workspace=spec.mounts[0].source).warning("sandbox_workspace_gone")
+                running = False  # its bind holds a removed folder: made again on a workspace made again
             if config_hash == spec.config_hash and running:
+                self.workspace_ids[attrs["Id"]] = recorded_id(labels)
                 procfs.hide_in(attrs, spec)  # also one made before hidepid, or restarted (runtime/procfs.py)
                 return DockerSandbox(self, attrs["Id"], spec)
             if config_hash != spec.config_hash:
@@ -259,6 +265,8 @@ class DockerBackend:
         # host, boot, pid and its start time: a pid alone says nothing where every service
         # container is pid 1 on the host's hostname (compose runs it with network_mode: host)
         kwargs["labels"][CREATOR_LABEL] = current_owner()
+        made_on = await anyio.to_thread.run_sync(workspace_id, spec)  # the folder just prepared
+        kwargs["labels"][WORKSPACE_ID_LABEL] = made_on or ""
         kwargs["mounts"] = [
             DockerMount(m.target, m.source, type="volume", read_only=m.read_only)
             if m.volume
@@ -293,6 +301,7 @@ class DockerBackend:
             return str(container.id)
 
         container_id = await self.call("create sandbox", create_and_start)
+        self.workspace_ids[container_id] = made_on or ""
         try:
             sandbox = DockerSandbox(self, container_id, spec)
             await procfs.hide_processes(self, container_id, spec)  # before any session runs in it
@@ -390,6 +399,7 @@ class DockerBackend:
         removed = await self.call("remove sandbox", rm)
         if removed:
             self.agents.forget(removed)
+            self.workspace_ids.pop(removed, None)
             if self.pool_claims is not None:
                 self.pool_claims.drop(removed)
 

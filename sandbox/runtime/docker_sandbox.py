@@ -12,7 +12,7 @@ import anyio.to_thread
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime import docker_kill, shellwrap
+from sandbox.runtime import docker_kill, docker_workspace, shellwrap
 from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
 from sandbox.runtime.docker_exec import SandboxGone, exec_stream
 from sandbox.runtime.output import OutputCapture
@@ -132,6 +132,7 @@ class DockerSandbox:
 
     async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
         try:
+            await self._check_workspace()
             return await self._exec_once(argv, **kwargs)
         except SandboxGone:
             # Nothing ran yet (the exec was never created), so trying once more in a fresh
@@ -147,6 +148,16 @@ class DockerSandbox:
         except SandboxUnavailable:
             self.gone = True
             raise
+
+    async def _check_workspace(self) -> None:
+        """SandboxGone when the workspace folder it was made on was removed on the host (nothing
+        can start in it; see runtime/docker_workspace.py): it is made again by the reviver."""
+        recorded = await docker_workspace.recorded_for(self._backend, self._id)
+        if docker_workspace.workspace_lost(recorded, self._spec):
+            logger.bind(container=self._spec.name, workspace=self._spec.mounts[0].source).warning(
+                "sandbox_workspace_gone"
+            )
+            raise SandboxGone(docker_workspace.lost_message(self._spec))
 
     async def _exec_once(self, argv: list[str], **kwargs: Any) -> ExecResult:
         link = await self._backend.agents.link(self._id, self._spec, kwargs.get("user"))
