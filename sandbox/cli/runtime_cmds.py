@@ -87,7 +87,8 @@ def images_build(state: State, offline: bool, force: bool, as_json: bool) -> Non
 @click.pass_obj
 @handled
 def list_cmd(state: State, as_json: bool) -> None:
-    """This orchestrator's sandboxes: agent, scope key, age, idle time, config match, state."""
+    """This orchestrator's sandboxes: agent, role (pool member, spawned child), scope key, age,
+    idle time, config match, state."""
     from sandbox.runtime import lifecycle
 
     async def go() -> list[lifecycle.SandboxRow]:
@@ -110,16 +111,18 @@ def list_cmd(state: State, as_json: bool) -> None:
             "age_s": round(r.age_s),
             "idle_s": round(r.idle_s),
             "config_match": r.config_match,
+            "role": r.role,
             "status": r.info.status,
         }
         for r in found
     ]
-    lines = [f"{'NAME':<44} {'AGENT':<10} {'SCOPE KEY':<28} {'AGE':>6} {'IDLE':>6} {'CONFIG':<7} STATE"]
+    lines = [f"{'NAME':<44} {'AGENT':<10} {'ROLE':<6} {'SCOPE KEY':<28} {'AGE':>6} {'IDLE':>6} {'CONFIG':<7} STATE"]
     for d in data:
+        # a free pool member matches its pool's config; a child's sandbox, the child's own view
         match = {True: "match", False: "STALE", None: "?"}[d["config_match"]]
         lines.append(
-            f"{d['name']:<44} {d['agent']:<10} {d['scope_key'][:28]:<28} {_age(d['age_s']):>6} "
-            f"{_age(d['idle_s']):>6} {match:<7} {d['status']}"
+            f"{d['name']:<44} {d['agent']:<10} {d['role'] or '-':<6} {d['scope_key'][:28]:<28} "
+            f"{_age(d['age_s']):>6} {_age(d['idle_s']):>6} {match:<7} {d['status']}"
         )
     if not data:
         lines = ["no sandboxes"]

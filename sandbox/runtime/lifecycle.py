@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.pool import unclaimed
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import spec_from_config
+from sandbox.sessions.child import REGISTRY_FILE, child_agent
+
+if TYPE_CHECKING:
+    from sandbox.sessions.registry import Child, Registry
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,9 @@ class SandboxRow:
     age_s: float
     idle_s: float
     config_match: bool | None  # None when the agent is no longer configured
+    # "pool": a warm-pool member no session has yet (matched against its pool's config);
+    # "child": the sandbox of a spawned session (matched as the child runs: its own view)
+    role: str | None = None
 
 
 def _seconds_since(iso: str | None) -> float:
@@ -33,33 +42,83 @@ def _seconds_since(iso: str | None) -> float:
 
 
 async def rows(manager: SandboxManager) -> list[SandboxRow]:
-    """Every sandbox of this instance with age, idle time and whether its config still matches."""
+    """Every sandbox of this instance with age, idle time and whether its config still matches:
+    a session's against its agent as that session runs it (a spawned child's own sandbox, with
+    its parent's view), a free pool member's against its pool's config."""
     last_used = manager.last_used()
     out = []
     known = set(agent_ids(manager.config))
-    for info in await manager.list():
-        match: bool | None = None
-        agent_id = info.agent if info.agent in known else _shared_agent(manager, info)
-        if info.kind == "exec" and agent_id is not None:
-            agent = effective_agent(manager.config, agent_id)
-            session = info.session or info.scope_key
-            try:
-                spec = manager.spec_for(agent, session if session.startswith("agent:") else agent.main_session_key)
-                image = await manager.backend.image_id(spec.image)
-                full = spec_from_config(manager.config, agent, spec.session, manager.instance, image_id=image)
-                match = full.config_hash == info.config_hash and agent.tenant == info.tenant
-            except Exception:
-                match = False
-        created = info.labels.get(Labels.CREATED_AT)
-        out.append(
-            SandboxRow(
-                info=info,
-                age_s=_seconds_since(created),
-                idle_s=_seconds_since(last_used.get(info.name) or created),
-                config_match=match,
+    lineage = _Lineage(manager.config.state_dir)
+    try:
+        for info in await manager.list():
+            match: bool | None = None
+            role: str | None = None
+            agent_id = info.agent if info.agent in known else _shared_agent(manager, info)
+            if info.kind == "exec" and agent_id is not None:
+                agent = effective_agent(manager.config, agent_id)
+                if unclaimed(info):
+                    role = "pool"
+                    match = await _pool_matches(manager, agent, info)
+                else:
+                    session = info.session or info.scope_key
+                    child = lineage.child(session, info.tenant)
+                    if child is not None:
+                        role, agent = "child", child_agent(manager.config, agent, child)
+                    match = await _config_matches(manager, agent, session, info)
+            created = info.labels.get(Labels.CREATED_AT)
+            out.append(
+                SandboxRow(
+                    info=info,
+                    age_s=_seconds_since(created),
+                    idle_s=_seconds_since(last_used.get(info.name) or created),
+                    config_match=match,
+                    role=role,
+                )
             )
-        )
+    finally:
+        lineage.close()
     return out
+
+
+async def _config_matches(manager: SandboxManager, agent: EffectiveAgent, session: str, info: SandboxInfo) -> bool:
+    """Whether a session's sandbox is what `agent` would make for it now."""
+    try:
+        session = session if session.startswith("agent:") else agent.main_session_key
+        image = await manager.backend.image_id(agent.sandbox.docker.image)
+        full = spec_from_config(manager.config, agent, session, manager.instance, image_id=image)
+        return full.config_hash == info.config_hash and agent.tenant == info.tenant
+    except Exception:
+        return False
+
+
+async def _pool_matches(manager: SandboxManager, agent: EffectiveAgent, info: SandboxInfo) -> bool:
+    """Whether a free pool member is of the pool its agent has now (else the pool sweeps it)."""
+    if manager.pool is None:
+        return False
+    try:
+        template = await manager.pool.member_spec(agent)
+    except Exception:
+        return False
+    return template is not None and template.pool_key == info.labels.get(Labels.POOL) and agent.tenant == info.tenant
+
+
+class _Lineage:
+    """The spawned sessions' registry, opened once for a listing (absent: nothing was spawned)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._registry: Registry | None = None
+        if (state_dir / REGISTRY_FILE).exists():
+            from sandbox.sessions.registry import Registry
+
+            self._registry = Registry(state_dir / REGISTRY_FILE)
+
+    def child(self, key: str, tenant: str) -> Child | None:
+        found = self._registry.child(key) if self._registry is not None and key else None
+        return found if found is not None and found.tenant == tenant else None
+
+    def close(self) -> None:
+        if self._registry is not None:
+            self._registry.close()
 
 
 def _shared_agent(manager: SandboxManager, info: SandboxInfo) -> str | None:
