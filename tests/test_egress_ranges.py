@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox import netranges
+from sandbox.runtime import netranges
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -40,7 +40,9 @@ NOT_REACHABLE = [block for block, _, reachable in netranges.special_blocks() if 
 
 def test_the_image_carries_the_same_table() -> None:
     """The proxy's copy is byte for byte the package's module (one source of truth)."""
-    assert (ROOT / "images/egress/egress_ranges.py").read_bytes() == (ROOT / "sandbox/netranges.py").read_bytes()
+    assert (ROOT / "images/egress/egress_ranges.py").read_bytes() == (
+        ROOT / "sandbox/runtime/netranges.py"
+    ).read_bytes()
 
 
 def test_the_registries_parse_and_hold_what_the_issue_named() -> None:
@@ -60,7 +62,9 @@ def test_addresses_that_passed_before_are_refused(address: str) -> None:
 
 
 @pytest.mark.parametrize("block", NOT_REACHABLE, ids=str)
-def test_every_block_not_globally_reachable_is_refused_at_both_ends(block: ipaddress._BaseNetwork) -> None:
+def test_every_block_not_globally_reachable_is_refused_at_both_ends(
+    block: ipaddress.IPv4Network | ipaddress.IPv6Network,
+) -> None:
     """The first, last and middle address of each row whose Globally Reachable is not True."""
     middle = block.network_address + (block.num_addresses // 2)
     for address in (block.network_address, block.broadcast_address, middle):
@@ -74,7 +78,7 @@ def test_any_address_of_such_a_block_is_refused(address: ipaddress.IPv4Address |
     assert rules.address_refusal(str(address)) is not None, address
 
 
-def _python_tables() -> list[ipaddress._BaseNetwork]:
+def _python_tables() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     tables = []
     for constants in (ipaddress._IPv4Constants, ipaddress._IPv6Constants):  # type: ignore[attr-defined]
         for name in ("_private_networks", "_reserved_networks", "_linklocal_network", "_loopback_network"):
@@ -86,7 +90,7 @@ def _python_tables() -> list[ipaddress._BaseNetwork]:
 
 
 @pytest.mark.parametrize("block", _python_tables(), ids=str)
-def test_never_looser_than_pythons_tables(block: ipaddress._BaseNetwork) -> None:
+def test_never_looser_than_pythons_tables(block: ipaddress.IPv4Network | ipaddress.IPv6Network) -> None:
     """Every network Python's ipaddress calls private, reserved, link-local or loopback is refused."""
     assert rules.address_refusal(str(block.network_address)) is not None, block
 
@@ -124,3 +128,18 @@ def test_never_looser_than_netaddr() -> None:
         assert rules.address_refusal(str(network.network_address + 1)) is not None, (prefix, designation)
         checked += 1
     assert checked >= 15
+
+
+def test_audit_names_the_special_space_an_exemption_opens(tmp_path: Path) -> None:
+    """SBX-N004 says which IANA blocks `allow_private` lets the proxy reach (the same table)."""
+    from sandbox.audit.egress_rules import egress_findings
+    from sandbox.config import effective_agent, load_config_text
+
+    text = (
+        f"state_dir: {tmp_path}\nagents: {{defaults: {{sandbox: {{docker: {{network: egress}}, "
+        "egress: {allow: [a.example], allow_private: [10.1.0.0/16, 100.64.0.0/10]}}}}\n"
+    )
+    found = {
+        f.rule: f.evidence for f in egress_findings(effective_agent(load_config_text(text, source="t"), "main"), "t")
+    }
+    assert "Private-Use" in found["SBX-N004"] and "Shared Address Space" in found["SBX-N004"], found

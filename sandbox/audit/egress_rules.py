@@ -70,13 +70,29 @@ def egress_findings(agent: EffectiveAgent, target: str) -> list[Finding]:
                 "SBX-N004",
                 "medium",
                 "egress may reach private addresses",
-                f"{where}.allow_private exempts {cfg.allow_private} from the private-address refusal: a name on "
-                "the allowlist that resolves there reaches your internal network",
+                f"{where}.allow_private exempts {cfg.allow_private} from the private-address refusal"
+                f"{_special_names(cfg.allow_private)}: a name on the allowlist that resolves there reaches your "
+                "internal network",
                 "exempt only the exact address of the internal mirror (a /32), or remove the exemption",
                 target,
             )
         )
     return out
+
+
+def _special_names(ranges: list[str]) -> str:
+    """The IANA special-purpose blocks (not globally reachable) the ranges overlap, as text."""
+    import ipaddress
+
+    from sandbox.runtime.netranges import special_blocks
+
+    hit = []
+    for text in ranges:
+        net = ipaddress.ip_network(text, strict=False)
+        for block, name, reachable in special_blocks():
+            if reachable != "True" and block.version == net.version and block.overlaps(net) and name not in hit:
+                hit.append(name)
+    return f" (IANA special-purpose space: {', '.join(hit)})" if hit else ""
 
 
 def pool_findings(config: Config, client: Any) -> list[Finding]:
