@@ -512,3 +512,16 @@ async def test_runtime_is_selectable(make_config: Any, docker_client: Any) -> No
     async with Orchestrator(config) as orch:
         result = await orch.session("agent:main:rt2").call("exec", {"command": "true"})
     assert not result.ok and "no-such-runtime" in result.error.message
+
+
+async def test_a_command_silent_for_longer_than_the_control_timeout_still_runs(make_config: Any) -> None:
+    """The engine client's timeout bounds control calls, not a command's output stream: a docker
+    exec silent for longer than it finishes normally (by docker exec, without the agent)."""
+    from sandbox.runtime.docker_exec import exec_stream
+
+    backend = DockerBackend(timeout_s=4)
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session}}}")
+    async with Orchestrator(config, backend=backend) as orch:
+        box = await orch.session("agent:main:quiet").sandbox()
+        result = await exec_stream(backend, box.id, ["sh", "-c", "sleep 7; echo done"], timeout_s=60)
+    assert result.exit_code == 0 and result.output == b"done\n", result

@@ -72,9 +72,8 @@ async def exec_stream(
         with mapped("exec output"):
             raw = api.exec_start(exec_id, socket=True)
             streams.append(raw)
-            # the answer came: from here on a silent command may run for as long as it is allowed
-            # (the client's timeout bounds control calls, not a command's output stream)
-            _no_read_timeout(raw)
+            # the client's timeout (CONTROL_TIMEOUT_S) bounds this start, not the stream: frames_iter
+            # polls the socket without a timeout, so a silent command runs as long as it is allowed
             try:
                 if closed.is_set():
                     return
@@ -139,13 +138,6 @@ def _deliver(on_output: Callable[[bytes], None], data: bytes) -> None:
     # called in the reader thread: hand the chunk to the event loop; a gone loop drops it
     with contextlib.suppress(Exception):
         anyio.from_thread.run_sync(on_output, data)
-
-
-def _no_read_timeout(raw: Any) -> None:
-    for sock in (raw, getattr(raw, "_sock", None)):
-        settimeout = getattr(sock, "settimeout", None)
-        if settimeout is not None:
-            settimeout(None)
 
 
 def _shutdown_exec_socket(raw: Any) -> None:
