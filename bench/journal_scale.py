@@ -299,6 +299,8 @@ def prune_runs(path: Path, cli: list[str], env: dict[str, str], protected: list[
     out: dict[str, object] = {"bytes_before": sizes(path)}
     prune = [*cli, "journal", "prune", "--json"]
     try:
+        phase[0] = "no_prune_10s"  # the baseline: what a write waits for with nothing pruning
+        time.sleep(10)
         phase[0] = "by_age"
         out["by_age_30d"] = timed([*prune, "--max-age", "30d", "--max-bytes", "0"], env)
         out["bytes_after_age"] = sizes(path)

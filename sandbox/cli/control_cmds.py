@@ -262,7 +262,8 @@ def status(state: State, deep: bool, as_json: bool) -> None:
     from sandbox.policy import Identity
 
     journal = _journal(state)
-    data: dict[str, Any] = {"journal": journal.health()}
+    # cheap (no integrity check, no count of events): `sandbox doctor` reads the journal in full
+    data: dict[str, Any] = {"journal": {**journal.health(), "retention": state.config.journal.retention.model_dump()}}
     if deep:
         from sandbox.config.merge import agent_ids, effective_agent
         from sandbox.runtime import lifecycle

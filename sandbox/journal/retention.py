@@ -47,7 +47,8 @@ BATCH_ROWS = 1000  # events per delete transaction: milliseconds to tens of them
 # (the service's writer thread, other processes) always find the lock free about half the time
 PAUSE_S = 0.005
 CHECKPOINT_WAIT_MS = 100  # how long the final checkpoint may hold writers off waiting for readers
-VACUUM_STEP_PAGES = 1024  # pages handed back per step (4 MiB at SQLite's default page size)
+VACUUM_CHECKPOINT_WAIT_MS = 2000
+VACUUM_STEP_PAGES = 512  # pages handed back per step (2 MiB at SQLite's default page size: ~25 ms)
 LOW_WATER = 0.9  # a size prune goes this far under the bound, so the next write does not prune again
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -142,8 +143,10 @@ def prune(run: Run, path: Path, retention: Retention, *, now: float, vacuum: boo
     elif mode == "incremental":
         while _paced(run, _vacuum_step):
             pass
+    # after a VACUUM the whole file is in the log: worth holding writers off longer to empty it
+    wait_ms = VACUUM_CHECKPOINT_WAIT_MS if vacuumed else CHECKPOINT_WAIT_MS
     for _ in range(5):  # a busy log (a reader mid-snapshot) is tried again shortly
-        if not _paced(run, _truncate_wal):
+        if not _paced(run, functools.partial(_truncate_wal, wait_ms)):
             break
     kept = run(lambda db: int(db.execute("SELECT COUNT(*) FROM open_calls").fetchone()[0]))
     after = file_bytes(path)
@@ -243,7 +246,8 @@ def _horizon(run: Run, now: float, retention: Retention) -> float:
 def _vacuum_step(db: sqlite3.Connection) -> int:
     if not int(db.execute("PRAGMA freelist_count").fetchone()[0]):
         return 0
-    db.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})").fetchall()
+    # executescript steps the pragma to its end; execute() would free one page per call
+    db.executescript(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES});")
     return 1
 
 
@@ -253,11 +257,11 @@ def _vacuum_into_incremental(db: sqlite3.Connection) -> int:
     return 1
 
 
-def _truncate_wal(db: sqlite3.Connection) -> int:
+def _truncate_wal(wait_ms: int, db: sqlite3.Connection) -> int:
     # TRUNCATE holds writers off while it waits for readers: only briefly (busy timeout lowered);
     # a reader still busy then leaves the log for the next checkpoint (journal_size_limit caps it)
     timeout = int(db.execute("PRAGMA busy_timeout").fetchone()[0])
-    db.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
+    db.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
     try:
         busy = int(db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
     finally:
