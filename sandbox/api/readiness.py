@@ -18,6 +18,9 @@ import anyio
 from sandbox.errors import SandboxError
 
 PROBE_WAIT_S = 1.5  # under the 2 s a probe of a hung engine may take
+# an outcome this recent is answered again without a new check: /readyz needs no token, and a
+# flood of probes must not become a flood of engine calls (a failing one costs a full GC there)
+FRESH_S = 1.0
 
 
 class SingleFlight:
@@ -28,6 +31,7 @@ class SingleFlight:
         self._check = check
         self._done: anyio.Event | None = None  # set when the running check ends
         self._outcome = "not checked yet"
+        self._checked_at = float("-inf")  # anyio.current_time() of the last outcome
 
     async def _run(self, done: anyio.Event) -> None:
         try:
@@ -36,6 +40,7 @@ class SingleFlight:
         except Exception as exc:  # any failure is "not ready", said plainly
             self._outcome = f"failed: {exc.message if isinstance(exc, SandboxError) else exc}"
         finally:
+            self._checked_at = anyio.current_time()
             self._done = None
             done.set()
 
@@ -43,6 +48,8 @@ class SingleFlight:
         """ "ok" or "failed: ..." of a check started now (or the one running), waiting at most
         `wait_s`; a check still running then is "failed: no answer within ..."."""
         done = self._done
+        if done is None and anyio.current_time() - self._checked_at < FRESH_S:
+            return self._outcome
         if done is None:
             done = self._done = anyio.Event()
             spawn(self._run, done)
