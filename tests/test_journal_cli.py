@@ -7,11 +7,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli
 
 from sandbox.config import load_config
 from sandbox.journal.store import Journal
 from sandbox.runtime.doctor import journal_check
+from tests.cli_helpers import run_cli
 
 
 def setup(tmp_path: Path, extra: str = "") -> tuple[Path, Journal]:
