@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import docker.errors
 from docker.types import IPAMConfig, IPAMPool
 
+from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 
 DEFAULT_POOL = "10.213.0.0/16"
@@ -110,11 +111,15 @@ def create_network(client: Any, pool_text: str, make: Callable[[Any], T]) -> T:
                 )
             ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=str(subnet.network_address + 1))])
             try:
-                return make(ipam)
+                made = make(ipam)
             except docker.errors.APIError as exc:
                 if "overlap" not in str(exc).lower():
                     raise
                 continue  # another process took it between the listing and the create
+            use = usage(client, pool_text)
+            if use.low:  # said before it runs out (audit reports it too: SBX-N005)
+                logger.bind(pool=pool_text, free=use.free, total=use.total).warning("subnet_pool_low")
+            return made
         raise SandboxUnavailable(f"no free subnet of {pool_text} was taken in {MAX_TRIES} tries", pool=pool_text)
 
 
