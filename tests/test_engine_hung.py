@@ -110,3 +110,31 @@ async def test_the_backends_timeout_bounds_each_engine_call(hung_engine: HungEng
         finally:
             await backend.aclose()
     assert caught.value.code == "SANDBOX_UNAVAILABLE"
+
+
+async def test_calls_queued_behind_a_hung_engine_fail_within_the_bound_too(hung_engine: HungEngine) -> None:
+    """Eight calls at once on one engine thread: the first waits the client's timeout, the others
+    do not queue behind it wave after wave (8 x 2 s), they fail after waiting 2 s for the thread."""
+    from sandbox.errors import SandboxError
+
+    backend = DockerBackend(timeout_s=2, max_threads=1)
+    codes: list[str] = []
+
+    async def one() -> None:
+        try:
+            await backend.ping()
+        except SandboxError as exc:
+            codes.append(exc.code)
+
+    started = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            with anyio.fail_after(2 * 2 + 5):  # queued wave after wave, they would take 16 s
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(one)
+        finally:
+            await backend.aclose()
+    print(f"8 queued calls against a hung engine all failed within {time.monotonic() - started:.1f} s")
+    assert codes == ["SANDBOX_UNAVAILABLE"] * 8

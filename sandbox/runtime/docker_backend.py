@@ -97,7 +97,8 @@ class DockerBackend:
     def __init__(self, client: Any = None, *, max_threads: int = 32, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
         self._client = client
         self._timeout_s = timeout_s
-        self._limiter = anyio.CapacityLimiter(max_threads)
+        self._limiter = anyio.CapacityLimiter(max_threads)  # engine calls in flight
+        self._threads = anyio.CapacityLimiter(max_threads)  # their threads (never the one waited on)
         self.stream_limiter = anyio.CapacityLimiter(256)  # long-running output readers
         self._image_ids: dict[str, tuple[float, str]] = {}
         self.agents = ResidentAgents(self)
@@ -128,7 +129,19 @@ class DockerBackend:
             with mapped(action):
                 return fn(*args, **kwargs)
 
-        return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+        # A hung engine holds every thread for the client's timeout: a call waits for one no
+        # longer than that either, so it fails in a bounded time however many are queued.
+        with anyio.move_on_after(self._timeout_s) as waiting:
+            await self._limiter.acquire()
+        if waiting.cancelled_caught:
+            raise SandboxUnavailable(
+                f"{action}: the Docker engine is not answering (all {self._limiter.total_tokens:g} engine "
+                f"threads have waited on it for up to {self._timeout_s:g} s)"
+            )
+        try:
+            return await anyio.to_thread.run_sync(run, limiter=self._threads)
+        finally:
+            self._limiter.release()
 
     async def ping(self) -> dict[str, Any]:
         """Engine version info, or SandboxUnavailable."""
