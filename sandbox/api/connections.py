@@ -4,11 +4,11 @@ that have not yet presented a valid token) below the process's file-descriptor l
 
 uvicorn has neither a request-head timeout nor a per-address bound (its keep-alive timer runs
 only between requests, and `limit_concurrency` answers 503 to everyone alike), so the service
-runs uvicorn with its own HTTP protocol class: uvicorn's httptools protocol plus a guard. When a
-bound is reached the oldest idle connection that never authenticated is closed to make room
-(an idle one: no request of it is being served); only when there is none is the new connection
-refused. A stranger's connections therefore cannot keep a tenant out: the tenant's new connection
-pushes out the stranger's oldest, and once it has authenticated it is no longer a candidate.
+runs uvicorn with its own HTTP protocol class: uvicorn's httptools protocol plus a guard (see
+ConnectionGuard for which connection goes first when a bound is reached). A stranger's idle
+connections therefore cannot keep a tenant out: the tenant's new connection pushes out the
+stranger's oldest, and once it has authenticated it is no longer a candidate while a stranger's
+idle connection is left.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sandbox.config.models import ServiceSection
 
 FD_RESERVE = 256  # descriptors kept for everything else (the journal, the engine's sockets, exec streams); at most half
 MAX_HEAD_BYTES = 64 * 1024  # a request line and headers larger than this are refused
+STALL_S = 1.0  # an unauthenticated connection idle this long is the first to go (at most head_timeout/2)
 
 
 @dataclass(frozen=True)
@@ -62,17 +63,26 @@ def limits_of(service: ServiceSection, nofile: int | None = None) -> EdgeLimits:
 class Conn:
     """One open connection as the guard sees it."""
 
-    __slots__ = ("address", "authenticated", "close", "idle")
+    __slots__ = ("address", "authenticated", "close", "idle_for")
 
-    def __init__(self, address: str, idle: Callable[[], bool], close: Callable[[], None]) -> None:
+    def __init__(self, address: str, idle_for: Callable[[], float], close: Callable[[], None]) -> None:
         self.address = address
         self.authenticated = False  # set by the app (bodies.mark_authenticated) once a token checked
-        self.idle = idle
+        self.idle_for = idle_for  # seconds without a request being served (-1: one is being served)
         self.close = close
 
 
 class ConnectionGuard:
-    """The open connections of one server, oldest first, and the bounds they are held to."""
+    """The open connections of one server, oldest first, and the bounds they are held to.
+
+    The unauthenticated bounds are soft: past one, the oldest *stalled* stranger (idle for
+    STALL_S: no complete head yet, or nothing asked since its last answer) of the address (or of
+    all) is closed, and when there is none the new connection is let in all the same (a burst of
+    honest new connections from one address, each about to send its request, must not push each
+    other out). The per-address and total bounds are hard: past one, the oldest idle stranger,
+    however young, is closed, else a tenant's idle keep-alive connection, else the new one is
+    refused.
+    """
 
     def __init__(self, limits: EdgeLimits) -> None:
         self.limits = limits
@@ -83,29 +93,29 @@ class ConnectionGuard:
     def admit(self, new: Conn) -> bool:
         """Make room for `new` (closing idle strangers) and count it in; False: refused."""
         lim = self.limits
-        same = sum(1 for c in self._open if c.address == new.address)
+        stall_s = min(STALL_S, lim.head_timeout_s / 2)
         strangers = [c for c in self._open if not c.authenticated]
-        mine = sum(1 for c in strangers if c.address == new.address)
-        here: Callable[[Conn], bool] = lambda c: c.address == new.address  # noqa: E731
-        anywhere: Callable[[Conn], bool] = lambda c: True  # noqa: E731
+        if sum(1 for c in strangers if c.address == new.address) >= lim.unauthenticated_per_address:
+            self._evict(lambda c: c.address == new.address, stall_s, strangers_only=True)
+        if len(strangers) >= lim.unauthenticated:
+            self._evict(lambda c: True, stall_s, strangers_only=True)
+        same = sum(1 for c in self._open if c.address == new.address)
         for full, where in (
-            (mine >= lim.unauthenticated_per_address, here),
-            (len(strangers) >= lim.unauthenticated, anywhere),
-            (same >= lim.per_address, here),
-            (len(self._open) >= lim.max_connections, anywhere),
+            (same >= lim.per_address, lambda c: c.address == new.address),
+            (len(self._open) >= lim.max_connections, lambda c: True),
         ):
-            if full and not self._evict(where):
+            if full and not self._evict(where, 0.0, strangers_only=False):
                 self.refused += 1
                 logger.bind(address=new.address, open=len(self._open)).warning("connection_refused")
                 return False
         self._open[new] = None
         return True
 
-    def _evict(self, where: Callable[[Conn], bool]) -> bool:
+    def _evict(self, where: Callable[[Conn], bool], idle_s: float, *, strangers_only: bool) -> bool:
         # strangers first; a tenant's idle keep-alive connection only when there is no stranger
-        for authenticated in (False, True):
+        for authenticated in (False,) if strangers_only else (False, True):
             for c in self._open:
-                if c.authenticated == authenticated and where(c) and c.idle():
+                if c.authenticated == authenticated and where(c) and c.idle_for() >= idle_s:
                     self.forget(c)
                     c.close()
                     self.evicted += 1
@@ -130,11 +140,13 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
         _awaiting_head = True
         _draining = False  # answered before its body was read: the rest is discarded, for a while
         _head_bytes = 0
+        _idle_since = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else ""
-            self._conn = Conn(address, self._idle, transport.close)
+            self._idle_since = self.loop.time()
+            self._conn = Conn(address, self._idle_for, transport.close)
             if not guard.admit(self._conn):
                 self._conn = None
                 transport.close()
@@ -149,6 +161,9 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
 
         def _idle(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
+
+        def _idle_for(self) -> float:
+            return self.loop.time() - self._idle_since if self._idle() else -1.0
 
         def _arm(self) -> None:
             self._disarm()
@@ -196,6 +211,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
 
         def on_response_complete(self) -> None:
             message_done = self.cycle is None or not self.cycle.more_body
+            self._idle_since = self.loop.time()
             super().on_response_complete()
             if self.transport.is_closing():
                 return
