@@ -26,10 +26,10 @@ from sandbox.journal.approvals import Approval, ApprovalsMixin
 from sandbox.journal.files import private_files
 from sandbox.journal.notes import NotesMixin
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
-from sandbox.journal.queries import Event, EventPage, event_of
-from sandbox.journal.queries import page as _page
+from sandbox.journal.queries import Event, EventPage
+from sandbox.journal.reads import ReadsMixin, damaged, damaged_message
 from sandbox.journal.redact import redact
-from sandbox.journal.retention import PruneReport, Retention, file_bytes, prune
+from sandbox.journal.retention import PruneReport, Retention, prune
 from sandbox.journal.schema import (
     DELETE_OPEN,
     INSERT_EVENT,
@@ -45,22 +45,6 @@ __all__ = ["Approval", "Event", "EventPage", "Journal"]
 
 T = TypeVar("T")
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
-SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
-
-
-def damaged_message(path: Path, exc: BaseException, doing: str = "opened") -> str:
-    """What to say about a journal that cannot be opened or read: the file, the cause, the fixes."""
-    return (
-        f"the journal at {path} cannot be {doing} ({exc}). If it is damaged, stop the service, move "
-        f"{path.name} (and its -wal and -shm files) aside and start again: a new, empty journal is made "
-        "(open calls and pending approvals it held are lost); `sandbox doctor` checks a journal in full"
-    )
-
-
-def damaged(exc: BaseException) -> bool:
-    """Whether SQLite says the file is not a database or is malformed (not a passing lock or I/O error)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(code, int) and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
 
 
 def check_journal(path: Path) -> None:
@@ -76,7 +60,7 @@ def check_journal(path: Path) -> None:
         journal.close()
 
 
-class Journal(ApprovalsMixin, NotesMixin):
+class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
     """SQLite journal in the state dir (WAL mode; one connection, serialized).
 
     Args:
@@ -269,111 +253,6 @@ class Journal(ApprovalsMixin, NotesMixin):
         self._pending.pop(call_id, None)
         self._writer.failure(call_id)
 
-    def events(
-        self,
-        *,
-        trace_id: str | None = None,
-        session: str | None = None,
-        call_id: str | None = None,
-        after_id: int = 0,
-        limit: int = 10_000,
-        newest: bool = False,
-    ) -> list[Event]:
-        """Events in order, filtered: the first `limit`, or with `newest` the last `limit`."""
-        where, args = ["id > ?"], [after_id]
-        for column, value in (("trace_id", trace_id), ("session", session), ("call_id", call_id)):
-            if value:
-                where.append(f"{column} = ?")
-                args.append(value)  # type: ignore[arg-type]
-        order = "DESC" if newest else "ASC"
-        rows = self._read(
-            f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?",  # noqa: S608 - fixed words
-            (*args, limit),
-        )
-        found = [event_of(row) for row in rows]
-        return list(reversed(found)) if newest else found
-
-    def page(
-        self,
-        *,
-        tenant: str | None,
-        session: str | None = None,
-        trace_id: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> EventPage:
-        """One page of events, newest first, reading only what it returns (O(limit) at any size).
-
-        Args:
-            tenant: only this tenant's events (inside the query: a busy neighbour never crowds
-                a tenant's page); None for every tenant (the operator's view).
-            session: only this session key.
-            trace_id: only this trace.
-            since: only events at or after this Unix time.
-            until: only events at or before this Unix time.
-            cursor: the `next_cursor` of the previous page; None for the newest page.
-            limit: events per page, 1 to 10,000.
-
-        Returns:
-            the events and the cursor of the next (older) page, None when there is none.
-
-        Raises:
-            UsageError: a bad limit or cursor.
-            SandboxError: INTERNAL when the journal cannot be read.
-        """
-        return _page(
-            self._read,
-            tenant=tenant,
-            session=session,
-            trace_id=trace_id,
-            since=since,
-            until=until,
-            cursor=cursor,
-            limit=limit,
-        )
-
-    def last_event_id(self) -> int:
-        """The id of the newest event (0 for none): where a follower starts."""
-        rows = self._read("SELECT COALESCE(MAX(id), 0) FROM events", ())
-        return int(rows[0][0])
-
-    def ping(self) -> None:
-        """One trivial read of the file (for readiness probes: no integrity check, no count).
-
-        Raises:
-            SandboxError: naming the file: INTERNAL (with the fix) when SQLite finds it damaged,
-                SERVICE_UNAVAILABLE when it cannot be read now (locked, an I/O error).
-        """
-        try:
-            with self._read_lock:
-                self._reader.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1").fetchall()
-        except sqlite3.Error as exc:
-            if damaged(exc):
-                raise SandboxError(ErrorCode.INTERNAL, damaged_message(self.path, exc, "read")) from exc
-            raise SandboxError(
-                ErrorCode.SERVICE_UNAVAILABLE,
-                f"the journal at {self.path} cannot be read ({exc}); `sandbox doctor` checks it",
-            ) from exc
-
-    def sessions(self, tenant: str, agent: str) -> list[tuple[str, float, int]]:
-        """(session, last activity, calls) of every session of `agent` in `tenant` the journal saw."""
-        rows = self._read(
-            "SELECT session, MAX(ts), COUNT(DISTINCT call_id) FROM events WHERE tenant = ? AND agent = ? "
-            "GROUP BY session ORDER BY MAX(ts) DESC LIMIT 10000",
-            (tenant, agent),
-        )
-        return [(str(r[0]), float(r[1]), int(r[2])) for r in rows]
-
-    def unfinished_calls(self) -> list[Event]:
-        """The last event of every call whose last stage is not terminal."""
-        rows = self._read(
-            "SELECT * FROM events WHERE id IN (SELECT MAX(id) FROM events GROUP BY call_id) ORDER BY id", ()
-        )
-        events = [event_of(row) for row in rows]
-        return [e for e in events if e.stage not in TERMINAL]
-
     def _read(self, sql: str, args: tuple[Any, ...], *, flush: bool = True) -> list[tuple[Any, ...]]:
         try:
             if flush and not self._writer.idle():
@@ -417,45 +296,6 @@ class Journal(ApprovalsMixin, NotesMixin):
             SandboxError: INTERNAL when the journal cannot be written.
         """
         return prune(self._locked, self.path, retention, now=time.time() if now is None else now, vacuum=vacuum)
-
-    def health(self) -> dict[str, Any]:
-        """Size, mode and pending approvals, cheaply (no integrity check, no count of events)."""
-        self.ping()
-        rows = self._read(
-            "SELECT (SELECT COUNT(*) FROM approvals WHERE status = 'pending'), "
-            "(SELECT COALESCE(MAX(id), 0) FROM events), (SELECT MIN(ts) FROM events)",
-            (),
-            flush=False,
-        )
-        pending, last_id, oldest = rows[0]
-        with self._read_lock:
-            mode = self._reader.execute("PRAGMA journal_mode").fetchone()[0]
-        return {
-            "path": str(self.path),
-            "journal_mode": mode,
-            "last_event_id": int(last_id),
-            "oldest_event": oldest,
-            "pending_approvals": int(pending),
-            "bytes": file_bytes(self.path),
-        }
-
-    def auto_vacuum(self) -> str:
-        """How freed pages go back to the file system: incremental (in steps), none (only one VACUUM), full."""
-        rows = self._read("PRAGMA auto_vacuum", (), flush=False)
-        return ("none", "full", "incremental")[int(rows[0][0])]
-
-    def integrity_check(self, max_errors: int = 20) -> list[str]:
-        """SQLite's full integrity check: every page read (seconds at a million events; for `doctor`).
-
-        Returns:
-            the problems found; empty when the file is sound.
-
-        Raises:
-            SandboxError: INTERNAL when the file cannot be read at all.
-        """
-        rows = self._read(f"PRAGMA integrity_check({int(max_errors)})", (), flush=False)
-        found = [str(r[0]) for r in rows]
-        return [] if found == ["ok"] else found
 
 
 # queued writes of journals still open when the process exits (no close()) are written then
