@@ -148,7 +148,14 @@ def add_read_routes(
             raise HTTPException(409, exc.message) from exc
         return decided.__dict__
 
-    @app.get("/v1/logs")
+    next_cursor_doc = {
+        NEXT_CURSOR: {
+            "description": "the cursor of the next (older) page; absent on the last page",
+            "schema": {"type": "string"},
+        }
+    }
+
+    @app.get("/v1/logs", responses={200: {"description": "events, newest first", "headers": next_cursor_doc}})
     async def logs(
         request: Request,
         response: Response,
