@@ -124,6 +124,8 @@ try:
         print("answer:", ask([b"api.test:8443", b"allowed.test:8443"], b"/host-dup"))
     elif mode == "other":
         print("answer:", ask([b"allowed.test:8443"], b"/host-other"))
+    elif mode == "absolute":  # a plain-HTTP URL for another host, sent inside the tunnel
+        print("answer:", ask([b"allowed.test:8000"], b"http://allowed.test:8000/host-abs"))
     else:
         print("first:", ask([b"api.test:8443"], b"/keep"))
         print("answer:", ask([b"allowed.test:8443"], b"/host-second"))
@@ -135,13 +137,13 @@ except OSError as exc:
 async def test_the_host_inside_the_decrypted_tunnel_is_the_tunnels(
     make_config: Any, lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A second Host header, another Host, and another Host after the upstream connection closed
-    (the lab server closes after each answer): refused, and the server never sees them."""
+    """A second Host header, another Host, another Host after the upstream connection closed, and
+    an absolute http:// URL for another host: refused, and the server never sees them."""
     async with Orchestrator(_config(make_config, lab, tmp_path, monkeypatch)) as orch:
         session = orch.session(agent="main", key="s-host")
         script = HOST_CLIENT.replace("'", "'\\''")
         answers = {}
-        for mode in ("dup", "other", "second"):
+        for mode in ("dup", "other", "second", "absolute"):
             answers[mode] = await _sh(session, f"python3 -c '{script}' {mode}")
         await session.close()
     for mode, out in answers.items():
@@ -151,5 +153,5 @@ async def test_the_host_inside_the_decrypted_tunnel_is_the_tunnels(
     assert "first: HTTP/1.1 200 OK | kept" in answers["second"], answers["second"]
     heard = lab.web.logs().decode()
     assert "HTTP /keep api.test:8443" in heard  # the tunnel works
-    for path in ("/host-dup", "/host-other", "/host-second"):
+    for path in ("/host-dup", "/host-other", "/host-second", "/host-abs"):
         assert path not in heard, (path, heard[-2000:])

@@ -138,7 +138,8 @@ class Egress:
             return
         # in a decrypted tunnel (its host carries a secret) the target is the CONNECT host: the
         # request's own host is the pinned address, and its Host header must name that host
-        tunnel_host = self.tunnels.get(flow.client_conn.id) if request.scheme == "https" else None
+        # whatever its scheme: an absolute http:// URL sent inside the tunnel is still in it
+        tunnel_host = self.tunnels.get(flow.client_conn.id)
         target = tunnel_host or normal_host(request.host)
         flow.metadata["egress_host"] = target
         reason = _host_header_refusal(request, target) or host_refusal(target, request.port)
@@ -205,6 +206,8 @@ class Egress:
         self.connecting.discard(data.client.id)
         if reason is not None:
             data.server.error = f"egress refused: {reason}"
+            if tunnel:
+                self.tunnels.pop(data.client.id, None)  # no tunnel was opened
             if tunnel:  # a plain request's line is written by its `error` hook
                 emit(
                     method="CONNECT",
