@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import builtins
-import gc
 import hashlib
 import json
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -24,6 +22,7 @@ from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
 from sandbox.runtime import egress, egress_secrets, procfs
 from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.docker_client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
@@ -38,12 +37,15 @@ from sandbox.runtime.spec import SandboxSpec
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
 SETUP_TIMEOUT_S = 300.0
-# how long one control call (inspect, create, start, remove...) may wait for the engine's answer:
-# an engine that accepts connections but never answers fails a call with SANDBOX_UNAVAILABLE
-# after this (docker-py's default is 60 s); exec output streams are long by design and exempt
-CONTROL_TIMEOUT_S = 15.0
 
-__all__ = ["CREATING_MARK", "CREATOR_LABEL", "DockerBackend", "DockerSandbox", "info_from_container"]
+__all__ = [
+    "CONTROL_TIMEOUT_S",
+    "CREATING_MARK",
+    "CREATOR_LABEL",
+    "DockerBackend",
+    "DockerSandbox",
+    "info_from_container",
+]
 
 
 def _key_hashes(hashed: Mapping[str, Any]) -> dict[str, str]:
@@ -74,15 +76,6 @@ def info_from_container(attrs: Mapping[str, Any]) -> SandboxInfo:
     )
 
 
-def _collect_half_made_client() -> None:
-    # docker.from_env() asks the engine for its API version while it is built; when that fails
-    # the SDK drops its half-made client with the socket it opened still open. Collect it now,
-    # quietly, rather than let the garbage collector warn later in some unrelated place.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
-
-
 class DockerBackend:
     """Sandboxes as Docker containers.
 
@@ -111,15 +104,7 @@ class DockerBackend:
     def client(self) -> Any:
         """The docker SDK client (created lazily)."""
         if self._client is None:
-            failure: SandboxError | None = None
-            try:
-                with mapped("connect"):
-                    self._client = docker.from_env(timeout=self._timeout_s)
-            except SandboxError as exc:
-                failure = SandboxUnavailable(exc.message, **exc.details)
-            if failure is not None:  # outside `except`: nothing holds the half-made client now
-                _collect_half_made_client()
-                raise failure
+            self._client = connect(self._timeout_s)
         return self._client
 
     async def call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
