@@ -237,8 +237,8 @@ def unavailable_when_full(exc: BaseException) -> SandboxError:
     if isinstance(exc, SandboxError) and exc.code != ErrorCode.INTERNAL:
         return exc
     if out_of_space(exc):
-        said = exc.message if isinstance(exc, SandboxError) else f"{exc.__class__.__name__}: {exc}"
-        return SandboxError(ErrorCode.SERVICE_UNAVAILABLE, f"{said}; {FULL_DISK_HINT}")
+        # a fixed text: the original names state-dir files, and no result hands a tenant a host path
+        return SandboxError(ErrorCode.SERVICE_UNAVAILABLE, f"the service could not record the call: {FULL_DISK_HINT}")
     if isinstance(exc, SandboxError):
         return exc
     return SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})")

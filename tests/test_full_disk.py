@@ -109,6 +109,7 @@ def test_a_full_disk_makes_calls_retryable_and_corrupts_nothing(tmp_path: Path, 
         assert not result.ok and result.error is not None, result
         assert result.error.code == "SERVICE_UNAVAILABLE" and result.error.retryable, result.error
         assert "disk is full" in result.error.message
+        assert str(small_disk) not in result.error.message  # no host path reaches a tenant
     assert [r.ok for r in freed] == [True, False, True]
     assert freed[1].error is not None and freed[1].error.code == "FILE_NOT_FOUND"
     stages = intact_journal(small_disk)

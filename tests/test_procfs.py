@@ -35,8 +35,13 @@ def test_the_top_mount_wins_and_a_table_without_proc_has_none() -> None:
     assert options_of_proc("garbage\n\n1 2 3\n") is None
 
 
-def test_a_process_outside_the_container_is_not_touched() -> None:
+def _never(path: str) -> None:
+    raise AssertionError(f"reconfigured {path}")
+
+
+def test_a_process_outside_the_container_is_not_touched(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pid that is not in the named container's cgroup (or pid 1, or none) is never reconfigured."""
+    monkeypatch.setattr(procfs, "_reconfigure", _never)
     mine = apply(os.getpid(), "f" * 64)
     assert not mine.applied and "cannot see" in mine.reason
     assert "cannot see" in apply(0, "f" * 64).reason
@@ -75,3 +80,12 @@ def test_doctor_names_agents_whose_runtime_cannot_hide(tmp_path: Path) -> None:
     assert procfs.shared_runtimes(config) == {"", "runsc"}
     status, name, detail, fix = procfs.probe(None, "unused", {"", "runsc"})
     assert (status, name) == ("warn", "process hiding") and "runsc" in detail and "scope: session" in fix
+
+
+def test_a_pid_sharing_the_orchestrators_procfs_is_never_reconfigured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime whose State.Pid is a host process (a VM shim in the container's cgroup) would
+    point at the host's own /proc: it is reported as a gap, and the host's procfs is untouched."""
+    monkeypatch.setattr(procfs, "in_container", lambda pid, cid: True)
+    monkeypatch.setattr(procfs, "_reconfigure", _never)
+    found = apply(os.getpid(), "f" * 64)
+    assert not found.applied and "orchestrator's own" in found.reason

@@ -168,7 +168,8 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
         if failed is not None:
             raise SandboxError(
                 ErrorCode.INTERNAL,
-                f"the journal at {self.path} cannot be written ({failed}); the call was not run",
+                # no path: this message reaches tenants (the path is in the writer's log line)
+                f"the journal cannot be written ({failed.__class__.__name__}); the call was not run",
             ) from failed
 
     async def settle(self, call_id: str) -> None:

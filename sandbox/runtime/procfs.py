@@ -109,6 +109,10 @@ def apply(pid: int, container_id: str) -> Hiding:
         return Hiding(False, "the container's /proc is not a host kernel procfs (gVisor has no hidepid)")
     if is_hidden(before):
         return Hiding(True)
+    if not _own_procfs(pid):
+        # a runtime whose State.Pid lives in the host's mount namespace (a VM shim): its /proc is
+        # the host's, and hidepid there would hide the host's processes from its own users
+        return Hiding(False, "the container's /proc is the orchestrator's own (a VM runtime's shim pid)")
     try:
         _reconfigure(f"/proc/{pid}/root/proc")
     except OSError as exc:
@@ -119,6 +123,16 @@ def apply(pid: int, container_id: str) -> Hiding:
     if after is None or not is_hidden(after):
         raise SandboxUnavailable(f"hidepid did not take on the container's /proc (its options: {after})")
     return Hiding(True)
+
+
+def _own_procfs(pid: int) -> bool:
+    """Whether `pid` has a mount namespace and a procfs of its own, not this process's."""
+    try:
+        other_ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino
+        other_proc = os.stat(f"/proc/{pid}/root/proc").st_dev != os.stat("/proc").st_dev
+    except OSError:
+        return False
+    return other_ns and other_proc
 
 
 @cache
