@@ -131,6 +131,10 @@ def test_mcp_without_an_agent_lands_on_its_tenants_default(tmp_path: Path) -> No
             names, result = anyio.run(_mcp_names_and_call, url, headers)
             assert "write" in names and not result.is_error, result
             assert (tmp_path / agent / "via-mcp.txt").read_text() == "mcp"
+        # a tenant with several agents and no default: an MCP error carrying REST's words
+        with pytest.raises(BaseException) as refused:
+            anyio.run(_mcp_names_and_call, url, {"Authorization": f"Bearer {TOKEN_C}", "X-Sandbox-Session": "m1"})
+        assert "tenant 'initech' has 2 agents (one, two)" in repr(refused.value)
     assert not (tmp_path / "omega" / "via-mcp.txt").exists() and not (tmp_path / "gamma" / "via-mcp.txt").exists()
 
 

@@ -20,6 +20,7 @@ from sandbox.api.quotas import Admission
 from sandbox.api.serving import StopWatch
 from sandbox.api.tenants import Caller, Tenants
 from sandbox.engine.orchestrator import Orchestrator, Session
+from sandbox.errors import SandboxError
 from sandbox.tools.formats import render
 
 
@@ -101,6 +102,8 @@ def http_server(
             return who, resolve_session(tenants, get_orch(), who, key, agent)
         except HTTPException as exc:
             raise PermissionError(str(exc.detail)) from exc
+        except SandboxError as exc:  # no default agent for this tenant: the same words as REST's 400
+            raise PermissionError(exc.message) from exc
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         del params
