@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sandbox._log import logger
 from sandbox.errors import StateError, storage_error
+from sandbox.fs.safe import fsync_dir
 
 TOKEN_FILE = "tenant-tokens.json"  # noqa: S105 - a file name, not a secret
 LOCK_FILE = ".tenant-tokens.lock"
@@ -111,6 +112,7 @@ def write_tokens(state_dir: Path, tokens: list[dict[str, str]]) -> None:
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
+        fsync_dir(state_dir)
     except OSError as exc:
         raise storage_error(exc, f"the token file {path} cannot be written") from exc
     finally:

@@ -65,6 +65,15 @@ def _map_os_error(exc: OSError, rel: str) -> SandboxError:
     return SandboxError(ErrorCode.INTERNAL, f"{rel}: {os.strerror(exc.errno or 0)}", path=rel)
 
 
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or link in `folder` durable: without it a crash soon after can lose the new name."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_all(fd: int, data: bytes | Path) -> None:
     if isinstance(data, Path):
         with data.open("rb") as source:

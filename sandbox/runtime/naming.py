@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 from sandbox.errors import StateError, storage_error
+from sandbox.fs.safe import fsync_dir
 
 LABEL_PREFIX = "io.agent-sandbox"
 SCHEMA_VERSION = "1"
@@ -173,6 +174,7 @@ def _make_instance(path: Path) -> str:
             os.fsync(f.fileno())
         try:
             os.link(tmp, path)
+            fsync_dir(path.parent)  # containers will carry this id: it must outlive a crash
         except FileExistsError:
             pass  # another process made it first: its id is the one
         except OSError as exc:
