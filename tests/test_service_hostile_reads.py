@@ -250,7 +250,10 @@ def test_readyz_answers_503_within_its_bound_when_the_engine_never_answers(
                 probe.join(15)
                 took = time.monotonic() - started
                 again = httpx.get(f"{url}/readyz", timeout=10)
-        print(f"/readyz against a hung engine: {answers[0].status_code if answers else None} after {took:.2f} s", answers[0].text if answers else "")
+        print(
+            f"/readyz against a hung engine: {answers[0].status_code if answers else None} after {took:.2f} s",
+            answers[0].text if answers else "",
+        )
         assert answers and answers[0].status_code == 503, answers
         body = answers[0].json()
         assert body["checks"]["journal"] == "ok" and body["checks"]["engine"].startswith("failed: ")
