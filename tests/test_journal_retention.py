@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -156,3 +157,104 @@ def test_retention_keys_parse_and_a_bad_value_names_its_key() -> None:
     for bad, key in (("max_age: 30x", "journal.retention.max_age"), ("max_bytes: lots", "journal.retention.max_bytes")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config_text(f"journal: {{retention: {{{bad}}}}}", source="<t>", base_dir=Path("/"))
+
+
+def put_old(path: Path, n: int, *, days: float = 2.0, data: str = "{}") -> None:
+    """`n` finished events `days` old, written straight into the file (append stamps them now)."""
+    db = sqlite3.connect(path)
+    ts = time.time() - days * DAY
+    db.executemany(
+        "INSERT INTO events(ts, trace_id, call_id, session, tenant, agent, tool, stage, data) "
+        "VALUES (?, 't', ?, 'agent:a:s', 'acme', 'a', 'exec', 'finished', ?)",
+        [(ts + i * 0.001, f"old-{i}", data) for i in range(n)],
+    )
+    db.commit()
+    db.close()
+
+
+def remaining(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_prune_stops_at_the_batch_after_its_flag_is_set(tmp_path: Path) -> None:
+    """3,500 events past the age, batches of 1,000: the flag set while the first batch runs ends the prune there."""
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    put_old(path, 3500)
+    stop = threading.Event()
+
+    def set_flag_in_first_batch(sql: str) -> None:  # traced on the write connection, in the prune's thread
+        if sql.startswith("DELETE FROM events"):
+            stop.set()
+
+    journal._db.set_trace_callback(set_flag_in_first_batch)
+    report = journal.prune(Retention(DAY, None), stop=stop)
+    journal._db.set_trace_callback(None)
+    assert report.stopped and report.events_deleted == 1000
+    assert remaining(path) == 2500
+    journal.close()
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_service_task_ends_a_running_prune_within_one_batch(tmp_path: Path) -> None:
+    """The service stopping (its task cancelled) while a prune runs in its thread: the task returns at once and
+    the prune ends after the batch in flight (before, shutdown waited for the whole prune)."""
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    put_old(path, 3500)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold_the_first_batch(sql: str) -> None:  # runs in the prune's thread, holding the write lock
+        if sql.startswith("DELETE FROM events") and not inside.is_set():
+            inside.set()
+            release.wait(30)  # the test releases it once the task ended; the old code only gets past here
+
+    journal._db.set_trace_callback(hold_the_first_batch)
+    config = RetentionConfig(max_age="1d", max_bytes="0", check_every_s=3600)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keep_journal_bounded, journal, config)
+        await anyio.to_thread.run_sync(inside.wait)
+        tg.cancel_scope.cancel()
+    ended_first = not release.is_set()  # the task ended while its prune was still inside batch one
+    release.set()
+    journal.close()  # waits for the batch in flight (the write lock), never for the rest
+    assert ended_first
+    assert remaining(path) == 2500  # one batch of 1,000 deleted, the prune stopped there
+
+
+def test_the_write_lock_is_held_only_for_writes(tmp_path: Path) -> None:
+    """A prune by age and size: on the write connection only deletes and vacuum steps run; the count of events,
+    the sizes and the checkpoint use the prune's own connection (the writer never waits for them)."""
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    put_old(path, 1200, data='{"output": "' + "x" * 1500 + '"}')
+    put(journal, "e", 1200, data=BIG)
+    on_writer: list[str] = []
+    journal._db.set_trace_callback(on_writer.append)
+    report = journal.prune(Retention(DAY, 512 * 1024))
+    journal._db.set_trace_callback(None)
+    assert report.events_deleted > 1200 and not report.stopped
+    assert on_writer, "the prune wrote nothing"
+    others = [s for s in on_writer if not s.startswith(("DELETE FROM ", "PRAGMA incremental_vacuum"))]
+    assert others == []
+    assert file_bytes(path) <= 512 * 1024  # the checkpoint, from the other connection, still emptied the log
+    journal.close()
+
+
+def test_a_decided_approval_of_a_call_still_open_is_kept(tmp_path: Path) -> None:
+    """An approved call that is still running keeps its approval past the age bound; a finished call's goes."""
+    journal = Journal(tmp_path / "journal.sqlite3")
+    put(journal, "running", 1, stage="running")
+    put(journal, "done", 1)
+    for approval_id, call_id in (("ap-running", "running-0"), ("ap-done", "done-0")):
+        old = Approval(approval_id, call_id, "t", "agent:a:s", "a", "exec", {}, "pending", "", time.time(), None)
+        journal.add_approval(old)
+        journal.decide(approval_id, "approved")
+    report = journal.prune(Retention(DAY, None), now=time.time() + 2 * DAY)
+    assert report.approvals_deleted == 1
+    assert [a.id for a in journal.approvals(None)] == ["ap-running"]
+    journal.close()

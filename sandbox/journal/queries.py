@@ -102,14 +102,15 @@ def page(
     check_limit(limit)
     where: list[str] = []
     args: list[Any] = []
-    # the most selective filter given walks its index (in row-id order); `+column` keeps SQLite
-    # from walking a wider one instead (a tenant's whole history for one session's page)
-    walked = next(
-        (c for c, v in (("trace_id", trace_id), ("session", session), ("tenant", tenant)) if v is not None), ""
-    )
+    # the most selective filters given walk their index (in row-id order); `+column` keeps SQLite
+    # from walking a wider one instead (a tenant's whole history for one session's page). With a
+    # tenant, a session or trace walks (tenant, session|trace_id): never a neighbour's rows of a
+    # same-named session (`main` is every tenant's)
+    narrowest = next((c for c, v in (("trace_id", trace_id), ("session", session)) if v is not None), None)
+    walked = {"tenant", narrowest}
     for column, value in (("tenant", tenant), ("session", session), ("trace_id", trace_id)):
         if value is not None:
-            where.append(f"{'' if column == walked else '+'}{column} = ?")
+            where.append(f"{'' if column in walked else '+'}{column} = ?")
             args.append(value)
     bounds = _id_bounds(read, since, until)
     if bounds is None:

@@ -43,6 +43,8 @@ class ReadsMixin:
         path: Path
         _reader: sqlite3.Connection
         _read_lock: threading.Lock
+        _pinger: sqlite3.Connection
+        _ping_lock: threading.Lock
 
         def _read(self, sql: str, args: tuple[Any, ...], *, flush: bool = True) -> list[tuple[Any, ...]]: ...
 
@@ -124,8 +126,9 @@ class ReadsMixin:
                 SERVICE_UNAVAILABLE when it cannot be read now (locked, an I/O error).
         """
         try:
-            with self._read_lock:
-                self._reader.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1").fetchall()
+            # its own connection and lock: a probe never waits behind a page (or a prune's read)
+            with self._ping_lock:
+                self._pinger.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1").fetchall()
         except sqlite3.Error as exc:
             if damaged(exc):
                 raise SandboxError(ErrorCode.INTERNAL, damaged_message(self.path, exc, "read")) from exc

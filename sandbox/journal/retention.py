@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Event
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from sandbox._log import logger
@@ -60,9 +61,10 @@ DELETE_OLDEST = (
     "AND call_id NOT IN (SELECT call_id FROM approvals WHERE status = 'pending') "
     "ORDER BY ts LIMIT ?)"
 )
+# a decided approval of a call still open stays: its call is running (or recovery settles it)
 DELETE_DECIDED = (
-    "DELETE FROM approvals WHERE rowid IN "
-    "(SELECT rowid FROM approvals WHERE status != 'pending' AND created < ? LIMIT ?)"
+    "DELETE FROM approvals WHERE rowid IN (SELECT rowid FROM approvals WHERE status != 'pending' "
+    "AND created < ? AND call_id NOT IN (SELECT call_id FROM open_calls) LIMIT ?)"
 )
 DELETE_LOOP_ROWS = "DELETE FROM loop_calls WHERE id IN (SELECT id FROM loop_calls WHERE ts < ? ORDER BY id LIMIT ?)"
 
@@ -94,6 +96,7 @@ class PruneReport:
     vacuumed: bool  # a full VACUUM ran (it converted the journal to incremental)
     kept_open: int  # open calls whose events were kept whatever their age
     seconds: float
+    stopped: bool = False  # the stop flag ended it midway (the service shutting down)
 
 
 def parse_age(text: str) -> float | None:
@@ -123,35 +126,55 @@ def file_bytes(path: Path) -> int:
     return total
 
 
-def prune(run: Run, path: Path, retention: Retention, *, now: float, vacuum: bool) -> PruneReport:
-    """Apply `retention` to the journal at `path` through `run` (see the module's docstring)."""
+class PruneStopped(Exception):  # a signal caught by prune(), not an error anyone sees
+    """Raised between two steps of a prune once its stop flag is set (or the journal closed)."""
+
+
+def prune(
+    run: Run, look: Run, path: Path, retention: Retention, *, now: float, vacuum: bool, stop: Event | None = None
+) -> PruneReport:
+    """Apply `retention` to the journal at `path` (see the module's docstring).
+
+    Args:
+        run: runs a write step under the journal's write lock (deletes, vacuum steps).
+        look: runs a step on a connection of the prune's own (counts, sizes, the checkpoint):
+            neither holds the write lock nor waits for the journal's readers.
+        stop: once set, the prune ends before its next step (at most one batch later) and
+            reports `stopped`.
+    """
     started = time.monotonic()
     before = file_bytes(path)
-    events = 0
-    if retention.max_age_s is not None:
-        events += _delete_batches(run, DELETE_OLDEST, now - retention.max_age_s)
-    if retention.max_bytes is not None:
-        events += _delete_to_size(run, int(retention.max_bytes * LOW_WATER))
-    horizon = _horizon(run, now, retention)
-    approvals = _delete_batches(run, DELETE_DECIDED, horizon)
-    loop_rows = _delete_batches(run, DELETE_LOOP_ROWS, horizon)
-    mode = ("none", "full", "incremental")[run(lambda db: int(db.execute("PRAGMA auto_vacuum").fetchone()[0]))]
-    vacuumed = False
-    if vacuum and mode != "incremental":
-        run(_vacuum_into_incremental)
-        mode, vacuumed = "incremental", True
-    elif mode == "incremental":
-        while _paced(run, _vacuum_step):
-            pass
-    # after a VACUUM the whole file is in the log: worth holding writers off longer to empty it
-    wait_ms = VACUUM_CHECKPOINT_WAIT_MS if vacuumed else CHECKPOINT_WAIT_MS
-    for _ in range(5):  # a busy log (a reader mid-snapshot) is tried again shortly
-        if not _paced(run, functools.partial(_truncate_wal, wait_ms)):
-            break
-    kept = run(lambda db: int(db.execute("SELECT COUNT(*) FROM open_calls").fetchone()[0]))
+    job = _Prune(run, look, stop)
+    mode, vacuumed, stopped, kept = "none", False, False, 0
+    try:
+        if retention.max_age_s is not None:
+            job.delete_batches(DELETE_OLDEST, now - retention.max_age_s, "events")
+        if retention.max_bytes is not None:
+            job.delete_to_size(int(retention.max_bytes * LOW_WATER))
+        horizon = job.horizon(now, retention)
+        job.delete_batches(DELETE_DECIDED, horizon, "approvals")
+        job.delete_batches(DELETE_LOOP_ROWS, horizon, "loop_rows")
+        mode = ("none", "full", "incremental")[look(lambda db: _pragma(db, "auto_vacuum"))]
+        if vacuum and mode != "incremental":
+            run(_vacuum_into_incremental)  # the CLI's, on request: no rest after it
+            mode, vacuumed = "incremental", True
+        elif mode == "incremental":
+            while look(lambda db: _pragma(db, "freelist_count")):
+                job.paced(run, _vacuum_step)
+        # after a VACUUM the whole file is in the log: worth waiting longer for readers to empty it
+        wait_ms = VACUUM_CHECKPOINT_WAIT_MS if vacuumed else CHECKPOINT_WAIT_MS
+        for _ in range(5):  # a busy log (a reader mid-snapshot) is tried again shortly
+            if not job.paced(look, functools.partial(_truncate_wal, wait_ms)):
+                break
+        kept = look(lambda db: int(db.execute("SELECT COUNT(*) FROM open_calls").fetchone()[0]))
+    except PruneStopped:
+        stopped = True
+    done, seconds = job.deleted, time.monotonic() - started
     after = file_bytes(path)
-    report = PruneReport(events, approvals, loop_rows, before, after, mode, vacuumed, kept, time.monotonic() - started)
-    logger.bind(**report.__dict__).info("journal_pruned")
+    report = PruneReport(
+        done["events"], done["approvals"], done["loop_rows"], before, after, mode, vacuumed, kept, seconds, stopped
+    )
+    logger.bind(**report.__dict__).info("journal_prune_stopped" if stopped else "journal_pruned")
     return report
 
 
@@ -159,7 +182,9 @@ async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig)
     """Prune `journal` now and every `check_every_s`, off the event loop, for as long as this runs.
 
     For the service's lifespan (run it in its task group); a prune that fails is logged and
-    tried again next time.
+    tried again next time. Cancelled (the service stopping), it returns at once and sets the
+    running prune's stop flag: its thread ends at most one batch later (:meth:`Journal.close`
+    waits for that batch, never for the whole prune).
     """
     import anyio.to_thread
 
@@ -171,9 +196,14 @@ async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig)
     if retention.max_age_s is None and retention.max_bytes is None:
         return
     warned = False
+    stop = Event()
     while True:
         try:
-            report = await anyio.to_thread.run_sync(journal.prune, retention)
+            # abandoned on cancel (a worker thread cannot be interrupted): the flag then ends
+            # the prune at most one batch later, so a shutdown never waits for a whole prune
+            report = await anyio.to_thread.run_sync(
+                functools.partial(journal.prune, retention, stop=stop), abandon_on_cancel=True
+            )
             if report.auto_vacuum == "none" and retention.max_bytes is not None and not warned:
                 warned = True  # once per start: the fix is one command, run by the operator
                 logger.bind(path=str(journal.path)).warning(
@@ -182,70 +212,83 @@ async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig)
                 )
         except SandboxError as exc:
             logger.bind(reason=exc.message).warning("journal_prune_failed")
+        except BaseException:  # cancelled (the service stopping): the thread stops at its next step
+            stop.set()
+            raise
         await anyio.sleep(retention.every_s)
 
 
-def _paced(run: Run, step: Callable[[sqlite3.Connection], int]) -> int:
-    """One step under the lock, then a rest as long as it took: a prune never starves writers."""
-    started = time.monotonic()
-    done = run(step)
-    time.sleep(max(PAUSE_S, time.monotonic() - started))
-    return done
+class _Prune:
+    """One prune's steps and what they deleted so far (kept when it is stopped midway)."""
+
+    def __init__(self, run: Run, look: Run, stop: Event | None) -> None:
+        self.run, self.look, self.stop = run, look, stop
+        self.deleted = {"events": 0, "approvals": 0, "loop_rows": 0}
+
+    def paced(self, run: Run, step: Callable[[sqlite3.Connection], int]) -> int:
+        """One step, then a rest as long as it took: a prune never starves writers.
+
+        Raises:
+            PruneStopped: the stop flag was set before the step.
+        """
+        if self.stop is not None and self.stop.is_set():
+            raise PruneStopped
+        started = time.monotonic()
+        done = run(step)
+        time.sleep(max(PAUSE_S, time.monotonic() - started))
+        return done
+
+    def delete_batches(self, sql: str, before: float, what: str) -> None:
+        while True:
+            deleted = self.paced(self.run, lambda db: int(db.execute(sql, (before, BATCH_ROWS)).rowcount))
+            self.deleted[what] += deleted
+            if deleted < BATCH_ROWS:
+                return
+
+    def delete_to_size(self, target: int) -> None:
+        """Delete the oldest events until the pages in use fit `target` (or only kept ones are left).
+
+        Each batch is sized from the average row, so a small journal is not emptied by one batch,
+        and the total is capped, so that pages an index frees late never make a prune empty it.
+        """
+        used = self.look(_used_bytes)
+        if used <= target:
+            return
+        # once, on the prune's own connection (~0.1 s at 1M rows): the writer does not wait for it
+        rows = self.look(lambda db: int(db.execute("SELECT COUNT(*) FROM events").fetchone()[0]))
+        cap = math.ceil(rows * (used - target) / used * 1.5) + 1
+        total = 0
+        while used > target and total < cap and rows:
+            batch = min(BATCH_ROWS, max(1, math.ceil((used - target) / (used / rows))))
+            deleted = self.paced(self.run, functools.partial(_delete_oldest, batch))
+            total += deleted
+            self.deleted["events"] += deleted
+            if deleted == 0:
+                break
+            used, rows = self.look(_used_bytes), rows - deleted
+
+    def horizon(self, now: float, retention: Retention) -> float:
+        """Rows of the other tables older than this go: the age bound, or the oldest event kept."""
+        oldest = self.look(lambda db: db.execute("SELECT ts FROM events ORDER BY ts LIMIT 1").fetchone())
+        age = now - retention.max_age_s if retention.max_age_s is not None else -math.inf
+        if retention.max_bytes is None or oldest is None:
+            return age
+        return max(age, float(oldest[0]))
 
 
-def _delete_batches(run: Run, sql: str, before: float) -> int:
-    total = 0
-    while True:
-        deleted = _paced(run, lambda db: db.execute(sql, (before, BATCH_ROWS)).rowcount)
-        total += deleted
-        if deleted < BATCH_ROWS:
-            return total
+def _pragma(db: sqlite3.Connection, name: str) -> int:
+    return int(db.execute(f"PRAGMA {name}").fetchone()[0])
 
 
 def _used_bytes(db: sqlite3.Connection) -> int:
-    pages = int(db.execute("PRAGMA page_count").fetchone()[0])
-    free = int(db.execute("PRAGMA freelist_count").fetchone()[0])
-    return (pages - free) * int(db.execute("PRAGMA page_size").fetchone()[0])
-
-
-def _delete_to_size(run: Run, target: int) -> int:
-    """Delete the oldest events until the pages in use fit `target` (or only kept ones are left).
-
-    Each batch is sized from the average row, so a small journal is not emptied by one batch,
-    and the total is capped, so that pages an index frees late never make a prune empty it.
-    """
-    used = run(_used_bytes)
-    if used <= target:
-        return 0
-    rows = run(lambda db: int(db.execute("SELECT COUNT(*) FROM events").fetchone()[0]))  # once: ~0.1 s at 1M
-    cap = math.ceil(rows * (used - target) / used * 1.5) + 1
-    total = 0
-    while used > target and total < cap and rows:
-        batch = min(BATCH_ROWS, max(1, math.ceil((used - target) / (used / rows))))
-        deleted = _paced(run, functools.partial(_delete_oldest, batch))
-        total += deleted
-        if deleted == 0:
-            break
-        used, rows = run(_used_bytes), rows - deleted
-    return total
+    return (_pragma(db, "page_count") - _pragma(db, "freelist_count")) * _pragma(db, "page_size")
 
 
 def _delete_oldest(rows: int, db: sqlite3.Connection) -> int:
-    return db.execute(DELETE_OLDEST, (math.inf, rows)).rowcount
-
-
-def _horizon(run: Run, now: float, retention: Retention) -> float:
-    """Rows of the other tables older than this go: the age bound, or the oldest event kept."""
-    oldest = run(lambda db: db.execute("SELECT ts FROM events ORDER BY ts LIMIT 1").fetchone())
-    age = now - retention.max_age_s if retention.max_age_s is not None else -math.inf
-    if retention.max_bytes is None or oldest is None:
-        return age
-    return max(age, float(oldest[0]))
+    return int(db.execute(DELETE_OLDEST, (math.inf, rows)).rowcount)
 
 
 def _vacuum_step(db: sqlite3.Connection) -> int:
-    if not int(db.execute("PRAGMA freelist_count").fetchone()[0]):
-        return 0
     # executescript steps the pragma to its end; execute() would free one page per call
     db.executescript(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES});")
     return 1
@@ -258,8 +301,9 @@ def _vacuum_into_incremental(db: sqlite3.Connection) -> int:
 
 
 def _truncate_wal(wait_ms: int, db: sqlite3.Connection) -> int:
-    # TRUNCATE holds writers off while it waits for readers: only briefly (busy timeout lowered);
-    # a reader still busy then leaves the log for the next checkpoint (journal_size_limit caps it)
+    # on the prune's own connection, outside the write lock. TRUNCATE holds SQLite's write lock
+    # while it waits for readers: only briefly (busy timeout lowered); a reader still busy then
+    # leaves the log for the next checkpoint (journal_size_limit caps it)
     timeout = int(db.execute("PRAGMA busy_timeout").fetchone()[0])
     db.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
     try:

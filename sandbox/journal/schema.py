@@ -14,8 +14,11 @@ from sandbox.errors import ErrorCode, SandboxError
 # 1: tables of before (no version recorded); 2: the tenant and time indexes that keep a page
 # of `logs` and a retention batch O(limit) however large the journal grows, loop rows' time
 # (retention); journals made from then on use incremental auto-vacuum (set by the store when it
-# creates the file: SQLite takes it only before the first page is written)
-SCHEMA_VERSION = 2
+# creates the file: SQLite takes it only before the first page is written); 3: (tenant, session)
+# and (tenant, trace_id), so a tenant's page of one session or trace walks only that tenant's
+# rows of it, never a neighbour's same-named session (SQLite appends the row id to every index
+# entry, so each is in id order within a tenant's session: `ORDER BY id DESC` needs no sort)
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -36,6 +39,8 @@ CREATE INDEX IF NOT EXISTS events_trace ON events(trace_id);
 CREATE INDEX IF NOT EXISTS events_session ON events(session);
 CREATE INDEX IF NOT EXISTS events_tenant ON events(tenant);
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
+CREATE INDEX IF NOT EXISTS events_tenant_session ON events(tenant, session);
+CREATE INDEX IF NOT EXISTS events_tenant_trace ON events(tenant, trace_id);
 CREATE TABLE IF NOT EXISTS approvals (
     id TEXT PRIMARY KEY,
     call_id TEXT NOT NULL,
@@ -108,8 +113,8 @@ def migrate(db: sqlite3.Connection, where: str) -> None:
     """Bring the journal's tables and indexes up to :data:`SCHEMA_VERSION` (idempotent).
 
     One write transaction, so two processes opening an old journal at once migrate it once.
-    A journal from before version 2 gets its new indexes here: at a million events that takes
-    seconds, during which other processes opening it wait (their busy timeout).
+    A journal from before version 2 (or 3) gets its new indexes here: at a million events that
+    takes seconds, during which other processes opening it wait (their busy timeout).
 
     Raises:
         SandboxError: INTERNAL for a journal written by a newer version of this program.

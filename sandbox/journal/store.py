@@ -29,7 +29,7 @@ from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
 from sandbox.journal.queries import Event, EventPage
 from sandbox.journal.reads import ReadsMixin, damaged, damaged_message
 from sandbox.journal.redact import redact
-from sandbox.journal.retention import PruneReport, Retention, prune
+from sandbox.journal.retention import PruneReport, PruneStopped, Retention, prune
 from sandbox.journal.schema import (
     DELETE_OPEN,
     INSERT_EVENT,
@@ -72,6 +72,8 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
         self.path = path
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
+        self._ping_lock = threading.Lock()  # pings wait only for each other (microseconds)
+        self._busy_timeout_s = busy_timeout_s
         self._pending: dict[str, list[tuple[Any, ...]]] = {}
         self._closed = False
         self._mine: set[str] = set()  # calls this process has open (its lease is renewed meanwhile)
@@ -96,6 +98,11 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
                 str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
             )
             self._reader.execute("PRAGMA query_only=ON")
+            # and the readiness probe its own: it never waits behind a page read (nor a write)
+            self._pinger = sqlite3.connect(
+                str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
+            self._pinger.execute("PRAGMA query_only=ON")
             private_files(path)  # the -wal and -shm files exist now
         except (sqlite3.Error, OSError, SandboxError) as exc:
             if db is not None:
@@ -145,6 +152,8 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
                 self._db.close()
             with self._read_lock:
                 self._reader.close()
+            with self._ping_lock:
+                self._pinger.close()
 
     def flush(self) -> None:
         """Write everything queued, on this thread (a blocking barrier for synchronous callers)."""
@@ -269,34 +278,70 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
             raise SandboxError(ErrorCode.INTERNAL, said) from exc
 
     def _locked(self, step: Callable[[sqlite3.Connection], T]) -> T:
-        """Run one step on the write connection after what is queued (a short transaction)."""
+        """Run one step on the write connection after what is queued (a short transaction).
+
+        Raises:
+            PruneStopped: the journal was closed meanwhile (an abandoned prune's next step).
+        """
         try:
             with self._lock:
+                if self._closed:
+                    raise PruneStopped
                 self._writer.drain_locked()
                 return step(self._db)
         except sqlite3.Error as exc:
-            said = (
-                damaged_message(self.path, exc, "pruned")
-                if damaged(exc)
-                else f"the journal at {self.path} cannot be pruned ({exc})"
-            )
-            raise SandboxError(ErrorCode.INTERNAL, said) from exc
+            raise self._prune_failed(exc) from exc
 
-    def prune(self, retention: Retention, *, vacuum: bool = False, now: float | None = None) -> PruneReport:
+    def _prune_failed(self, exc: sqlite3.Error) -> SandboxError:
+        said = (
+            damaged_message(self.path, exc, "pruned")
+            if damaged(exc)
+            else f"the journal at {self.path} cannot be pruned ({exc})"
+        )
+        return SandboxError(ErrorCode.INTERNAL, said)
+
+    def prune(
+        self,
+        retention: Retention,
+        *,
+        vacuum: bool = False,
+        now: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> PruneReport:
         """Delete what `retention` no longer keeps, in short batches, and give the space back.
 
-        Never an event of an open call or of a pending approval. See journal/retention.py.
+        Never an event of an open call or of a pending approval. See journal/retention.py. Only
+        the deletes and vacuum steps hold the write lock; counts, sizes and the final checkpoint
+        run on a connection of the prune's own.
 
         Args:
             retention: the bounds.
             vacuum: also run one full VACUUM when the journal cannot give space back in steps
                 (a journal made before schema version 2): blocks every writer while it runs.
             now: the time ages count from (default: the clock).
+            stop: set it (from another thread) to end the prune at most one batch later; the
+                report then says `stopped`.
 
         Raises:
             SandboxError: INTERNAL when the journal cannot be written.
         """
-        return prune(self._locked, self.path, retention, now=time.time() if now is None else now, vacuum=vacuum)
+        try:
+            side = sqlite3.connect(str(self.path), timeout=self._busy_timeout_s, isolation_level=None)
+            side.execute("PRAGMA query_only=ON")
+        except sqlite3.Error as exc:
+            raise self._prune_failed(exc) from exc
+
+        def look(step: Callable[[sqlite3.Connection], T]) -> T:
+            try:
+                return step(side)
+            except sqlite3.Error as exc:
+                raise self._prune_failed(exc) from exc
+
+        try:
+            when = time.time() if now is None else now
+            return prune(self._locked, look, self.path, retention, now=when, vacuum=vacuum, stop=stop)
+        finally:
+            side.close()
 
 
 # queued writes of journals still open when the process exits (no close()) are written then
