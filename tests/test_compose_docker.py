@@ -38,8 +38,9 @@ def firewall_rules() -> list[str]:
 
 
 def service_config(instance: str, token: str, workspaces: Path, lab: Lab) -> dict[str, Any]:
-    """A tenant with two agents: `coder` (no network) and `web` (egress to the lab's test
-    server only, and a browser), as a platform would run them through compose."""
+    """A tenant with three agents: `coder` (no network), `team` (one container for all its
+    sessions, each with a uid of its own) and `web` (egress to the lab's test server only, and a
+    browser), as a platform would run them through compose."""
     egress = {
         "allow": ["allowed.test"],
         "ports": [8000],
@@ -56,6 +57,7 @@ def service_config(instance: str, token: str, workspaces: Path, lab: Lab) -> dic
             "defaults": {"sandbox": {"mode": "all", "scope": "session", "workspace_root": str(workspaces / "scratch")}},
             "list": [
                 {"id": "coder", "tenant": "acme", "default": True},
+                {"id": "team", "tenant": "acme", "sandbox": {"scope": "agent"}},
                 {
                     "id": "web",
                     "tenant": "acme",
@@ -98,7 +100,7 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, seconds=60)
         headers = {"Authorization": f"Bearer {token}"}
-        assert [a["id"] for a in httpx.get(f"{url}/v1/agents", headers=headers).json()] == ["coder", "web"]
+        assert [a["id"] for a in httpx.get(f"{url}/v1/agents", headers=headers).json()] == ["coder", "team", "web"]
         r = httpx.post(
             f"{url}/v1/sessions/t1/calls",
             headers=headers,
@@ -112,6 +114,7 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
         assert httpx.delete(f"{url}/v1/sessions/t1", headers=headers, timeout=120).status_code == 200
         if cli == ["docker-compose"]:  # once: it is the service's doing, not the compose tool's
             browse(url, headers, lab, rules_before)
+            hidden_between_sessions(url, headers)
     except AssertionError as failure:  # the service's own words go with the failure (down loses them)
         logs = subprocess.run(
             [*compose, "logs", "--no-color", "--tail", "60", "service"], capture_output=True, text=True, env=env
@@ -120,6 +123,11 @@ def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
     finally:
         down = subprocess.run([*compose, "down", "-v"], capture_output=True, text=True, env=env, timeout=300)
     assert down.returncode == 0, down.stderr[-2000:]
+    # the agent-scope sandbox outlives its sessions by design: this test made it, this test removes it
+    for shared in docker_client.containers.list(
+        all=True, filters={"label": [f"{Labels.INSTANCE}={instance}", f"{Labels.SCOPE}=agent"]}
+    ):
+        shared.remove(force=True)
     assert docker_client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"}) == []
     assert lab.canary_heard()[canary_before:] == []
 
@@ -156,3 +164,30 @@ def browse(url: str, headers: dict[str, str], lab: Lab, rules_before: list[str])
         print(f"compose test: {len(left)} host rules left after DELETE, removed by the test: {left}", file=sys.stderr)
     for rule in left:
         subprocess.run(["iptables", "-w", "5", *shlex.split(rule.replace("-A ", "-D ", 1))], check=False)
+
+
+def hidden_between_sessions(url: str, headers: dict[str, str]) -> None:
+    """Through the service in compose, two sessions of one agent-scope container: one session's
+    background command line is invisible to the other (hidepid, set by the service from the host's
+    pid namespace), while its own session still sees it."""
+
+    def run(session: str, args: dict[str, Any]) -> dict[str, Any]:
+        r = httpx.post(
+            f"{url}/v1/sessions/agent:team:{session}/calls",
+            headers=headers,
+            json={"tool": "exec", "args": args},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        assert body["ok"], body
+        return body
+
+    marker = "sleep 171.5"
+    run("alice", {"command": marker, "background": True})
+    look = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; ps -eo args"
+    assert marker in run("alice", {"command": look})["output"]["output"]
+    seen = run("bob", {"command": look + "; grep ' /proc ' /proc/self/mountinfo"})["output"]["output"]
+    assert marker not in seen and "hidepid=invisible" in seen, seen
+    for session in ("alice", "bob"):
+        assert httpx.delete(f"{url}/v1/sessions/agent:team:{session}", headers=headers, timeout=120).status_code == 200

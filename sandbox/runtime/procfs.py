@@ -251,6 +251,6 @@ def probe(
         "warn",
         name,
         f"sessions sharing a container can read each other's command lines: {hiding.reason}",
-        "run the orchestrator as root on the engine's host (under compose: pid: host and CAP_SYS_ADMIN), "
+        "run the orchestrator as root on the engine's host (compose.yaml's service has pid: host, SYS_ADMIN and SYS_PTRACE for it), "
         "or use scope: session where sessions must not see each other's processes",
     )
