@@ -6,6 +6,12 @@ check and the take, so that simultaneous requests cannot all pass one check (fou
 new sessions under `max_concurrent_calls: 1` ran three at once when the count was raised only
 after the body was read). What is taken is given back when the call ends or the request is
 refused. A batch takes one call per item toward both call quotas.
+
+A new session's key is *claimed* until a request on it is admitted: every request that reaches
+the key meanwhile shares the claim, and the key goes back only when the last of them is
+refused (one refused request must not free a key another is running on). A sandbox being made
+is reserved until the call ends, and then as long as this process's manager holds it live: a
+request that read the engine's list before the sandbox existed still counts it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from sandbox.runtime.pool import unclaimed
 if TYPE_CHECKING:
     from sandbox.api.metrics import Metrics
     from sandbox.engine.orchestrator import Orchestrator, Session
+    from sandbox.runtime.spec import SandboxSpec
 
 
 @dataclass
@@ -36,6 +43,16 @@ class TenantUse:
     in_flight: int = 0  # calls running (a parallel batch counts its widest wave)
     sessions: set[str] = field(default_factory=set)  # keys used and not closed (this process)
     creating: dict[str, int] = field(default_factory=dict)  # sandbox scope keys being made -> requests
+    claims: dict[str, Claim] = field(default_factory=dict)  # session keys taken, no request admitted yet
+    made: dict[str, SandboxSpec] = field(default_factory=dict)  # made by a call that ended (scope key)
+
+
+@dataclass(eq=False)
+class Claim:
+    """A new session key taken by requests none of which was admitted yet (`holders` of them)."""
+
+    key: str
+    holders: int = 1
 
 
 @dataclass
@@ -45,8 +62,8 @@ class Ticket:
     tenant: str
     starts: list[float] = field(default_factory=list)
     slots: int = 0
-    new_session: str | None = None
-    sandbox: str | None = None
+    claim: Claim | None = None
+    sandbox: SandboxSpec | None = None
 
 
 def _refuse(status: int, detail: str, retry_s: int | None) -> HTTPException:
@@ -93,10 +110,11 @@ class Admission:
         except BaseException:  # refused (or cancelled) before it ran: everything goes back
             self._refund(ticket)
             raise
+        self._confirm(ticket)
         try:
             yield
         finally:
-            self._release(ticket)
+            self._release(ticket, orch)
 
     def _stopping(self) -> None:
         if self.state.stopping:
@@ -155,6 +173,11 @@ class Admission:
     def _take_session(self, who: Caller, session: Session, ticket: Ticket) -> None:
         use = self._of(who.tenant.id)
         limit = who.tenant.quotas.max_sessions
+        claim = use.claims.get(session.key)
+        if claim is not None:  # another request took it and is not admitted yet: share its claim
+            claim.holders += 1
+            ticket.claim = claim
+            return
         if session.key in use.sessions:
             return
         if limit and len(use.sessions) >= limit:
@@ -165,7 +188,15 @@ class Admission:
                 60,
             )
         use.sessions.add(session.key)
-        ticket.new_session = session.key
+        ticket.claim = use.claims[session.key] = Claim(session.key)
+
+    def _confirm(self, ticket: Ticket) -> None:
+        """Admitted: a key this request claimed is the tenant's session now (until closed)."""
+        if ticket.claim is not None:
+            use = self._of(ticket.tenant)
+            if use.claims.get(ticket.claim.key) is ticket.claim:
+                del use.claims[ticket.claim.key]
+            ticket.claim = None
 
     async def _take_sandbox(self, orch: Orchestrator, who: Caller, session: Session, ticket: Ticket) -> None:
         """max_sandboxes: the engine's list is read first (an await); the check against it and
@@ -181,7 +212,8 @@ class Admission:
         # free pool container is no one's yet
         live = {s.scope_key for s in listed if s.tenant == who.tenant.id and not unclaimed(s)}
         use = self._of(who.tenant.id)
-        held = live | set(use.creating)
+        self._forget_gone(orch, use)
+        held = live | set(use.creating) | set(use.made)
         if spec.scope_key not in held and len(held) >= limit:
             raise _refuse(
                 429,
@@ -191,23 +223,36 @@ class Admission:
             )
         if spec.scope_key not in live:
             use.creating[spec.scope_key] = use.creating.get(spec.scope_key, 0) + 1
-            ticket.sandbox = spec.scope_key
+            ticket.sandbox = spec
 
-    def _release(self, ticket: Ticket) -> None:
-        """The call ended: its concurrency slots and its sandbox reservation go back (the sandbox
-        is live now, and counted from the engine's list, or it was never made)."""
+    @staticmethod
+    def _forget_gone(orch: Orchestrator, use: TenantUse) -> None:
+        """Sandboxes made by ended calls stay reserved while the manager holds them live (an
+        engine list read before they existed does not show them); after that the list does."""
+        for key, spec in list(use.made.items()):
+            if not orch.manager.known_live(spec):
+                del use.made[key]
+
+    def _release(self, ticket: Ticket, orch: Orchestrator | None = None) -> None:
+        """The call ended (or was refused): its concurrency slots go back, and its sandbox
+        reservation, unless the call made the sandbox (then it is kept in `made`)."""
         use = self._of(ticket.tenant)
         if ticket.slots:
             use.in_flight -= ticket.slots
             self.metrics.in_flight.labels(ticket.tenant).dec(ticket.slots)
             ticket.slots = 0
         if ticket.sandbox is not None:
-            left = use.creating.get(ticket.sandbox, 1) - 1
+            key = ticket.sandbox.scope_key
+            left = use.creating.get(key, 1) - 1
             if left > 0:
-                use.creating[ticket.sandbox] = left
+                use.creating[key] = left
             else:
-                use.creating.pop(ticket.sandbox, None)
+                use.creating.pop(key, None)
+            if orch is not None and orch.manager.known_live(ticket.sandbox):
+                use.made[key] = ticket.sandbox
             ticket.sandbox = None
+        if orch is not None:
+            self._forget_gone(orch, use)
 
     def _refund(self, ticket: Ticket) -> None:
         """The request was refused: everything it took goes back, its call starts too."""
@@ -216,9 +261,13 @@ class Admission:
             with contextlib.suppress(ValueError):  # already out of the window
                 use.started.remove(started)
         ticket.starts = []
-        if ticket.new_session is not None:
-            use.sessions.discard(ticket.new_session)
-            ticket.new_session = None
+        claim = ticket.claim
+        if claim is not None and use.claims.get(claim.key) is claim:
+            claim.holders -= 1
+            if claim.holders <= 0:  # the last request on a key none was admitted on: it goes back
+                del use.claims[claim.key]
+                use.sessions.discard(claim.key)
+        ticket.claim = None
         self._release(ticket)
 
     def in_flight(self) -> int:
@@ -227,4 +276,7 @@ class Admission:
 
     def closed(self, tenant: str, keys: list[str]) -> None:
         """Sessions closed: they no longer count toward max_sessions."""
-        self._of(tenant).sessions.difference_update(keys)
+        use = self._of(tenant)
+        use.sessions.difference_update(keys)
+        for key in keys:
+            use.claims.pop(key, None)
