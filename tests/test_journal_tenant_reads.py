@@ -109,3 +109,17 @@ def test_ping_answers_while_a_page_holds_the_read_lock(tmp_path: Path) -> None:
         holder.join()
         pinger.join()
     journal.close()
+
+
+def test_a_sessions_list_reads_only_the_newest_window_of_the_agents_events(tmp_path: Path) -> None:
+    """sessions() groups the agent's newest `window` events, never its whole history (nor a neighbour's rows);
+    session_calls() counts one session's own calls exactly."""
+    journal = Journal(tmp_path / "journal.sqlite3")
+    put(journal, "quiet", 3, session="s-old")
+    put(journal, "quiet", 10, session="s-new", trace="u")
+    put(journal, "busy", 50, session="s-new", trace="u")
+    assert [(s, n) for s, _, n in journal.sessions("quiet", "a")] == [("s-new", 10), ("s-old", 3)]
+    assert [(s, n) for s, _, n in journal.sessions("quiet", "a", window=10)] == [("s-new", 10)]
+    assert journal.session_calls("quiet", "a", "s-new") == 10
+    assert journal.session_calls("busy", "a", "s-new") == 50
+    journal.close()

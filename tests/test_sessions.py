@@ -372,3 +372,27 @@ async def test_another_agents_child_is_seen_through_its_parent_only(make_config:
         assert sent.error is not None and sent.error.code == "PERMISSION_DENIED"
         mine = await orch.session(PARENT).call("sessions_list", {})
         assert child in {s["session"] for s in mine.output["sessions"]}
+
+
+async def test_history_holds_the_tenants_calls_whatever_a_neighbour_writes_under_the_same_key(
+    make_config: Any, tmp_path: Path
+) -> None:
+    """A neighbour tenant's 300 events under the same session key, newer: this tenant's history still shows its
+    call, and status counts its own calls only (before, the LIMIT took the neighbour's rows, then filtered)."""
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        assert (await parent.call("read", {"path": "x.txt"})).error is not None  # a call, journaled (file missing)
+        journal = orch.journal
+        assert journal is not None
+        for i in range(300):
+            journal.append(
+                trace_id="n", call_id=f"neighbour-{i}", session=PARENT, tenant="other", agent="a",
+                tool="exec", stage="finished",
+            )  # fmt: skip
+        history = await parent.call("sessions_history", {"session": PARENT, "limit": 5})
+        assert history.ok, history
+        calls = [i for i in history.output["items"] if i["kind"] == "call"]
+        assert [c["tool"] for c in calls if c["tool"] == "read"] == ["read"], calls
+        assert not [c for c in calls if c["call_id"].startswith("neighbour-")]
+        status = await parent.call("session_status", {})
+        assert status.output["usage"]["calls"] == 3, status  # read, sessions_history, session_status

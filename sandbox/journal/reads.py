@@ -1,8 +1,8 @@
 """The journal's reads: events by filter, a bounded page, the probe, health and the full check.
 
 A mixin of :class:`~sandbox.journal.store.Journal` (it reads through the journal's read connection).
-Everything here but :meth:`ReadsMixin.integrity_check` costs the same at a million events as at ten,
-except :meth:`ReadsMixin.sessions`, which groups a tenant's events.
+Everything here but :meth:`ReadsMixin.integrity_check` and :meth:`ReadsMixin.session_calls` (one
+session's own calls) costs the same at a million events as at ten.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sandbox.journal.retention import file_bytes
 from sandbox.journal.schema import TERMINAL
 
 SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+SESSIONS_WINDOW = 10_000  # newest events of an agent a sessions list looks at
 
 
 def damaged_message(path: Path, exc: BaseException, doing: str = "opened") -> str:
@@ -137,14 +138,27 @@ class ReadsMixin:
                 f"the journal at {self.path} cannot be read ({exc}); `sandbox doctor` checks it",
             ) from exc
 
-    def sessions(self, tenant: str, agent: str) -> list[tuple[str, float, int]]:
-        """(session, last activity, calls) of every session of `agent` in `tenant` the journal saw."""
+    def sessions(self, tenant: str, agent: str, *, window: int = SESSIONS_WINDOW) -> list[tuple[str, float, int]]:
+        """(session, last activity, calls) of the sessions of `agent` in `tenant`, most recent first.
+
+        A bounded read: only the newest `window` events of the agent count (a session idle since
+        before them is not listed here, and `calls` counts a session's calls among them), so a
+        sessions list costs the same after a month of history as after a day.
+        """
         rows = self._read(
-            "SELECT session, MAX(ts), COUNT(DISTINCT call_id) FROM events WHERE tenant = ? AND agent = ? "
-            "GROUP BY session ORDER BY MAX(ts) DESC LIMIT 10000",
-            (tenant, agent),
+            "SELECT session, MAX(ts), COUNT(DISTINCT call_id) FROM (SELECT session, ts, call_id FROM events "
+            "WHERE tenant = ? AND +agent = ? ORDER BY id DESC LIMIT ?) GROUP BY session ORDER BY MAX(ts) DESC",
+            (tenant, agent, window),
         )
         return [(str(r[0]), float(r[1]), int(r[2])) for r in rows]
+
+    def session_calls(self, tenant: str, agent: str, session: str) -> int:
+        """How many calls one session of `tenant` made (its own rows only, by the (tenant, session) index)."""
+        rows = self._read(
+            "SELECT COUNT(DISTINCT call_id) FROM events WHERE tenant = ? AND session = ? AND +agent = ?",
+            (tenant, session, agent),
+        )
+        return int(rows[0][0])
 
     def unfinished_calls(self) -> list[Event]:
         """The last event of every call whose last stage is not terminal."""

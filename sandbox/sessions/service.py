@@ -21,6 +21,7 @@ import anyio
 from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, UsageError
+from sandbox.journal.queries import MAX_PAGE
 from sandbox.policy.groups import expand, expand_all
 from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
@@ -297,11 +298,13 @@ class SessionsService:
         items: list[dict[str, Any]] = []
         journal = self._orch.journal
         if journal is not None:
-            events = await anyio.to_thread.run_sync(lambda: journal.events(session=key, limit=20 * limit, newest=True))
+            # the tenant inside the query (its (tenant, session) index): a neighbour's session of the
+            # same key never crowds this one's calls out of the page
+            page = await anyio.to_thread.run_sync(
+                lambda: journal.page(tenant=tenant, session=key, limit=min(20 * limit, MAX_PAGE))
+            )
             calls: dict[str, dict[str, Any]] = {}
-            for e in events:
-                if e.tenant != tenant:
-                    continue
+            for e in reversed(page.events):  # oldest first: a call's entry ends with its last stage
                 entry = calls.setdefault(e.call_id, {"kind": "call", "call_id": e.call_id, "tool": e.tool, "ts": e.ts})
                 entry["stage"] = e.stage
                 if "code" in e.data:
@@ -378,14 +381,14 @@ class SessionsService:
                 "memory": agent.sandbox.docker.memory,
                 "pids": agent.sandbox.docker.pids_limit,
             },
-            "usage": {"open_children": open_children, "calls": self._calls(caller)},
+            "usage": {"open_children": open_children, "calls": await anyio.to_thread.run_sync(self._calls, caller)},
         }
 
     def _calls(self, caller: Session) -> int:
         journal = self._orch.journal
         if journal is None:
             return 0
-        return sum(c for k, _, c in journal.sessions(caller.agent.tenant, caller.agent.id) if k == caller.key)
+        return journal.session_calls(caller.agent.tenant, caller.agent.id, caller.key)
 
     # -- cascade ---------------------------------------------------------------------------
 
