@@ -121,7 +121,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     async def call(request: Request, key: str) -> Any:
         who = await current_caller(request)
         admission.precheck(who)  # before the body is read: a tenant past its quota costs the others least
-        body = await read_body(request, CallRequest)
+        async with limits.body_slot(who):  # a tenant's trickled bodies hold its own slots
+            body = await read_body(request, CallRequest)
         session = session_for(request, who, key, body.agent)
         async with admission.admit(orch(request), who, session):
             result = await _unless_gone(request, watch, session.call(body.tool, body.args))
@@ -138,7 +139,8 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
         who = await current_caller(request)
         admission.precheck(who)
-        body = await read_body(request, BatchRequest)
+        async with limits.body_slot(who):
+            body = await read_body(request, BatchRequest)
         session = session_for(request, who, key, body.agent)
         calls = [BatchCall(c.tool, c.args, c.id, tuple(c.depends_on)) for c in body.calls]
         try:  # every call counts; at once, as many as its widest wave

@@ -1,6 +1,8 @@
-"""Connections of the service: a request head arrives within `service.head_timeout_s` or the
-connection is closed, and open connections are bounded (in all, per client address, and those
-that have not yet presented a valid token) below the process's file-descriptor limit.
+"""Connections of the service: a request head arrives within `service.head_timeout_s`, and its
+body within `service.body_timeout_s` of the head's end, or the connection is closed (a tenant
+that trickles its bodies a byte a second held its connections forever); open connections are
+bounded (in all, per client address, and those that have not yet presented a valid token) below
+the process's file-descriptor limit.
 
 uvicorn has neither a request-head timeout nor a per-address bound (its keep-alive timer runs
 only between requests, and `limit_concurrency` answers 503 to everyone alike), so the service
@@ -39,6 +41,7 @@ class EdgeLimits:
     per_address: int
     unauthenticated: int
     unauthenticated_per_address: int
+    body_timeout_s: float = 30.0
 
 
 def limits_of(service: ServiceSection, nofile: int | None = None) -> EdgeLimits:
@@ -53,6 +56,7 @@ def limits_of(service: ServiceSection, nofile: int | None = None) -> EdgeLimits:
     total = min(service.max_connections, ceiling)
     return EdgeLimits(
         head_timeout_s=service.head_timeout_s,
+        body_timeout_s=service.body_timeout_s,
         max_connections=total,
         per_address=min(service.max_connections_per_address, total),
         unauthenticated=min(service.max_unauthenticated_connections, total),
@@ -137,6 +141,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     class GuardedProtocol(HttpToolsProtocol):
         _conn: Conn | None = None
         _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None  # from the head's end to the body's last byte
         _awaiting_head = True
         _draining = False  # answered before its body was read: the rest is discarded, for a while
         _head_bytes = 0
@@ -157,6 +162,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             if self._conn is not None:
                 guard.forget(self._conn)
             self._disarm()
+            self._body_done()
             super().connection_lost(exc)
 
         def _idle(self) -> bool:
@@ -181,6 +187,20 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
                 logger.bind(address=self._conn.address if self._conn else "").info("connection_head_timeout")
                 self.transport.close()
 
+        def _body_late(self) -> None:
+            # the body did not arrive in time (trickled, or never sent): the connection goes, and
+            # the request reading it sees a disconnect (its client is not answered: it is not
+            # sending either)
+            self._body_timer = None
+            if not self.transport.is_closing():
+                logger.bind(address=self._conn.address if self._conn else "").info("connection_body_timeout")
+                self.transport.close()
+
+        def _body_done(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
         def data_received(self, data: bytes) -> None:
             if self._awaiting_head and self._head_timer is None:  # a new request after a keep-alive pause
                 self._arm()
@@ -200,9 +220,12 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             self._awaiting_head = False
             self._head_bytes = 0
             self._disarm()
+            self._body_done()
+            self._body_timer = self.loop.call_later(guard.limits.body_timeout_s, self._body_late)
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._body_done()
             super().on_message_complete()
             if self._draining:
                 self._draining = False

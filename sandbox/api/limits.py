@@ -1,17 +1,23 @@
 """Per-tenant bounds on what the service holds or does for reads: event streams open at once,
 and read requests (`logs`, `explain`, `tools`, `approvals`, `sandboxes`) per minute. Both are
-`service.*` settings, the same for every tenant; past them the answer is 429 with Retry-After."""
+`service.*` settings, the same for every tenant; past them the answer is 429 with Retry-After.
+Also the request bodies one tenant's calls read at once (BODIES_PER_TENANT): more wait for a
+slot, each within its connection's `service.body_timeout_s`."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import HTTPException
 
 from sandbox.api.tenants import Caller
 from sandbox.config.models import ServiceSection
+
+BODIES_PER_TENANT = 8  # request bodies of one tenant read at once (each up to 40 MiB)
 
 
 class TenantLimits:
@@ -21,6 +27,22 @@ class TenantLimits:
         self.service = service
         self._streams: dict[str, int] = {}
         self._reads: dict[str, deque[float]] = {}
+        self._bodies: dict[str, anyio.CapacityLimiter] = {}
+
+    @asynccontextmanager
+    async def body_slot(self, who: Caller) -> AsyncIterator[None]:
+        """Hold one of the tenant's BODIES_PER_TENANT body slots (waiting for one) while its body
+        is read: a tenant trickling its bodies holds its own slots, never another's memory."""
+        limiter = self._bodies.get(who.tenant.id)
+        if limiter is None:
+            limiter = self._bodies[who.tenant.id] = anyio.CapacityLimiter(BODIES_PER_TENANT)
+        async with limiter:
+            yield
+
+    def bodies(self, tenant: str) -> int:
+        """Bodies of `tenant` being read now."""
+        limiter = self._bodies.get(tenant)
+        return 0 if limiter is None else int(limiter.borrowed_tokens)
 
     def read(self, who: Caller) -> None:
         """Count one read request in, or refuse it (429) past service.read_requests_per_minute."""

@@ -2,7 +2,9 @@
 
 Each tenant's reads are rate-limited (service.read_requests_per_minute, api/limits.py), and
 what reads the journal or the engine runs off the event loop: a slow read costs its own request,
-never everyone's.
+never everyone's. Journal reads take their threads from api/read_pool.py (a few per tenant, a
+few in all, apart from the default pool): one tenant's slow pages queue behind its own, and the
+probes, the engine's calls and other tenants' reads do not wait for them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from sandbox.api.auth import CallerDep
+from sandbox.api.bodies import mark_authenticated
 from sandbox.api.limits import TenantLimits
 from sandbox.api.metrics import Metrics
+from sandbox.api.read_pool import ReadPool
 from sandbox.api.readiness import SingleFlight
 from sandbox.api.tenants import Caller, Tenants, tenant_agents
 from sandbox.config.merge import probe_agent_id
@@ -39,6 +43,7 @@ def add_read_routes(
 ) -> None:
     """Register the read routes on `app`."""
     config = tenants.config
+    reads = app.state.reads = ReadPool()
 
     def orch(request: Request) -> Orchestrator:
         found: Orchestrator = request.app.state.orch
@@ -132,14 +137,14 @@ def add_read_routes(
     async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
         o = reader(request, who)
         mine = tenants.agents(who.tenant.id)
-        pending = await anyio.to_thread.run_sync(o.pending_approvals)
+        pending = await reads.run(who.tenant.id, o.pending_approvals)
         return [a.__dict__ for a in pending if a.agent in mine]
 
     @app.post("/v1/approvals/{approval_id}/{verdict}")
     async def decide(request: Request, who: CallerDep, approval_id: str, verdict: Verdict) -> dict[str, Any]:
-        o = orch(request)
+        o = reader(request, who)  # counts toward the tenant's read rate, like the listing
         mine = tenants.agents(who.tenant.id)
-        pending = {a.id: a for a in await anyio.to_thread.run_sync(o.pending_approvals) if a.agent in mine}
+        pending = {a.id: a for a in await reads.run(who.tenant.id, o.pending_approvals) if a.agent in mine}
         if approval_id not in pending:
             raise HTTPException(404, f"no pending approval {approval_id!r}")
         try:
@@ -173,7 +178,8 @@ def add_read_routes(
         if journal is None:
             return []
         # the tenant filter is inside the query: a busy neighbour never crowds a tenant's page
-        page = await anyio.to_thread.run_sync(
+        page = await reads.run(
+            who.tenant.id,
             lambda: journal.page(
                 tenant=who.tenant.id,
                 session=session,
@@ -182,7 +188,7 @@ def add_read_routes(
                 until=until,
                 cursor=cursor,
                 limit=max(1, min(limit, LOG_PAGE_MAX)),
-            )
+            ),
         )
         if page.next_cursor:
             response.headers[NEXT_CURSOR] = page.next_cursor
@@ -198,6 +204,7 @@ def add_read_routes(
                 "/metrics needs one of service.metrics_tokens (a tenant's token does not do)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        mark_authenticated(request.scope)  # its connection is a known client's, not a stranger's
         o = orch(request)
         metrics.queue_depth.set(o.limiter.waiting)
         metrics.sandboxes.clear()

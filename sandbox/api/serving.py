@@ -55,7 +55,13 @@ def uvicorn_config(app: Any, *, host: str, port: int, graceful_s: int | None = N
     protocol, guard = protocol_for(app.state.config.service)
     app.state.connections = guard
     return uvicorn.Config(
-        app, host=host, port=port, http=protocol, log_level="warning", timeout_graceful_shutdown=graceful_s
+        app,
+        host=host,
+        port=port,
+        http=protocol,
+        ws="none",  # an upgraded connection would leave the guarded protocol (and its bounds)
+        log_level="warning",
+        timeout_graceful_shutdown=graceful_s,
     )
 
 

@@ -496,6 +496,7 @@ class ServiceSection(StrictModel):
     metrics_tokens: list[TenantToken] = []
     # the edge (api/connections.py, api/limits.py): what one client or tenant may hold open
     head_timeout_s: float = Field(5.0, gt=0, le=300)
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)  # from a complete head to the body's last byte
     max_connections: int = Field(1024, ge=8)  # clipped below the process's file-descriptor limit
     max_connections_per_address: int = Field(256, ge=1)
     max_unauthenticated_connections: int = Field(128, ge=1)
