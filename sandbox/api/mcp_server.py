@@ -14,7 +14,9 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
+from sandbox._log import logger
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
 from sandbox.api.serving import StopWatch
@@ -90,6 +92,9 @@ def http_server(
     from sandbox.api.serving import past_drain_deadline
 
     service = tenants.config.service
+    # the orchestrator sessions each MCP session used under its own default key (mcp-<id>), to
+    # close when it ends; a session named by X-Sandbox-Session outlives it (REST DELETE ends it)
+    used: dict[str, dict[tuple[str, str], Session]] = {}
 
     def caller_and_session(ctx: Any) -> tuple[Caller, Session]:
         headers = ctx.request.headers if ctx.request is not None else {}
@@ -97,13 +102,28 @@ def http_server(
         if who is None:
             raise PermissionError("a valid bearer token is required")
         agent = headers.get("x-sandbox-agent")
-        key = headers.get("x-sandbox-session") or f"mcp-{str(headers.get('mcp-session-id', 'default'))[:32]}"
+        sid = headers.get("mcp-session-id")
+        named = headers.get("x-sandbox-session")
+        key = named or f"mcp-{str(sid or 'default')[:32]}"
         try:
-            return who, resolve_session(tenants, get_orch(), who, key, agent)
+            session = resolve_session(tenants, get_orch(), who, key, agent)
         except HTTPException as exc:
             raise PermissionError(str(exc.detail)) from exc
         except SandboxError as exc:  # no default agent for this tenant: the same words as REST's 400
             raise PermissionError(exc.message) from exc
+        if named is None and sid is not None and manager.is_open(sid):
+            used.setdefault(sid, {})[(who.tenant.id, session.agent.id)] = session
+        return who, session
+
+    async def ended(sid: str) -> None:
+        """An MCP session ended: close the sessions it used by default (a session-scoped
+        sandbox goes) and give their places back toward max_sessions."""
+        for (tenant, _agent), session in used.pop(sid, {}).items():
+            keys = [session.key]
+            try:
+                keys = await session.close() or keys
+            finally:
+                get_admission().closed(tenant, keys)
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         del params
@@ -120,7 +140,9 @@ def http_server(
             async with admission.admit(get_orch(), who, session):
                 result = await watch.until_stopped(stop, call_in(session, params))
         except HTTPException as exc:  # the REST routes' 429/503, as an MCP error with the same words
-            raise RuntimeError(str(exc.detail)) from exc
+            # an expected refusal: an MCPError is answered as is, without the SDK's traceback
+            logger.bind(tenant=who.tenant.id, status=exc.status_code).info("mcp_call_refused")
+            raise MCPError(code=0, message=str(exc.detail)) from None
         if result is None:
             raise RuntimeError("the service stopped before the call finished; it was stopped and its commands killed")
         if metrics is not None and result.structured_content is not None:
@@ -135,6 +157,7 @@ def http_server(
         session_idle_timeout=service.mcp_session_idle_s,
         max_sessions=service.max_mcp_sessions_per_tenant * max(1, len(tenants.config.tenants)),
     )
+    manager.on_end = ended
     inner = StreamableHTTPASGIApp(manager)
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:

@@ -6,17 +6,26 @@ The SDK's session manager already refuses a session to any principal but the one
 service sets that user from the bearer token (tenant and token hash). It bounds sessions only in
 all; the per-tenant bound is checked where the SDK admits a session, under its creation lock, so
 simultaneous opening requests cannot pass it together.
+
+When a session ends (its client's DELETE, the idle timeout, or a failed opening request) the
+service is told (`on_end`): the orchestrator session it used by default is closed and its
+`max_sessions` place given back (api/mcp_server.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
+from sandbox._log import logger
 from sandbox.api.tenants import Caller, bearer_token, token_hash
+
+END_WAIT_S = 30.0  # how long an ended session's clean-up (removing its sandbox) may take
 
 
 def owner_of(who: Caller, authorization: str | None) -> AuthenticatedUser:
@@ -40,6 +49,7 @@ class OwnedSessions(StreamableHTTPSessionManager):
             app, json_response=json_response, session_idle_timeout=session_idle_timeout, max_sessions=max_sessions
         )
         self.per_tenant = per_tenant
+        self.on_end: Callable[[str], Awaitable[None]] | None = None  # told each session id that ended
 
     def held_by(self, tenant: str) -> int:
         """Sessions of `tenant` open now."""
@@ -51,3 +61,20 @@ class OwnedSessions(StreamableHTTPSessionManager):
         if requestor is None or self.held_by(tenant_of_owner(requestor["client_id"])) >= self.per_tenant:
             return None
         return super()._admit_session(requestor)
+
+    async def _discard_session(self, session_id: str, transport: Any) -> None:
+        # the SDK may discard one session twice (a DELETE, then its server task's end): the
+        # service is told once, however it ended; shielded, as the SDK's own terminate is, so a
+        # session ended while the server stops still gives its place back
+        ended = session_id in self._server_instances
+        await super()._discard_session(session_id, transport)
+        if ended and self.on_end is not None:
+            with anyio.move_on_after(END_WAIT_S, shield=True):
+                try:
+                    await self.on_end(session_id)
+                except Exception as exc:  # one failed clean-up must not break the SDK's bookkeeping
+                    logger.bind(session=session_id[:64], reason=str(exc)).warning("mcp_session_end_failed")
+
+    def is_open(self, session_id: str) -> bool:
+        """Whether the session is open now."""
+        return session_id in self._server_instances
