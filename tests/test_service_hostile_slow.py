@@ -138,3 +138,46 @@ def test_trickled_bodies_are_cut_at_the_body_timeout_and_another_tenant_is_serve
     print(f"20 trickled bodies: {still_open} open after the body timeout; globex then {served.status_code}")
     assert still_open == 0
     assert served.status_code == 200 and served.json()["error"]["code"] == "FILE_NOT_FOUND", served.text
+
+
+def test_a_tenant_reads_a_bounded_number_of_bodies_at_once(tmp_path: Path) -> None:
+    """12 of acme's calls trickle their bodies (a long body timeout here): at most
+    BODIES_PER_TENANT of them are being read at once, the others wait for a slot (they each
+    held up to 40 MiB of buffer, unbounded); globex's call is read and answered meanwhile."""
+    import uvicorn
+
+    from sandbox.api.app import create_app
+    from sandbox.api.limits import BODIES_PER_TENANT
+    from sandbox.api.serving import uvicorn_config
+
+    app = create_app(config(tmp_path, "{body_timeout_s: 60}"))
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=0))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    stop = threading.Event()
+    held: list[socket.socket] = []
+    try:
+        held = [trickle(url, A, stop) for _ in range(12)]
+        deadline = time.monotonic() + 10
+        most = 0
+        while time.monotonic() < deadline and most < BODIES_PER_TENANT:
+            most = max(most, app.state.limits.bodies("acme"))
+            time.sleep(0.05)
+        served = httpx.post(
+            f"{url}/v1/sessions/agent:beta:s/calls", headers=B, json={"tool": "read", "args": {"path": "n"}}, timeout=10
+        )
+        for _ in range(20):  # still no more than the bound, however long they trickle
+            most = max(most, app.state.limits.bodies("acme"))
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for s in held:
+            s.close()
+        server.should_exit = True
+        thread.join(30)
+    print(f"12 trickled bodies of acme: at most {most} read at once; globex's call {served.status_code}")
+    assert most == BODIES_PER_TENANT
+    assert served.status_code == 200, served.text
