@@ -101,6 +101,11 @@ def test_an_mcp_session_that_expires_idle_gives_its_session_place_back(url: str)
         raise AssertionError("the idle MCP session never expired")
     second = open_session(url)
     answer = call(url, second)
+    # its id is 404 as soon as it expired; the clean-up that gives the place back follows it
+    deadline = time.monotonic() + 10
+    while not ran(answer) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        answer = call(url, second)
     print("MCP session 2 after session 1 expired idle:", answer.get("error") or "ran")
     assert ran(answer), answer
     assert httpx.delete(f"{url}/mcp/", headers=on(url, second), timeout=10).status_code in (200, 204)
@@ -122,3 +127,41 @@ def test_an_mcp_quota_refusal_is_logged_without_a_traceback(url: str, caplog: py
         assert crashes == [], [rec.getMessage() for rec in crashes]
     finally:
         httpx.delete(f"{url}/mcp/", headers=on(url, first), timeout=10)
+
+
+@pytest.mark.anyio
+async def test_an_ended_mcp_session_removes_its_session_sandbox(make_config: Any) -> None:
+    """With session-scoped sandboxes (the library's fake backend): the sandbox an MCP session's
+    calls made under its default key goes when the session is ended (it stayed, counted toward
+    max_sandboxes, until a restart's clean-up)."""
+    from sandbox import Orchestrator
+    from sandbox.api.app import create_app
+    from sandbox.testing import FakeBackend
+    from tests.service_helpers import serving
+
+    config = make_config(f"""
+tools: {{profile: full}}
+tenants:
+  - {{id: acme, quotas: {{max_sessions: 1, max_sandboxes: 1}}, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session}}}}
+  list:
+    - {{id: alpha, tenant: acme, default: true}}
+""")
+    backend = FakeBackend()
+    exec_call = {**CALL, "params": {"name": "exec", "arguments": {"command": "true"}}}
+    async with (
+        Orchestrator(config, backend=backend) as orch,
+        serving(create_app(config, orch)) as base,
+        httpx.AsyncClient(base_url=base, timeout=30) as client,
+    ):
+        for round_ in range(2):
+            opened = await client.post("/mcp/", headers={**A, **MCP}, json=INIT)
+            sid = opened.headers["mcp-session-id"]
+            answer = (await client.post("/mcp/", headers=on(base, sid), json=exec_call)).json()
+            assert ran(answer), (round_, answer)
+            boxes = [b.spec.session for b in backend.sandboxes.values() if b.spec.tenant == "acme"]
+            assert boxes == [f"agent:alpha:mcp-{sid}"], boxes
+            assert (await client.delete("/mcp/", headers=on(base, sid))).status_code in (200, 204)
+            left = [b.spec.session for b in backend.sandboxes.values() if b.spec.tenant == "acme"]
+            assert left == [], left

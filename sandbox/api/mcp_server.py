@@ -193,6 +193,25 @@ def http_server(
                 )
                 await response(scope, receive, send)
                 return
+            if scope.get("method") == "DELETE":
+                await _answered_after(inner, scope, receive, send)
+                return
         await inner(scope, receive, send)
 
     return guarded, manager
+
+
+async def _answered_after(app: Any, scope: Any, receive: Any, send: Any) -> None:
+    """`app`'s answer, sent once `app` has returned: the SDK ends a session (and the service
+    closes it, giving its quota place back) after it sent the DELETE's answer; a client that
+    opens the next session on that answer must find the place free."""
+    held: list[Any] = []
+
+    async def hold(message: Any) -> None:
+        held.append(message)
+
+    try:
+        await app(scope, receive, hold)
+    finally:
+        for message in held:
+            await send(message)
