@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime import agent_link
+from sandbox.runtime.agent import link as agent_link
 from tests.cli_helpers import run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]

@@ -21,6 +21,7 @@ from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
 from sandbox.runtime import egress, egress_secrets, procfs
+from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker_client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker_create import create_kwargs
@@ -31,7 +32,6 @@ from sandbox.runtime.hostpaths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.pool import PoolClaims
 from sandbox.runtime.protocol import SandboxInfo
-from sandbox.runtime.resident import ResidentAgents
 from sandbox.runtime.spec import SandboxSpec
 
 T = TypeVar("T")

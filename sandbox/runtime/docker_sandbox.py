@@ -13,7 +13,7 @@ import anyio.to_thread
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import docker_kill, docker_workspace, shellwrap
-from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
+from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.docker_exec import SandboxGone, exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult

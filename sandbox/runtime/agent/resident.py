@@ -16,9 +16,9 @@ import anyio
 import docker.errors
 
 from sandbox._log import logger
-from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
+from sandbox.runtime.agent.exec_path import ExecPath, path_from_labels
+from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.docker_kill import kill_exec
-from sandbox.runtime.exec_path import ExecPath, path_from_labels
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker_backend import DockerBackend
