@@ -20,7 +20,7 @@ from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host_backend import HostShell
+from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.session_users import session_shell
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces

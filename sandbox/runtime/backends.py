@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 # name -> (module, what it needs installed)
 _BACKENDS = {
     "docker": ("sandbox.runtime.docker_backend", "the docker SDK: pip install 'docker>=7.1'"),
-    "host": ("sandbox.runtime.host_sandbox", "nothing"),
+    "host": ("sandbox.runtime.host.backend", "nothing"),
 }
 
 

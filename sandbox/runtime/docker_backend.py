@@ -28,7 +28,7 @@ from sandbox.runtime.docker_create import create_kwargs
 from sandbox.runtime.docker_errors import mapped
 from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.runtime.docker_workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
-from sandbox.runtime.hostpaths import SHARED_DIR_MODE, prepare_workspace
+from sandbox.runtime.host.paths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
 from sandbox.runtime.pool import PoolClaims
 from sandbox.runtime.protocol import SandboxInfo

@@ -182,7 +182,7 @@ class Backend(Protocol):
     """Create, find and remove sandboxes. The engine and the manager know only this.
 
     Implementations: `sandbox.runtime.docker_backend.DockerBackend` (`runtime.backend: docker`,
-    the default), `sandbox.runtime.host_sandbox.HostBackend` (`host`: no isolation, for
+    the default), `sandbox.runtime.host.backend.HostBackend` (`host`: no isolation, for
     development), and `sandbox.testing.FakeBackend` for tests of code built on the library.
     """
 
