@@ -236,7 +236,7 @@ def test_the_host_side_kill_refuses_a_pid_outside_its_container(docker_client: A
     that has ended, it signals nothing; asked for B's own, it kills exactly that process."""
     import time
 
-    from sandbox.runtime.docker_kill import in_container, kill_exec
+    from sandbox.runtime.docker.kill import in_container, kill_exec
     from tests.conftest import RUN_ID, TEST_LABEL
 
     api = docker_client.api

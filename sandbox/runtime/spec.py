@@ -18,6 +18,7 @@ from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.binds import CONTAINER_WORKDIR, PARENT_MOUNT, BindSpec, check_source, validate_binds
+from sandbox.runtime.docker.seccomp import seccomp_identity
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -30,7 +31,6 @@ from sandbox.runtime.naming import (
     tenant_scope,
 )
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
-from sandbox.runtime.seccomp import seccomp_identity
 from sandbox.runtime.session_users import uses_session_users
 
 DEFAULT_UID_GID = "1000:1000"
@@ -72,9 +72,9 @@ class SandboxSpec:
     # each session runs as a uid of its own (group: the sandbox user's), see runtime/session_users
     session_users: bool = False
     for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
-    # `network: egress`: the proxy's policy (runtime/egress.py), None for every other network
+    # `network: egress`: the proxy's policy (runtime/docker/egress.py), None for every other network
     egress: dict[str, Any] | None = field(default=None, hash=False, compare=False)
-    pool_member: bool = False  # made for the warm pool, before any session (runtime/pool.py)
+    pool_member: bool = False  # made for the warm pool, before any session (runtime/docker/pool.py)
 
     @property
     def identity(self) -> str:

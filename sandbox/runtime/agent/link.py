@@ -42,12 +42,12 @@ from sandbox.runtime.agent.frames import (
     Started,
 )
 from sandbox.runtime.agent.frames import encode as encode_frame
-from sandbox.runtime.docker_exec import close_exec_socket, create_exec
+from sandbox.runtime.docker.exec import close_exec_socket, create_exec
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
 HELLO_TIMEOUT_S = 15.0  # python's start in a loaded sandbox
 ANSWER_TIMEOUT_S = 10.0  # a request's first answer (`started`, `pong`, `done`)
@@ -179,7 +179,7 @@ class AgentLink:
     async def file_request(
         self, header: dict[str, Any], chunks: Sequence[bytes] = (b"",), *, data_limit: int = 0
     ) -> tuple[FileInfo | FileRefused | Reply, bytes]:
-        """One file operation (runtime/agent_files.py): the request (its payload in `chunks`, one
+        """One file operation (fs/agent_files.py): the request (its payload in `chunks`, one
         frame each), then what the agent sent back (bytes up to `data_limit`) and its answer."""
         call = self._new(data_limit=data_limit)
         try:

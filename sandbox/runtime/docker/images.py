@@ -17,7 +17,7 @@ from typing import Any
 import docker.errors
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.naming import LABEL_PREFIX
 
 BASE_IMAGE = "debian:bookworm-slim"
