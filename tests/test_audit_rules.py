@@ -17,7 +17,7 @@ from sandbox.audit.engine_rules import audit_engine
 from sandbox.audit.findings import at_or_above
 from sandbox.audit.report import to_json, to_sarif, to_text
 from sandbox.config import load_config, load_config_text
-from sandbox.runtime.docker.seccomp import strict_profile_json
+from sandbox.runtime.seccomp import strict_profile_json
 
 ROOT = Path(__file__).resolve().parent.parent
 # socket() allowed when the family "is not 1": 0x100000001 passes, and the kernel reads AF_UNIX

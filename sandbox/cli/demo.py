@@ -14,7 +14,7 @@ from sandbox.cli.demo_subagents import subagents_part
 from sandbox.config.merge import default_agent_id
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
-from sandbox.runtime.docker.seccomp import describe_security_opts
+from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.tools.display import describe
 from sandbox.tools.spec import ToolResult
 

@@ -18,7 +18,6 @@ from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.binds import CONTAINER_WORKDIR, PARENT_MOUNT, BindSpec, check_source, validate_binds
-from sandbox.runtime.docker.seccomp import seccomp_identity
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -31,6 +30,7 @@ from sandbox.runtime.naming import (
     tenant_scope,
 )
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
+from sandbox.runtime.seccomp import seccomp_identity
 from sandbox.runtime.session_users import uses_session_users
 
 DEFAULT_UID_GID = "1000:1000"

@@ -12,7 +12,7 @@ from typing import Any
 
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.binds import CONTAINER_WORKDIR, refuse_sockets
-from sandbox.runtime.docker.seccomp import ENGINE_DEFAULT, STRICT, strict_profile_json
+from sandbox.runtime.seccomp import ENGINE_DEFAULT, STRICT, strict_profile_json
 from sandbox.runtime.spec import SandboxSpec
 
 
