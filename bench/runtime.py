@@ -18,7 +18,7 @@ import docker
 from _stats import table, timed, timed_async
 
 from sandbox.config import effective_agent, load_config_text
-from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.docker.backend import DockerBackend
 from sandbox.runtime.manager import SandboxManager
 
 COLD, WARM = 12, 500

@@ -27,7 +27,7 @@ import docker
 
 from sandbox.config import effective_agent, load_config_text
 from sandbox.runtime import lifecycle
-from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.docker.backend import DockerBackend
 from sandbox.runtime.manager import SandboxManager
 
 COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 200

@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from sandbox.runtime.hostpaths import prepare_workspace
+from sandbox.runtime.host.paths import prepare_workspace
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec

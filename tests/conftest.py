@@ -71,7 +71,7 @@ def docker_client() -> Iterator[object]:
     for container in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"}):
         container.remove(force=True, v=True)
     # egress proxies are named after their sandbox's hash, not the run: found by their instance
-    from sandbox.runtime import hostfirewall
+    from sandbox.runtime.docker import hostfirewall
     from sandbox.runtime.naming import Labels
 
     for container in client.containers.list(all=True, filters={"label": f"{Labels.KIND}=egress-proxy"}):
@@ -84,7 +84,7 @@ def docker_client() -> Iterator[object]:
 
 def remove_run_networks(client: object) -> None:
     """Remove the networks this run's orchestrators made (browser networks) and their host firewall rules."""
-    from sandbox.runtime import hostfirewall
+    from sandbox.runtime.docker import hostfirewall
     from sandbox.runtime.naming import Labels
 
     for network in client.networks.list(filters={"label": Labels.INSTANCE}):  # type: ignore[attr-defined]
@@ -104,7 +104,7 @@ def remove_run_networks(client: object) -> None:
 @pytest.fixture(scope="session")
 def images(docker_client: object) -> None:
     """Build (or confirm up to date) the exec, browser and egress images from images/."""
-    from sandbox.runtime.images import ImageTarget, build_all
+    from sandbox.runtime.docker.images import ImageTarget, build_all
 
     build_all(
         docker_client,

@@ -84,7 +84,7 @@ def test_doctor_says_when_the_host_firewall_is_out_of_reach(monkeypatch: Any) ->
     """Without iptables (or root) egress sandboxes are refused: doctor warns before a call fails."""
     import shutil
 
-    from sandbox.runtime import doctor
+    from sandbox.runtime.docker import doctor
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     check = doctor._host_firewall_check()

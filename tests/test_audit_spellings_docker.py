@@ -17,8 +17,8 @@ import pytest
 from sandbox.audit.findings import Finding
 from sandbox.audit.run import run_audit
 from sandbox.config import load_config_text
-from sandbox.runtime.doctor import run_checks
-from sandbox.runtime.images import BASE_IMAGE, ImageTarget, provenance
+from sandbox.runtime.docker.doctor import run_checks
+from sandbox.runtime.docker.images import BASE_IMAGE, ImageTarget, provenance
 from tests.conftest import RUN_ID, TEST_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]

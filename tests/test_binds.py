@@ -154,7 +154,7 @@ def test_mount_holding_a_socket_is_refused_at_create(tmp_path: Path) -> None:
     import socket
 
     from sandbox.config import effective_agent, load_config_text
-    from sandbox.runtime.docker_create import create_kwargs
+    from sandbox.runtime.docker.create import create_kwargs
     from sandbox.runtime.spec import build_spec
 
     ws = tmp_path / "ws"

@@ -22,7 +22,7 @@ def browser_config(tmp_path: Path, enabled: bool) -> Any:
 
 
 def test_doctor_checks_the_browser_client_only_where_a_browser_is_enabled(tmp_path: Path) -> None:
-    from sandbox.runtime import doctor
+    from sandbox.runtime.docker import doctor
 
     assert doctor._browser_client_check(browser_config(tmp_path, False)) is None
     check = doctor._browser_client_check(browser_config(tmp_path, True))
@@ -32,7 +32,7 @@ def test_doctor_checks_the_browser_client_only_where_a_browser_is_enabled(tmp_pa
 def test_doctor_fails_when_the_driver_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A driver that cannot load its libraries (a python whose playwright exits 127 with the
     loader's words, the fault seen in the service image) is a failing check with the fix."""
-    from sandbox.runtime import doctor
+    from sandbox.runtime.docker import doctor
 
     fake = tmp_path / "python"
     fake.write_text(

@@ -158,7 +158,7 @@ def _wait_accept(canary: Canary) -> bool:
 
 async def test_unused_browser_networks_and_rules_are_removed(make_config: Any, docker_client: Any) -> None:
     """When a browser sandbox is gone, its network (and host firewall rules) go at the next start."""
-    from sandbox.runtime import hostfirewall
+    from sandbox.runtime.docker import hostfirewall
 
     config = make_config("""
 tools: {sandbox: {tools: {also_allow: [browser]}}}

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from sandbox import Orchestrator
-from sandbox.runtime import egress
+from sandbox.runtime.docker import egress
 from tests.egress_lab import Lab, egress_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sandbox import Orchestrator
-from sandbox.runtime import egress
+from sandbox.runtime.docker import egress
 from tests.cli_helpers import run_cli
 from tests.egress_lab import Lab, egress_config
 from tests.test_browser_isolation_docker import Canary
@@ -337,7 +337,7 @@ except OSError as exc:
 async def test_no_egress_sandbox_without_the_host_firewall(
     make_config: Any, lab: Lab, docker_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox.runtime import hostfirewall
+    from sandbox.runtime.docker import hostfirewall
 
     monkeypatch.setattr(hostfirewall, "drop_from_bridge", lambda bridge: False)  # the fault: no iptables
     async with Orchestrator(egress_config(make_config, lab)) as orch:

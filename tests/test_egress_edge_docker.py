@@ -22,7 +22,8 @@ import yaml
 from sandbox import Orchestrator
 from sandbox.audit.run import run_audit
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress, lifecycle, subnets
+from sandbox.runtime import lifecycle
+from sandbox.runtime.docker import egress, subnets
 from sandbox.runtime.naming import CREATOR_LABEL, Labels
 from tests.conftest import RUN_ID, TEST_LABEL
 from tests.egress_lab import Lab, egress_config

@@ -11,7 +11,7 @@ from typing import Any
 import docker.errors
 
 from sandbox.journal.store import Journal
-from sandbox.runtime import egress, egress_log
+from sandbox.runtime.docker import egress, egress_log
 from sandbox.runtime.naming import Labels
 
 

@@ -1,4 +1,4 @@
-"""The subnet pool allocator (runtime/subnets.py), pure: the engine's network listing is a fake
+"""The subnet pool allocator (runtime/docker/subnets.py), pure: the engine's network listing is a fake
 (what other networks hold), and the engine's refusal of an overlap is made to happen once."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import docker.errors
 import pytest
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime import subnets
+from sandbox.runtime.docker import subnets
 
 
 class Engine:

@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime.docker_backend import CONTROL_TIMEOUT_S, DockerBackend
+from sandbox.runtime.docker.backend import CONTROL_TIMEOUT_S, DockerBackend
 
 pytestmark = pytest.mark.anyio
 

@@ -114,7 +114,7 @@ async def test_fork_bomb_timeout_kills_from_outside_and_sandbox_recovers(make_co
 
 async def test_kill_falls_back_inside_when_host_cannot_see(make_config: Any, monkeypatch: Any) -> None:
     """A remote-like engine (host pids invisible): the in-container kill is used and confirmed."""
-    from sandbox.runtime import docker_kill
+    from sandbox.runtime.docker import kill as docker_kill
 
     monkeypatch.setattr(docker_kill, "container_pids", lambda api, cid: None)
     async with Orchestrator(make_config(SANDBOXED)) as orch:
@@ -128,8 +128,8 @@ async def test_kill_falls_back_inside_when_host_cannot_see(make_config: Any, mon
 
 async def test_unconfirmed_kill_restarts_the_sandbox(make_config: Any, monkeypatch: Any) -> None:
     """When no kill can be confirmed, the result says so and the sandbox is replaced (nothing survives)."""
-    from sandbox.runtime import docker_kill
-    from sandbox.runtime.docker_sandbox import DockerSandbox
+    from sandbox.runtime.docker import kill as docker_kill
+    from sandbox.runtime.docker.sandbox import DockerSandbox
 
     monkeypatch.setattr(docker_kill, "container_pids", lambda api, cid: None)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.runtime import hostfirewall
+from sandbox.runtime.docker import hostfirewall
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("iptables") is None, reason="needs root and iptables (CI has both)"

@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.config import load_config
 from sandbox.journal.store import Journal
-from sandbox.runtime.doctor import journal_check
+from sandbox.runtime.docker.doctor import journal_check
 from tests.cli_helpers import run_cli
 
 

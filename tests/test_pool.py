@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.config import effective_agent, load_config_text
-from sandbox.runtime.pool import PoolClaims
+from sandbox.runtime.docker.pool import PoolClaims
 from sandbox.runtime.spec import spec_from_config
 
 
@@ -79,8 +79,8 @@ def test_claim_records_are_files_of_container_ids_only(tmp_path: Path) -> None:
 def test_pool_size_is_set_by_default_and_per_agent(tmp_path: Path) -> None:
     """`sandbox.pool` merges like every sandbox key: a default for all, an agent's own over it;
     only session-scoped, sandboxed agents are pooled."""
+    from sandbox.runtime.docker.pool import WarmPool
     from sandbox.runtime.manager import SandboxManager
-    from sandbox.runtime.pool import WarmPool
 
     config = load_config_text(
         f"state_dir: {tmp_path}/state\n"

@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
+from sandbox.runtime.docker.pool import CLAIM_GRACE_S, unclaimed
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.pool import CLAIM_GRACE_S, unclaimed
 from tests.cli_helpers import run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
@@ -366,7 +366,7 @@ async def test_a_real_engine_restart_under_a_warm_pool(make_config: Any, second_
     both succeed, the dead pool containers are replaced, and nothing stopped is left behind."""
     import docker
 
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
     client = docker.DockerClient(base_url=f"unix://{second_engine.sock}")
     backend = DockerBackend(client=client)

@@ -1,4 +1,4 @@
-"""Reading a container's procfs options and deciding what can be applied (runtime/procfs.py)."""
+"""Reading a container's procfs options and deciding what can be applied (runtime/docker/procfs.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sandbox.runtime import procfs
-from sandbox.runtime.procfs import apply, hide_in, is_hidden, options_of_proc
+from sandbox.runtime.docker import procfs
+from sandbox.runtime.docker.procfs import apply, hide_in, is_hidden, options_of_proc
 
 RUNC = """\
 100 99 0:52 / / ro,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u

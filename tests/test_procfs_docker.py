@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime import procfs
-from sandbox.runtime.procfs import is_hidden, options_of_proc
+from sandbox.runtime.docker import procfs
+from sandbox.runtime.docker.procfs import is_hidden, options_of_proc
 from tests.conftest import RUN_ID, TEST_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]

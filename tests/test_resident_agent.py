@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandbox.runtime.agent_frames import (
+from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
+from sandbox.runtime.agent.frames import (
     DOCKER_HEAD,
     HEAD,
     MAX_PAYLOAD,
@@ -31,7 +32,6 @@ from sandbox.runtime.agent_frames import (
     Started,
     encode,
 )
-from sandbox.runtime.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
 
 AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
 
@@ -380,7 +380,7 @@ def _link() -> tuple[Any, Any]:
     import socket
     from types import SimpleNamespace
 
-    from sandbox.runtime.agent_link import AgentLink
+    from sandbox.runtime.agent.link import AgentLink
 
     mine, theirs = socket.socketpair()
     mine.setblocking(False)
@@ -390,7 +390,7 @@ def _link() -> tuple[Any, Any]:
 
 @pytest.mark.anyio
 async def test_empty_output_frames_and_answers_to_requests_never_made_end_the_link() -> None:
-    from sandbox.runtime.agent_link import _Pending
+    from sandbox.runtime.agent.link import _Pending
     from sandbox.runtime.output import OutputCapture
 
     for bad, words in (

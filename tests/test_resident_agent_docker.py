@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime import agent_link
+from sandbox.runtime.agent import link as agent_link
 from tests.cli_helpers import run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
@@ -236,7 +236,7 @@ def test_the_host_side_kill_refuses_a_pid_outside_its_container(docker_client: A
     that has ended, it signals nothing; asked for B's own, it kills exactly that process."""
     import time
 
-    from sandbox.runtime.docker_kill import in_container, kill_exec
+    from sandbox.runtime.docker.kill import in_container, kill_exec
     from tests.conftest import RUN_ID, TEST_LABEL
 
     api = docker_client.api

@@ -18,7 +18,7 @@ import pytest
 
 from sandbox import Orchestrator
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.docker.backend import DockerBackend
 from sandbox.runtime.naming import Labels
 from tests.call_helpers import killed_mid_call
 
@@ -517,7 +517,7 @@ async def test_runtime_is_selectable(make_config: Any, docker_client: Any) -> No
 async def test_a_command_silent_for_longer_than_the_control_timeout_still_runs(make_config: Any) -> None:
     """The engine client's timeout bounds control calls, not a command's output stream: a docker
     exec silent for longer than it finishes normally (by docker exec, without the agent)."""
-    from sandbox.runtime.docker_exec import exec_stream
+    from sandbox.runtime.docker.exec import exec_stream
 
     backend = DockerBackend(timeout_s=4)
     config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session}}}")

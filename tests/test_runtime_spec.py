@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox.config import effective_agent, load_config_text
-from sandbox.runtime.docker_create import create_kwargs
+from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.naming import Labels, container_name
 from sandbox.runtime.seccomp import strict_profile_json
 from sandbox.runtime.spec import build_spec

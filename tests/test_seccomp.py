@@ -9,7 +9,7 @@ from typing import Any
 from sandbox.audit.spellings import seccomp_weakness
 from sandbox.config import load_config_text
 from sandbox.runtime import seccomp
-from sandbox.runtime.docker_create import create_kwargs
+from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.spec import spec_from_config
 
 # what an attacker in the sandbox would reach for; none may be allowed

@@ -89,7 +89,7 @@ async def test_missing_backend_dependency_names_what_to_install(make_config: Any
     import sys
 
     monkeypatch.setitem(sys.modules, "docker", None)
-    monkeypatch.delitem(sys.modules, "sandbox.runtime.docker_backend", raising=False)
+    monkeypatch.delitem(sys.modules, "sandbox.runtime.docker.backend", raising=False)
     async with Orchestrator(make_config(SANDBOXED)) as orch:
         result = await orch.session("agent:main:nodocker").call("exec", {"command": "true"})
     assert result.error is not None and result.error.code in ("SANDBOX_UNAVAILABLE", "RETRY_EXHAUSTED")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime.docker_workspace import WORKSPACE_ID_LABEL
+from sandbox.runtime.docker.workspace import WORKSPACE_ID_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 

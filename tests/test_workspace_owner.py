@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.audit.ownership import write_problem
 from sandbox.config import load_config
-from sandbox.runtime.doctor import workspace_checks
+from sandbox.runtime.docker.doctor import workspace_checks
 from tests.cli_helpers import run_cli
 
 OTHER = "4242:4242"  # a sandbox user that owns nothing here, whoever runs the tests

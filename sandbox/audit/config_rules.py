@@ -22,8 +22,8 @@ from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import Identity, PolicyResolver
-from sandbox.runtime.docker_create import create_kwargs
-from sandbox.runtime.egress import names as egress_names
+from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.egress import names as egress_names
 from sandbox.runtime.spec import spec_from_config
 
 HOST_SIDE_DANGEROUS = ("gateway", "cron", "nodes", "message", "canvas")

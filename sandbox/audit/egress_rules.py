@@ -98,7 +98,7 @@ def _special_names(ranges: list[str]) -> str:
 def pool_findings(config: Config, client: Any) -> list[Finding]:
     """SBX-N005: an address pool for egress and browser networks that is running low (less than
     a tenth free), one finding per pool; nothing without an engine or when no agent uses one."""
-    from sandbox.runtime import subnets
+    from sandbox.runtime.docker import subnets
 
     pools = set()
     for agent_id in agent_ids(config):

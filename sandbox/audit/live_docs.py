@@ -39,7 +39,7 @@ def enrich(client: Any, doc: dict[str, Any]) -> dict[str, Any]:
 
 def image_findings(client: Any, config: Config) -> list[Finding]:
     """SBX-I001 (info): what each configured image was built from; SBX-I002 (low): not recorded."""
-    from sandbox.runtime.images import provenance
+    from sandbox.runtime.docker.images import provenance
 
     images: set[str] = set()
     for agent_id in agent_ids(config):

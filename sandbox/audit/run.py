@@ -131,7 +131,7 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
     """
     if client is None:
         return _run_audit(config, None, all_containers=all_containers)
-    from sandbox.runtime.docker_errors import mapped
+    from sandbox.runtime.docker.errors import mapped
 
     with mapped("audit"):
         return _run_audit(config, client, all_containers=all_containers)

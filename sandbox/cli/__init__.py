@@ -181,7 +181,7 @@ def explain(
         text += "\n\nallowed by policy, cannot run in this session (the model is not offered them):"
         text += "".join(f"\n  {t}: {why}" for t, why in cannot.items())
     if policy.sandbox.sandboxed:
-        from sandbox.runtime.explain import container_facts, container_text
+        from sandbox.runtime.docker.explain import container_facts, container_text
         from sandbox.sessions.child import child_agent
 
         child = state.lineage(session)

@@ -157,7 +157,7 @@ def _collect_egress(state: State, journal: Any) -> None:
     try:
         import docker
 
-        from sandbox.runtime.egress_log import collect_instance
+        from sandbox.runtime.docker.egress_log import collect_instance
         from sandbox.runtime.naming import instance_id
 
         client = docker.from_env(timeout=10)
@@ -267,7 +267,7 @@ def status(state: State, deep: bool, as_json: bool) -> None:
     if deep:
         from sandbox.config.merge import agent_ids, effective_agent
         from sandbox.runtime import lifecycle
-        from sandbox.runtime.docker_backend import DockerBackend
+        from sandbox.runtime.docker.backend import DockerBackend
         from sandbox.runtime.manager import SandboxManager
         from sandbox.tools.catalog import build_registry
 

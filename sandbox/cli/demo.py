@@ -126,7 +126,7 @@ def _indent(text: str, prefix: str = "     │ ") -> str:
 
 
 async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[str, Any]:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
     box = await session.sandbox()
     backend = session._orch.backend

@@ -14,7 +14,7 @@ from sandbox.errors import UsageError
 
 if TYPE_CHECKING:  # imported where used: the CLI starts without docker
     from sandbox.runtime import lifecycle
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
     from sandbox.runtime.manager import SandboxManager
 
 
@@ -24,14 +24,14 @@ BUILD_TIMEOUT_S = 900.0
 
 
 def _docker(timeout_s: float | None = None) -> DockerBackend:
-    from sandbox.runtime.docker_backend import CONTROL_TIMEOUT_S, DockerBackend
+    from sandbox.runtime.docker.backend import CONTROL_TIMEOUT_S, DockerBackend
 
     return DockerBackend(timeout_s=timeout_s or CONTROL_TIMEOUT_S)
 
 
 def _targets(state: State) -> list[Any]:
     """images/sandbox, images/browser and images/egress, tagged as the default agent config names them."""
-    from sandbox.runtime.images import ImageTarget
+    from sandbox.runtime.docker.images import ImageTarget
 
     sandbox = state.config.agents.defaults.sandbox
     return [
@@ -67,7 +67,7 @@ def images_group() -> None:
 @handled
 def images_build(state: State, offline: bool, force: bool, as_json: bool) -> None:
     """Build the exec and browser images from images/ (idempotent)."""
-    from sandbox.runtime.images import build_all
+    from sandbox.runtime.docker.images import build_all
 
     backend = _docker(BUILD_TIMEOUT_S)
 
@@ -199,13 +199,13 @@ def prune(state: State, dry_run: bool, as_json: bool) -> None:
 @handled
 def doctor(state: State, as_json: bool) -> None:
     """Check the engine, runtimes, images, cgroup limits and the state dir."""
-    from sandbox.runtime.doctor import run_checks
+    from sandbox.runtime.docker.doctor import run_checks
 
     backend = _docker()
     try:
         client = backend.client
     except Exception as exc:
-        from sandbox.runtime.doctor import Check, journal_check, workspace_checks
+        from sandbox.runtime.docker.doctor import Check, journal_check, workspace_checks
 
         checks = [
             Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST"),

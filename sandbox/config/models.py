@@ -303,7 +303,7 @@ class EgressConfig(StrictModel):
     secrets: dict[SecretName, EgressSecret] = {}
     # a PEM file of CAs the proxy trusts upstream besides the system's (an internal mirror's)
     upstream_ca: ConfigPath | None = None
-    # where each egress or browser network takes its /29 (runtime/subnets.py): not Docker's pools
+    # where each egress or browser network takes its /29 (runtime/docker/subnets.py): not Docker's pools
     subnet_pool: Cidr = "10.213.0.0/16"
 
 

@@ -33,7 +33,7 @@ from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.skills import SkillProblem
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
-    from sandbox.runtime.browser import BrowserManager
+    from sandbox.runtime.docker.browser import BrowserManager
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Backend
     from sandbox.tools.search import SearchProvider
@@ -133,8 +133,8 @@ class Orchestrator:
         Raises:
             SandboxError: SANDBOX_UNAVAILABLE when the backend is not docker.
         """
-        from sandbox.runtime.browser import BrowserManager
-        from sandbox.runtime.docker_backend import DockerBackend
+        from sandbox.runtime.docker.backend import DockerBackend
+        from sandbox.runtime.docker.browser import BrowserManager
 
         backend = self.backend
         if not isinstance(backend, DockerBackend):

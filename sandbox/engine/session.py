@@ -20,7 +20,7 @@ from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host_backend import HostShell
+from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.session_users import session_shell
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
@@ -32,7 +32,7 @@ from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
     from sandbox.engine.orchestrator import Orchestrator
-    from sandbox.runtime.browser import BrowserEndpoint
+    from sandbox.runtime.docker.browser import BrowserEndpoint
 
 # tool categories that work host-side (files, memory, sessions): a call of theirs sends nothing
 # through an egress proxy, so nothing is collected after it
@@ -186,7 +186,7 @@ class Session:
 
     async def _close_browser(self) -> None:
         """The session's own browser sandbox goes with it (agent- and shared-scope ones stay)."""
-        from sandbox.runtime.docker_backend import DockerBackend
+        from sandbox.runtime.docker.backend import DockerBackend
 
         if self.agent.sandbox.scope != "session" or not isinstance(self._orch.backend, DockerBackend):
             return

@@ -22,8 +22,8 @@ from sandbox.fs.states import digest
 from sandbox.fs.workspace import Located, WorkspaceFiles
 
 if TYPE_CHECKING:
-    from sandbox.runtime.agent_frames import FileInfo, FileRefused, Reply
-    from sandbox.runtime.agent_link import AgentLink
+    from sandbox.runtime.agent.frames import FileInfo, FileRefused, Reply
+    from sandbox.runtime.agent.link import AgentLink
 
 WRITE_CHUNK = 4 << 20  # one frame's payload (the agent takes 8 MiB at most)
 
@@ -127,7 +127,7 @@ class AgentFiles(WorkspaceFiles):
 
 def _info(reply: FileInfo | FileRefused | Reply, loc: Located) -> FileInfo:
     """The answer as file facts; a refusal as the error a host-side workspace gives."""
-    from sandbox.runtime.agent_frames import FileInfo
+    from sandbox.runtime.agent.frames import FileInfo
 
     if isinstance(reply, FileInfo):
         return reply

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 # name -> (module, what it needs installed)
 _BACKENDS = {
-    "docker": ("sandbox.runtime.docker_backend", "the docker SDK: pip install 'docker>=7.1'"),
-    "host": ("sandbox.runtime.host_sandbox", "nothing"),
+    "docker": ("sandbox.runtime.docker.backend", "the docker SDK: pip install 'docker>=7.1'"),
+    "host": ("sandbox.runtime.host.backend", "nothing"),
 }
 
 

@@ -27,7 +27,7 @@ from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
     from sandbox.journal.store import Journal
-    from sandbox.runtime.pool import WarmPool
+    from sandbox.runtime.docker.pool import WarmPool
     from sandbox.runtime.protocol import Backend, Sandbox
 
 _K = TypeVar("_K")
@@ -72,7 +72,7 @@ class SandboxManager:
         self.journal: Journal | None = None
         self.pool: WarmPool | None = None
         if getattr(backend, "name", "") == "docker":
-            from sandbox.runtime.pool import WarmPool
+            from sandbox.runtime.docker.pool import WarmPool
 
             self.pool = WarmPool(self, backend)  # type: ignore[arg-type]
             backend.pool_claims = self.pool.claims  # type: ignore[attr-defined]
@@ -197,7 +197,7 @@ class SandboxManager:
         client = getattr(self.backend, "client", None)
         if self.journal is None or client is None:
             return 0
-        from sandbox.runtime import egress_log
+        from sandbox.runtime.docker import egress_log
 
         return await egress_log.collect(self.journal, client, sandbox_name)
 

@@ -38,7 +38,7 @@ class Labels:
     LAST_USED = f"{LABEL_PREFIX}.last-used"  # at creation; live value is in the state dir
     SCHEMA = f"{LABEL_PREFIX}.schema"
     READY = f"{LABEL_PREFIX}.ready"
-    # a warm-pool member (runtime/pool.py): its pool key, and its scratch folder until claimed
+    # a warm-pool member (runtime/docker/pool.py): its pool key, and its scratch folder until claimed
     POOL = f"{LABEL_PREFIX}.pool"
     POOL_SCRATCH = f"{LABEL_PREFIX}.pool-scratch"
 

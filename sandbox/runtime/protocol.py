@@ -181,8 +181,8 @@ class Sandbox(Shell, Protocol):
 class Backend(Protocol):
     """Create, find and remove sandboxes. The engine and the manager know only this.
 
-    Implementations: `sandbox.runtime.docker_backend.DockerBackend` (`runtime.backend: docker`,
-    the default), `sandbox.runtime.host_sandbox.HostBackend` (`host`: no isolation, for
+    Implementations: `sandbox.runtime.docker.backend.DockerBackend` (`runtime.backend: docker`,
+    the default), `sandbox.runtime.host.backend.HostBackend` (`host`: no isolation, for
     development), and `sandbox.testing.FakeBackend` for tests of code built on the library.
     """
 

@@ -72,9 +72,9 @@ class SandboxSpec:
     # each session runs as a uid of its own (group: the sandbox user's), see runtime/session_users
     session_users: bool = False
     for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
-    # `network: egress`: the proxy's policy (runtime/egress.py), None for every other network
+    # `network: egress`: the proxy's policy (runtime/docker/egress.py), None for every other network
     egress: dict[str, Any] | None = field(default=None, hash=False, compare=False)
-    pool_member: bool = False  # made for the warm pool, before any session (runtime/pool.py)
+    pool_member: bool = False  # made for the warm pool, before any session (runtime/docker/pool.py)
 
     @property
     def identity(self) -> str:

@@ -4,7 +4,7 @@ A skill is refused at load time, with the reason, when its front matter is inval
 for permissions the global policy (`skills.allowed`) does not grant; the other skills still load.
 Handlers never run in the orchestrator process, and never through a shell (a folder name is
 data, not code): in a sandboxed session each call gets a container of its own that mounts only
-the paths the skill declares (see :mod:`sandbox.runtime.skill_run`); in mode `off` a host
+the paths the skill declares (see :mod:`sandbox.runtime.docker.skill_run`); in mode `off` a host
 process with a minimal environment. A skill may not take the name of a built-in tool or alias
 (a policy naming it would mean the built-in).
 """
@@ -231,7 +231,7 @@ def skill_spec(skill: Skill) -> ToolSpec:
 
 def skill_handler(skill: Skill) -> Any:
     """A handler that runs handler.py with the arguments as JSON in $SKILL_ARGS (argv, no shell)."""
-    from sandbox.runtime import skill_run  # the runtime edge; tools never import docker themselves
+    from sandbox.runtime.docker import skill_run  # the runtime edge; tools never import docker themselves
 
     m = skill.manifest
 

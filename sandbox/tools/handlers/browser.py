@@ -1,6 +1,6 @@
 """browser: drive the session's browser sandbox over CDP (Playwright's connect_over_cdp).
 
-The browser runs in its own sandbox (runtime/browser.py): one per session or agent according to
+The browser runs in its own sandbox (runtime/docker/browser.py): one per session or agent according to
 scope, never shared across tenants, on a network of its own; with `network: egress` its every
 request goes through an egress proxy with the agent's allowlist. Playwright only speaks CDP to
 it (no browser is downloaded). What a page says is untrusted external content, marked as such;

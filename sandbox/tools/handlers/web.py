@@ -2,7 +2,7 @@
 
 The request never leaves from the orchestrator's own network position: curl runs in the
 sandbox, whose only way out is its egress proxy (allowlist, address checks, caps; see
-runtime/egress.py). Redirects are not followed by curl: each one is checked here (http or
+runtime/docker/egress.py). Redirects are not followed by curl: each one is checked here (http or
 https, at most five) and fetched anew through the proxy, which checks its host and addresses
 again. HTML becomes readable text (inscriptis); the result is marked as untrusted external
 content, which a model must not take instructions from.

@@ -13,10 +13,10 @@ from sandbox.audit.ownership import write_problem
 from sandbox.config.merge import agent_ids, effective_agent, probe_agent_id
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
-from sandbox.runtime import procfs
-from sandbox.runtime.docker_errors import mapped
-from sandbox.runtime.exec_path import path_from_labels
-from sandbox.runtime.images import ImageTarget, image_current, provenance
+from sandbox.runtime.agent.exec_path import path_from_labels
+from sandbox.runtime.docker import procfs
+from sandbox.runtime.docker.errors import mapped
+from sandbox.runtime.docker.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.spec import spec_from_config
 

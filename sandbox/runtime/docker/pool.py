@@ -35,7 +35,7 @@ from sandbox.runtime.naming import Labels
 
 if TYPE_CHECKING:
     from sandbox.config.merge import EffectiveAgent
-    from sandbox.runtime.docker_backend import DockerBackend, DockerSandbox
+    from sandbox.runtime.docker.backend import DockerBackend, DockerSandbox
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import SandboxInfo
     from sandbox.runtime.spec import SandboxSpec
@@ -203,7 +203,7 @@ class WarmPool:
 
     async def _try(self, info: SandboxInfo, spec: SandboxSpec) -> DockerSandbox | None:
         """Claim one member for `spec` and hand it over; None when it is not (or no longer) free."""
-        from sandbox.runtime.docker_sandbox import DockerSandbox
+        from sandbox.runtime.docker.sandbox import DockerSandbox
 
         if not self._free_name(info) or info.tenant != spec.tenant or not info.running or self.claims.claimed(info.id):
             return None

@@ -21,12 +21,12 @@ import docker.errors
 from docker.utils.socket import frames_iter
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
 
 class SandboxGone(SandboxUnavailable):

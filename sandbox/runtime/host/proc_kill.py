@@ -3,8 +3,8 @@
 A process of a call carries `SBX_CALL=<id>` in its environment; a process in the same process
 group as a tagged one belongs to the call too (it may have changed its environment). Used on
 the host (mode off) for every kill, and for sandboxes whose engine runs on this host (see
-docker_kill): reading /proc is a few hundred microseconds where a shell scanning it forks once
-per process.
+runtime/docker/kill.py): reading /proc is a few hundred microseconds where a shell scanning it
+forks once per process.
 """
 
 from __future__ import annotations

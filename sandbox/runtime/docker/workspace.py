@@ -18,7 +18,7 @@ from sandbox.runtime.naming import LABEL_PREFIX
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
 WORKSPACE_ID_LABEL = f"{LABEL_PREFIX}.workspace-inode"
 MISSING = "missing"

@@ -16,12 +16,12 @@ import anyio
 import docker.errors
 
 from sandbox._log import logger
-from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
-from sandbox.runtime.docker_kill import kill_exec
-from sandbox.runtime.exec_path import ExecPath, path_from_labels
+from sandbox.runtime.agent.exec_path import ExecPath, path_from_labels
+from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
+from sandbox.runtime.docker.kill import kill_exec
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
     from sandbox.runtime.spec import SandboxSpec
 
 IMAGE_CACHE_S = 10.0

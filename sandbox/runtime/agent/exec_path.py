@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sandbox.runtime.naming import LABEL_PREFIX
 
-PROTOCOL = 1  # the resident agent's protocol this orchestrator speaks (runtime/agent_frames.py)
+PROTOCOL = 1  # the resident agent's protocol this orchestrator speaks (runtime/agent/frames.py)
 AGENT_LABEL = f"{LABEL_PREFIX}.resident-agent"  # not `.agent`: containers carry that one (the agent id)
 AGENT_PROTOCOL_LABEL = f"{LABEL_PREFIX}.resident-agent-protocol"
 

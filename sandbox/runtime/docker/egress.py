@@ -23,7 +23,7 @@ from typing import Any
 import docker.errors
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime import egress_secrets, hostfirewall
+from sandbox.runtime.docker import egress_secrets, hostfirewall
 from sandbox.runtime.naming import LABEL_PREFIX, short_hash
 from sandbox.runtime.spec import SandboxSpec
 
@@ -130,12 +130,12 @@ class EdgeOwner:
 
 def create_edge(client: Any, owner: EdgeOwner) -> EgressEdge:
     """The internal network and the proxy of a sandbox (or browser), made or adopted; blocking
-    (see `sandbox.runtime.egress_make`).
+    (see `sandbox.runtime.docker.egress_make`).
 
     Raises:
         SandboxUnavailable: the network or the proxy could not be made or did not come up.
     """
-    from sandbox.runtime import egress_make
+    from sandbox.runtime.docker import egress_make
 
     return egress_make.create_edge(client, owner)
 
@@ -230,7 +230,7 @@ def proxy_running(client: Any, sandbox_name: str) -> bool:
 
 def sweep_orphans(client: Any, instance: str) -> list[str]:
     """Remove edges and networks of this instance whose container is gone; blocking (see
-    `sandbox.runtime.netsweep`)."""
-    from sandbox.runtime import netsweep
+    `sandbox.runtime.docker.netsweep`)."""
+    from sandbox.runtime.docker import netsweep
 
     return netsweep.sweep_orphans(client, instance)

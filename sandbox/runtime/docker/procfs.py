@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker_kill import in_container
+from sandbox.runtime.docker.kill import in_container
 from sandbox.runtime.naming import Labels
 
 HIDDEN = ("invisible", "2")  # how the kernel shows the option (named since 5.8, a number before)

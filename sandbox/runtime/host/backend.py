@@ -18,8 +18,8 @@ from pathlib import Path
 import anyio.to_thread
 
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host_backend import HostShell
-from sandbox.runtime.hostpaths import prepare_workspace
+from sandbox.runtime.host.paths import prepare_workspace
+from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
@@ -114,7 +114,7 @@ class HostSandbox:
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids a call started that are still alive."""
         del user
-        from sandbox.runtime import proc_kill
+        from sandbox.runtime.host import proc_kill
 
         members = await anyio.to_thread.run_sync(
             lambda: proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True)

@@ -20,18 +20,18 @@ from docker.types import Ulimit
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress, egress_secrets, procfs
+from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.docker_client import CONTROL_TIMEOUT_S, connect
-from sandbox.runtime.docker_create import create_kwargs
-from sandbox.runtime.docker_errors import mapped
-from sandbox.runtime.docker_sandbox import DockerSandbox
-from sandbox.runtime.docker_workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
-from sandbox.runtime.hostpaths import SHARED_DIR_MODE, prepare_workspace
+from sandbox.runtime.docker import egress, egress_secrets, procfs
+from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
+from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.errors import mapped
+from sandbox.runtime.docker.pool import PoolClaims
+from sandbox.runtime.docker.sandbox import DockerSandbox
+from sandbox.runtime.docker.workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
+from sandbox.runtime.host.paths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
-from sandbox.runtime.pool import PoolClaims
 from sandbox.runtime.protocol import SandboxInfo
-from sandbox.runtime.resident import ResidentAgents
 from sandbox.runtime.spec import SandboxSpec
 
 T = TypeVar("T")
@@ -183,7 +183,7 @@ class DockerBackend:
             config_hash = labels.get(Labels.CONFIG_HASH)
             if labels.get(Labels.POOL):
                 # a warm-pool container handed to a session: its labels name no session, the
-                # claim made when it was handed over does (runtime/pool.py)
+                # claim made when it was handed over does (runtime/docker/pool.py)
                 claim = self.pool_claims.get(attrs["Id"]) if self.pool_claims is not None else None
                 theirs = (
                     (claim.tenant, claim.scope_key)
@@ -213,7 +213,7 @@ class DockerBackend:
                 running = False  # its bind holds a removed folder: made again on a workspace made again
             if config_hash == spec.config_hash and running:
                 self.workspace_ids[attrs["Id"]] = recorded_id(labels)
-                procfs.hide_in(attrs, spec)  # also one made before hidepid, or restarted (runtime/procfs.py)
+                procfs.hide_in(attrs, spec)  # also one made before hidepid, or restarted (runtime/docker/procfs.py)
                 return DockerSandbox(self, attrs["Id"], spec)
             if config_hash != spec.config_hash:
                 changed = self._changed_keys(labels, spec)
@@ -389,7 +389,7 @@ class DockerBackend:
             except docker.errors.APIError as exc:
                 if "already in progress" not in str(exc):
                     raise
-            from sandbox.runtime import netsweep  # its egress edge, or its own browser network, goes with it
+            from sandbox.runtime.docker import netsweep  # its egress edge, or its own browser network, goes with it
 
             netsweep.remove_networks_of(self.client, attrs)
             return str(attrs.get("Id", ""))
@@ -402,7 +402,7 @@ class DockerBackend:
                 self.pool_claims.drop(removed)
 
     async def sweep_egress(self, instance: str) -> builtins.list[str]:
-        """Remove egress proxies and networks whose sandbox is gone (see runtime/egress.py)."""
+        """Remove egress proxies and networks whose sandbox is gone (see runtime/docker/egress.py)."""
         return await self.call("sweep egress proxies", egress.sweep_orphans, self.client, instance)
 
     async def aclose(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import docker.errors
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.naming import LABEL_PREFIX
 
 BASE_IMAGE = "debian:bookworm-slim"
@@ -55,7 +55,7 @@ def images_dir() -> Path:
     env = os.environ.get("SANDBOX_IMAGES_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "images"
+    return Path(__file__).resolve().parents[3] / "images"  # sandbox/runtime/docker/images.py
 
 
 def context_hash(folder: Path, base_id: str) -> str:

@@ -12,9 +12,11 @@ import anyio.to_thread
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime import docker_kill, docker_workspace, shellwrap
-from sandbox.runtime.agent_link import AgentLink, AgentUnavailable
-from sandbox.runtime.docker_exec import SandboxGone, exec_stream
+from sandbox.runtime import shellwrap
+from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
+from sandbox.runtime.docker import kill as docker_kill
+from sandbox.runtime.docker import workspace as docker_workspace
+from sandbox.runtime.docker.exec import SandboxGone, exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 from sandbox.runtime.spec import SandboxSpec
@@ -26,7 +28,7 @@ KILL_NOT_CONFIRMED = (
 )
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
 
 class DockerSandbox:
@@ -151,7 +153,7 @@ class DockerSandbox:
 
     async def _check_workspace(self) -> None:
         """SandboxGone when the workspace folder it was made on was removed on the host (nothing
-        can start in it; see runtime/docker_workspace.py): it is made again by the reviver."""
+        can start in it; see runtime/docker/workspace.py): it is made again by the reviver."""
         recorded = await docker_workspace.recorded_for(self._backend, self._id)
         if docker_workspace.workspace_lost(recorded, self._spec):
             logger.bind(container=self._spec.name, workspace=self._spec.mounts[0].source).warning(

@@ -16,7 +16,7 @@ from typing import Any
 import docker
 
 from sandbox.errors import SandboxError, SandboxUnavailable
-from sandbox.runtime.docker_errors import mapped
+from sandbox.runtime.docker.errors import mapped
 
 CONTROL_TIMEOUT_S = 15.0
 

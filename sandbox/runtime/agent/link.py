@@ -6,7 +6,7 @@ Whoever waits for an answer reads the socket (one reader at a time; the others w
 it dispatches), so no thread or background task is needed and a cancelled caller simply stops
 waiting.
 
-What the agent says is checked (runtime/agent_frames.py) and bounded in time: no hello, no
+What the agent says is checked (runtime/agent/frames.py) and bounded in time: no hello, no
 `started` answer, a stalled stdin, a broken frame or the stream's end all mark the link dead
 with the reason. Every call waiting on a dead link fails at once with AgentUnavailable (a
 SANDBOX_UNAVAILABLE); the next call starts a fresh agent. The sandbox itself is kept.
@@ -27,7 +27,8 @@ import anyio.lowlevel
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.agent_frames import (
+from sandbox.runtime.agent.exec_path import PROTOCOL
+from sandbox.runtime.agent.frames import (
     Data,
     Exit,
     Failed,
@@ -40,14 +41,13 @@ from sandbox.runtime.agent_frames import (
     Reply,
     Started,
 )
-from sandbox.runtime.agent_frames import encode as encode_frame
-from sandbox.runtime.docker_exec import close_exec_socket, create_exec
-from sandbox.runtime.exec_path import PROTOCOL
+from sandbox.runtime.agent.frames import encode as encode_frame
+from sandbox.runtime.docker.exec import close_exec_socket, create_exec
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
 HELLO_TIMEOUT_S = 15.0  # python's start in a loaded sandbox
 ANSWER_TIMEOUT_S = 10.0  # a request's first answer (`started`, `pong`, `done`)
@@ -179,7 +179,7 @@ class AgentLink:
     async def file_request(
         self, header: dict[str, Any], chunks: Sequence[bytes] = (b"",), *, data_limit: int = 0
     ) -> tuple[FileInfo | FileRefused | Reply, bytes]:
-        """One file operation (runtime/agent_files.py): the request (its payload in `chunks`, one
+        """One file operation (fs/agent_files.py): the request (its payload in `chunks`, one
         frame each), then what the agent sent back (bytes up to `data_limit`) and its answer."""
         call = self._new(data_limit=data_limit)
         try:

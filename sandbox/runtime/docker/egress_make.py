@@ -3,7 +3,7 @@
 Makers of one edge take turns: a lock per edge in this process, and across processes the
 network's name is the claim (the engine refuses a second network of that name; its loser waits
 for the winner's edge and adopts it, re-reading the placeholders from the proxy's policy). Each
-network takes a small subnet of the configured pool (runtime/subnets.py), and the proxy runs with
+network takes a small subnet of the configured pool (runtime/docker/subnets.py), and the proxy runs with
 CPU and memory limits and with forwarding off in its network namespace.
 """
 
@@ -21,8 +21,8 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress_secrets, hostfirewall, subnets
-from sandbox.runtime.egress import (
+from sandbox.runtime.docker import egress_secrets, hostfirewall, subnets
+from sandbox.runtime.docker.egress import (
     NETWORK_KIND,
     PROXY_KIND,
     PROXY_LOG_CONFIG,

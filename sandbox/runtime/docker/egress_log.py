@@ -18,7 +18,7 @@ import docker.errors
 
 from sandbox._log import logger
 from sandbox.journal.store import Journal
-from sandbox.runtime import egress
+from sandbox.runtime.docker import egress
 from sandbox.runtime.naming import Labels
 
 TOOL = "egress"

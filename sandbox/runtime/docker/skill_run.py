@@ -31,15 +31,15 @@ import anyio
 from docker.types import Mount as DockerMount
 
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.runtime.docker_create import create_kwargs
-from sandbox.runtime.docker_exec import exec_stream
+from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.exec import exec_stream
 from sandbox.runtime.naming import container_name
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 from sandbox.runtime.spec import Mount, SandboxSpec
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker_backend import DockerBackend
+    from sandbox.runtime.docker.backend import DockerBackend
 
 SKILL_HOME = "/opt/skill"  # the skill's own folder inside its container
 HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -226,7 +226,7 @@ def backend_of(shell: object) -> DockerBackend:
     Raises:
         SandboxError: SANDBOX_UNAVAILABLE when the session's shell is not a Docker sandbox.
     """
-    from sandbox.runtime.docker_sandbox import DockerSandbox
+    from sandbox.runtime.docker.sandbox import DockerSandbox
 
     shell = getattr(shell, "sandbox", shell)  # a session's own-uid view of its sandbox
     if not isinstance(shell, DockerSandbox):

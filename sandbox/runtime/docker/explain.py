@@ -11,9 +11,9 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
+from sandbox.runtime.agent.exec_path import path_from_labels
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.docker_create import create_kwargs
-from sandbox.runtime.exec_path import path_from_labels
+from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.naming import instance_id
 from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.runtime.spec import spec_from_config

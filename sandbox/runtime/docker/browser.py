@@ -5,7 +5,7 @@ member), so code in one page can never reach another session's or tenant's brows
 orchestrator reaches CDP at the container's address on that bridge (nothing is published). An
 internal network still routes to the host itself through the bridge's gateway address, so the
 host's firewall drops every connection the browser opens towards the host on that bridge
-(see `sandbox.runtime.hostfirewall`).
+(see `sandbox.runtime.docker.hostfirewall`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress, hostfirewall, subnets
-from sandbox.runtime.docker_backend import DockerBackend
+from sandbox.runtime.docker import egress, hostfirewall, subnets
+from sandbox.runtime.docker.backend import DockerBackend
 from sandbox.runtime.naming import (
     CREATOR_LABEL,
     LABEL_PREFIX,

@@ -20,11 +20,11 @@ import docker.errors
 
 from sandbox._log import logger
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress, hostfirewall
+from sandbox.runtime.docker import egress, hostfirewall
+from sandbox.runtime.docker.subnets import age_s
 from sandbox.runtime.naming import CREATOR_LABEL, Labels
-from sandbox.runtime.subnets import age_s
 
-BROWSER_NETWORK_KIND = "browser-net"  # runtime/browser.py's networks
+BROWSER_NETWORK_KIND = "browser-net"  # runtime/docker/browser.py's networks
 
 
 def _mine(labels: dict[str, str]) -> bool:

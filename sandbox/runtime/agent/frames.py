@@ -3,7 +3,7 @@
 The agent (images/sandbox/sandbox_agent.py) runs next to untrusted code as the same user, so
 anything on its stream may be forged. Every frame is bounded before it is buffered and
 checked against a strict schema before it is believed; a frame that fails either check ends
-the link (see runtime/agent_link.py), never the orchestrator.
+the link (see runtime/agent/link.py), never the orchestrator.
 
 Frame: 4-byte big-endian header length, 4-byte big-endian payload length, a JSON header, then
 the payload. The same layout in both directions.
