@@ -251,6 +251,7 @@ def probe(
         "warn",
         name,
         f"sessions sharing a container can read each other's command lines: {hiding.reason}",
-        "run the orchestrator as root on the engine's host (compose.yaml's service has pid: host, SYS_ADMIN and SYS_PTRACE for it), "
+        "run the orchestrator as root on the engine's host "
+        "(compose.yaml's service has pid: host, SYS_ADMIN and SYS_PTRACE for it), "
         "or use scope: session where sessions must not see each other's processes",
     )
