@@ -334,6 +334,47 @@ except OSError as exc:
     assert host_canary.accepted == 0
 
 
+GATEWAY_PROBE = """
+import socket, struct
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000":
+        gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+try:
+    socket.create_connection((gw, PORT), timeout=3); print("connected to", gw)
+except OSError as exc:
+    print("refused", gw, type(exc).__name__)
+"""
+
+
+async def test_bridge_rules_removed_behind_a_live_sandbox_are_put_back(make_config: Any, lab: Lab) -> None:
+    """Whatever removes an egress bridge's host rules while its sandbox lives (a race, an
+    operator's flush), the next orchestrator to adopt the sandbox puts them back before using it:
+    the sandbox still cannot reach the host through its gateway, and the canary hears nothing."""
+    from sandbox.runtime.docker import hostfirewall
+
+    host_canary = Canary()
+    config = egress_config(make_config, lab)
+    try:
+        async with Orchestrator(config) as orch:
+            session = orch.session(agent="main", key="s-gw-lost")
+            assert (await _sh(session, "true"))["exit_code"] == 0
+            bridge = egress.names(orch.manager.spec_for(session.agent, session.key).name).bridge
+        assert hostfirewall.rules_present(bridge)
+        hostfirewall.remove_rules(bridge)  # the fault: the rules are gone, the sandbox lives on
+        assert not hostfirewall.rules_present(bridge)
+        async with Orchestrator(config) as orch:
+            session = orch.session(agent="main", key="s-gw-lost")
+            probe = GATEWAY_PROBE.replace("PORT", str(host_canary.port))
+            out = await _sh(session, f"python3 -c '{probe}'")
+            assert "refused" in out["output"] and "connected" not in out["output"], out
+            assert hostfirewall.rules_present(bridge)
+            await session.close()
+    finally:
+        host_canary.close()
+    assert host_canary.accepted == 0
+
+
 async def test_no_egress_sandbox_without_the_host_firewall(
     make_config: Any, lab: Lab, docker_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

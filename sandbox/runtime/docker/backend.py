@@ -208,6 +208,8 @@ class DockerBackend:
             ):
                 logger.bind(container=spec.name).info("sandbox_egress_proxy_gone")
                 running = False  # its only way out is gone: remade with a new proxy
+            if running and spec.egress is not None and not await self._bridge_guarded(spec):
+                running = False  # its bridge reaches the host: remade, or refused where rules cannot be put in
             if running and await anyio.to_thread.run_sync(workspace_lost, recorded_id(labels), spec):
                 logger.bind(container=spec.name, workspace=spec.mounts[0].source).warning("sandbox_workspace_gone")
                 running = False  # its bind holds a removed folder: made again on a workspace made again
@@ -242,7 +244,13 @@ class DockerBackend:
     async def _create(self, spec: SandboxSpec) -> DockerSandbox:
         egress.MAKING.add(spec.name)  # an orphan sweep meanwhile leaves its proxy alone
         try:
-            return await self._create_marked(spec)
+            made = await self._create_marked(spec)
+            if spec.egress is not None and not await self._bridge_guarded(spec):
+                raise SandboxUnavailable(
+                    "the host firewall rules of the egress network are gone and cannot be put back",
+                    container=spec.name,
+                )
+            return made
         except BaseException:
             if spec.egress is not None:  # whatever failed, the proxy and network made for it go
                 with anyio.CancelScope(shield=True):
@@ -250,6 +258,13 @@ class DockerBackend:
             raise
         finally:
             egress.MAKING.discard(spec.name)
+
+    async def _bridge_guarded(self, spec: SandboxSpec) -> bool:
+        """The egress bridge's host rules are in (restored if something removed them); False only
+        where they cannot be and the policy requires them."""
+        if not (spec.egress or {}).get("require_host_firewall", True):
+            return True  # the operator accepted an egress network without them
+        return await anyio.to_thread.run_sync(egress.bridge_guarded, spec.name)
 
     async def _create_marked(self, spec: SandboxSpec) -> DockerSandbox:
         # Created under a temporary name and renamed when ready: the final name existing

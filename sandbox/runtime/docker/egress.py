@@ -22,6 +22,7 @@ from typing import Any
 
 import docker.errors
 
+from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.docker import egress_secrets, hostfirewall
 from sandbox.runtime.naming import LABEL_PREFIX, short_hash
@@ -226,6 +227,19 @@ def proxy_running(client: Any, sandbox_name: str) -> bool:
     except docker.errors.NotFound:
         return False
     return bool(attrs["State"]["Status"] == "running")
+
+
+def bridge_guarded(sandbox_name: str) -> bool:
+    """Make sure the rules that keep the sandbox off the host through its bridge are in place,
+    restoring them if something removed them (checked when a sandbox is made and when it is
+    adopted: a sandbox on a bridge without them reaches every service of the host). Blocking.
+    True when they are in."""
+    bridge = names(sandbox_name).bridge
+    if hostfirewall.rules_present(bridge):
+        return True
+    restored = hostfirewall.drop_from_bridge(bridge)
+    logger.bind(sandbox=sandbox_name, bridge=bridge, restored=restored).warning("egress_bridge_rules_missing")
+    return restored
 
 
 def sweep_orphans(client: Any, instance: str) -> list[str]:
