@@ -1,6 +1,7 @@
 """The resident agent (images/sandbox/sandbox_agent.py) run for real on this host over pipes, and
-the orchestrator's frame reader fed hostile bytes. The same agent in a container, with the
-link and its faults, is in test_resident_agent_docker.py."""
+the orchestrator's frame reader (behind Docker's demultiplexer) and link fed hostile bytes. The
+link's calls over the pipe transport are in test_agent_link_pipe.py; the same agent in a
+container, through Docker's exec socket, is in test_resident_agent_docker.py."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
 from sandbox.runtime.agent.frames import (
-    DOCKER_HEAD,
     HEAD,
     MAX_PAYLOAD,
     Exit,
@@ -32,6 +33,7 @@ from sandbox.runtime.agent.frames import (
     Started,
     encode,
 )
+from sandbox.runtime.docker.agent_stream import DOCKER_HEAD, DockerDemux
 
 AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
 
@@ -53,7 +55,7 @@ class LocalAgent:
             env={**os.environ, **(env or {})},
             preexec_fn=limit if max_file_bytes is not None else None,
         )
-        self.reader = FrameReader(muxed=False)
+        self.reader = FrameReader()
         self.backlog: list[tuple[Any, bytes]] = []
 
     def close(self) -> int:
@@ -219,8 +221,22 @@ def muxed(data: bytes, stream: int = 1) -> bytes:
     return DOCKER_HEAD.pack(stream, len(data)) + data
 
 
+class MuxedReader:
+    """What the link reads from Docker: the exec stream's demultiplexer, then the frame reader."""
+
+    def __init__(self) -> None:
+        self._demux, self._reader = DockerDemux(), FrameReader()
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._demux.stderr)
+
+    def feed(self, data: bytes) -> list[tuple[Any, bytes]]:
+        return self._reader.feed(self._demux.feed(data))
+
+
 def test_a_gigabyte_frame_is_refused_from_its_header() -> None:
-    reader = FrameReader()
+    reader = MuxedReader()
     with pytest.raises(FrameError, match="over the limits"):
         reader.feed(muxed(HEAD.pack(10, 1 << 30)))  # the header alone: nothing is waited for
 
@@ -235,18 +251,18 @@ def test_garbage_and_off_protocol_frames_are_refused() -> None:
         b'{"t":"unknown","id":1}',
     ):
         with pytest.raises(FrameError):
-            FrameReader().feed(muxed(frame(bad)))
+            MuxedReader().feed(muxed(frame(bad)))
     with pytest.raises(FrameError, match="payload"):
-        FrameReader().feed(muxed(frame(b'{"t":"pong","id":1}', b"smuggled")))
+        MuxedReader().feed(muxed(frame(b'{"t":"pong","id":1}', b"smuggled")))
     with pytest.raises(FrameError, match="multiplexed"):
-        FrameReader().feed(b"\x07\x00\x00\x00\x00\x00\x00\x01x")
+        MuxedReader().feed(b"\x07\x00\x00\x00\x00\x00\x00\x01x")
 
 
 def test_frames_split_anywhere_reassemble() -> None:
     stream = muxed(frame(b'{"t":"started","id":1,"pid":9}')) + muxed(frame(b'{"t":"out","id":1,"stream":1}', b"hi"))
     stream += muxed(b"agent says hi on stderr", 2)
     for cut in range(len(stream) + 1):
-        reader = FrameReader()
+        reader = MuxedReader()
         got = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
         assert [f.t for f, _ in got] == ["started", "out"] and got[1][1] == b"hi"
         assert bytes(reader.stderr) == b"agent says hi on stderr"
@@ -254,7 +270,7 @@ def test_frames_split_anywhere_reassemble() -> None:
 
 @given(st.binary(max_size=300))
 def test_any_bytes_give_frames_or_a_frame_error_never_anything_else(data: bytes) -> None:
-    reader = FrameReader()
+    reader = MuxedReader()
     try:
         for f, payload in reader.feed(data):
             assert len(payload) <= MAX_PAYLOAD and f.t in {"hello", "started", "out", "exit", "pong", "done", "error"}
@@ -373,19 +389,16 @@ def test_a_write_that_fails_half_way_changes_nothing_and_answers_once(tmp_path: 
         agent.close()
 
 
-# -- the orchestrator's link, fed a hostile stream (a socket pair stands in for the engine) -----
+# -- the orchestrator's link, fed hostile bytes (its transport: a real agent's pipes) ----------
 
 
-def _link() -> tuple[Any, Any]:
-    import socket
-    from types import SimpleNamespace
-
+async def _link() -> tuple[Any, Any]:
     from sandbox.runtime.agent.link import AgentLink
+    from sandbox.runtime.agent.pipe import LocalAgents
 
-    mine, theirs = socket.socketpair()
-    mine.setblocking(False)
-    raw = SimpleNamespace(_sock=mine, close=lambda: None)  # what docker-py hands out, around the socket
-    return AgentLink(mine, raw, "exec-id", "container-id", None), theirs
+    agents = LocalAgents()
+    transport = await agents.start("container-id", ["python3", "-I", "-S", str(AGENT)], None)
+    return AgentLink(transport, "container-id", None), agents
 
 
 @pytest.mark.anyio
@@ -397,33 +410,31 @@ async def test_empty_output_frames_and_answers_to_requests_never_made_end_the_li
         (frame(b'{"t":"out","id":1,"stream":1}'), "empty"),
         (frame(b'{"t":"pong","id":7}'), "never made"),
     ):
-        link, theirs = _link()
+        link, agents = await _link()
         link._next = 2
         link._pending[1] = _Pending(1, capture=OutputCapture(), answered=True)
-        await link._dispatch(muxed(bad))
+        await link._dispatch(bad)
         assert link.dead is not None and words in link.dead, link.dead
         assert link._pending[1].error is not None  # the call waiting on it fails at once
-        theirs.close()
+        agents.reap()
 
 
 @pytest.mark.anyio
 async def test_a_flood_of_small_frames_lets_other_tasks_run_between_them() -> None:
     """Thousands of tiny (legal) frames in one read: the link hands the event loop back every
     few hundred, so other tenants' calls are not held up behind them (order, not timing)."""
-    import anyio
-
-    link, theirs = _link()
+    link, agents = await _link()
     link._next = 2  # request 1 was made and is no longer waited for: its late answers are dropped
     ran = anyio.Event()
 
     async def neighbour() -> None:
         ran.set()
 
-    flood = muxed(frame(b'{"t":"pong","id":1}') * 2000)
+    flood = frame(b'{"t":"pong","id":1}') * 2000
     async with anyio.create_task_group() as tg:
         tg.start_soon(neighbour)
         await link._dispatch(flood)
         assert ran.is_set()  # the neighbour ran before the flood was through
         assert link.dead is None  # late answers are legal; a flood of them costs only CPU
-    theirs.close()
     link.close()
+    agents.reap()

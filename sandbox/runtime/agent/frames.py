@@ -23,9 +23,7 @@ MAX_HEADER = 4 << 10
 MAX_PAYLOAD = 1 << 20
 # what the agent accepts (sandbox_agent.py MAX_HEADER): a command and its environment
 MAX_REQUEST = 8 << 20
-# docker's own multiplexing header of an attached stream without a TTY: stream, 0, 0, 0, size
-DOCKER_HEAD = struct.Struct(">BxxxI")
-STDERR_KEPT = 4 << 10  # the agent's own stderr (a traceback) is kept this far, for the log
+STDERR_KEPT = 4 << 10  # the agent's own stderr (a traceback) is kept this far, for the log (transports)
 MAX_INT = (1 << 63) - 1  # every number in a frame fits a signed 64-bit (no 4,000-digit sizes)
 
 
@@ -112,42 +110,22 @@ def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
 
 
 class FrameReader:
-    """Turns the bytes of an attached exec stream into checked frames.
+    """Turns the bytes of the agent's stdout into checked frames.
 
-    `feed` takes raw socket bytes (docker's multiplexed stdout/stderr) and returns the complete
-    agent frames in them; FrameError on the first broken one. Sizes are checked from the
-    headers, before a body is waited for, so a forged 1 GB length costs nothing.
+    `feed` takes what a transport received (runtime/agent/transport.py: the engine's own stream
+    framing is already gone) and returns the complete agent frames in them; FrameError on the
+    first broken one. Sizes are checked from the headers, before a body is waited for, so a
+    forged 1 GB length costs nothing.
     """
 
-    def __init__(self, *, muxed: bool = True) -> None:
-        self._muxed = muxed  # False: the bytes are the agent's stdout itself (a pipe, in tests)
-        self._mux = bytearray()
+    def __init__(self) -> None:
         self._inbox = bytearray()
-        self.stderr = bytearray()
 
     def feed(self, data: bytes) -> list[tuple[Frame, bytes]]:
         """The complete frames `data` ends; FrameError on a broken one."""
-        if not self._muxed:
-            self._inbox += data
-            if len(self._inbox) > HEAD.size + MAX_HEADER + MAX_PAYLOAD:
-                self._check_head()
-            return self._frames()
-        self._mux += data
-        while len(self._mux) >= DOCKER_HEAD.size:
-            stream, size = DOCKER_HEAD.unpack_from(self._mux)
-            if stream not in (1, 2):
-                raise FrameError(f"the stream is not docker's multiplexed output (stream byte {stream})")
-            end = DOCKER_HEAD.size + size
-            if len(self._mux) < end:
-                break
-            chunk = bytes(self._mux[DOCKER_HEAD.size : end])
-            del self._mux[:end]
-            if stream == 1:
-                self._inbox += chunk
-            else:
-                self.stderr = (self.stderr + chunk)[-STDERR_KEPT:]
-            if len(self._inbox) > HEAD.size + MAX_HEADER + MAX_PAYLOAD:
-                self._check_head()  # raises: nothing legitimate is this long
+        self._inbox += data
+        if len(self._inbox) > HEAD.size + MAX_HEADER + MAX_PAYLOAD:
+            self._check_head()  # raises: nothing legitimate is this long
         return self._frames()
 
     def _check_head(self) -> tuple[int, int]:

@@ -1,8 +1,10 @@
-"""One persistent attached exec stream to a sandbox's resident agent, and calls over it.
+"""One persistent stream to a sandbox's resident agent, and calls over it.
 
-The agent is started once per (container, user) with `docker exec -i`; afterwards a command is
-a request frame written to its stdin and answers read from its stdout: no Docker API call.
-Whoever waits for an answer reads the socket (one reader at a time; the others wait for what
+The agent is started once per (container, user) by its engine (an AgentStarter: Docker's
+attached `docker exec -i`, or a local subprocess in tests); afterwards a command is a request
+frame written to its stdin and answers read from its stdout: no engine API call. The bytes go
+over an AgentTransport (runtime/agent/transport.py); everything about frames is here.
+Whoever waits for an answer reads the stream (one reader at a time; the others wait for what
 it dispatches), so no thread or background task is needed and a cancelled caller simply stops
 waiting.
 
@@ -15,12 +17,10 @@ SANDBOX_UNAVAILABLE); the next call starts a fresh agent. The sandbox itself is 
 from __future__ import annotations
 
 import contextlib
-import select
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -42,12 +42,9 @@ from sandbox.runtime.agent.frames import (
     Started,
 )
 from sandbox.runtime.agent.frames import encode as encode_frame
-from sandbox.runtime.docker.exec import close_exec_socket, create_exec
+from sandbox.runtime.agent.transport import AgentStarter, AgentTransport
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
-
-if TYPE_CHECKING:
-    from sandbox.runtime.docker.backend import DockerBackend
 
 HELLO_TIMEOUT_S = 15.0  # python's start in a loaded sandbox
 ANSWER_TIMEOUT_S = 10.0  # a request's first answer (`started`, `pong`, `done`)
@@ -82,10 +79,8 @@ class _Pending:
 class AgentLink:
     """A live stream to one agent. Make it with :meth:`open`."""
 
-    def __init__(self, sock: socket.socket, raw: Any, exec_id: str, container_id: str, user: str | None) -> None:
-        self._sock = sock
-        self._raw = raw  # docker-py's response objects, closed with the socket
-        self.exec_id = exec_id
+    def __init__(self, transport: AgentTransport, container_id: str, user: str | None) -> None:
+        self.transport = transport
         self.container_id = container_id
         self.user = user
         self.agent_pid = 0  # the agent's pid inside the container (its hello says)
@@ -101,24 +96,24 @@ class AgentLink:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, backend: DockerBackend, container_id: str, agent_path: str, user: str | None) -> AgentLink:
+    async def open(cls, starter: AgentStarter, container_id: str, agent_path: str, user: str | None) -> AgentLink:
         """Start the agent in the container and wait for its hello.
 
         Raises:
-            SandboxGone: the container is gone or stopped (from the exec create).
+            SandboxGone: the container is gone or stopped (from the starter).
             AgentUnavailable: the agent did not start or did not greet in time.
         """
-        api = backend.client.api
-        argv = ["/usr/bin/python3", "-I", "-S", agent_path]
-        params = {"stdin": True, "stdout": True, "stderr": True, **_user(user)}
-        exec_id = await create_exec(backend, container_id, argv, params)
-        raw = await backend.call("start agent", api.exec_start, exec_id, socket=True)
-        sock = getattr(raw, "_sock", None)
-        if type(sock) is not socket.socket:  # TLS or ssh transports: not read without a thread
-            close_exec_socket(raw)
-            raise AgentUnavailable("the engine's transport is not a plain socket; the agent is not used")
-        sock.setblocking(False)
-        link = cls(sock, raw, exec_id, container_id, user)
+        transport = await starter.start(container_id, ["/usr/bin/python3", "-I", "-S", agent_path], user)
+        return await cls.greeted(transport, container_id, user)
+
+    @classmethod
+    async def greeted(cls, transport: AgentTransport, container_id: str, user: str | None) -> AgentLink:
+        """A link over a started agent's `transport`, once the agent said hello.
+
+        Raises:
+            AgentUnavailable: the agent did not greet in time, or speaks another protocol.
+        """
+        link = cls(transport, container_id, user)
         try:
             with anyio.move_on_after(HELLO_TIMEOUT_S):
                 await link._wait(lambda: link._hello is not None)
@@ -224,9 +219,7 @@ class AgentLink:
         is sent on it, so that request can go to a new container or agent instead."""
         if self.dead is None and not self._reading:
             try:
-                poller = select.poll()  # not select(): a busy host has fds past 1024
-                poller.register(self._sock, select.POLLIN)
-                if poller.poll(0) and self._sock.recv(1, socket.MSG_PEEK) == b"":
+                if self.transport.ended():
                     self._fail(self._ended())
             except (OSError, ValueError) as exc:
                 self._fail(f"the agent's stream failed: {exc}")
@@ -259,31 +252,25 @@ class AgentLink:
             raise AgentUnavailable(call.error)
 
     async def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        data = memoryview(encode_frame(header, payload))
+        data = encode_frame(header, payload)
         async with self._write_lock:
+            if self.dead is not None:
+                raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
             with anyio.move_on_after(WRITE_TIMEOUT_S) as scope:
-                while data:
-                    if self.dead is not None:
-                        raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
-                    try:
-                        sent = self._sock.send(data)
-                    except BlockingIOError:
-                        try:
-                            await anyio.wait_writable(self._sock)
-                        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                            self._fail("the link was closed while a request was being written")
-                            raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
-                        continue
-                    except OSError as exc:
-                        self._fail(f"writing to the agent failed: {exc}")
-                        raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
-                    data = data[sent:]
+                try:
+                    await self.transport.send(data)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    self._fail("the link was closed while a request was being written")
+                    raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
+                except OSError as exc:
+                    self._fail(f"writing to the agent failed: {exc}")
+                    raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
             if scope.cancelled_caught:
                 self._fail(f"the agent did not read its requests for {WRITE_TIMEOUT_S:.0f} s")
                 raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
 
     async def _wait(self, done: Callable[[], bool]) -> None:
-        """Until `done()` or the link is dead: read the socket, or wait for whoever reads it."""
+        """Until `done()` or the link is dead: read the stream, or wait for whoever reads it."""
         while not done() and self.dead is None:
             if self._reading:
                 await self._changed.wait()
@@ -291,15 +278,14 @@ class AgentLink:
             self._reading = True
             try:
                 try:
-                    await anyio.wait_readable(self._sock)
+                    data = await self.transport.receive(RECV)
                 except anyio.ClosedResourceError:
                     continue  # the link was closed meanwhile: `dead` says why
-                try:
-                    data = self._sock.recv(RECV)
-                except BlockingIOError:
-                    continue
                 except OSError as exc:
                     self._fail(f"reading from the agent failed: {exc}")
+                    continue
+                except ValueError as exc:  # the transport's own framing broke (FrameError is one)
+                    self._fail(str(exc))
                     continue
                 if not data:
                     self._fail(self._ended())
@@ -367,26 +353,20 @@ class AgentLink:
                 call.error = f"the agent refused the request: {frame.message}"
 
     def _ended(self) -> str:
-        tail = bytes(self._reader.stderr).decode(errors="replace").strip()[-300:]
+        tail = bytes(self.transport.stderr).decode(errors="replace").strip()[-300:]
         return "the agent's stream ended (it exited or was killed)" + (f"; it said: {tail}" if tail else "")
 
     def _fail(self, reason: str) -> None:
         if self.dead is not None:
             return
         self.dead = reason
-        logger.bind(container=self.container_id[:12], exec_id=self.exec_id[:12]).info("agent_link_ended", reason=reason)
+        bound = logger.bind(container=self.container_id[:12], exec_id=self.transport.name[:12])
+        bound.info("agent_link_ended", reason=reason)
         for call in self._pending.values():
             call.error = (
                 f"the sandbox's agent stopped during the call ({reason}); the command was stopped, the "
                 "sandbox is kept, and the next call starts a new agent"
             )
-        anyio.notify_closing(self._sock)  # a reader waiting on it wakes (ClosedResourceError)
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        close_exec_socket(self._raw)
+        self.transport.close()  # a reader or writer waiting on it wakes (ClosedResourceError)
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
-
-
-def _user(user: str | None) -> dict[str, str]:
-    return {"user": user} if user else {}

@@ -13,25 +13,24 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import anyio
-import docker.errors
 
 from sandbox._log import logger
 from sandbox.runtime.agent.exec_path import ExecPath, path_from_labels
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
-from sandbox.runtime.docker.kill import kill_exec
 
 if TYPE_CHECKING:
-    from sandbox.runtime.docker.backend import DockerBackend
+    from sandbox.runtime.agent.transport import AgentStarter
     from sandbox.runtime.spec import SandboxSpec
 
 IMAGE_CACHE_S = 10.0
 
 
 class ResidentAgents:
-    """The agent links of one backend: at most one per (container, user)."""
+    """The agent links of one backend: at most one per (container, user), started, asked about
+    and killed through the backend's `starter`."""
 
-    def __init__(self, backend: DockerBackend) -> None:
-        self._backend = backend
+    def __init__(self, starter: AgentStarter) -> None:
+        self._starter = starter
         self._links: dict[tuple[str, str], AgentLink] = {}
         self._locks: defaultdict[tuple[str, str], anyio.Lock] = defaultdict(anyio.Lock)
         self._paths: dict[tuple[str, str], tuple[float, ExecPath]] = {}
@@ -48,14 +47,7 @@ class ResidentAgents:
         now = time.monotonic()
         if cached and now - cached[0] < IMAGE_CACHE_S:
             return cached[1]
-
-        def labels() -> dict[str, str] | None:
-            try:
-                return dict(self._backend.client.api.inspect_image(spec.image)["Config"].get("Labels") or {})
-            except docker.errors.ImageNotFound:
-                return None
-
-        found = await self._backend.call("inspect image", labels) if mode != "off" else None
+        found = await self._starter.image_labels(spec.image) if mode != "off" else None
         path = path_from_labels(found, mode)
         self._paths[key] = (now, path)
         return path
@@ -75,11 +67,11 @@ class ResidentAgents:
                 return link
             if link is not None:  # a dead one: a stopped or lying agent must not linger
                 del self._links[key]
-                await self._backend.call("kill agent", kill_exec, self._backend.client.api, container_id, link.exec_id)
+                await self._starter.kill(container_id, link.transport)
             if container_id in self._refused:
                 return None
             try:
-                link = await AgentLink.open(self._backend, container_id, path.agent_path, user)
+                link = await AgentLink.open(self._starter, container_id, path.agent_path, user)
             except AgentUnavailable as exc:
                 # the image says it has an agent, but it does not run here (no python for this
                 # user, a full pids limit, a custom image): commands still run, by docker exec

@@ -23,6 +23,7 @@ from sandbox.journal.owners import current_owner
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker import egress, egress_secrets, procfs
+from sandbox.runtime.docker.agent_stream import DockerAgents
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.docker.errors import mapped
@@ -94,7 +95,7 @@ class DockerBackend:
         self._threads = anyio.CapacityLimiter(max_threads)  # their threads (never the one waited on)
         self.stream_limiter = anyio.CapacityLimiter(256)  # long-running output readers
         self._image_ids: dict[str, tuple[float, str]] = {}
-        self.agents = ResidentAgents(self)
+        self.agents = ResidentAgents(DockerAgents(self))
         self.pool_claims: PoolClaims | None = None  # set by the manager that owns the state dir
         self.workspace_ids: dict[str, str] = {}  # container id -> its workspace's id at creation
 

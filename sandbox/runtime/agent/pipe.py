@@ -1,0 +1,132 @@
+"""The agent as a local child process over pipes: a transport and a starter without an engine.
+
+It runs the real agent program (images/sandbox/sandbox_agent.py) on this host, so the link's
+own logic (request ids, multiplexing, timeouts, pings, hostile frames) is tested through the
+same AgentLink the Docker path uses (tests/test_resident_agent.py). The pipes are read without
+a thread, like Docker's socket: non-blocking, woken by the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+
+import anyio
+
+from sandbox.runtime.agent.frames import STDERR_KEPT
+from sandbox.runtime.agent.transport import AgentTransport
+
+
+class PipeTransport:
+    """A child process's stdin and stdout (an AgentTransport); its stderr is kept for the log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self.proc = proc
+        self._in, self._out, self._err = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        for fd in (self._in, self._out, self._err):
+            os.set_blocking(fd, False)
+        self._stderr = bytearray()
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return f"pid-{self.proc.pid}"
+
+    @property
+    def stderr(self) -> bytes:
+        if not self._closed:
+            with contextlib.suppress(OSError):  # what it wrote so far; nothing waits for more
+                while chunk := os.read(self._err, 65536):
+                    self._stderr = (self._stderr + chunk)[-STDERR_KEPT:]
+        return bytes(self._stderr)
+
+    async def receive(self, max_bytes: int) -> bytes:
+        while True:
+            await anyio.wait_readable(self._out)
+            try:
+                return os.read(self._out, max_bytes)
+            except BlockingIOError:
+                continue
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                sent = os.write(self._in, view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._in)
+                continue
+            view = view[sent:]
+
+    def ended(self) -> bool:
+        poller = select.poll()
+        poller.register(self._out, select.POLLIN)
+        events = dict(poller.poll(0)).get(self._out, 0)
+        return bool(events & select.POLLHUP) and not events & select.POLLIN  # no data left, writer gone
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.stderr  # noqa: B018 - kept before the pipe closes: a dead link's log says what it said
+        self._closed = True
+        for fd in (self._out, self._in):
+            anyio.notify_closing(fd)  # a reader or writer waiting on it wakes (ClosedResourceError)
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+class LocalAgents:
+    """Starts agents as child processes of this one (an AgentStarter for tests: the container id
+    and user are only recorded; the host's python stands in for the sandbox's)."""
+
+    def __init__(
+        self,
+        labels: Mapping[str, str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        self.labels = dict(labels) if labels is not None else None  # the "image"'s labels
+        self._env = dict(env or {})
+        self._preexec_fn = preexec_fn
+        self.started: list[PipeTransport] = []
+        self.killed: list[int] = []  # pids of agents killed through `kill`
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        return dict(self.labels) if self.labels is not None else None
+
+    async def start(self, container_id: str, argv: list[str], user: str | None) -> AgentTransport:
+        # Popen, not anyio.open_process: the link reads raw non-blocking fds, as Docker's socket
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a fork and exec, not a wait
+            [sys.executable, *argv[1:]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **self._env},
+            preexec_fn=self._preexec_fn,
+        )
+        transport = PipeTransport(proc)
+        self.started.append(transport)
+        return transport
+
+    async def kill(self, container_id: str, transport: AgentTransport) -> None:
+        if isinstance(transport, PipeTransport) and transport.proc.poll() is None:
+            transport.proc.kill()
+            self.killed.append(transport.proc.pid)
+
+    def reap(self) -> None:
+        """Close every agent's pipes and wait for it (the end of a test)."""
+        for transport in self.started:
+            transport.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                transport.proc.wait(timeout=10)
+            if transport.proc.poll() is None:
+                transport.proc.kill()
+                transport.proc.wait()
