@@ -32,3 +32,32 @@ async def test_planted_link_in_memory_never_leaks(images: None, make_config: Any
     assert found.ok and [r["path"].rsplit("/", 1)[-1] for r in found.output["results"]] == ["MEMORY.md"]
     assert [s["path"] for s in found.output["skipped"]] == ["memory/leak.md"]
     assert hostname not in str(found.output["skipped"])
+
+
+async def test_search_reads_memory_folder_on_a_volume_workspace(images: None, make_config: Any) -> None:
+    """workspace_store: volume (no host folder): memory/**/*.md is searched through the agent, and a
+    link planted there is listed, refused and never read (it was never searched before)."""
+    config = make_config(
+        "tools: {sandbox: {tools: {also_allow: [group:memory]}}}\n"
+        "agents: {defaults: {sandbox: {mode: all, scope: session, workspace_store: volume}}}"
+    )
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:memvol")
+        made = await sess.call(
+            "exec",
+            {
+                "command": "mkdir -p memory/deep/er && echo 'the heron nests by the weir' > memory/deep/er/birds.md"
+                " && echo 'heron' > memory/skip.txt && ln -s /etc/hostname memory/leak.md && cat memory/leak.md"
+            },
+        )
+        assert made.ok and made.output["exit_code"] == 0, made
+        hostname = made.output["output"].strip()
+        assert (await sess.call("write", {"path": "MEMORY.md", "content": "nothing about birds\n"})).ok
+        found = await sess.call("memory_search", {"query": "heron weir"})
+        leaked = await sess.call("memory_search", {"query": hostname})
+    assert found.ok, found
+    assert [r["path"] for r in found.output["results"]] == ["/workspace/memory/deep/er/birds.md"]
+    assert "heron" in found.output["results"][0]["snippet"]
+    assert found.output["files_searched"] == 2  # MEMORY.md and birds.md; skip.txt is not a memory file
+    assert [s["path"] for s in found.output["skipped"]] == ["memory/leak.md"]
+    assert leaked.ok and leaked.output["results"] == [] and hostname not in str(leaked.output["skipped"])

@@ -27,10 +27,10 @@ def spec_for(text: str, session: str = "agent:main:s", tmp: Path = Path("/tmp/sb
 )
 def test_names_fit_and_differ(key: str, kind: str, instance: str) -> None:
     """Names are <= 63 chars of [a-z0-9-] and differ across instance, kind and key."""
-    name = container_name(instance, kind, key)
+    name = container_name(instance, kind, key, tenant="t")
     assert len(name) <= 63
-    assert name != container_name(instance + "x", kind, key)
-    assert name != container_name(instance, kind, key + "x")
+    assert name != container_name(instance + "x", kind, key, tenant="t")
+    assert name != container_name(instance, kind, key + "x", tenant="t")
 
 
 def test_hardened_defaults_in_create_kwargs() -> None:

@@ -45,12 +45,12 @@ async def test_spawn_records_lineage_and_the_child_policy(make_config: Any, tmp_
         assert r.ok, r
         key = f"{PARENT}:subagent:scout"
         assert r.output["session"] == key and r.output["depth"] == 1 and r.output["parent"] == PARENT
-        [child] = orch.children(PARENT)
+        [child] = orch.children(PARENT, tenant="default")
         assert child.key == key and child.task == "look around" and child.created_by_call == r.call_id
         names = {t.name for t in orch.session(key).tools()}
         assert "exec" in names and "session_status" not in names and "sessions_send" not in names
     async with Orchestrator(config(make_config, tmp_path)) as again:  # durable: another process sees it
-        assert [c.key for c in again.children(PARENT)] == [key]
+        assert [c.key for c in again.children(PARENT, tenant="default")] == [key]
 
 
 async def test_tools_argument_only_narrows(make_config: Any, tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ async def test_bad_spawns_are_clear_errors(
     async with Orchestrator(config(make_config, tmp_path)) as orch:
         r = await spawn(orch.session(PARENT), **args)
         assert r.error is not None and r.error.code == code and words in r.error.message, r
-        assert orch.children(PARENT) == []
+        assert orch.children(PARENT, tenant="default") == []
 
 
 async def test_other_agents_only_when_allowed_and_never_across_tenants(make_config: Any, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ async def test_main_session_sees_its_agent_and_never_another_tenant(make_config:
             assert peek.error is not None and peek.error.code == "PERMISSION_DENIED"
             sent = await intruder.call("sessions_send", {"session": target, "text": "hi"})
             assert sent.error is not None and sent.error.code == "PERMISSION_DENIED"
-        assert orch.messages(a) == []
+        assert orch.messages(a, tenant="default") == []
 
 
 async def test_send_history_and_events(make_config: Any, tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ async def test_send_history_and_events(make_config: Any, tmp_path: Path) -> None
         child = (await spawn(parent, name="c")).output["session"]
         sent = await parent.call("sessions_send", {"session": child, "message": "start with README"})
         assert sent.ok, sent
-        [msg] = orch.messages(child)
+        [msg] = orch.messages(child, tenant="default")
         assert msg.sender == PARENT and msg.text == "start with README"
         history = await parent.call("sessions_history", {"session": child})
         assert history.output["task"] == "look around"
@@ -200,7 +200,7 @@ async def test_cascade_closes_descendants_and_cancels_their_approvals(make_confi
         orch.journal.add_approval(Approval("ap-g", "call-g", "t", grand, "a", "exec", {}, "pending", "", 0.0, None))
         closed = await parent.close()
         assert closed == [grand, child, PARENT]
-        assert orch.children(PARENT) == [] and orch.children(child) == []
+        assert orch.children(PARENT, tenant="default") == [] and orch.children(child, tenant="default") == []
         approval = orch.journal.approval("ap-g")
         assert approval is not None and approval.status == "denied" and "cancelled" in approval.reason
         late = await orch.session(grand).call("read", {"path": "x"})
@@ -218,7 +218,7 @@ async def test_recover_finishes_a_cascade_that_was_begun(make_config: Any, tmp_p
     async with Orchestrator(cfg) as orch:
         outcomes = await orch.recover()
         assert {o.get("session") for o in outcomes} >= {child, PARENT}
-        assert orch.children(PARENT) == [] and orch.sessions.registry.pending_cascades() == []
+        assert orch.children(PARENT, tenant="default") == [] and orch.sessions.registry.pending_cascades() == []
 
 
 async def test_a_child_never_gets_more_than_its_parent_has(make_config: Any, tmp_path: Path) -> None:

@@ -228,11 +228,11 @@ class Orchestrator:
             outcomes.append({"session": key, "now": "closed (a cascade the last orchestrator began)"})
         return outcomes
 
-    def children(self, session: str, *, tenant: str = "default") -> list[Child]:
+    def children(self, session: str, *, tenant: str) -> list[Child]:
         """The open children `session` spawned (the host application runs their model loops)."""
         return self.sessions.children(tenant, session)
 
-    def messages(self, session: str, *, tenant: str = "default", after_id: int = 0) -> list[Message]:
+    def messages(self, session: str, *, tenant: str, after_id: int = 0) -> list[Message]:
         """`session`'s inbox (what `sessions_send` delivered), after `after_id`."""
         return self.sessions.messages(tenant, session, after_id)
 

@@ -19,6 +19,7 @@ import anyio.to_thread
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.safe import FileStat, _denied, _map_os_error, _not_regular
 from sandbox.fs.states import digest
+from sandbox.fs.walk import walk_order
 from sandbox.fs.workspace import Located, WorkspaceFiles
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from sandbox.runtime.agent.link import AgentLink
 
 WRITE_CHUNK = 4 << 20  # one frame's payload (the agent takes 8 MiB at most)
+LIST_TIMEOUT_S = 30.0  # a listing of the sandbox's own volume; past it, what was listed
 
 
 class AgentFiles(WorkspaceFiles):
@@ -110,6 +112,25 @@ class AgentFiles(WorkspaceFiles):
         reply, _ = await self._ask("funlink", loc)
         if getattr(reply, "t", "") == "ferror":
             _info(reply, loc)
+
+    async def list_names(self, loc: Located, *, suffix: str, max_depth: int, limit: int) -> list[str]:
+        """Root-relative names of the files and links beneath folder `loc` ending in `suffix`.
+
+        The agent has no listing request, so `find -P` (links never followed, not even the start)
+        runs in the sandbox as its user; the names only choose what is then read through the
+        agent's file requests, which refuse links and escapes on their own.
+        """
+        start = "/".join((loc.root.container_path.rstrip("/"), *loc.path.parts))
+        argv = ["find", "-P", start, "-mindepth", "1", "-maxdepth", str(max_depth)]
+        argv += ["(", "-type", "f", "-o", "-type", "l", ")", "-name", f"*{suffix}", "-print0"]
+        result = await (await self._link()).run(argv, timeout_s=LIST_TIMEOUT_S)
+        prefix = loc.root.container_path.rstrip("/") + "/"
+        names = [
+            found[len(prefix) :]
+            for found in result.stdout.decode("utf-8", "replace").split("\0")
+            if found.startswith(prefix)
+        ]
+        return sorted(names, key=walk_order)[:limit]
 
     def changed_since_seen(self, loc: Located, current: bytes) -> bool:
         """Whether the file differs from what this session last read or wrote (False if never seen)."""

@@ -76,6 +76,14 @@ class Files(Protocol):
         """A regular file's bytes, without recording a version."""
         ...
 
+    async def list_names(self, loc: Located, *, suffix: str, max_depth: int, limit: int) -> list[str]:
+        """Root-relative names of the files and links beneath folder `loc` that end in `suffix`.
+
+        Links are listed (a read of one is refused) and never entered; sorted as a walk by name,
+        at most `limit`, folders at most `max_depth` deep; a missing folder lists nothing.
+        """
+        ...
+
     async def write_raw(self, loc: Located, data: bytes, mode: int | None = None) -> FileStat:
         """Replace a file atomically, no checks (the caller checked and holds the lock)."""
         ...

@@ -16,6 +16,7 @@ from sandbox.fs.paths import WorkspacePath, split_path
 from sandbox.fs.quota import WorkspaceQuota
 from sandbox.fs.safe import FileStat, SafeRoot
 from sandbox.fs.states import FileStates, digest
+from sandbox.fs.walk import list_beneath
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,12 @@ class WorkspaceFiles:
         if mode is None:
             return await anyio.to_thread.run_sync(safe.write_atomic, loc.path, data)
         return await anyio.to_thread.run_sync(safe.write_atomic, loc.path, data, mode)
+
+    async def list_names(self, loc: Located, *, suffix: str, max_depth: int, limit: int) -> list[str]:
+        """Root-relative names of the files and links beneath folder `loc` ending in `suffix` (no link followed)."""
+        return await anyio.to_thread.run_sync(
+            lambda: list_beneath(loc.root.host, loc.path.parts, suffix=suffix, max_depth=max_depth, limit=limit)
+        )
 
     async def unlink(self, loc: Located) -> None:
         """Remove a file (a link is removed itself, never its target)."""

@@ -1,6 +1,7 @@
 """Approvals in the journal: a call waiting for a human, and the one decision that wins.
 
-A mixin of :class:`~sandbox.journal.store.Journal` (it uses the journal's connections and lock).
+The approval store, held by :class:`~sandbox.journal.store.Journal` (the facade keeps these
+methods as its own); it writes through the journal's one connection and lock.
 """
 
 from __future__ import annotations
@@ -8,17 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.core import JournalCore
 from sandbox.journal.redact import redact
-
-if TYPE_CHECKING:
-    from sandbox.journal.writer import Writer
 
 
 @dataclass(frozen=True)
@@ -39,18 +36,15 @@ class Approval:
     decided: float | None
 
 
-class ApprovalsMixin:
-    """The approvals table's reads and writes."""
+class ApprovalStore:
+    """The approvals table's reads and writes.
 
-    if TYPE_CHECKING:  # provided by Journal
-        path: Path
-        _lock: threading.Lock
-        _db: sqlite3.Connection
-        _writer: Writer
+    Args:
+        core: the journal whose connection, lock and writer it uses.
+    """
 
-        def _read(self, sql: str, args: tuple[Any, ...], *, flush: bool = True) -> list[tuple[Any, ...]]: ...
-
-        def _write(self, sql: str, args: tuple[Any, ...]) -> None: ...
+    def __init__(self, core: JournalCore) -> None:
+        self._core = core
 
     def add_approval(self, approval: Approval) -> None:
         """Record a pending approval with its exact arguments (the database is 0600).
@@ -58,7 +52,7 @@ class ApprovalsMixin:
         The approver must see what will run, byte for byte: masking could hide executable text,
         so a pending row keeps the raw arguments; the decision replaces them with the masked copy.
         """
-        self._write(
+        self._core._write(
             "INSERT INTO approvals VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 approval.id,
@@ -88,28 +82,28 @@ class ApprovalsMixin:
         row: tuple[Any, ...] | None = None
         won = False
         try:
-            with self._lock:
-                self._writer.drain_locked()
-                self._db.execute("BEGIN IMMEDIATE")
+            with self._core._lock:
+                self._core._writer.drain_locked()
+                self._core._db.execute("BEGIN IMMEDIATE")
                 try:
-                    row = self._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
+                    row = self._core._db.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
                     if row is not None and row[7] == "pending":
                         masked = json.dumps(redact(json.loads(row[6]), max_text=None), default=str)
-                        cursor = self._db.execute(
+                        cursor = self._core._db.execute(
                             "UPDATE approvals SET status = ?, reason = ?, decided = ?, arguments = ? "
                             "WHERE id = ? AND status = 'pending'",
                             (status, reason, time.time(), masked, approval_id),
                         )
                         won = cursor.rowcount == 1
-                    self._db.execute("COMMIT" if won else "ROLLBACK")
+                    self._core._db.execute("COMMIT" if won else "ROLLBACK")
                 except BaseException:
                     with contextlib.suppress(sqlite3.Error):
-                        self._db.execute("ROLLBACK")
+                        self._core._db.execute("ROLLBACK")
                     raise
         except sqlite3.Error as exc:
             raise SandboxError(
                 ErrorCode.INTERNAL,
-                f"the journal at {self.path} cannot record a decision on approval {approval_id} ({exc}); "
+                f"the journal at {self._core.path} cannot record a decision on approval {approval_id} ({exc}); "
                 "nothing was decided",
             ) from exc
         if row is None:
@@ -130,15 +124,15 @@ class ApprovalsMixin:
         Raises:
             SandboxError: INTERNAL when the journal cannot be read.
         """
-        rows = self._read("SELECT * FROM approvals WHERE id = ?", (approval_id,))
+        rows = self._core._read("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         return _approval(rows[0], raw) if rows else None
 
     def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
         """Approvals (pending by default), oldest first; arguments as in :meth:`approval`."""
         if status:
-            rows = self._read("SELECT * FROM approvals WHERE status = ? ORDER BY created", (status,))
+            rows = self._core._read("SELECT * FROM approvals WHERE status = ? ORDER BY created", (status,))
         else:
-            rows = self._read("SELECT * FROM approvals ORDER BY created", ())
+            rows = self._core._read("SELECT * FROM approvals ORDER BY created", ())
         return [_approval(r, raw) for r in rows]
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.journal.approvals import Approval, ApprovalsMixin
+from sandbox.journal.approvals import Approval, ApprovalStore
 from sandbox.journal.files import private_files
+from sandbox.journal.loops import LoopHistory
 from sandbox.journal.notes import NotesMixin
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
 from sandbox.journal.queries import Event, EventPage
@@ -60,8 +61,13 @@ def check_journal(path: Path) -> None:
         journal.close()
 
 
-class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
+class Journal(ReadsMixin, NotesMixin):
     """SQLite journal in the state dir (WAL mode; one connection, serialized).
+
+    One facade over three stores: the event store (this class: appends, commits, prune; with
+    its reads, reads.py, and notes, notes.py), the approval store (`approval_store`,
+    approvals.py) and the loop-history store (`loop_history`, loops.py). Their methods are the
+    journal's own too, so callers name the journal only.
 
     Args:
         path: the database file.
@@ -70,6 +76,8 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
 
     def __init__(self, path: Path, *, busy_timeout_s: float = 5.0) -> None:
         self.path = path
+        self.approval_store = ApprovalStore(self)
+        self.loop_history = LoopHistory(self)
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._ping_lock = threading.Lock()  # pings wait only for each other (microseconds)
@@ -125,6 +133,40 @@ class Journal(ReadsMixin, ApprovalsMixin, NotesMixin):
                 continue
             with contextlib.suppress(sqlite3.Error), self._lock:
                 self._db.execute(UPSERT_LEASE, (current_owner(), time.time() + LEASE_S))
+
+    # -- the approval store's and the loop-history store's methods, as the journal's own ----
+
+    def add_approval(self, approval: Approval) -> None:
+        """Record a pending approval with its exact arguments (:meth:`ApprovalStore.add_approval`)."""
+        self.approval_store.add_approval(approval)
+
+    def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
+        """Decide a pending approval; exactly one decision wins (:meth:`ApprovalStore.decide`)."""
+        return self.approval_store.decide(approval_id, status, reason)
+
+    def approval(self, approval_id: str, *, raw: bool = False) -> Approval | None:
+        """One approval, or None (:meth:`ApprovalStore.approval`)."""
+        return self.approval_store.approval(approval_id, raw=raw)
+
+    def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
+        """Approvals (pending by default), oldest first (:meth:`ApprovalStore.approvals`)."""
+        return self.approval_store.approvals(status, raw=raw)
+
+    def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+        """Remember one finished call of a session (:meth:`LoopHistory.loop_add`)."""
+        self.loop_history.loop_add(tenant, session, tool, args, result)
+
+    def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
+        """Whether the breaker is tripped, and the last calls (:meth:`LoopHistory.loop_recent`)."""
+        return self.loop_history.loop_recent(tenant, session, window)
+
+    def loop_trip(self, tenant: str, session: str) -> None:
+        """Trip a session's circuit breaker (:meth:`LoopHistory.loop_trip`)."""
+        self.loop_history.loop_trip(tenant, session)
+
+    def loop_reset(self, tenant: str, session: str) -> None:
+        """Forget a session's loop history and reset its breaker (:meth:`LoopHistory.loop_reset`)."""
+        self.loop_history.loop_reset(tenant, session)
 
     def open_calls(self) -> list[tuple[str, str, str, bool]]:
         """(call id, owner, last stage, owner alive) of every call that has not ended."""

@@ -43,7 +43,6 @@ class Labels:
     POOL_SCRATCH = f"{LABEL_PREFIX}.pool-scratch"
 
 
-DEFAULT_TENANT = "default"
 NAME_HASH_LENGTH = 24  # 96 bits: keys differing only in case or punctuation never meet
 
 
@@ -79,7 +78,7 @@ def short_hash(text: str, length: int = 10) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def container_name(instance: str, kind: str, key: str, *, tenant: str = DEFAULT_TENANT) -> str:
+def container_name(instance: str, kind: str, key: str, *, tenant: str) -> str:
     """`sbx-<instance>-<kind>-<slug>-<hash>`, at most 63 characters.
 
     The 96-bit hash of tenant, kind and the full key keeps keys apart that one slug would

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from sandbox.config.models import SkillPermissions, SkillsConfig
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.policy.groups import ALIASES, BUILTIN_TOOLS
-from sandbox.runtime.spec import SKILLS_MOUNT  # skills dir i is mounted read-only there, at <i>
 from sandbox.tools.spec import RetryPolicy, ToolArgs, ToolSpec
 
 # names a skill may not take: a policy list naming one means the built-in tool
@@ -73,11 +72,6 @@ class Skill:
     manifest: SkillManifest
     folder: Path
     mount_index: int  # which skills dir it came from
-
-    @property
-    def container_handler(self) -> str:
-        """Where handler.py is inside the sandbox."""
-        return f"{SKILLS_MOUNT}/{self.mount_index}/{self.folder.name}/handler.py"
 
 
 @dataclass(frozen=True)

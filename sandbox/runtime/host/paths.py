@@ -167,35 +167,6 @@ def ensure_file(root: Path, parts: Sequence[str], *, owner: tuple[int, int] | No
     return shown, made
 
 
-def check_real(root: Path, parts: Sequence[str]) -> os.stat_result | None:
-    """lstat of `root/parts...` walked without following links; None when absent.
-
-    Raises:
-        SandboxError: PERMISSION_DENIED when a component is a link.
-    """
-    with anchor(root) as top:
-        fd = os.dup(top)
-        shown = os.path.realpath(root)
-        try:
-            for name in parts[:-1]:
-                shown = os.path.join(shown, name)
-                try:
-                    child, _ = _open_dir(fd, name, shown, create=False)
-                except FileNotFoundError:
-                    return None
-                os.close(fd)
-                fd = child
-            try:
-                info = os.lstat(parts[-1], dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            if stat.S_ISLNK(info.st_mode):
-                raise _refused(os.path.join(shown, parts[-1]), "is a symbolic link; links are never followed here")
-            return info
-        finally:
-            os.close(fd)
-
-
 def _check_name(name: str, shown: str) -> None:
     if name in ("", ".", "..") or "/" in name or "\0" in name:
         raise _refused(shown, f"bad path component {name!r}")

@@ -9,18 +9,14 @@ a link either.
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
-
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.workspace import Located
 from sandbox.tools.builtin import MemoryGetArgs, MemorySearchArgs
 from sandbox.tools.context import ToolContext
@@ -37,7 +33,6 @@ SNIPPET_CHARS = 400
 K1 = 1.2
 B = 0.75
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _WORD = re.compile(r"\w+")
 
 
@@ -58,48 +53,14 @@ def _locate_memory(ctx: ToolContext, raw: str) -> Located:
     return loc
 
 
-def _walk(fd: int, prefix: str, depth: int, out: list[str]) -> None:
-    with os.scandir(fd) as entries:  # scandir duplicates the fd
-        for entry in sorted(entries, key=lambda e: e.name):
-            if len(out) >= MAX_FILES:
-                return
-            mode = entry.stat(follow_symlinks=False).st_mode
-            rel = f"{prefix}/{entry.name}"
-            if stat.S_ISREG(mode) and entry.name.endswith(".md"):
-                out.append(rel)
-            elif stat.S_ISLNK(mode) and entry.name.endswith(".md"):
-                out.append(rel)  # listed so the safe layer refuses it (and the result says so)
-            elif stat.S_ISDIR(mode) and depth < MAX_DEPTH:
-                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-                try:
-                    _walk(sub, rel, depth + 1, out)
-                finally:
-                    os.close(sub)
-
-
-def list_memory_files(workspace: Path) -> list[str]:
-    """Workspace-relative names of memory/**/*.md (sorted, links to directories never entered).
+async def list_memory_files(ctx: ToolContext) -> list[str]:
+    """Workspace-relative names of memory/**/*.md, through the session's files (host folder or volume).
 
     Only names come from here; contents are read through the safe file layer.
     """
-    out: list[str] = []
-    try:
-        root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return out
-    try:
-        sub = os.open(MEMORY_DIR, _DIR_FLAGS, dir_fd=root)
-    except OSError:  # missing, not a directory, or a link (never followed)
-        return out
-    finally:
-        os.close(root)
-    try:
-        _walk(sub, MEMORY_DIR, 1, out)
-    except OSError:
-        pass  # changed under the walk: search what was listed
-    finally:
-        os.close(sub)
-    return out
+    # the folder itself is not checked against deny patterns: each name is, when it is read
+    folder = Located(ctx.files.roots[0], WorkspacePath((MEMORY_DIR,)))
+    return await ctx.files.list_names(folder, suffix=".md", max_depth=MAX_DEPTH, limit=MAX_FILES)
 
 
 async def _read_text(ctx: ToolContext, loc: Located) -> str | None:
@@ -204,8 +165,7 @@ def _snippet(text: str) -> str:
 
 async def memory_search_tool(ctx: ToolContext, args: MemorySearchArgs) -> dict[str, Any]:
     """Rank the memory files' paragraphs against `query` (BM25); snippets with line numbers."""
-    workspace = ctx.files.roots[0]
-    names = [MEMORY_FILE, *await anyio.to_thread.run_sync(list_memory_files, workspace.host)]
+    names = [MEMORY_FILE, *await list_memory_files(ctx)]
     chunks: list[Chunk] = []
     searched: list[str] = []
     skipped: list[dict[str, str]] = []
