@@ -47,7 +47,7 @@ agents:
   list: [{{id: coder, tenant: acme}}]
 """
     )
-    state_dir: Path = config.state_dir  # type: ignore[attr-defined]
+    state_dir: Path = config.state_dir
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:coder:flood")
         results = [await sess.call("exec", {"command": MB15}) for _ in range(12)]
@@ -87,7 +87,7 @@ agents:
   list: [{{id: coder, tenant: acme}}]
 """
     )
-    state_dir: Path = config.state_dir  # type: ignore[attr-defined]
+    state_dir: Path = config.state_dir
     peak = 0
     stop = threading.Event()
 
@@ -139,7 +139,7 @@ agents:
   list: [{{id: reader, tenant: acme, workspace: "{ws}", sandbox: {{workspace_access: ro}}}}]
 """
     )
-    state_dir: Path = config.state_dir  # type: ignore[attr-defined]
+    state_dir: Path = config.state_dir
     async with Orchestrator(config) as orch:
         sess = orch.session("agent:reader:s")
         long = await sess.call("exec", {"command": "head -c 3000000 /dev/zero | tr '\\0' x"})
