@@ -19,8 +19,8 @@ from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import ResolvedPolicy
+from sandbox.runtime.backends import host_shell
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
 from sandbox.runtime.session_users import SessionShell, session_shell
@@ -52,7 +52,7 @@ class Session:
         self.child = child  # the lineage of a spawned session (None for any other)
         self._agent = orchestrator.sessions.child_agent(policy.agent, child) if child else policy.agent
         self._files: WorkspaceFiles | None = None
-        self._host_shell: HostShell | None = None
+        self._host_shell: Shell | None = None
 
     @property
     def key(self) -> str:
@@ -172,7 +172,7 @@ class Session:
         """The Shell this session's tools use (its sandbox, or the host); None if absent and not created."""
         if not self.sandboxed:
             env = self.agent.sandbox.docker.env
-            return HostShell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
+            return host_shell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
         if not create:
             spec = self._orch.manager.spec_for(self.agent, self.key)
             if not await self._orch.backend.exists(spec.name):
@@ -255,7 +255,7 @@ class Session:
             if not workspace.is_dir():  # made on first use, and again if it was removed since
                 await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
             if self._host_shell is None:
-                self._host_shell = HostShell(
+                self._host_shell = host_shell(
                     workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env
                 )
             shell = self._host_shell
