@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
@@ -35,6 +35,9 @@ from sandbox.runtime.host.paths import prepare_workspace
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.runtime.manager import SandboxManager
 
 __all__ = ["FakeBackend", "FakeCall", "FakeSandbox", "capture_logs", "exec_result"]
 
@@ -152,6 +155,16 @@ class FakeSandbox:
         del call_id, user
         return []
 
+    async def agent_link(self, user: str | None = None) -> None:
+        """No resident agents here."""
+        del user
+
+    async def volume_folder(self) -> None:
+        """No workspace volumes here."""
+
+    def one_shot(self) -> None:
+        """No one-shot sandboxes here."""
+
 
 @dataclass
 class FakeBackend:
@@ -208,6 +221,17 @@ class FakeBackend:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+    def browsers(self, instance: str) -> None:
+        """No browser sandboxes here."""
+        del instance
+
+    def egress(self) -> None:
+        """No egress proxies here."""
+
+    def warm_pool(self, manager: SandboxManager) -> None:
+        """No warm pool here."""
+        del manager
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import container_name, scratch_dir_name
 from sandbox.runtime.protected import protected_mounts
 from sandbox.runtime.spec import spec_from_config
+from sandbox.testing import FakeBackend
 
 BAD_KEYS = [
     " agent:main:main ",
@@ -237,7 +238,7 @@ def test_manager_never_hands_a_container_to_another_identity(tmp_path: Path) -> 
         tmp_path,
     )
     assert semantic_problems(config)  # loading would have refused it
-    manager = SandboxManager(config, backend=None)  # type: ignore[arg-type]
+    manager = SandboxManager(config, backend=FakeBackend())  # nothing is called
     spec_a = manager.spec_for(effective_agent(config, "a"), "agent:a:x")
     spec_b = manager.spec_for(effective_agent(config, "b"), "agent:b:x")
     assert spec_a.name == spec_b.name and spec_a.identity != spec_b.identity

@@ -111,6 +111,12 @@ class FakeBackend:
         await anyio.lowlevel.checkpoint()
         self.removed.append(name_or_id)
 
+    def warm_pool(self, manager: object) -> None:
+        """No warm pool (an optional capability of the protocol)."""
+
+    def egress(self) -> None:
+        """No egress proxies."""
+
 
 def sandboxed(make_config: Any, tmp_path: Path) -> Any:
     return make_config(

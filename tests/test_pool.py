@@ -76,6 +76,17 @@ def test_claim_records_are_files_of_container_ids_only(tmp_path: Path) -> None:
     assert not (tmp_path / "escape").exists()
 
 
+class _PoolingBackend:
+    """Offers the Docker warm pool and nothing else (nothing is called on it here)."""
+
+    name = "docker"
+
+    def warm_pool(self, manager: Any) -> Any:
+        from sandbox.runtime.docker.pool import WarmPool
+
+        return WarmPool(manager, self)  # type: ignore[arg-type]
+
+
 def test_pool_size_is_set_by_default_and_per_agent(tmp_path: Path) -> None:
     """`sandbox.pool` merges like every sandbox key: a default for all, an agent's own over it;
     only session-scoped, sandboxed agents are pooled."""
@@ -93,7 +104,7 @@ def test_pool_size_is_set_by_default_and_per_agent(tmp_path: Path) -> None:
         "    - {id: shared, sandbox: {scope: agent}}\n"
         "    - {id: host, sandbox: {mode: 'off'}}\n"
     )
-    manager = SandboxManager(config, backend=type("Docker", (), {"name": "docker"})())  # nothing is called
+    manager = SandboxManager(config, backend=_PoolingBackend())  # type: ignore[arg-type]
     assert isinstance(manager.pool, WarmPool)
     assert {a.id: a.sandbox.pool.size for a in manager.pool.pooled_agents()} == {"coder": 3, "wide": 5}
 

@@ -20,8 +20,9 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime.docker.pool import CLAIM_GRACE_S, unclaimed
+from sandbox.runtime.docker.pool import CLAIM_GRACE_S
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.protocol import unclaimed
 from tests.cli_helpers import run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]

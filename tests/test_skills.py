@@ -175,7 +175,7 @@ async def test_host_skill_gets_a_minimal_environment(tmp_path: Path, monkeypatch
 def test_skill_mounts_hold_only_the_declared_paths(tmp_path: Path) -> None:
     """A skill's container mounts its folder and the declared paths: ro unless written, protected paths ro."""
     from sandbox.config import effective_agent
-    from sandbox.runtime.docker.skill_run import SKILL_HOME, fixed_dir, skill_mounts
+    from sandbox.runtime.skill_spec import SKILL_HOME, fixed_dir, skill_mounts
     from sandbox.runtime.spec import build_spec
 
     ws = tmp_path / "ws"

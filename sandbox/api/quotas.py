@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 
 from sandbox.api.tenants import Caller
-from sandbox.runtime.docker.pool import unclaimed
+from sandbox.runtime.protocol import unclaimed
 
 if TYPE_CHECKING:
     from sandbox.api.metrics import Metrics

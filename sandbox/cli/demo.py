@@ -128,7 +128,7 @@ def _indent(text: str, prefix: str = "     │ ") -> str:
 async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[str, Any]:
     from sandbox.runtime.docker.backend import DockerBackend
 
-    box = await session.sandbox()
+    box = await session.sandbox_required()
     backend = session._orch.backend
     attrs = await backend.find(box.id) if isinstance(backend, DockerBackend) else None
     if attrs is None:

@@ -49,7 +49,7 @@ async def subagents_part(
             for text in ran.output["output"].splitlines():
                 echo(f"     │ {text}")
             ok &= "Read-only file system" in ran.output["output"]
-        child_box = await child.sandbox()
+        child_box = await child.sandbox_required()
         echo(f"     │ child's container {child_box.spec.name}")
         message = {"session": child_key, "text": "thanks; report back when done"}
         sent = await parent.call("sessions_send", message)

@@ -33,9 +33,8 @@ from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.skills import SkillProblem
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
-    from sandbox.runtime.docker.browser import BrowserManager
     from sandbox.runtime.manager import SandboxManager
-    from sandbox.runtime.protocol import Backend
+    from sandbox.runtime.protocol import Backend, Browsers
     from sandbox.tools.search import SearchProvider
 
 
@@ -68,7 +67,7 @@ class Orchestrator:
         self.search_provider = search_provider
         self._backend = backend
         self._manager: SandboxManager | None = None
-        self._browsers: BrowserManager | None = None
+        self._browsers: Browsers | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
             registry, self.skill_problems = build_registry(config)
@@ -127,23 +126,24 @@ class Orchestrator:
         """The tools an application made possible here by giving their provider (web_search)."""
         return frozenset({"web_search"}) if self.search_provider is not None else frozenset()
 
-    def browsers(self) -> BrowserManager:
+    def browsers(self) -> Browsers:
         """The browser sandboxes (one manager, so one lock, per orchestrator).
 
         Raises:
-            SandboxError: SANDBOX_UNAVAILABLE when the backend is not docker.
+            SandboxError: SANDBOX_UNAVAILABLE when the backend has no browser sandboxes.
         """
-        from sandbox.runtime.docker.backend import DockerBackend
-        from sandbox.runtime.docker.browser import BrowserManager
-
-        backend = self.backend
-        if not isinstance(backend, DockerBackend):
+        browsers = self.browsers_if_any()
+        if browsers is None:
             raise SandboxError(
                 ErrorCode.SANDBOX_UNAVAILABLE,
-                f"the browser sandbox needs the docker backend (runtime.backend is {backend.name!r})",
+                f"the browser sandbox needs the docker backend (runtime.backend is {self.backend.name!r})",
             )
+        return browsers
+
+    def browsers_if_any(self) -> Browsers | None:
+        """The browser sandboxes, or None when this backend has none (nothing is started here)."""
         if self._browsers is None:
-            self._browsers = BrowserManager(backend, self.manager.instance)
+            self._browsers = self.backend.browsers(self.manager.instance)
         return self._browsers
 
     @property

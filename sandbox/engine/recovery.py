@@ -101,9 +101,9 @@ async def _settle(orch: Orchestrator, last: Event, owner: str) -> str:
     reason = f"its orchestrator process was found gone (or its lease lapsed) during stage {last.stage}; not re-run"
     _note(orch, last, owner, "abandoned", reason=reason)
     try:
-        shell = await session.shell(create=False)
-        if shell is not None:
-            await shell.kill(last.call_id, "KILL")
+        found = await session.shell(create=False)
+        if found is not None:
+            await found.kill(last.call_id, "KILL")
     except SandboxError:
         pass
     return "abandoned"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import anyio.to_thread
 
@@ -19,10 +19,11 @@ from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import ResolvedPolicy
+from sandbox.runtime.backends import host_shell
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
-from sandbox.runtime.session_users import session_shell
+from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
+from sandbox.runtime.session_users import SessionShell, session_shell
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
@@ -32,7 +33,7 @@ from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
     from sandbox.engine.orchestrator import Orchestrator
-    from sandbox.runtime.docker.browser import BrowserEndpoint
+    from sandbox.runtime.protocol import BrowserEndpoint
 
 # tool categories that work host-side (files, memory, sessions): a call of theirs sends nothing
 # through an egress proxy, so nothing is collected after it
@@ -51,7 +52,7 @@ class Session:
         self.child = child  # the lineage of a spawned session (None for any other)
         self._agent = orchestrator.sessions.child_agent(policy.agent, child) if child else policy.agent
         self._files: WorkspaceFiles | None = None
-        self._host_shell: HostShell | None = None
+        self._host_shell: Shell | None = None
 
     @property
     def key(self) -> str:
@@ -161,37 +162,52 @@ class Session:
         self._files = None
         self._host_shell = None
 
-    async def shell(self, *, create: bool = True) -> Any:
+    @overload
+    async def shell(self, *, create: Literal[True] = True) -> Shell: ...
+
+    @overload
+    async def shell(self, *, create: bool) -> Shell | None: ...
+
+    async def shell(self, *, create: bool = True) -> Shell | None:
         """The Shell this session's tools use (its sandbox, or the host); None if absent and not created."""
         if not self.sandboxed:
             env = self.agent.sandbox.docker.env
-            return HostShell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
+            return host_shell(self.agent.workspace, self._orch.config.state_dir / "host-procs", env=env)
         if not create:
             spec = self._orch.manager.spec_for(self.agent, self.key)
             if not await self._orch.backend.exists(spec.name):
                 return None
         return await self._sandbox_shell()
 
-    async def _sandbox_shell(self) -> Any:
+    async def _sandbox_shell(self) -> Sandbox | SessionShell:
         """The sandbox as this session's commands see it: as its own uid where sessions share it."""
         box = await self._orch.manager.sandbox_for(self.agent, self.key)
         registry = self._orch.config.state_dir / "session-users"
         return await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
 
-    async def sandbox(self) -> Any:
+    async def sandbox(self) -> Sandbox | None:
         """The live sandbox of this session (created on first use); None when not sandboxed."""
         if not self.sandboxed:
             return None
         return await self._orch.manager.sandbox_for(self.agent, self.key)
 
+    async def sandbox_required(self) -> Sandbox:
+        """:meth:`sandbox` where the caller knows the session is sandboxed.
+
+        Raises:
+            SandboxError: SANDBOX_UNAVAILABLE when it is not (sandbox mode off).
+        """
+        box = await self.sandbox()
+        if box is None:
+            raise SandboxError(ErrorCode.SANDBOX_UNAVAILABLE, f"session {self.key} has no sandbox (sandbox mode off)")
+        return box
+
     async def _close_browser(self) -> None:
         """The session's own browser sandbox goes with it (agent- and shared-scope ones stay)."""
-        from sandbox.runtime.docker.backend import DockerBackend
-
-        if self.agent.sandbox.scope != "session" or not isinstance(self._orch.backend, DockerBackend):
+        browsers = self._orch.browsers_if_any() if self.agent.sandbox.scope == "session" else None
+        if browsers is None:
             return
-        manager = self._orch.manager
-        await self._orch.browsers().close_session(self.agent, self.key, before=manager.collect_egress)
+        await browsers.close_session(self.agent, self.key, before=self._orch.manager.collect_egress)
 
     async def browser(self) -> BrowserEndpoint:
         """Start (or find) this session's browser sandbox; only when policy and config allow it."""
@@ -212,8 +228,8 @@ class Session:
                 )
         config = self._orch.config
         if self.sandboxed:
-            shell: Any = await self._sandbox_shell()
-            box = shell
+            box = await self._sandbox_shell()
+            shell: Shell = box
             workdir = CONTAINER_WORKDIR
             if self._files is None:
                 spec = box.spec
@@ -239,7 +255,7 @@ class Session:
             if not workspace.is_dir():  # made on first use, and again if it was removed since
                 await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
             if self._host_shell is None:
-                self._host_shell = HostShell(
+                self._host_shell = host_shell(
                     workspace, config.state_dir / "host-procs", env=self.agent.sandbox.docker.env
                 )
             shell = self._host_shell
@@ -280,30 +296,33 @@ class Session:
             roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
         )
 
-    async def _volume_files(self, box: Any, roots: list[Root], *, group_shared: bool) -> WorkspaceFiles:
+    async def _volume_files(
+        self, box: Sandbox | SessionShell, roots: list[Root], *, group_shared: bool
+    ) -> WorkspaceFiles:
         """The file tools of a workspace on a Docker volume: through the sandbox's agent
         (fs/agent_files.py). Its quota is measured host-side, on the volume's folder, when the
         engine keeps it on this host (never by asking the agent: the sandbox could lie)."""
         from sandbox.fs.agent_files import AgentFiles
 
-        async def link() -> Any:
-            shell: Any = await self._sandbox_shell()
-            if not hasattr(shell, "agent_link"):  # a backend without resident agents
-                raise SandboxError(ErrorCode.SANDBOX_UNAVAILABLE, "this backend has no resident agents")
+        async def link() -> AgentChannel:
+            shell = await self._sandbox_shell()
             try:
-                return await shell.agent_link()
+                found = await shell.agent_link()
             except SandboxError as exc:
                 raise SandboxError(
                     ErrorCode.SANDBOX_UNAVAILABLE,
                     "this workspace is a Docker volume (workspace_store: volume), reached only through the "
                     f"sandbox's resident agent: {exc.message}",
                 ) from exc
+            if found is None:  # a backend without resident agents
+                raise SandboxError(ErrorCode.SANDBOX_UNAVAILABLE, "this backend has no resident agents")
+            return found
 
         config = self._orch.config
         states = FileStates(self.state_dir / "file-states.json")
         quota = None
         limit = parse_size(self.agent.sandbox.workspace_quota)
-        folder = await box.volume_folder() if limit and hasattr(box, "volume_folder") else None
+        folder = await box.volume_folder() if limit else None
         if folder is not None:  # a local engine: the volume's folder is on this host
             key = f"{self.agent.key_path}.sandbox.workspace_quota"
             quota = WorkspaceQuota([folder], limit, key, label="the workspace volume")

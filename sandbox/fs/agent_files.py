@@ -24,7 +24,7 @@ from sandbox.fs.workspace import Located, WorkspaceFiles
 
 if TYPE_CHECKING:
     from sandbox.runtime.agent.frames import FileInfo, FileRefused, Reply
-    from sandbox.runtime.agent.link import AgentLink
+    from sandbox.runtime.protocol import AgentChannel
 
 WRITE_CHUNK = 4 << 20  # one frame's payload (the agent takes 8 MiB at most)
 LIST_TIMEOUT_S = 30.0  # a listing of the sandbox's own volume; past it, what was listed
@@ -38,7 +38,7 @@ class AgentFiles(WorkspaceFiles):
         args, kwargs: as for WorkspaceFiles; a root's `host` is only a name here (locks, versions).
     """
 
-    def __init__(self, link: Callable[[], Awaitable[AgentLink]], *args: object, **kwargs: object) -> None:
+    def __init__(self, link: Callable[[], Awaitable[AgentChannel]], *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._link = link
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.errors import ErrorCode, SandboxError
 
 if TYPE_CHECKING:
     from sandbox.config.models import Config
-    from sandbox.runtime.protocol import Backend
+    from sandbox.runtime.protocol import Backend, Shell
 
 # name -> (module, what it needs installed)
 _BACKENDS = {
@@ -40,3 +42,11 @@ def backend_for(config: Config) -> Backend:
     else:
         backend = module.HostBackend(config.state_dir)
     return backend
+
+
+def host_shell(workspace: Path, pid_dir: Path, env: Mapping[str, str] | None = None) -> Shell:
+    """The shell of sandbox mode `off`: commands on the host in the agent's own workspace. No
+    backend is involved (runtime.backend may well be docker), so it is named here, with them."""
+    module = importlib.import_module("sandbox.runtime.host.shell")
+    shell: Shell = module.HostShell(workspace, pid_dir, env=env)
+    return shell

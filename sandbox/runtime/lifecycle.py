@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
-from sandbox.runtime.docker.pool import unclaimed
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.protocol import SandboxInfo, unclaimed
 from sandbox.runtime.spec import spec_from_config
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 

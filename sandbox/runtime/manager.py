@@ -27,8 +27,7 @@ from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
     from sandbox.journal.store import Journal
-    from sandbox.runtime.docker.pool import WarmPool
-    from sandbox.runtime.protocol import Backend, Sandbox
+    from sandbox.runtime.protocol import Backend, Sandbox, WarmPool
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -70,12 +69,7 @@ class SandboxManager:
         self._last_used_written: OrderedDict[str, float] = OrderedDict()
         # where egress proxies' request lines go (set by the orchestrator that owns a journal)
         self.journal: Journal | None = None
-        self.pool: WarmPool | None = None
-        if getattr(backend, "name", "") == "docker":
-            from sandbox.runtime.docker.pool import WarmPool
-
-            self.pool = WarmPool(self, backend)  # type: ignore[arg-type]
-            backend.pool_claims = self.pool.claims  # type: ignore[attr-defined]
+        self.pool: WarmPool | None = backend.warm_pool(self)
 
     def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:
         """The spec a session maps to (cached; the config is immutable)."""
@@ -194,12 +188,10 @@ class SandboxManager:
 
     async def collect_egress(self, sandbox_name: str) -> int:
         """Copy the sandbox's egress proxy lines into the journal (none: no proxy, no journal)."""
-        client = getattr(self.backend, "client", None)
-        if self.journal is None or client is None:
+        egress = self.backend.egress()
+        if self.journal is None or egress is None:
             return 0
-        from sandbox.runtime.docker import egress_log
-
-        return await egress_log.collect(self.journal, client, sandbox_name)
+        return await egress.collect(self.journal, sandbox_name)
 
     async def list(self) -> builtins.list[SandboxInfo]:
         """This instance's sandboxes (pool containers handed to a session show that session)."""
@@ -230,9 +222,9 @@ class SandboxManager:
             await self.backend.remove(info.id)
             removed.append(info.name)
             logger.bind(container=info.name).info("sandbox_orphan_removed")
-        sweep = getattr(self.backend, "sweep_egress", None)
-        if sweep is not None:
-            removed += await sweep(self.instance)
+        egress = self.backend.egress()
+        if egress is not None:
+            removed += await egress.sweep(self.instance)
         return removed
 
     def last_used(self) -> dict[str, str]:

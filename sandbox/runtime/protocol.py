@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from sandbox.runtime.naming import Labels
 from sandbox.runtime.output import Captured, OutputCapture
 from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.config.merge import EffectiveAgent
+    from sandbox.journal.store import Journal
+    from sandbox.runtime.manager import SandboxManager
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,16 @@ class SandboxInfo:
         )
 
 
+def pool_member(info: SandboxInfo) -> bool:
+    """Whether a listed sandbox was made for a warm pool (claimed or not)."""
+    return bool(info.labels.get(Labels.POOL))
+
+
+def unclaimed(info: SandboxInfo) -> bool:
+    """A pool sandbox no session has yet (it counts against no tenant's quota)."""
+    return pool_member(info) and info.scope == "pool"
+
+
 class Shell(Protocol):
     """Run commands in one sandbox (or on the host): all the tools need to run things."""
 
@@ -151,6 +168,25 @@ class Shell(Protocol):
         ...
 
 
+class AgentChannel(Protocol):
+    """A sandbox's resident agent as the file tools use it (fs/agent_files.py); the Docker
+    backend's is `runtime.agent.link.AgentLink`."""
+
+    async def file_request(
+        self, header: dict[str, Any], chunks: Sequence[bytes] = (b"",), *, data_limit: int = 0
+    ) -> tuple[Any, bytes]:
+        """One file operation: the request, then what the agent sent back and its answer frame."""
+        ...
+
+
+class OneShot(Protocol):
+    """Sandboxes made for one command and removed after it (a capability: `Sandbox.one_shot`)."""
+
+    async def run(self, spec: SandboxSpec, argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> ExecResult:
+        """Make a sandbox from `spec`, run `argv` in it (no shell), remove it whatever happens."""
+        ...
+
+
 class Sandbox(Shell, Protocol):
     """A live sandbox: identity plus the primitives tools use."""
 
@@ -175,6 +211,107 @@ class Sandbox(Shell, Protocol):
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids of processes a call started that are still alive."""
+        ...
+
+    async def agent_link(self, user: str | None = None) -> AgentChannel | None:
+        """The resident agent of this sandbox for `user` (started when needed); None when the
+        backend has no resident agents. SandboxUnavailable when it has them but this sandbox
+        cannot run one (the reason is said)."""
+        ...
+
+    async def volume_folder(self) -> Path | None:
+        """The host folder of the workspace volume when the engine keeps it on this host; None
+        for a remote engine, a workspace that is not a volume, or a backend without volumes."""
+        ...
+
+    def one_shot(self) -> OneShot | None:
+        """One-shot sandboxes on this sandbox's engine (a skill's call runs in one)."""
+        ...
+
+
+@dataclass(frozen=True)
+class BrowserEndpoint:
+    """A running browser sandbox and where its DevTools protocol answers (host side)."""
+
+    container_id: str
+    name: str
+    network: str
+    cdp_url: str  # http://<the container's address on its own network>:<cdp port>
+    browser_version: str
+    host_firewall: bool = True  # False: the host could not drop the browser's connections to it
+
+
+class Browsers(Protocol):
+    """Browser sandboxes, one per scope key (a capability: `Backend.browsers`)."""
+
+    def name_for(self, agent: EffectiveAgent, session: str) -> str:
+        """The browser sandbox's name for this agent and session."""
+        ...
+
+    async def close_session(
+        self, agent: EffectiveAgent, session: str, before: Callable[[str], Awaitable[object]] | None = None
+    ) -> bool:
+        """A session-scoped browser goes with its session; `before(name)` runs first."""
+        ...
+
+    async def ensure(self, agent: EffectiveAgent, session: str, *, browser_allowed: bool) -> BrowserEndpoint:
+        """Start (or find) the browser sandbox of this scope."""
+        ...
+
+
+class EgressLogs(Protocol):
+    """Egress proxies' request lines and leftovers (a capability: `Backend.egress`)."""
+
+    async def collect(self, journal: Journal | None, sandbox_name: str) -> int:
+        """Copy a sandbox's egress proxy lines into the journal; how many."""
+        ...
+
+    async def sweep(self, instance: str) -> list[str]:
+        """Remove egress proxies and networks whose sandbox is gone; their names."""
+        ...
+
+
+class WarmPool(Protocol):
+    """Started sandboxes kept per agent for sessions to claim (a capability: `Backend.warm_pool`)."""
+
+    def pooled_agents(self) -> list[EffectiveAgent]:
+        """Configured agents whose sandboxes are pooled."""
+        ...
+
+    async def member_spec(self, agent: EffectiveAgent) -> SandboxSpec | None:
+        """The spec a free member of this agent's pool is made from (None: not pooled)."""
+        ...
+
+    def as_claimed(self, info: SandboxInfo) -> SandboxInfo:
+        """A listed sandbox as the session that claimed it sees it (unchanged if unclaimed)."""
+        ...
+
+    def wanted(self, spec: SandboxSpec) -> bool:
+        """Whether a sandbox for `spec` may come from the pool."""
+        ...
+
+    async def claim(self, spec: SandboxSpec) -> Sandbox | None:
+        """A free member handed over to `spec`'s session; None when none could be."""
+        ...
+
+    async def fill_once(self) -> int:
+        """Start the members missing now; how many were started."""
+        ...
+
+    async def keep_filled(self) -> None:
+        """Keep every pool filled until cancelled."""
+        ...
+
+    async def stale(self) -> list[tuple[SandboxInfo, str]]:
+        """Free members whose agent's pool changed or went, with why."""
+        ...
+
+    async def sweep(self) -> list[str]:
+        """Remove the stale members; their names."""
+        ...
+
+    async def remove_member(self, info: SandboxInfo) -> None:
+        """Remove one member and its claim."""
         ...
 
 
@@ -210,4 +347,18 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release connections."""
+        ...
+
+    # Optional capabilities: each returns None where this backend has none (STYLE rule 17).
+
+    def browsers(self, instance: str) -> Browsers | None:
+        """Browser sandboxes of one instance (a new manager each call: the caller keeps one)."""
+        ...
+
+    def egress(self) -> EgressLogs | None:
+        """Egress proxies' logs and leftovers."""
+        ...
+
+    def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
+        """The warm pool of the sandboxes `manager` hands out (made once, by the manager)."""
         ...

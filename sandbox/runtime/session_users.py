@@ -30,7 +30,8 @@ from sandbox.runtime.naming import tenant_scope
 
 if TYPE_CHECKING:  # spec.py imports this module; the protocol imports spec.py
     from sandbox.runtime.output import OutputCapture
-    from sandbox.runtime.protocol import ExecResult, Sandbox
+    from sandbox.runtime.protocol import AgentChannel, ExecResult, OneShot, Sandbox
+    from sandbox.runtime.spec import SandboxSpec
 
 UID_BASE = 20000
 # up to 65535: an engine with userns-remap maps 65536 ids per container, no more
@@ -156,7 +157,7 @@ class SessionShell:
         return f"{self.pid_dir}/tmp"
 
     @property
-    def spec(self) -> Any:
+    def spec(self) -> SandboxSpec:
         """The sandbox's spec."""
         return self.sandbox.spec
 
@@ -181,6 +182,7 @@ class SessionShell:
         user: str | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        pid_dir: str | None = None,
     ) -> ExecResult:
         """Run `command` as the session's uid, its pid file in the session's directory."""
         return await self.sandbox.run(
@@ -192,7 +194,7 @@ class SessionShell:
             user=user or self.session_user.user,
             on_output=on_output,
             capture=capture,
-            pid_dir=self.pid_dir,
+            pid_dir=pid_dir or self.pid_dir,
         )
 
     async def run_argv(
@@ -218,13 +220,17 @@ class SessionShell:
         """Pids `call_id` started that are still alive."""
         return await self.sandbox.alive(call_id, user=user or self.session_user.user)
 
-    async def agent_link(self, user: str | None = None) -> Any:
+    async def agent_link(self, user: str | None = None) -> AgentChannel | None:
         """The session uid's own resident agent (never another session's)."""
-        return await self.sandbox.agent_link(user or self.session_user.user)  # type: ignore[attr-defined]
+        return await self.sandbox.agent_link(user or self.session_user.user)
 
-    async def volume_folder(self) -> Any:
+    async def volume_folder(self) -> Path | None:
         """The host folder of the sandbox's workspace volume, if it has one here."""
-        return await self.sandbox.volume_folder()  # type: ignore[attr-defined]
+        return await self.sandbox.volume_folder()
+
+    def one_shot(self) -> OneShot | None:
+        """One-shot sandboxes on the shared sandbox's engine."""
+        return self.sandbox.one_shot()
 
 
 def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbox | SessionShell:

@@ -232,7 +232,7 @@ class SessionsService:
             workspace = caller.agent.workspace
             await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
             return str(workspace)
-        box = await caller.sandbox()  # its workspace exists once its sandbox does
+        box = await caller.sandbox_required()  # its workspace exists once its sandbox does
         if box.spec.mounts[0].volume:
             raise SandboxError(
                 ErrorCode.SANDBOX_UNAVAILABLE,

@@ -4,7 +4,7 @@ A skill is refused at load time, with the reason, when its front matter is inval
 for permissions the global policy (`skills.allowed`) does not grant; the other skills still load.
 Handlers never run in the orchestrator process, and never through a shell (a folder name is
 data, not code): in a sandboxed session each call gets a container of its own that mounts only
-the paths the skill declares (see :mod:`sandbox.runtime.docker.skill_run`); in mode `off` a host
+the paths the skill declares (see :mod:`sandbox.runtime.skill_spec`); in mode `off` a host
 process with a minimal environment. A skill may not take the name of a built-in tool or alias
 (a policy naming it would mean the built-in).
 """
@@ -225,7 +225,7 @@ def skill_spec(skill: Skill) -> ToolSpec:
 
 def skill_handler(skill: Skill) -> Any:
     """A handler that runs handler.py with the arguments as JSON in $SKILL_ARGS (argv, no shell)."""
-    from sandbox.runtime.docker import skill_run  # the runtime edge; tools never import docker themselves
+    from sandbox.runtime import skill_spec  # the runtime edge: tools know only the protocol
 
     m = skill.manifest
 
@@ -234,18 +234,22 @@ def skill_handler(skill: Skill) -> Any:
         if ctx.sandboxed:
             session = ctx.shell.spec
             fs = m.permissions.filesystem
-            mounts = skill_run.skill_mounts(session, skill.folder, fs.read, fs.write)
-            spec = skill_run.skill_spec_for(
+            runner = ctx.shell.one_shot()  # the skill's container goes on the session's engine
+            if runner is None:
+                raise SandboxError(
+                    ErrorCode.SANDBOX_UNAVAILABLE, "skills in a sandboxed session need the Docker backend to run in"
+                )
+            mounts = skill_spec.skill_mounts(session, skill.folder, fs.read, fs.write)
+            spec = skill_spec.skill_spec_for(
                 session, m.name, mounts, network=bool(m.permissions.network), call_id=ctx.call_id
             )
-            argv = ["python3", f"{skill_run.SKILL_HOME}/handler.py"]
-            backend = skill_run.backend_of(ctx.shell)
-            result = await skill_run.run_in_container(backend, spec, argv, {"LANG": "C.UTF-8", **env}, m.timeout)
+            argv = ["python3", f"{skill_spec.SKILL_HOME}/handler.py"]
+            result = await runner.run(spec, argv, {"LANG": "C.UTF-8", **env}, m.timeout)
         else:
-            python = shutil.which("python3", path=skill_run.HOST_PATH) or "python3"
+            python = shutil.which("python3", path=skill_spec.HOST_PATH) or "python3"
             argv = [python, str(skill.folder / "handler.py")]
-            env = skill_run.minimal_env(ctx.workdir, env)
-            result = await skill_run.run_on_host(argv, env, ctx.workdir, m.timeout)
+            env = skill_spec.minimal_env(ctx.workdir, env)
+            result = await skill_spec.run_on_host(argv, env, ctx.workdir, m.timeout)
         return _outcome(m.name, m.timeout, result)
 
     return handler

@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -26,14 +26,18 @@ from sandbox.runtime.docker import egress, egress_secrets, procfs
 from sandbox.runtime.docker.agent_stream import DockerAgents
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.egress_log import DockerEgressLogs
 from sandbox.runtime.docker.errors import mapped
-from sandbox.runtime.docker.pool import PoolClaims
+from sandbox.runtime.docker.pool import PoolClaims, WarmPool
 from sandbox.runtime.docker.sandbox import DockerSandbox
 from sandbox.runtime.docker.workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
 from sandbox.runtime.host.paths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
-from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.protocol import Browsers, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.runtime.manager import SandboxManager
 
 T = TypeVar("T")
 CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
@@ -420,6 +424,22 @@ class DockerBackend:
     async def sweep_egress(self, instance: str) -> builtins.list[str]:
         """Remove egress proxies and networks whose sandbox is gone (see runtime/docker/egress.py)."""
         return await self.call("sweep egress proxies", egress.sweep_orphans, self.client, instance)
+
+    def browsers(self, instance: str) -> Browsers:
+        """Browser sandboxes on this engine (runtime/docker/browser.py)."""
+        from sandbox.runtime.docker.browser import BrowserManager  # it imports this module
+
+        return BrowserManager(self, instance)
+
+    def warm_pool(self, manager: SandboxManager) -> WarmPool:
+        """The warm pool on this engine; its claims tell `find` a handed-over member's session."""
+        pool = WarmPool(manager, self)
+        self.pool_claims = pool.claims
+        return pool
+
+    def egress(self) -> DockerEgressLogs:
+        """Egress proxies' logs and leftovers on this engine."""
+        return DockerEgressLogs(self)
 
     async def aclose(self) -> None:
         """Close the SDK client's connections."""

@@ -14,7 +14,6 @@ import json
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -36,6 +35,7 @@ from sandbox.runtime.naming import (
     scope_key,
     short_hash,
 )
+from sandbox.runtime.protocol import BrowserEndpoint
 from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
 
 NETWORK_KIND = "browser-net"
@@ -46,18 +46,6 @@ def network_names(prefix: str, container: str) -> tuple[str, str]:
     """(Docker network name, bridge interface name <= 15 chars) of one browser sandbox."""
     digest = short_hash(container, 12)
     return f"{prefix}-{digest}", f"sbx{digest}"
-
-
-@dataclass(frozen=True)
-class BrowserEndpoint:
-    """A running browser sandbox and where its DevTools protocol answers (host side)."""
-
-    container_id: str
-    name: str
-    network: str
-    cdp_url: str  # http://<the container's address on its own network>:<cdp port>
-    browser_version: str
-    host_firewall: bool = True  # False: the host could not drop the browser's connections to it
 
 
 def _cdp_version(url: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ tell which of the sessions sharing the sandbox sent a request).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import docker.errors
@@ -20,6 +20,9 @@ from sandbox._log import logger
 from sandbox.journal.store import Journal
 from sandbox.runtime.docker import egress
 from sandbox.runtime.naming import Labels
+
+if TYPE_CHECKING:
+    from sandbox.runtime.docker.backend import DockerBackend
 
 TOOL = "egress"
 MAX_LINE = 4096  # a longer log line is not one the addon wrote (it caps its fields)
@@ -142,3 +145,18 @@ LINE_FIELDS = frozenset(
         "reason",
     }
 )
+
+
+class DockerEgressLogs:
+    """The Docker backend's egress capability (`Backend.egress`, runtime/protocol.py)."""
+
+    def __init__(self, backend: DockerBackend) -> None:
+        self._backend = backend
+
+    async def collect(self, journal: Journal | None, sandbox_name: str) -> int:
+        """:func:`collect` through the backend's client."""
+        return await collect(journal, self._backend.client, sandbox_name)
+
+    async def sweep(self, instance: str) -> list[str]:
+        """Egress proxies and networks whose sandbox is gone, removed."""
+        return await self._backend.sweep_egress(instance)

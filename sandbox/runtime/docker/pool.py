@@ -32,6 +32,7 @@ import anyio.to_thread
 from sandbox._log import logger
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.protocol import pool_member
 
 if TYPE_CHECKING:
     from sandbox.config.merge import EffectiveAgent
@@ -110,16 +111,6 @@ class PoolClaims:
         """Container ids with a claim file."""
         if self.root.is_dir():
             yield from (p.name for p in self.root.iterdir())
-
-
-def pool_member(info: SandboxInfo) -> bool:
-    """Whether a listed container was made for the pool (claimed or not)."""
-    return bool(info.labels.get(Labels.POOL))
-
-
-def unclaimed(info: SandboxInfo) -> bool:
-    """A pool container no session has yet (it counts against no tenant's quota)."""
-    return pool_member(info) and info.scope == "pool"
 
 
 class WarmPool:

@@ -17,6 +17,7 @@ from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.docker import kill as docker_kill
 from sandbox.runtime.docker import workspace as docker_workspace
 from sandbox.runtime.docker.exec import SandboxGone, exec_stream
+from sandbox.runtime.docker.skill_run import DockerOneShot
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
 from sandbox.runtime.spec import SandboxSpec
@@ -220,6 +221,10 @@ class DockerSandbox:
             path = await self._backend.agents.exec_path(self._spec, self._id)
             raise SandboxUnavailable(f"this sandbox has no resident agent: {path.describe()}")
         return link
+
+    def one_shot(self) -> DockerOneShot:
+        """One-shot containers on this sandbox's engine (runtime/docker/skill_run.py)."""
+        return DockerOneShot(self._backend)
 
     async def volume_folder(self) -> Path | None:
         """The host folder of the workspace volume, when the engine keeps it on this host (a

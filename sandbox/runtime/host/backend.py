@@ -14,6 +14,7 @@ import builtins
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
@@ -23,6 +24,9 @@ from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.runtime.manager import SandboxManager
 
 
 class HostSandbox:
@@ -121,6 +125,16 @@ class HostSandbox:
         )
         return list(members.pids)
 
+    async def agent_link(self, user: str | None = None) -> None:
+        """No resident agents here."""
+        del user
+
+    async def volume_folder(self) -> None:
+        """No workspace volumes here."""
+
+    def one_shot(self) -> None:
+        """No one-shot sandboxes here."""
+
 
 class HostBackend:
     """Sandboxes as host directories (see the module docstring: no isolation).
@@ -167,3 +181,14 @@ class HostBackend:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+    def browsers(self, instance: str) -> None:
+        """No browser sandboxes here."""
+        del instance
+
+    def egress(self) -> None:
+        """No egress proxies here."""
+
+    def warm_pool(self, manager: SandboxManager) -> None:
+        """No warm pool here."""
+        del manager

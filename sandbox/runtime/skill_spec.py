@@ -1,0 +1,171 @@
+"""Where a skill handler runs: a short-lived sandbox of its own, or a bare host process.
+
+A skill declares which paths it reads and writes (`permissions.filesystem`) and whether it
+needs the network. In a sandboxed session the handler does not run in the session's container
+(which sees the whole workspace, read-write): it gets a container made for the one call that
+mounts only the declared paths, read-only unless `write` declares them, the skill's own folder
+read-only at /opt/skill, and no network unless the skill declares some. The container is
+removed after the call, so a timeout kills everything the handler started.
+
+Declared globs are enforced at directory granularity: `/workspace/src/*.py` mounts
+`/workspace/src` (the deepest directory every match lies under). In mode `off` the handler is a
+host process started from an argv with a minimal environment (none of the orchestrator's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import posixpath
+import re
+import signal
+import stat
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sandbox.runtime.naming import container_name
+from sandbox.runtime.output import OutputCapture
+from sandbox.runtime.protocol import ExecResult
+from sandbox.runtime.spec import Mount, SandboxSpec
+
+SKILL_HOME = "/opt/skill"  # the skill's own folder inside its container
+HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
+MAX_OUTPUT = 16 * 1024 * 1024
+
+
+def fixed_dir(pattern: str) -> str:
+    """The deepest directory every match of a path glob lies under (the glob itself when literal)."""
+    if not re.search(r"[*?\[]", pattern):
+        return posixpath.normpath(pattern)
+    head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+    return posixpath.normpath(head.rsplit("/", 1)[0] or "/")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _host_path(session: SandboxSpec, target: str) -> tuple[Mount, str] | None:
+    """The session mount that holds container path `target`, and the host path of `target`."""
+    holders = [m for m in session.mounts if _within(target, m.target) and not m.origin.startswith("skills.dirs")]
+    if not holders:
+        return None
+    mount = max(holders, key=lambda m: len(m.target))
+    rel = posixpath.relpath(target, mount.target)
+    return mount, mount.source if rel == "." else posixpath.join(mount.source, rel)
+
+
+def _no_links_below(root: str, path: str) -> bool:
+    """Whether every component of `path` below `root` exists and is not a symlink (the sandbox could plant one)."""
+    rel = posixpath.relpath(path, root)
+    current = root
+    for part in [] if rel == "." else rel.split("/"):
+        current = posixpath.join(current, part)
+        try:
+            if stat.S_ISLNK(os.lstat(current).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def skill_mounts(
+    session: SandboxSpec, skill_folder: Path, read: Sequence[str], write: Sequence[str]
+) -> tuple[Mount, ...]:
+    """The mounts of a skill's container: its folder, and each declared path the session can reach.
+
+    A path is read-write only when `write` declares it and the session mounts it read-write;
+    protected paths (`.git/hooks`, ...) stay read-only inside a writable one. Declared paths that
+    do not exist, or that pass through a link, are not mounted.
+    """
+    wanted: dict[str, bool] = {}
+    for pattern, writable in [*((p, False) for p in read), *((p, True) for p in write)]:
+        target = fixed_dir(pattern)
+        wanted[target] = wanted.get(target, False) or writable
+    # a path inside another declared one that gives at least as much adds nothing
+    wanted = {
+        t: w
+        for t, w in wanted.items()
+        if not any(o != t and _within(t, o) and (wo or not w) for o, wo in wanted.items())
+    }
+    mounts = [Mount(os.path.realpath(skill_folder), SKILL_HOME, True, "the skill's folder")]
+    for target, writable in sorted(wanted.items(), key=lambda kv: kv[0].count("/")):
+        found = _host_path(session, target)
+        if found is None:
+            continue
+        holder, host = found
+        if not os.path.exists(host) or not _no_links_below(holder.source, host):
+            continue
+        rw = writable and not holder.read_only
+        origin = f"skill permissions.filesystem.{'write' if rw else 'read'} {target}"
+        mounts.append(Mount(host, target, not rw, origin))
+        if rw and holder is session.mounts[0]:
+            for p in session.protected:
+                inner = posixpath.join(holder.target, p.rel)
+                if _within(inner, target) and os.path.lexists(posixpath.join(holder.source, p.rel)):
+                    mounts.append(Mount(posixpath.join(holder.source, p.rel), inner, p.read_only, p.origin))
+    return tuple(mounts)
+
+
+def skill_spec_for(
+    session: SandboxSpec, skill: str, mounts: tuple[Mount, ...], *, network: bool, call_id: str
+) -> SandboxSpec:
+    """The spec of one call's skill container: the session's hardening, the skill's mounts and network."""
+    docker = session.docker.model_copy(
+        update={"network": session.docker.network if network else "none", "setup_command": None, "binds": []}
+    )
+    key = f"{session.scope_key}|skill:{skill}|{call_id}|{uuid.uuid4().hex[:8]}"
+    return dataclasses.replace(
+        session,
+        name=container_name(session.instance, "skill", key, tenant=session.tenant),
+        kind="skill",
+        scope_key=key,
+        mounts=mounts,
+        docker=docker,
+        protected=(),
+        for_engine=True,
+        hashed={**session.hashed, "mounts": [[m.source, m.target, m.read_only] for m in mounts]},
+    )
+
+
+def minimal_env(workdir: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """A host skill's whole environment: a plain PATH and locale, a HOME, and the skill's variables."""
+    return {"PATH": HOST_PATH, "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": "/tmp", **extra}
+
+
+async def run_on_host(argv: Sequence[str], env: Mapping[str, str], workdir: str, timeout_s: float) -> ExecResult:
+    """Run `argv` (no shell) in its own process group; on timeout the whole group is killed."""
+    capture = OutputCapture(max_bytes=MAX_OUTPUT)
+    start = time.perf_counter()
+    process = await anyio.open_process(list(argv), cwd=workdir, env=dict(env), start_new_session=True)
+
+    async def pump(stream: Any, which: int) -> None:
+        async for chunk in stream:
+            if not capture.add(which, chunk):
+                scope.cancel()
+                return
+
+    async with process:
+        try:
+            with anyio.move_on_after(timeout_s) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pump, process.stdout, 1)
+                    tg.start_soon(pump, process.stderr, 2)
+                await process.wait()
+        finally:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+    stopped = scope.cancelled_caught
+    return ExecResult.from_capture(
+        capture,
+        exit_code=None if stopped else process.returncode,
+        duration_ms=(time.perf_counter() - start) * 1000,
+        timed_out=stopped and not capture.overflowed,
+    )
