@@ -178,6 +178,10 @@ class AgentChannel(Protocol):
         """One file operation: the request, then what the agent sent back and its answer frame."""
         ...
 
+    async def run(self, argv: Sequence[str], *, timeout_s: float | None = None) -> ExecResult:
+        """Run argv in the sandbox through the agent (file listings: `find -P`)."""
+        ...
+
 
 class OneShot(Protocol):
     """Sandboxes made for one command and removed after it (a capability: `Sandbox.one_shot`)."""
