@@ -251,6 +251,8 @@ class DockerBackend:
         try:
             made = await self._create_marked(spec)
             if spec.egress is not None and not await self._bridge_guarded(spec):
+                with anyio.CancelScope(shield=True):
+                    await self.remove(made.id)  # never left running on a bridge open to the host
                 raise SandboxUnavailable(
                     "the host firewall rules of the egress network are gone and cannot be put back",
                     container=spec.name,

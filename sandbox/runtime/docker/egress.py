@@ -173,34 +173,40 @@ def remove_edge(client: Any, sandbox_name: str) -> bool:
     """Remove a sandbox's proxy and network (with its firewall rules); missing is fine. Blocking.
 
     The network may still have the sandbox as an endpoint for a moment (its removal in progress
-    elsewhere): retried for a few seconds. The firewall rules go whatever happens.
+    elsewhere): retried for a few seconds. Each set of firewall rules goes only with what it
+    guards: the bridge's once the network is gone (a network a container is still on keeps them,
+    or that container would reach the host), the proxy's once the proxy is gone.
     """
     edge = names(sandbox_name)
-    removed = False
+    removed = proxy_gone = network_gone = False
     try:
         try:
             client.api.remove_container(edge.proxy, force=True)
-            removed = True
+            removed = proxy_gone = True
         except docker.errors.NotFound:
-            pass
+            proxy_gone = True
         except docker.errors.APIError as exc:
             if "already in progress" not in str(exc):
                 raise
+            proxy_gone = True  # the engine is removing it
         deadline = time.monotonic() + NETWORK_REMOVE_WAIT_S
         while True:
             try:
                 client.api.remove_network(edge.network)
-                removed = True
+                removed = network_gone = True
                 break
             except docker.errors.NotFound:
+                network_gone = True
                 break
             except docker.errors.APIError as exc:
                 if "active endpoints" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
     finally:
-        hostfirewall.remove_rules(edge.bridge)
-        hostfirewall.remove_tagged(edge.proxy)
+        if network_gone:
+            hostfirewall.remove_rules(edge.bridge)
+        if proxy_gone:
+            hostfirewall.remove_tagged(edge.proxy)
     return removed
 
 
