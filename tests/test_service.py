@@ -34,6 +34,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
     cfg = load_config_text(f"""
 state_dir: {tmp / "state"}
 tools: {{profile: full}}
+service: {{body_timeout_s: 5}}  # the slow-clients test's stalled bodies are cut sooner than the 30 s default
 tenants:
   - {{id: acme, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}
   - {{id: globex, tokens: [{{name: ci, sha256: {sha(TOKEN_B)}}}]}}
