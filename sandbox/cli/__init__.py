@@ -266,4 +266,12 @@ def run() -> None:
 
 
 # Command modules register themselves on `main` (imported last: they import it).
-from sandbox.cli import control_cmds, journal_cmds, runtime_cmds, service_cmds, session_cmds, tool_cmds  # noqa: E402, F401
+from sandbox.cli import (  # noqa: E402, F401
+    control_cmds,
+    journal_cmds,
+    k8s_cmds,
+    runtime_cmds,
+    service_cmds,
+    session_cmds,
+    tool_cmds,
+)

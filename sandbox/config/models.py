@@ -15,21 +15,15 @@ from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationInfo,
     model_validator,
 )
 
-
-class StrictModel(BaseModel):
-    """Base: unknown keys are errors, instances are immutable."""
-
-    # validators are built on first use: a start-up then builds only the models it validates
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+from sandbox.config.base import ConfigPath, StrictModel
+from sandbox.config.kubernetes import KubernetesSection
 
 
 def _check_tool_pattern(value: str, info: ValidationInfo) -> str:
@@ -43,13 +37,6 @@ def _check_tool_pattern(value: str, info: ValidationInfo) -> str:
     return value
 
 
-def _resolve_path(value: Path, info: ValidationInfo) -> Path:
-    # Relative paths mean "next to the config file"; `~` means the user's home.
-    base = Path((info.context or {}).get("base_dir", Path.cwd()))
-    expanded = Path(os.path.expanduser(str(value)))
-    return expanded if expanded.is_absolute() else (base / expanded)
-
-
 def _check_protected(value: str) -> str:
     from sandbox.config.protected import pattern_parts
 
@@ -60,7 +47,6 @@ def _check_protected(value: str) -> str:
 
 ToolPattern = Annotated[str, AfterValidator(_check_tool_pattern)]
 ProtectedPattern = Annotated[str, AfterValidator(_check_protected)]
-ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
 Profile = Literal["minimal", "coding", "messaging", "full"]
 
 
@@ -453,9 +439,11 @@ def default_state_dir() -> Path:
 
 
 class RuntimeSection(StrictModel):
-    """Which backend runs sandboxes: `docker` (the default), or `host` (no isolation: development)."""
+    """Which backend runs sandboxes: `docker` (the default), `kubernetes` (Pods on a cluster,
+    `runtime.kubernetes`), or `host` (no isolation: development)."""
 
-    backend: Literal["docker", "host"] = "docker"
+    backend: Literal["docker", "kubernetes", "host"] = "docker"
+    kubernetes: KubernetesSection = KubernetesSection()
 
 
 class TenantToken(StrictModel):

@@ -26,6 +26,7 @@ from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
 from sandbox.runtime.docker import egress, hostfirewall, subnets
 from sandbox.runtime.docker.backend import DockerBackend
+from sandbox.runtime.egress_proxy import PROXY_PORT
 from sandbox.runtime.naming import (
     CREATOR_LABEL,
     LABEL_PREFIX,
@@ -279,7 +280,7 @@ class BrowserManager:
         environment = {"CDP_PORT": str(cfg.cdp_port)}
         extra: dict[str, Any] = {}
         if proxy:
-            environment["PROXY_SERVER"] = f"{proxy}:{egress.PROXY_PORT}"
+            environment["PROXY_SERVER"] = f"{proxy}:{PROXY_PORT}"
             extra["dns"] = [proxy]  # what the engine's resolver cannot answer goes nowhere (as for exec)
 
         def create() -> str:

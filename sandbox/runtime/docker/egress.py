@@ -31,9 +31,7 @@ from sandbox.runtime.spec import SandboxSpec
 PROXY_KIND = "egress-proxy"
 NETWORK_KIND = "egress-net"
 SANDBOX_LABEL = f"{LABEL_PREFIX}.egress-of"  # on the proxy and the network: their sandbox's name
-PROXY_PORT = 3128
 READY_TIMEOUT_S = 30.0
-ADDON = "/opt/egress/egress_addon.py"
 # a proxy whose sandbox is missing is left alone this long while its creator (another live
 # process) may still be making the sandbox; this process knows its own (MAKING)
 ORPHAN_GRACE_S = 120.0
@@ -86,27 +84,6 @@ class EgressEdge:
             "no_proxy": "",
             **egress_secrets.sandbox_environment(self.placeholders),
         }
-
-
-def proxy_command(policy: dict[str, Any]) -> list[str]:
-    """mitmdump with the addon; the body limit is mitmproxy's own (plain HTTP requests and responses)."""
-    return [
-        "mitmdump",
-        "--quiet",
-        "--listen-port",
-        str(PROXY_PORT),
-        "--set",
-        "confdir=/tmp/mitmproxy",
-        "--set",
-        f"body_size_limit={policy['max_bytes']}",
-        # a decrypted tunnel carries HTTP only: no raw TCP or websocket relay past the checks
-        "--set",
-        "rawtcp=false",
-        "--set",
-        "websocket=false",
-        "-s",
-        ADDON,
-    ]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from sandbox.runtime.docker.egress import (
     NETWORK_KIND,
     PROXY_KIND,
     PROXY_LOG_CONFIG,
-    PROXY_PORT,
     READY_TIMEOUT_S,
     SANDBOX_LABEL,
     EdgeOwner,
@@ -34,13 +33,12 @@ from sandbox.runtime.docker.egress import (
     EgressNames,
     keep_proxy_off_the_host,
     names,
-    proxy_command,
     remove_edge,
 )
+from sandbox.runtime.egress_proxy import PROXY_MEMORY, PROXY_PORT, proxy_command
 from sandbox.runtime.naming import CREATOR_LABEL, LABEL_PREFIX, Labels, short_hash
 
 POLICY_LABEL = f"{LABEL_PREFIX}.egress-policy-hash"  # what the edge enforces (see policy_hash)
-PROXY_MEMORY = "512m"
 PROXY_NANO_CPUS = 1_000_000_000  # one CPU: a busy proxy slows its own sandbox, not the host
 # a proxy, not a router: its namespace forwards no packet between its two networks
 PROXY_SYSCTLS = {

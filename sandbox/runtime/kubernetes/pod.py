@@ -1,0 +1,300 @@
+"""A sandbox spec as a Pod (and its workspace claim): pure, so `sandbox k8s pod` prints exactly
+what the backend would create, and the Pod Security checker (pss.py) reads the same objects.
+
+Every Pod is made to pass Pod Security Standards `restricted`: non-root, no privilege
+escalation, all capabilities dropped, seccomp set, only claim/emptyDir volumes (never hostPath),
+no service account token, no service links, no resolver, requests equal to limits. A setting
+that cannot be honoured that way (a host bind, an added capability, a Docker network) is an
+error naming the key, never a weaker Pod.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox.config.kubernetes import KubernetesSection
+from sandbox.errors import ConfigError
+from sandbox.fs.quota import parse_size
+from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.egress_proxy import PROXY_PORT
+from sandbox.runtime.kubernetes.names import (
+    MANAGED_BY,
+    K8sAnnotations,
+    K8sLabels,
+    claim_name,
+    label_value,
+    policy_hash,
+)
+from sandbox.runtime.spec import SandboxSpec
+
+SANDBOX_SERVICE_ACCOUNT = "sbx-sandbox"  # made per namespace (tenant.py), never given a token
+# restricted allows adding only this one capability
+RESTRICTED_ADDABLE = frozenset({"NET_BIND_SERVICE"})
+# no resolver: `dnsPolicy: None` needs one nameserver, so it is loopback, where nothing answers
+NO_RESOLVER = "127.0.0.1"
+EGRESS_PROXY_HOST = "egress-proxy"  # the proxy Service's address, pinned by hostAliases
+
+
+# run by the `protect` init container as the sandbox's user, on the workspace claim: makes each
+# protected path (an empty file or folder, as on Docker) so the subPath mounts that follow mount
+# what it is and never a folder in a file's place; a link on the way refuses the Pod, since the
+# kubelet would mount what the link points at
+PROTECT_SCRIPT = """
+import os, stat, sys
+root = sys.argv[1]
+for item in sys.argv[2:]:
+    kind, rel = item.split(":", 1)
+    parts = rel.split("/")
+    path = root
+    for index, name in enumerate(parts):
+        path = os.path.join(path, name)
+        last = index == len(parts) - 1
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            if last and kind == "file":
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+            else:
+                os.mkdir(path, 0o755)
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            sys.exit(f"protected path {rel!r}: {path!r} is a symbolic link; remove it")
+"""
+
+
+def mebibytes(size: str) -> str:
+    """A size in this config's form as a quantity the API keeps as written (`1g` -> `1024Mi`)."""
+    return f"{max(parse_size(size) // (1024 * 1024), 1)}Mi"
+
+
+def _uid_gid(user: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)(?::(\d+))?", user)
+    if match is None:
+        raise ConfigError(
+            [f"sandbox.docker.user: {user!r} must be numeric uid[:gid] on kubernetes (runAsUser takes numbers)"]
+        )
+    uid = int(match.group(1))
+    return uid, int(match.group(2) or uid)
+
+
+def refusals(spec: SandboxSpec) -> list[str]:
+    """What in `spec` a restricted Pod cannot honour, one located line each (empty: none)."""
+    d = spec.docker
+    found: list[str] = []
+    uid, _ = _uid_gid(spec.user)
+    if uid == 0:
+        found.append("sandbox.docker.user: uid 0 is refused under Pod Security restricted (runAsNonRoot)")
+    for mount in spec.mounts[1:]:
+        found.append(f"{mount.origin}: a host path cannot be mounted on kubernetes (no hostPath, ever)")
+    if extra := sorted(set(d.cap_add) - RESTRICTED_ADDABLE):
+        found.append(f"sandbox.docker.cap_add: {extra} are refused under restricted (only NET_BIND_SERVICE)")
+    if "ALL" not in d.cap_drop:
+        found.append("sandbox.docker.cap_drop: must hold ALL under restricted")
+    if not d.no_new_privileges:
+        found.append("sandbox.docker.no_new_privileges: false is refused under restricted")
+    if d.network not in ("none", "egress"):
+        found.append(
+            f"sandbox.docker.network: {d.network!r} is a Docker network; on kubernetes a sandbox has "
+            "none (deny-all NetworkPolicy) or egress (through its namespace's proxy)"
+        )
+    if d.dns or d.extra_hosts:
+        found.append("sandbox.docker.dns / extra_hosts: a sandbox Pod has no resolver and no host entries")
+    if d.setup_as_root:
+        found.append("sandbox.docker.setup_as_root: nothing runs as root in a restricted Pod")
+    return found
+
+
+def _tmpfs_volumes(tmpfs: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Docker's tmpfs mounts as memory-backed emptyDirs with the same size (counted in memory)."""
+    volumes, mounts = [], []
+    for index, (target, options) in enumerate(sorted(tmpfs.items())):
+        size = next((o.split("=", 1)[1] for o in options.split(",") if o.startswith("size=")), "64m")
+        name = f"tmp-{index}"
+        volumes.append({"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": mebibytes(size)}})
+        mounts.append({"name": name, "mountPath": target})
+    return volumes, mounts
+
+
+def workspace_claim_name(spec: SandboxSpec) -> str | None:
+    """The claim a spec's workspace lives on (None: scratch on an emptyDir, `workspace_access: none`)."""
+    if spec.workspace_access == "none":
+        return None
+    return claim_name(spec.tenant, spec.agent)
+
+
+def workspace_claim(spec: SandboxSpec, cfg: KubernetesSection, namespace: str) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim of a spec's workspace, or None when it has none.
+
+    ReadWriteOnce from `storage_class`; the shared scope's claim is mounted by many Pods at once,
+    so it is ReadWriteMany from `shared_storage_class`.
+    """
+    name = workspace_claim_name(spec)
+    if name is None:
+        return None
+    shared = spec.scope == "shared"
+    klass = cfg.shared_storage_class if shared else cfg.storage_class
+    claim: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                MANAGED_BY[0]: MANAGED_BY[1],
+                K8sLabels.TENANT: label_value(spec.tenant),
+                K8sLabels.AGENT: label_value("shared" if spec.agent == "*" else spec.agent),
+            },
+            "annotations": {K8sAnnotations.TENANT: spec.tenant},
+        },
+        "spec": {
+            "accessModes": ["ReadWriteMany" if shared else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": cfg.workspace_size}},
+        },
+    }
+    if klass is not None:
+        claim["spec"]["storageClassName"] = klass
+    return claim
+
+
+def sandbox_pod(
+    spec: SandboxSpec, cfg: KubernetesSection, namespace: str, *, proxy_ip: str | None = None
+) -> dict[str, Any]:
+    """The Pod of one sandbox spec, restricted by construction.
+
+    Args:
+        spec: the sandbox.
+        cfg: `runtime.kubernetes`.
+        namespace: the tenant's namespace.
+        proxy_ip: the ClusterIP of the namespace's egress proxy Service (`network: egress` only):
+            the Pod has no resolver, so the proxy's name is pinned in its hosts file.
+
+    Raises:
+        ConfigError: the spec asks for something a restricted Pod cannot do (see :func:`refusals`),
+            or an egress sandbox has no proxy address.
+    """
+    if problems := refusals(spec):
+        raise ConfigError(problems)
+    d = spec.docker
+    uid, gid = _uid_gid(spec.user)
+    seccomp: dict[str, Any] = {"type": "RuntimeDefault"}
+    if cfg.seccomp.startswith("Localhost:"):
+        seccomp = {"type": "Localhost", "localhostProfile": cfg.seccomp.split(":", 1)[1]}
+    memory = mebibytes(d.memory)
+    # scratch and the writable layer share the ephemeral-storage limit; tmpfs counts in memory
+    resources = {"cpu": f"{int(d.cpus * 1000)}m", "memory": memory, "ephemeral-storage": cfg.scratch_size}
+    volumes, mounts = _tmpfs_volumes(d.tmpfs)
+    claim = workspace_claim_name(spec)
+    read_only = spec.workspace_access == "ro"
+    if claim is None:
+        volumes.append({"name": "workspace", "emptyDir": {"sizeLimit": cfg.scratch_size}})
+    else:
+        volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}})
+    mounts.append({"name": "workspace", "mountPath": CONTAINER_WORKDIR, "readOnly": read_only})
+    # protected paths over a writable workspace: the same claim's sub-paths, read-only
+    # and each folder between them and the workspace onto itself, so none can be moved aside
+    mounts += [
+        {"name": "workspace", "mountPath": f"{CONTAINER_WORKDIR}/{p.rel}", "subPath": p.rel, "readOnly": p.read_only}
+        for p in spec.protected
+    ]
+    env = [{"name": k, "value": v} for k, v in sorted(d.env.items())]
+    container_security = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": d.read_only_root,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"], **({"add": sorted(d.cap_add)} if d.cap_add else {})},
+    }
+    labels = {
+        MANAGED_BY[0]: MANAGED_BY[1],
+        K8sLabels.SANDBOX: "true",
+        K8sLabels.INSTANCE: spec.instance,
+        K8sLabels.KIND: spec.kind,
+        K8sLabels.TENANT: label_value(spec.tenant),
+        K8sLabels.AGENT: label_value("shared" if spec.agent == "*" else spec.agent),
+        K8sLabels.SCOPE: spec.scope,
+        K8sLabels.CONFIG_HASH: spec.config_hash,
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": SANDBOX_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "dnsPolicy": "None",
+        "dnsConfig": {"nameservers": [NO_RESOLVER]},
+        "hostname": "sandbox",
+        "restartPolicy": "Never",  # a dead sandbox is gone; the orchestrator makes a new one
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "fsGroup": gid,
+            "seccompProfile": seccomp,
+        },
+        "containers": [
+            {
+                "name": "sandbox",
+                "image": spec.image,
+                "imagePullPolicy": cfg.image_pull_policy,
+                "command": ["sleep", "infinity"],
+                "workingDir": CONTAINER_WORKDIR,
+                "env": env,
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "securityContext": copy.deepcopy(container_security),
+                "volumeMounts": mounts,
+            }
+        ],
+        "volumes": volumes,
+    }
+    if spec.egress is not None:
+        labels[K8sLabels.EGRESS] = policy_hash(spec.egress)
+        if proxy_ip is None:
+            raise ConfigError([f"sandbox.docker.network: egress needs the {namespace} egress proxy's address"])
+        pod_spec["hostAliases"] = [{"ip": proxy_ip, "hostnames": [EGRESS_PROXY_HOST]}]
+        proxy = f"http://{EGRESS_PROXY_HOST}:{PROXY_PORT}"
+        pod_spec["containers"][0]["env"] += [
+            {"name": name, "value": proxy} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+        ]
+    if claim is not None and spec.protected:
+        kinds = [f"{'dir' if p.kind == 'keep' else p.kind}:{p.rel}" for p in spec.protected]
+        pod_spec["initContainers"] = [
+            {
+                "name": "protect",
+                "image": spec.image,
+                "imagePullPolicy": cfg.image_pull_policy,
+                "command": ["python3", "-c", PROTECT_SCRIPT, CONTAINER_WORKDIR, *kinds],
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "securityContext": copy.deepcopy(container_security),
+                "volumeMounts": [{"name": "workspace", "mountPath": CONTAINER_WORKDIR}],
+            }
+        ]
+    if cfg.runtime_class_name:
+        pod_spec["runtimeClassName"] = cfg.runtime_class_name
+    if cfg.node_selector:
+        pod_spec["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        pod_spec["tolerations"] = [_toleration(t.model_dump()) for t in cfg.tolerations]
+    if cfg.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": spec.name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                K8sAnnotations.TENANT: spec.tenant,
+                K8sAnnotations.SESSION: spec.session,
+                K8sAnnotations.SCOPE_KEY: spec.scope_key,
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def _toleration(raw: dict[str, Any]) -> dict[str, Any]:
+    names = {"toleration_seconds": "tolerationSeconds"}
+    return {names.get(k, k): v for k, v in raw.items() if v is not None}
