@@ -1,0 +1,81 @@
+"""Resident agents in Pods: started over `pods/exec` websockets (an AgentStarter, runtime/agent).
+
+Exec cannot choose a user under Pod Security `restricted` (no `runAsUser` per exec), so a
+session with a uid of its own gets a Pod of its own; asking this starter for another user is
+refused, never run as the Pod's user instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import anyio
+
+from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
+from sandbox.runtime.agent.transport import AgentTransport
+from sandbox.runtime.kubernetes.exec_ws import ExecTransport, exec_url, open_exec
+
+
+class PodExecStarter:
+    """Starts agents in the Pods of one namespace through the API server.
+
+    Args:
+        session: the HTTP session (its connector carries the cluster's TLS settings).
+        api_url: the API server's base URL.
+        namespace: the Pods' namespace.
+        headers: the authorization headers of the orchestrator's identity.
+        image_labels: what the sandbox images say of themselves (the agent's path), by image.
+        heartbeat_s: websocket pings (`runtime.kubernetes.exec_heartbeat_s`).
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        api_url: str,
+        namespace: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        image_labels: Mapping[str, Mapping[str, str]] | None = None,
+        heartbeat_s: float = 30.0,
+        ssl: Any = None,
+    ) -> None:
+        self._session = session
+        self._api = api_url
+        self.namespace = namespace
+        self._headers = dict(headers or {})
+        self._labels = {image: dict(labels) for image, labels in (image_labels or {}).items()}
+        self._heartbeat = heartbeat_s
+        self._ssl = ssl
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        # a cluster pulls images itself: their labels are what the config said they carry
+        labels = self._labels.get(image)
+        return dict(labels) if labels is not None else None
+
+    async def start(self, container_id: str, argv: list[str], user: str | None) -> AgentTransport:
+        if user is not None:
+            raise AgentUnavailable(
+                f"exec cannot run as user {user!r} on Kubernetes (Pod Security restricted); "
+                "a session with its own uid gets a Pod of its own"
+            )
+        url = exec_url(self._api, self.namespace, container_id, argv)
+        return await open_exec(self._session, url, headers=self._headers, heartbeat_s=self._heartbeat, ssl=self._ssl)
+
+    async def kill(self, container_id: str, transport: AgentTransport) -> None:
+        # the websocket's end closes the agent's stdin and it exits; a lying agent that stays is
+        # killed with its Pod (the backend deletes a Pod whose agent will not answer)
+        if isinstance(transport, ExecTransport):
+            transport.close()
+
+
+async def keep_alive(link: AgentLink, every_s: float) -> None:
+    """Ping the agent every `every_s` seconds while its link lives: on a cluster the kubelet cuts
+    a stream that carries nothing for its idle timeout (4 h by default, 5 min under CIS), and a
+    ping is a frame each way. Returns when the link dies."""
+    while link.dead is None:
+        await anyio.sleep(every_s)
+        with contextlib.suppress(AgentUnavailable):
+            await link.ping()
