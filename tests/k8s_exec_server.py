@@ -54,7 +54,7 @@ class ExecServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
 
@@ -72,7 +72,7 @@ class ExecServer:
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
-        record = {"pod": request.match_info["pod"], "query": list(request.query.items()), "auth": auth}
+        record: dict[str, Any] = {"pod": request.match_info["pod"], "query": list(request.query.items()), "auth": auth}
         self.execs.append(record)
         token = auth.removeprefix("Bearer ")
         if token != self.token:
@@ -88,7 +88,7 @@ class ExecServer:
             return web.json_response(status, status=403)
         ws = web.WebSocketResponse(protocols=self.protocols, autoping=True, max_msg_size=16 * 1024 * 1024)
         await ws.prepare(request)
-        record["protocol"] = ws.ws_protocol
+        record["negotiated"] = ws.ws_protocol
         if ws.ws_protocol not in self.protocols:
             await ws.close()
             return ws

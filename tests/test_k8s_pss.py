@@ -19,7 +19,7 @@ Pod = dict[str, Any]
 @pytest.fixture(scope="module")
 def good_pod(tmp_path_factory: pytest.TempPathFactory) -> Pod:
     tmp: Path = tmp_path_factory.mktemp("pss")
-    return pod_objects(k8s_config(tmp), "coder")[-1]
+    return dict(pod_objects(k8s_config(tmp), "coder")[-1])
 
 
 def _container(pod: Pod) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def _container(pod: Pod) -> dict[str, Any]:
 
 def _set(path: str, value: Any) -> Callable[[Pod], None]:
     def mutate(pod: Pod) -> None:
-        target = pod
+        target: Any = pod
         *parents, last = path.split(".")
         for key in parents:
             target = target[int(key)] if key.isdigit() else target.setdefault(key, {})
