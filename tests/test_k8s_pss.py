@@ -22,10 +22,6 @@ def good_pod(tmp_path_factory: pytest.TempPathFactory) -> Pod:
     return dict(pod_objects(k8s_config(tmp), "coder")[-1])
 
 
-def _container(pod: Pod) -> dict[str, Any]:
-    return pod["spec"]["containers"][0]
-
-
 def _set(path: str, value: Any) -> Callable[[Pod], None]:
     def mutate(pod: Pod) -> None:
         target: Any = pod
