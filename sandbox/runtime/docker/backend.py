@@ -20,6 +20,7 @@ from docker.types import Ulimit
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
+from sandbox.runtime import protocol
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker import egress, egress_secrets, procfs
@@ -33,7 +34,7 @@ from sandbox.runtime.docker.sandbox import DockerSandbox
 from sandbox.runtime.docker.workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
 from sandbox.runtime.host.paths import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
-from sandbox.runtime.protocol import Browsers, RunRequest, SandboxInfo
+from sandbox.runtime.protocol import Browsers, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -373,7 +374,7 @@ class DockerBackend:
         command = spec.docker.setup_command or ""
         user = "0" if spec.docker.setup_as_root else spec.user
         result = await sandbox.run(
-            RunRequest(command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S)
+            protocol.RunRequest(command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S)
         )
         if result.timed_out or result.exit_code != 0:
             tail = result.output.decode(errors="replace")[-500:]
