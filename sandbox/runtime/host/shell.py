@@ -43,7 +43,8 @@ class HostShell:
         return None
 
     async def run(self, request: RunRequest) -> ExecResult:
-        """Run `request.command` with /bin/sh -lc; on timeout kill its whole process group.
+        """Run `request.command` with /bin/sh -lc; on timeout, overflow or cancellation kill its
+        whole process group.
 
         `request.user` is not used: the host runs as the orchestrator's user.
         """
