@@ -29,6 +29,7 @@ from sandbox.config import effective_agent, load_config_text
 from sandbox.runtime import lifecycle
 from sandbox.runtime.docker.backend import DockerBackend
 from sandbox.runtime.manager import SandboxManager
+from sandbox.runtime.protocol import RunRequest
 
 COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 PARALLEL = int(sys.argv[2]) if len(sys.argv) > 2 else 8
@@ -89,7 +90,7 @@ async def main() -> None:
         def first_command(i: int):  # type: ignore[no-untyped-def]
             async def job() -> None:
                 box = await manager.sandbox_for(agent, f"agent:main:scale-{i}")
-                await box.run("true", call_id=f"scale-{i}", timeout_s=60)
+                await box.run(RunRequest("true", call_id=f"scale-{i}", timeout_s=60))
 
             return job
 

@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from sandbox.runtime.host.paths import prepare_workspace
-from sandbox.runtime.output import OutputCapture
-from sandbox.runtime.protocol import ExecResult, SandboxInfo
+from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -110,25 +109,14 @@ class FakeSandbox:
         """Fake sandboxes never die."""
         del revive
 
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-        capture: OutputCapture | None = None,
-        pid_dir: str | None = None,
-    ) -> ExecResult:
+    async def run(self, request: RunRequest) -> ExecResult:
         """Record the command and return what the handler says."""
-        del user, capture, pid_dir
-        call = FakeCall(self.id, command, (), call_id, dict(env or {}), workdir, timeout_s)
+        call = FakeCall(
+            self.id, request.command, (), request.call_id, dict(request.env), request.workdir, request.timeout_s
+        )
         result = await self._backend.handle(call)
-        if on_output is not None and result.output:
-            on_output(result.output)
+        if request.on_output is not None and result.output:
+            request.on_output(result.output)
         return result
 
     async def run_argv(

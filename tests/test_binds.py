@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.config.binds import validate_binds
 from sandbox.config.models import DockerConfig
 from sandbox.errors import BindRefused
-from sandbox.runtime.binds import validate_binds
 
 DEFAULT = DockerConfig()
 
@@ -177,7 +177,7 @@ def test_mount_holding_a_socket_is_refused_at_create(tmp_path: Path) -> None:
 
 def test_socket_scan_is_bounded(tmp_path: Path) -> None:
     """The scan stops at its entry budget and says it saw only part of the tree."""
-    from sandbox.runtime.binds import find_sockets
+    from sandbox.config.binds import find_sockets
 
     for i in range(50):
         (tmp_path / f"f{i}").write_text("")

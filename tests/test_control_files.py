@@ -108,3 +108,23 @@ def test_audit_flags_control_files_and_shows_the_effective_mode(tmp_path: Path) 
     skills_row = next(r for r in rows if r["container"] == "/opt/skills/0")
     assert skills_row["mode"] == "rw" and skills_row["verdict"] == "SBX-M007"
     assert "writable via agent a (config): /workspace (rw)" in skills_row["from"]
+
+
+def test_a_rw_workspace_holding_the_orchestrators_code_is_refused(tmp_path: Path) -> None:
+    """The folder of the `sandbox` package itself (found from the config module, not by importing the
+    package) is a control path: a rw workspace that holds it is refused, naming that folder."""
+    import os
+
+    import sandbox
+
+    package = Path(os.path.realpath(os.path.dirname(sandbox.__file__)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\nagents: {{list: [{{id: a, workspace: {package.parent}, "
+        "sandbox: {workspace_access: rw}}]}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert f"the orchestrator code {package} lies inside the workspace (workspace_access rw) {package.parent}" in str(
+        err.value
+    )

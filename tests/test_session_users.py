@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -9,10 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandbox.config import load_config_text
+from sandbox.config import effective_agent, load_config_text
 from sandbox.errors import SandboxError
 from sandbox.runtime import session_users, shellwrap
-from sandbox.runtime.session_users import UID_BASE, UID_SPAN, allocate, uses_session_users
+from sandbox.runtime.protocol import ExecResult, RunRequest
+from sandbox.runtime.session_users import UID_BASE, UID_SPAN, SessionUser, allocate, uses_session_users
+from sandbox.runtime.spec import SandboxSpec, build_spec
+from sandbox.testing import FakeBackend, FakeSandbox
 
 
 @pytest.mark.parametrize(
@@ -98,3 +102,40 @@ def test_scripts_are_told_whether_their_directory_is_private() -> None:
     assert shellwrap.write_stdin_argv("p1", "hi", "/tmp/.sbx-20001-ab")[7] == "1"
     assert shellwrap.kill_argv("p1", "KILL", "/tmp/.sbx-20001-ab")[-1] == "1"
     assert shellwrap.kill_argv("p1", "KILL")[-1] == "0"
+
+
+class RecordingSandbox(FakeSandbox):
+    """A fake sandbox that keeps each RunRequest it is given, whole."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        super().__init__(FakeBackend(), spec)
+        self.requests: list[RunRequest] = []
+
+    async def run(self, request: RunRequest) -> ExecResult:
+        self.requests.append(request)
+        return await super().run(request)
+
+
+@pytest.mark.anyio
+async def test_a_session_shell_fills_in_only_what_it_owns(tmp_path: Path) -> None:
+    """A session's shell sets its uid, its record directory and the shared-workspace env on the
+    request; a caller's own user and pid_dir win, and every other field passes unchanged."""
+    config = load_config_text(f"state_dir: {tmp_path}\n")
+    sandbox = RecordingSandbox(build_spec(effective_agent(config, "main"), "agent:main:s", "inst1"))
+    shell = session_users.SessionShell(sandbox, SessionUser(20001, 1000, "tok"))
+    chunks: list[bytes] = []
+    asked = RunRequest(
+        "echo hi",
+        call_id="c1",
+        env={"A": "1", "SBX_UMASK": "077"},
+        workdir="/workspace/sub",
+        timeout_s=5,
+        on_output=chunks.append,
+    )
+    await shell.run(asked)
+    await shell.run(dataclasses.replace(asked, user="0", pid_dir="/tmp/.sbx-mine"))
+    default, own = sandbox.requests
+    assert default.user == "20001:1000" and default.pid_dir == shell.pid_dir and shellwrap.is_private(default.pid_dir)
+    assert default.env == {**session_users.SESSION_ENV, "A": "1", "SBX_UMASK": "077"}  # the caller's env wins
+    assert dataclasses.replace(default, env=asked.env, user=None, pid_dir=None) == asked
+    assert own.user == "0" and own.pid_dir == "/tmp/.sbx-mine"

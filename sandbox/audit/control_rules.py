@@ -14,9 +14,9 @@ import os
 
 from sandbox.audit.findings import Finding
 from sandbox.audit.rule_helpers import Doc
+from sandbox.config.binds import find_sockets
 from sandbox.config.isolation import control_exposures, control_paths
 from sandbox.config.models import Config
-from sandbox.runtime.binds import find_sockets
 
 _FIX_CONTROL = (
     "move skills dirs, the config file, the state dir and hook code outside every writable workspace, "

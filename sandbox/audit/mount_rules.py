@@ -10,7 +10,7 @@ from typing import Any
 from sandbox.audit.findings import Finding
 from sandbox.audit.ownership import write_problem
 from sandbox.audit.rule_helpers import Doc
-from sandbox.runtime.binds import CONTAINER_WORKDIR, SYSTEM_PATHS, credential_paths
+from sandbox.config.binds import CONTAINER_WORKDIR, SYSTEM_PATHS, credential_paths
 
 
 def _relation(path: str, blocked: str) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox.config.binds import parse_bind
 from sandbox.config.locate import Loc
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config
@@ -182,8 +183,6 @@ class ControlExposure:
 
 def writable_roots(config: Config) -> list[WritableRoot]:
     """Every host directory a sandbox of some agent mounts read-write, and every scratch root."""
-    from sandbox.runtime.binds import parse_bind  # the runtime imports config; not the reverse at load
-
     out: list[WritableRoot] = []
     for agent in _agents(config):
         sandbox = agent.sandbox
@@ -234,18 +233,20 @@ def _hook_paths() -> list[str]:
     return [os.path.realpath(p) for p in out]
 
 
+# the `sandbox` package's folder, found without importing the package (this is sandbox/config/isolation.py)
+_PACKAGE_FOLDER = os.path.dirname(os.path.dirname(__file__))
+
+
 def control_paths(config: Config) -> list[tuple[str, str]]:
     """(kind, resolved path) of everything the orchestrator reads or runs as itself on the host."""
     import sys
-
-    import sandbox
 
     paths = [("skills dir", os.path.realpath(d)) for d in config.skills.dirs]
     if config.source_file is not None:
         paths.append(("config file", str(config.source_file)))
     paths.append(("state dir", os.path.realpath(config.state_dir)))
     paths += [("hook module", p) for p in _hook_paths()]
-    paths.append(("orchestrator code", os.path.realpath(os.path.dirname(sandbox.__file__))))
+    paths.append(("orchestrator code", os.path.realpath(_PACKAGE_FOLDER)))
     if sys.prefix != sys.base_prefix:  # a virtualenv: its packages run as the orchestrator
         paths.append(("orchestrator code", os.path.realpath(sys.prefix)))
     return paths

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox.config import keys, locate
+from sandbox.config.binds import bind_problems, check_source
 from sandbox.config.isolation import isolation_problems
 from sandbox.config.locate import Loc, ParsedDocument, format_loc
 from sandbox.config.models import Config, default_state_dir
@@ -102,7 +103,7 @@ def _skill_names(data: dict[str, Any], base_dir: Path) -> tuple[str, ...]:
     dirs = (data.get("skills") or {}).get("dirs") if isinstance(data.get("skills"), dict) else None
     if not isinstance(dirs, list) or not dirs:
         return ()
-    from sandbox.tools.skills import skill_names  # only a config with skills pays for it
+    from sandbox.config.skill_files import skill_names  # only a config with skills pays for it
 
     paths = [base_dir / Path(str(d)).expanduser() for d in dirs if isinstance(d, str)]
     return tuple(skill_names(paths))
@@ -134,8 +135,6 @@ def _line(parsed: ParsedDocument, loc: Loc, message: str, *, value: bool = True)
 
 def semantic_problems(config: Config) -> list[tuple[Loc, str]]:
     """Cross-key rules that one field's type cannot say."""
-    from sandbox.runtime.binds import bind_problems
-
     problems: list[tuple[Loc, str]] = []
     seen: dict[str, int] = {}
     for index, agent in enumerate(config.agents.list):
@@ -268,7 +267,6 @@ def _workspace_root_problems(config: Config) -> list[tuple[Loc, str]]:
     """
     from sandbox.config.models import DockerConfig
     from sandbox.errors import BindRefused
-    from sandbox.runtime.binds import check_source
 
     out: list[tuple[Loc, str]] = []
     places: list[tuple[Loc, Path | None]] = [

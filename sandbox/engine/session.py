@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import anyio.to_thread
 
+from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.config.merge import EffectiveAgent
 from sandbox.engine import spill
 from sandbox.engine.batch import BatchCall, BatchResult, run_batch
@@ -19,8 +20,7 @@ from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.resolver import ResolvedPolicy
-from sandbox.runtime.backends import host_shell
-from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.runtime.backends import agent_files, host_shell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
 from sandbox.runtime.session_users import SessionShell, session_shell
@@ -300,9 +300,8 @@ class Session:
         self, box: Sandbox | SessionShell, roots: list[Root], *, group_shared: bool
     ) -> WorkspaceFiles:
         """The file tools of a workspace on a Docker volume: through the sandbox's agent
-        (fs/agent_files.py). Its quota is measured host-side, on the volume's folder, when the
+        (runtime/agent/files.py). Its quota is measured host-side, on the volume's folder, when the
         engine keeps it on this host (never by asking the agent: the sandbox could lie)."""
-        from sandbox.fs.agent_files import AgentFiles
 
         async def link() -> AgentChannel:
             shell = await self._sandbox_shell()
@@ -326,8 +325,8 @@ class Session:
         if folder is not None:  # a local engine: the volume's folder is on this host
             key = f"{self.agent.key_path}.sandbox.workspace_quota"
             quota = WorkspaceQuota([folder], limit, key, label="the workspace volume")
-        return AgentFiles(
-            link, roots, config.tools.fs, states, config.state_dir / "locks", None, quota, group_shared=group_shared
+        return agent_files(
+            link, roots, config.tools.fs, states, config.state_dir / "locks", quota, group_shared=group_shared
         )
 
     def _tenant_quota(self) -> WorkspaceQuota | None:

@@ -108,10 +108,8 @@ def relative_path(name: str) -> str:
 def not_kept(ctx: ToolContext) -> str | None:
     """Why no full output can be kept for this call's session (None: it can, in the workspace).
     Nothing of a tenant's is kept anywhere else on the host."""
-    from sandbox.fs.agent_files import AgentFiles
-
     root = ctx.files.roots[0]
-    if root.read_only or isinstance(ctx.files, AgentFiles):
+    if root.read_only or not ctx.files.host_side:
         where = "read-only" if root.read_only else "a Docker volume"
         return (
             f"the workspace is {where}, so the full output is not kept; redirect long output to a file "

@@ -52,6 +52,12 @@ class Files(Protocol):
         """Whether new files are group-writable (sessions with uids of their own share the workspace)."""
         ...
 
+    @property
+    def host_side(self) -> bool:
+        """Whether the workspace is a host folder the orchestrator writes itself (False: only the
+        sandbox reaches it, e.g. a Docker volume through the resident agent)."""
+        ...
+
     def locate(self, raw: str) -> Located:
         """Resolve a tool's path argument; refuse escapes, deny patterns and malformed paths."""
         ...

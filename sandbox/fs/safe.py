@@ -36,26 +36,29 @@ class FileStat:
         return stat.S_ISREG(self.mode)
 
 
-def _denied(rel: str, why: str) -> SandboxError:
+def denied_error(rel: str, why: str) -> SandboxError:
+    """PERMISSION_DENIED for `rel`, saying why."""
     return SandboxError(ErrorCode.PERMISSION_DENIED, f"{rel}: {why}", path=rel)
 
 
-def _not_regular(rel: str) -> SandboxError:
+def not_regular_error(rel: str) -> SandboxError:
+    """The refusal of a file that is not a regular one."""
     # fifos would block, devices and sockets are not file contents: never read
-    return _denied(rel, "is not a regular file (a fifo, socket or device); file tools only read regular files")
+    return denied_error(rel, "is not a regular file (a fifo, socket or device); file tools only read regular files")
 
 
-def _map_os_error(exc: OSError, rel: str) -> SandboxError:
+def map_os_error(exc: OSError, rel: str) -> SandboxError:
+    """The file tools' error for an OSError met at `rel` (links, missing parents, permissions, space)."""
     if exc.errno in (errno.ELOOP, errno.EMLINK):
-        return _denied(rel, "a component is a symbolic link; links are not followed")
+        return denied_error(rel, "a component is a symbolic link; links are not followed")
     if exc.errno == errno.ENOTDIR:
         return SandboxError(ErrorCode.FILE_NOT_FOUND, f"{rel}: a parent is not a directory", path=rel)
     if exc.errno == errno.ENOENT:
         return SandboxError(ErrorCode.FILE_NOT_FOUND, f"{rel}: no such file or directory", path=rel)
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return _denied(rel, "permission denied")
+        return denied_error(rel, "permission denied")
     if exc.errno == errno.EROFS:
-        return _denied(rel, "read-only file system")
+        return denied_error(rel, "read-only file system")
     if exc.errno == errno.EISDIR:
         return SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -116,7 +119,7 @@ class SafeRoot:
         try:
             fd = os.open(self.root, _DIR_FLAGS)
         except OSError as exc:
-            raise _map_os_error(exc, rel) from exc
+            raise map_os_error(exc, rel) from exc
         try:
             for part in parts:
                 try:
@@ -143,7 +146,7 @@ class SafeRoot:
                 fd = nxt
             yield fd
         except OSError as exc:
-            raise _map_os_error(exc, rel) from exc
+            raise map_os_error(exc, rel) from exc
         finally:
             os.close(fd)
 
@@ -173,14 +176,14 @@ class SafeRoot:
             except OSError as exc:
                 # open(2) of a Unix socket says ENXIO (EOPNOTSUPP on some file systems)
                 if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
-                    raise _not_regular(rel) from exc
-                raise _map_os_error(exc, rel) from exc
+                    raise not_regular_error(rel) from exc
+                raise map_os_error(exc, rel) from exc
             try:
                 st = os.fstat(fd)
                 if stat.S_ISDIR(st.st_mode):
                     raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
                 if not stat.S_ISREG(st.st_mode):
-                    raise _not_regular(rel)
+                    raise not_regular_error(rel)
                 if st.st_size > max_bytes:
                     raise SandboxError(
                         ErrorCode.INVALID_ARGUMENTS,
@@ -234,7 +237,7 @@ class SafeRoot:
                     dir_fd=dfd,
                 )
             except OSError as exc:
-                raise _map_os_error(exc, rel) from exc
+                raise map_os_error(exc, rel) from exc
             try:
                 try:
                     _write_all(fd, data)
@@ -252,7 +255,7 @@ class SafeRoot:
                 with suppress(OSError):
                     os.unlink(tmp, dir_fd=dfd)
                 if isinstance(exc, OSError):
-                    raise _map_os_error(exc, rel) from exc
+                    raise map_os_error(exc, rel) from exc
                 raise
             return FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
 
@@ -267,7 +270,7 @@ class SafeRoot:
                         if stat.S_ISREG(st.st_mode):
                             found.append((entry.name, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)))
             except OSError as exc:
-                raise _map_os_error(exc, path.relative) from exc
+                raise map_os_error(exc, path.relative) from exc
             return found
 
     def unlink(self, path: WorkspacePath) -> None:
@@ -276,4 +279,4 @@ class SafeRoot:
             try:
                 os.unlink(path.name, dir_fd=dfd)
             except OSError as exc:
-                raise _map_os_error(exc, path.relative) from exc
+                raise map_os_error(exc, path.relative) from exc

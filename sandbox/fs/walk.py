@@ -1,7 +1,7 @@
 """Names beneath a host-side workspace folder, walked without following a link.
 
 What `Files.list_names` does for a workspace on this host's paths (fs/workspace.py); a workspace
-the host cannot see lists through the sandbox's agent instead (fs/agent_files.py).
+the host cannot see lists through the sandbox's agent instead (runtime/agent/files.py).
 """
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ class WorkspaceFiles:
             share the workspace through the sandbox user's group).
     """
 
+    host_side = True  # the orchestrator reads and writes the workspace's folder itself
+
     def __init__(
         self,
         roots: list[Root],

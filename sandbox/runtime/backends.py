@@ -1,17 +1,21 @@
-"""Choosing the sandbox backend by name (`runtime.backend`), importing it only when chosen."""
+"""Choosing the sandbox backend by name (`runtime.backend`), importing it only when chosen; the
+other implementations the engine is handed (mode off's shell, a volume's files) are named here too."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.errors import ErrorCode, SandboxError
 
 if TYPE_CHECKING:
-    from sandbox.config.models import Config
-    from sandbox.runtime.protocol import Backend, Shell
+    from sandbox.config.models import Config, FsSection
+    from sandbox.fs.quota import WorkspaceQuota
+    from sandbox.fs.states import FileStates
+    from sandbox.fs.workspace import Root, WorkspaceFiles
+    from sandbox.runtime.protocol import AgentChannel, Backend, Shell
 
 # name -> (module, what it needs installed)
 _BACKENDS = {
@@ -50,3 +54,20 @@ def host_shell(workspace: Path, pid_dir: Path, env: Mapping[str, str] | None = N
     module = importlib.import_module("sandbox.runtime.host.shell")
     shell: Shell = module.HostShell(workspace, pid_dir, env=env)
     return shell
+
+
+def agent_files(
+    link: Callable[[], Awaitable[AgentChannel]],
+    roots: list[Root],
+    fs: FsSection,
+    states: FileStates,
+    lock_dir: Path,
+    quota: WorkspaceQuota | None,
+    *,
+    group_shared: bool,
+) -> WorkspaceFiles:
+    """The file tools' view of a workspace only the sandbox's resident agent reaches
+    (`workspace_store: volume`): runtime/agent/files.py, loaded when a session first needs it."""
+    module = importlib.import_module("sandbox.runtime.agent.files")
+    files: WorkspaceFiles = module.AgentFiles(link, roots, fs, states, lock_dir, None, quota, group_shared=group_shared)
+    return files

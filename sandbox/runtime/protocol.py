@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,6 +53,30 @@ class ExecResult:
             overflowed=capture.overflowed,
             notes=notes,
         )
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One command for :meth:`Shell.run`: every shell takes this one shape, every caller builds it.
+
+    `call_id` tags every process the command starts (a timeout or cancellation kills them by
+    it); `env` adds to the shell's environment; `pid_dir` overrides where its pid file goes (a
+    session's private directory). `on_output` gets each chunk of output as it arrives (for
+    progress events). `capture` bounds what is kept in memory and where the rest goes; when its
+    maximum is passed the command is killed like on a timeout (`overflowed`). Without one,
+    memory stays bounded and the middle of a long output is dropped.
+    """
+
+    command: str
+    _: KW_ONLY
+    call_id: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None  # None: the shell's working directory
+    timeout_s: float | None = None  # None: no limit
+    user: str | None = None  # None: the shell's user
+    on_output: Callable[[bytes], None] | None = None
+    capture: OutputCapture | None = None
+    pid_dir: str | None = None  # None: the shell's own (Shell.pid_dir)
 
 
 @dataclass(frozen=True)
@@ -123,28 +147,9 @@ class Shell(Protocol):
         lets the tools choose a per-session path."""
         ...
 
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-        capture: OutputCapture | None = None,
-        pid_dir: str | None = None,
-    ) -> ExecResult:
-        """Run `command` with /bin/sh -lc; on timeout (or cancellation) kill its whole process group.
-
-        `pid_dir` overrides where its pid file goes (a session's private directory).
-
-        `on_output` gets each chunk of output as it arrives (for progress events). `capture`
-        bounds what is kept in memory and where the rest goes; when its maximum is passed the
-        command is killed like on a timeout (`overflowed`). Without one, memory stays bounded
-        and the middle of a long output is dropped.
-        """
+    async def run(self, request: RunRequest) -> ExecResult:
+        """Run `request.command` with /bin/sh -lc; on timeout (or cancellation) kill its whole
+        process group. What each field asks is said on :class:`RunRequest`."""
         ...
 
     async def run_argv(

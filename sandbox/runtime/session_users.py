@@ -16,11 +16,12 @@ atomically with `link`, so concurrent orchestrators never hand one uid to two se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +30,7 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime.naming import tenant_scope
 
 if TYPE_CHECKING:  # spec.py imports this module; the protocol imports spec.py
-    from sandbox.runtime.output import OutputCapture
-    from sandbox.runtime.protocol import AgentChannel, ExecResult, OneShot, Sandbox
+    from sandbox.runtime.protocol import AgentChannel, ExecResult, OneShot, RunRequest, Sandbox
     from sandbox.runtime.spec import SandboxSpec
 
 UID_BASE = 20000
@@ -171,30 +171,15 @@ class SessionShell:
         # workspace on purpose (README: what sessions of one agent share)
         return {**SESSION_ENV, **(env or {})}
 
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-        capture: OutputCapture | None = None,
-        pid_dir: str | None = None,
-    ) -> ExecResult:
-        """Run `command` as the session's uid, its pid file in the session's directory."""
+    async def run(self, request: RunRequest) -> ExecResult:
+        """Run `request.command` as the session's uid, its pid file in the session's directory."""
         return await self.sandbox.run(
-            command,
-            call_id=call_id,
-            env=self._env(env),
-            workdir=workdir,
-            timeout_s=timeout_s,
-            user=user or self.session_user.user,
-            on_output=on_output,
-            capture=capture,
-            pid_dir=pid_dir or self.pid_dir,
+            dataclasses.replace(
+                request,
+                env=self._env(request.env),
+                user=request.user or self.session_user.user,
+                pid_dir=request.pid_dir or self.pid_dir,
+            )
         )
 
     async def run_argv(

@@ -13,22 +13,17 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from sandbox.config.models import SkillPermissions, SkillsConfig
+from sandbox.config.skill_files import RESERVED_NAMES, front_matter
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.policy.groups import ALIASES, BUILTIN_TOOLS
 from sandbox.tools.spec import RetryPolicy, ToolArgs, ToolSpec
-
-# names a skill may not take: a policy list naming one means the built-in tool
-RESERVED_NAMES: dict[str, str] = {**{n: n for n in BUILTIN_TOOLS}, **ALIASES}
 
 _TYPES: dict[str, Any] = {
     "string": str,
@@ -82,21 +77,6 @@ class SkillProblem:
     message: str
 
 
-def _front_matter(text: str, file: Path) -> dict[str, Any]:
-    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
-    if not match:
-        raise ValueError("SKILL.md must start with YAML front matter between '---' lines")
-    try:
-        data = yaml.safe_load(match.group(1))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f":{mark.line + 2}:{mark.column + 1}" if mark else ""
-        raise ValueError(f"YAML error{where}: {exc.problem}") from exc
-    if not isinstance(data, dict):
-        raise ValueError("the front matter must be a mapping")
-    return data
-
-
 def _glob_within(pattern: str, allowed: list[str]) -> bool:
     """Whether every path `pattern` can match is also matched by one of `allowed`."""
     if ".." in pattern.split("/"):
@@ -139,7 +119,7 @@ def load_skills(config: SkillsConfig) -> tuple[list[Skill], list[SkillProblem]]:
     for index, root in enumerate(config.dirs):
         for file in sorted(Path(root).glob("*/SKILL.md")):
             try:
-                manifest = SkillManifest.model_validate(_front_matter(file.read_text(encoding="utf-8"), file))
+                manifest = SkillManifest.model_validate(front_matter(file.read_text(encoding="utf-8"), file))
             except ValidationError as exc:
                 for err in exc.errors():
                     key = ".".join(str(p) for p in err["loc"]) or "(front matter)"
@@ -174,20 +154,6 @@ def reserved_name_problem(name: str) -> str:
         f"refused: name {name!r} is {what}; a policy naming {name!r} would mean the built-in, "
         "so a skill may not take a tool name or alias (rename it)"
     )
-
-
-def skill_names(dirs: list[Path]) -> list[str]:
-    """Names declared by SKILL.md files (for checking tool names in the config; no validation)."""
-    names = []
-    for root in dirs:
-        for file in sorted(Path(root).glob("*/SKILL.md")):
-            try:
-                name = _front_matter(file.read_text(encoding="utf-8"), file).get("name")
-            except (ValueError, OSError):
-                continue
-            if isinstance(name, str) and name not in RESERVED_NAMES:
-                names.append(name)
-    return names
 
 
 def skill_spec(skill: Skill) -> ToolSpec:

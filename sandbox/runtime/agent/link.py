@@ -174,7 +174,7 @@ class AgentLink:
     async def file_request(
         self, header: dict[str, Any], chunks: Sequence[bytes] = (b"",), *, data_limit: int = 0
     ) -> tuple[FileInfo | FileRefused | Reply, bytes]:
-        """One file operation (fs/agent_files.py): the request (its payload in `chunks`, one
+        """One file operation (runtime/agent/files.py): the request (its payload in `chunks`, one
         frame each), then what the agent sent back (bytes up to `data_limit`) and its answer."""
         call = self._new(data_limit=data_limit)
         try:

@@ -20,6 +20,7 @@ from docker.types import Ulimit
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
+from sandbox.runtime import protocol
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker import egress, egress_secrets, procfs
@@ -373,7 +374,7 @@ class DockerBackend:
         command = spec.docker.setup_command or ""
         user = "0" if spec.docker.setup_as_root else spec.user
         result = await sandbox.run(
-            command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S
+            protocol.RunRequest(command, call_id=f"setup-{uuid.uuid4().hex[:8]}", user=user, timeout_s=SETUP_TIMEOUT_S)
         )
         if result.timed_out or result.exit_code != 0:
             tail = result.output.decode(errors="replace")[-500:]

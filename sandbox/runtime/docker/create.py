@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sandbox.config.binds import CONTAINER_WORKDIR, refuse_sockets
 from sandbox.fs.quota import parse_size
-from sandbox.runtime.binds import CONTAINER_WORKDIR, refuse_sockets
 from sandbox.runtime.seccomp import ENGINE_DEFAULT, STRICT, strict_profile_json
 from sandbox.runtime.spec import SandboxSpec
 

@@ -7,12 +7,12 @@ from typing import Any
 from urllib.parse import quote
 
 from sandbox.audit.ownership import write_problem
+from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.agent.exec_path import path_from_labels
-from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.naming import instance_id
 from sandbox.runtime.seccomp import describe_security_opts

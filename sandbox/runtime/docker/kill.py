@@ -18,7 +18,7 @@ from typing import Any
 
 import docker.errors
 
-from sandbox.runtime.host.proc_kill import Members, members_of, signal_members
+from sandbox.runtime.proc_kill import Members, members_of, signal_members
 
 ROUNDS = 6  # waits 0.05 s, 0.1 s, ... 1.6 s between rounds: about 3 s in all
 

@@ -32,7 +32,7 @@ import anyio.to_thread
 from sandbox._log import logger
 from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.protocol import pool_member
+from sandbox.runtime.protocol import RunRequest, pool_member
 
 if TYPE_CHECKING:
     from sandbox.config.merge import EffectiveAgent
@@ -271,7 +271,7 @@ class WarmPool:
                     with contextlib.suppress(SandboxError):
                         await self.backend.agents.link(box.id, spec, None)
                         # one command through the wrapper: its record folder exists when the session comes
-                        await box.run("true", call_id=f"pool-warm-{uuid.uuid4().hex[:8]}", timeout_s=30)
+                        await box.run(RunRequest("true", call_id=f"pool-warm-{uuid.uuid4().hex[:8]}", timeout_s=30))
                     self._free.setdefault(spec.pool_key or "", []).append(_member_info(box.id, spec))
                     made += 1
 

@@ -18,8 +18,7 @@ from sandbox.runtime.docker import kill as docker_kill
 from sandbox.runtime.docker import workspace as docker_workspace
 from sandbox.runtime.docker.exec import SandboxGone, exec_stream
 from sandbox.runtime.docker.skill_run import DockerOneShot
-from sandbox.runtime.output import OutputCapture
-from sandbox.runtime.protocol import ExecResult
+from sandbox.runtime.protocol import ExecResult, RunRequest
 from sandbox.runtime.spec import SandboxSpec
 
 TERM_GRACE_S = 0.2
@@ -67,31 +66,20 @@ class DockerSandbox:
         """The spec it was made from."""
         return self._spec
 
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-        capture: OutputCapture | None = None,
-        pid_dir: str | None = None,
-    ) -> ExecResult:
-        """Run `command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
-        environment = {**(env or {}), shellwrap.TAG_VAR: call_id}
-        argv = shellwrap.wrapped_argv(command, call_id, pid_dir or shellwrap.PID_DIR)
+    async def run(self, request: RunRequest) -> ExecResult:
+        """Run `request.command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
+        call_id, user, pid_dir = request.call_id, request.user, request.pid_dir
+        environment = {**request.env, shellwrap.TAG_VAR: call_id}
+        argv = shellwrap.wrapped_argv(request.command, call_id, pid_dir or shellwrap.PID_DIR)
         try:
             result = await self._exec(
                 argv,
                 environment=environment,
-                workdir=workdir,
+                workdir=request.workdir,
                 user=user,
-                timeout_s=timeout_s,
-                on_output=on_output,
-                capture=capture,
+                timeout_s=request.timeout_s,
+                on_output=request.on_output,
+                capture=request.capture,
             )
         except (anyio.get_cancelled_exc_class(), AgentUnavailable):
             # the caller gave up (an outer timeout, a cancelled task), or the agent that ran it

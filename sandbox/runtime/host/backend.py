@@ -11,6 +11,7 @@ paths inside command text are not, so commands should use paths relative to the 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,8 +22,7 @@ import anyio.to_thread
 from sandbox.runtime.binds import CONTAINER_WORKDIR
 from sandbox.runtime.host.paths import prepare_workspace
 from sandbox.runtime.host.shell import HostShell
-from sandbox.runtime.output import OutputCapture
-from sandbox.runtime.protocol import ExecResult, SandboxInfo
+from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -71,31 +71,9 @@ class HostSandbox:
             return str(self.workspace) + workdir[len(CONTAINER_WORKDIR) :]
         return workdir
 
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-        capture: OutputCapture | None = None,
-        pid_dir: str | None = None,
-    ) -> ExecResult:
-        """Run `command` on the host in the workspace (see the Shell protocol)."""
-        return await self._shell.run(
-            command,
-            call_id=call_id,
-            env=env,
-            workdir=self.host_path(workdir),
-            timeout_s=timeout_s,
-            user=user,
-            on_output=on_output,
-            capture=capture,
-            pid_dir=pid_dir,
-        )
+    async def run(self, request: RunRequest) -> ExecResult:
+        """Run `request.command` on the host in the workspace (see the Shell protocol)."""
+        return await self._shell.run(dataclasses.replace(request, workdir=self.host_path(request.workdir)))
 
     async def run_argv(
         self,

@@ -15,7 +15,7 @@ from anyio.abc import ByteReceiveStream
 from sandbox.runtime import shellwrap
 from sandbox.runtime.host import proc_kill
 from sandbox.runtime.output import OutputCapture
-from sandbox.runtime.protocol import ExecResult
+from sandbox.runtime.protocol import ExecResult, RunRequest
 
 
 class HostShell:
@@ -42,25 +42,19 @@ class HostShell:
         """None: on the host the session's TMPDIR is the tools' choice."""
         return None
 
-    async def run(
-        self,
-        command: str,
-        *,
-        call_id: str,
-        env: Mapping[str, str] | None = None,
-        workdir: str | None = None,
-        timeout_s: float | None = None,
-        user: str | None = None,
-        on_output: Callable[[bytes], None] | None = None,
-        capture: OutputCapture | None = None,
-        pid_dir: str | None = None,
-    ) -> ExecResult:
-        """Run `command` with /bin/sh -lc; on timeout kill its whole process group."""
-        del user  # the host runs as the orchestrator's user
-        environment = {**os.environ, **self._env, **(env or {}), shellwrap.TAG_VAR: call_id}
-        argv = shellwrap.wrapped_argv(command, call_id, pid_dir or self.pid_dir)
+    async def run(self, request: RunRequest) -> ExecResult:
+        """Run `request.command` with /bin/sh -lc; on timeout, overflow or cancellation kill its
+        whole process group.
+
+        `request.user` is not used: the host runs as the orchestrator's user.
+        """
+        call_id = request.call_id
+        environment = {**os.environ, **self._env, **request.env, shellwrap.TAG_VAR: call_id}
+        argv = shellwrap.wrapped_argv(request.command, call_id, request.pid_dir or self.pid_dir)
         try:
-            result = await self._exec(argv, environment, workdir, timeout_s, on_output, capture)
+            result = await self._exec(
+                argv, environment, request.workdir, request.timeout_s, request.on_output, request.capture
+            )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.kill(call_id, "KILL")

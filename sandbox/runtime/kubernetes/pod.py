@@ -18,7 +18,7 @@ from typing import Any
 from sandbox.config.kubernetes import KubernetesSection
 from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
-from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.runtime.egress_proxy import PROXY_PORT
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,

@@ -15,7 +15,7 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import split_path
 from sandbox.fs.quota import WorkspaceQuota
 from sandbox.runtime.output import describe_cut
-from sandbox.runtime.protocol import ExecResult
+from sandbox.runtime.protocol import ExecResult, RunRequest
 from sandbox.tools.builtin import ExecArgs
 from sandbox.tools.context import ToolContext
 from sandbox.tools.handlers import processes
@@ -153,7 +153,7 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
     capture = await spill.new_capture(ctx)
 
     async def run() -> ExecResult:
-        return await ctx.shell.run(
+        request = RunRequest(
             args.command,
             call_id=ctx.call_id,
             env={**processes.session_env(ctx), **args.env},
@@ -162,6 +162,7 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             on_output=lambda chunk: ctx.emit("output", chunk=chunk.decode("utf-8", errors="replace")),
             capture=capture,
         )
+        return await ctx.shell.run(request)
 
     notes: list[str] = []
     try:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime.output import OutputCapture
+from sandbox.runtime.protocol import RunRequest
 from sandbox.tools.builtin import WebFetchArgs, WebSearchArgs
 from sandbox.tools.context import ToolContext
 from sandbox.tools.search import SearchResult
@@ -116,9 +117,10 @@ def _header(headers: dict[str, Any], name: str) -> str:
 
 async def _fetch(ctx: ToolContext, url: str) -> Page:
     capture = OutputCapture(None, max_bytes=MAX_FETCH_BYTES + 2**20, keep_bytes=MAX_FETCH_BYTES + 2**20)
-    result = await ctx.shell.run(
+    request = RunRequest(
         _command(url), call_id=ctx.call_id, timeout_s=FETCH_TIMEOUT_S + 10, workdir=ctx.workdir, capture=capture
     )
+    result = await ctx.shell.run(request)
     if result.timed_out:
         raise SandboxError(ErrorCode.TIMEOUT, f"fetching {url} took longer than {FETCH_TIMEOUT_S} s")
     meta, headers, error = _meta(result.stderr)

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.fs.safe import FileStat, _denied, _map_os_error, _not_regular
+from sandbox.fs.safe import FileStat, denied_error, map_os_error, not_regular_error
 from sandbox.fs.states import digest
 from sandbox.fs.walk import walk_order
 from sandbox.fs.workspace import Located, WorkspaceFiles
+from sandbox.runtime.agent.frames import FileInfo
 
 if TYPE_CHECKING:
-    from sandbox.runtime.agent.frames import FileInfo, FileRefused, Reply
+    from sandbox.runtime.agent.frames import FileRefused, Reply
     from sandbox.runtime.protocol import AgentChannel
 
 WRITE_CHUNK = 4 << 20  # one frame's payload (the agent takes 8 MiB at most)
@@ -37,6 +38,8 @@ class AgentFiles(WorkspaceFiles):
         link: returns the agent link of the session's sandbox (started when needed).
         args, kwargs: as for WorkspaceFiles; a root's `host` is only a name here (locks, versions).
     """
+
+    host_side = False
 
     def __init__(self, link: Callable[[], Awaitable[AgentChannel]], *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -148,14 +151,12 @@ class AgentFiles(WorkspaceFiles):
 
 def _info(reply: FileInfo | FileRefused | Reply, loc: Located) -> FileInfo:
     """The answer as file facts; a refusal as the error a host-side workspace gives."""
-    from sandbox.runtime.agent.frames import FileInfo
-
     if isinstance(reply, FileInfo):
         return reply
     rel = loc.path.relative
     why = getattr(reply, "why", "")
     if why == "not_regular":
-        raise _not_regular(rel)
+        raise not_regular_error(rel)
     if why == "too_big":
         raise SandboxError(
             ErrorCode.INVALID_ARGUMENTS,
@@ -163,8 +164,8 @@ def _info(reply: FileInfo | FileRefused | Reply, loc: Located) -> FileInfo:
             path=rel,
         )
     if why == "symlink":  # ELOOP, or EXDEV (a path that would leave the root): never followed
-        raise _map_os_error(OSError(errno.ELOOP, ""), rel)
+        raise map_os_error(OSError(errno.ELOOP, ""), rel)
     if why == "the root itself":
-        raise _denied(rel, "the workspace root itself cannot be read or written as a file")
+        raise denied_error(rel, "the workspace root itself cannot be read or written as a file")
     code = getattr(reply, "errno", errno.EIO)
-    raise _map_os_error(OSError(code, ""), rel)
+    raise map_os_error(OSError(code, ""), rel)

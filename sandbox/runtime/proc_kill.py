@@ -1,0 +1,90 @@
+"""Finding and signalling a call's processes through /proc, with no new process and no shell.
+
+A process of a call carries `SBX_CALL=<id>` in its environment; a process in the same process
+group as a tagged one belongs to the call too (it may have changed its environment). Used on
+the host (runtime/host/: mode off and the host backend) for every kill, and for sandboxes whose
+engine runs on this host (see runtime/docker/kill.py): reading /proc is a few hundred
+microseconds where a shell scanning it forks once per process. Both backend folders import it
+from here, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal as signals
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sandbox.runtime.shellwrap import TAG_VAR
+
+
+@dataclass(frozen=True)
+class Members:
+    """Host pids of a call's processes, or `visible=False` when the host cannot see them."""
+
+    pids: tuple[int, ...]
+    visible: bool = True
+    # process groups a tagged member leads or belongs to: signalled whole, in one kernel step,
+    # so a fork bomb cannot add members between the listing and the kill
+    groups: tuple[int, ...] = ()
+
+
+def tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
+    # (carries the tag, process group) of a host pid; None when it is gone
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None  # a zombie is dead already; its parent (the init) reaps it
+    pgrp = int(fields[2]) if len(fields) > 2 else None
+    return tag in env.split(b"\0"), pgrp
+
+
+def members_of(pids: Iterable[int], call_id: str, *, skip_unreadable: bool = False) -> Members:
+    """Which of `pids` belong to `call_id`: tagged, or in a tagged process's group.
+
+    The caller's own process and process group are never members (a kill must not reach us).
+
+    Raises:
+        PermissionError: a process's environment cannot be read (not root, not its owner),
+            unless `skip_unreadable` (on the host, the call's processes are ours to read).
+    """
+    tag = f"{TAG_VAR}={call_id}".encode()
+    info: dict[int, tuple[bool, int | None]] = {}
+    me, my_group = os.getpid(), os.getpgrp()
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            found = tagged(pid, tag)
+        except PermissionError:
+            if skip_unreadable:
+                continue
+            raise
+        if found is not None:
+            info[pid] = found
+    groups = {pgrp for is_tagged, pgrp in info.values() if is_tagged and pgrp and pgrp != my_group}
+    members = tuple(pid for pid, (is_tagged, pgrp) in info.items() if is_tagged or pgrp in groups)
+    return Members(members, groups=tuple(sorted(g for g in groups if g > 1)))
+
+
+def all_pids() -> list[int]:
+    """Every pid this process can see."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def signal_members(members: Members, signal: str) -> None:
+    """Send `signal` (TERM, KILL, INT, HUP) to every member."""
+    number = getattr(signals, f"SIG{signal}")
+    for group in members.groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, number)
+    for pid in members.pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, number)
