@@ -15,10 +15,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.config.kubernetes import KubernetesSection
 from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
-from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.runtime.egress_proxy import PROXY_PORT
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
