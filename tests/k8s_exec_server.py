@@ -17,6 +17,7 @@ import contextlib
 import json
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,9 @@ class ExecServer:
     token: str = "good-token"  # any other token may not `create` on pods/exec: 403
     faults: Faults = field(default_factory=Faults)
     execs: list[dict[str, Any]] = field(default_factory=list)
+    # (pod, argv) -> what runs on this host: argv itself by default; a fake cluster runs it in
+    # the Pod's container (tests/k8s_fake_cluster.py)
+    command_for: Callable[[str, list[str]], list[str]] | None = None
     url: str = ""
     _runner: web.AppRunner | None = None
     _procs: list[asyncio.subprocess.Process] = field(default_factory=list)
@@ -50,6 +54,7 @@ class ExecServer:
     async def __aenter__(self) -> ExecServer:
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{pod}/exec", self._exec)
+        self.add_routes(app)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -65,6 +70,9 @@ class ExecServer:
                 await proc.wait()
         assert self._runner is not None
         await self._runner.cleanup()
+
+    def add_routes(self, app: web.Application) -> None:
+        """More routes on the same server (a fake cluster's objects)."""
 
     def alive(self) -> list[asyncio.subprocess.Process]:
         """Commands still running (a closed stream must leave none)."""
@@ -93,7 +101,9 @@ class ExecServer:
             await ws.close()
             return ws
         argv = request.query.getall("command")
-        if argv and argv[0] == "/usr/bin/python3":
+        if self.command_for is not None:
+            argv = self.command_for(record["pod"], argv)
+        elif argv and argv[0] == "/usr/bin/python3":
             argv = [sys.executable, *argv[1:]]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

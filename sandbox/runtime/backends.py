@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _BACKENDS = {
     "docker": ("sandbox.runtime.docker.backend", "the docker SDK: pip install 'docker>=7.1'"),
     "host": ("sandbox.runtime.host.backend", "nothing"),
+    "kubernetes": ("sandbox.runtime.kubernetes.backend", "the official client: pip install 'agent-sandbox[k8s]'"),
 }
 
 
@@ -43,6 +44,8 @@ def backend_for(config: Config) -> Backend:
         ) from exc
     if name == "docker":
         backend: Backend = module.DockerBackend()
+    elif name == "kubernetes":
+        backend = module.KubernetesBackend(config)
     else:
         backend = module.HostBackend(config.state_dir)
     return backend

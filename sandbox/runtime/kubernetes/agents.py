@@ -8,7 +8,7 @@ refused, never run as the Pod's user instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -25,8 +25,9 @@ class PodExecStarter:
     Args:
         session: the HTTP session (its connector carries the cluster's TLS settings).
         api_url: the API server's base URL.
-        namespace: the Pods' namespace.
-        headers: the authorization headers of the orchestrator's identity.
+        namespace: the Pods' namespace, or what gives a Pod's namespace from its name.
+        headers: the authorization headers of the orchestrator's identity, or what gives them
+            afresh for each new stream (tokens that are refreshed).
         image_labels: what the sandbox images say of themselves (the agent's path), by image.
         heartbeat_s: websocket pings (`runtime.kubernetes.exec_heartbeat_s`).
     """
@@ -35,17 +36,17 @@ class PodExecStarter:
         self,
         session: aiohttp.ClientSession,
         api_url: str,
-        namespace: str,
+        namespace: str | Callable[[str], str],
         *,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | Callable[[], Awaitable[Mapping[str, str]]] | None = None,
         image_labels: Mapping[str, Mapping[str, str]] | None = None,
         heartbeat_s: float = 30.0,
         ssl: Any = None,
     ) -> None:
         self._session = session
         self._api = api_url
-        self.namespace = namespace
-        self._headers = dict(headers or {})
+        self._namespace = namespace
+        self._headers = headers or {}
         self._labels = {image: dict(labels) for image, labels in (image_labels or {}).items()}
         self._heartbeat = heartbeat_s
         self._ssl = ssl
@@ -61,8 +62,10 @@ class PodExecStarter:
                 f"exec cannot run as user {user!r} on Kubernetes (Pod Security restricted); "
                 "a session with its own uid gets a Pod of its own"
             )
-        url = exec_url(self._api, self.namespace, container_id, argv)
-        return await open_exec(self._session, url, headers=self._headers, heartbeat_s=self._heartbeat, ssl=self._ssl)
+        namespace = self._namespace if isinstance(self._namespace, str) else self._namespace(container_id)
+        url = exec_url(self._api, namespace, container_id, argv)
+        headers = self._headers if isinstance(self._headers, Mapping) else await self._headers()
+        return await open_exec(self._session, url, headers=headers, heartbeat_s=self._heartbeat, ssl=self._ssl)
 
     async def kill(self, container_id: str, transport: AgentTransport) -> None:
         # the websocket's end closes the agent's stdin and it exits; a lying agent that stays is

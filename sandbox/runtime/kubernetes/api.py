@@ -1,0 +1,156 @@
+"""The few API calls the backend makes, on the official client (`kubernetes.aio`), in wire form.
+
+Objects go out as the dicts pod.py and tenant.py render, validated first by the client's own
+models (unknown fields are an error here, and `fieldValidation=Strict` makes the API server
+refuse them too), and come back as the server's JSON: what `sandbox k8s pod` prints is what is
+sent. Errors become SandboxUnavailable with what the operator can do (403: the Role).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox.config.kubernetes import KubernetesSection
+from sandbox.errors import SandboxUnavailable
+
+# kind -> (the client's model, its methods' stem on CoreV1Api)
+_KINDS = {
+    "pods": ("V1Pod", "pod"),
+    "persistentvolumeclaims": ("V1PersistentVolumeClaim", "persistent_volume_claim"),
+    "services": ("V1Service", "service"),
+}
+
+
+@dataclass
+class Api:
+    """One API server connection: the typed client, and what the exec websocket needs of it."""
+
+    client: Any  # kubernetes.aio.client.ApiClient
+    url: str
+    ssl: ssl.SSLContext | bool
+
+    async def headers(self) -> dict[str, str]:
+        """The credentials' header for a request made now (a token that is refreshed, as an exec
+        plugin's or a projected service account token is, is read again each time)."""
+        configuration = self.client.configuration
+        token = await configuration.get_api_key_with_prefix("BearerToken")
+        if not token:
+            return {}
+        return {"Authorization": token if token.startswith("Bearer ") else f"Bearer {token}"}
+
+    def _core(self) -> Any:
+        from kubernetes.aio import client
+
+        return client.CoreV1Api(self.client)
+
+    async def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any] | None]:
+        fn = getattr(self._core(), f"{method}_without_preload_content")
+        try:
+            response = await fn(*args, **kwargs)
+        except OSError as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached ({what}): {exc}") from exc
+        raw = await response.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        status = int(response.status)
+        if status == 403:
+            message = (body or {}).get("message", "")
+            raise SandboxUnavailable(
+                f"the Kubernetes API refused {what} (403 Forbidden: {message}); the orchestrator's service "
+                "account needs the Role `sandbox k8s render` prints in that namespace"
+            )
+        if status >= 500 or status in (400, 401, 422):
+            message = (body or {}).get("message", raw[:200].decode(errors="replace"))
+            raise SandboxUnavailable(f"the Kubernetes API refused {what} ({status}): {message}")
+        return status, body if isinstance(body, dict) else None
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none."""
+        stem = _KINDS[kind][1]
+        what = f"reading {kind} {namespace}/{name}"
+        status, body = await self._call(what, f"read_namespaced_{stem}", name, namespace)
+        return None if status == 404 else body
+
+    async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Objects of a kind matching a label selector."""
+        stem = _KINDS[kind][1]
+        status, body = await self._call(
+            f"listing {kind} in {namespace}", f"list_namespaced_{stem}", namespace, label_selector=label_selector
+        )
+        if status == 404:
+            return []
+        return list((body or {}).get("items") or [])
+
+    async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> None:
+        """Create an object (its fields checked by the client's model and, strictly, by the server)."""
+        from kubernetes.aio import client
+
+        model_name, stem = _KINDS[kind]
+        body = getattr(client, model_name).model_validate(obj)
+        what = f"creating {kind} {namespace}/{obj['metadata']['name']}"
+        status, answer = await self._call(what, f"create_namespaced_{stem}", namespace, body, field_validation="Strict")
+        if status == 409 and exists_ok:
+            return
+        if status == 404:
+            raise SandboxUnavailable(
+                f"{what}: the namespace {namespace} does not exist; apply what `sandbox k8s render` prints"
+            )
+        if status >= 300:
+            raise SandboxUnavailable(f"{what}: {status} {(answer or {}).get('message', '')}")
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete an object at once; one already gone is not an error."""
+        stem = _KINDS[kind][1]
+        await self._call(
+            f"deleting {kind} {namespace}/{name}", f"delete_namespaced_{stem}", name, namespace, grace_period_seconds=0
+        )
+
+    async def close(self) -> None:
+        """Close the client's connections."""
+        await self.client.close()
+
+
+async def connect(cfg: KubernetesSection) -> Api:
+    """An API connection from `runtime.kubernetes`: the Pod's service account (`in_cluster`), or
+    a kubeconfig (`kubeconfig`, else $KUBECONFIG, else ~/.kube/config) and its `context`.
+
+    Raises:
+        SandboxUnavailable: the client is not installed, or no usable config was found.
+    """
+    try:
+        from kubernetes.aio import client, config
+    except ImportError as exc:
+        raise SandboxUnavailable(
+            "runtime.backend kubernetes needs the official client: pip install 'agent-sandbox[k8s]'"
+        ) from exc
+    configuration = client.Configuration()
+    try:
+        if cfg.in_cluster:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(cfg.kubeconfig) if cfg.kubeconfig else None,
+                context=cfg.context,
+                client_configuration=configuration,
+            )
+    except Exception as exc:  # the loader raises ConfigException, FileNotFoundError, ...
+        where = "the Pod's service account" if cfg.in_cluster else f"kubeconfig {cfg.kubeconfig or '(default)'}"
+        raise SandboxUnavailable(f"runtime.kubernetes: {where} cannot be used: {exc}") from exc
+    return from_configuration(configuration)
+
+
+def from_configuration(configuration: Any) -> Api:
+    """An Api over a client Configuration (tests make one for a local server)."""
+    from kubernetes.aio import client
+
+    context: ssl.SSLContext | bool = True
+    if str(configuration.host).startswith("https://"):
+        context = ssl.create_default_context(cafile=configuration.ssl_ca_cert) if configuration.verify_ssl else False
+        if isinstance(context, ssl.SSLContext) and configuration.cert_file:
+            context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    return Api(client.ApiClient(configuration), str(configuration.host), context)

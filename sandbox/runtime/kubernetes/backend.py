@@ -1,0 +1,295 @@
+"""`runtime.backend: kubernetes`: each sandbox a Pod in its tenant's namespace, reached through
+the API server only (the official client's `kubernetes.aio` for objects, one `pods/exec`
+websocket per agent for commands and files).
+
+The cluster is the inventory, as the engine is on Docker: a Pod's labels say whose it is and
+which config made it. The orchestrator may act only in the namespaces an operator prepared
+(`sandbox k8s render`): it never creates namespaces, roles or policies itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import anyio
+
+from sandbox._log import logger
+from sandbox.config.models import Config
+from sandbox.errors import SandboxUnavailable
+from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, PROTOCOL
+from sandbox.runtime.agent.resident import ResidentAgents
+from sandbox.runtime.kubernetes import api as k8s_api
+from sandbox.runtime.kubernetes.agents import PodExecStarter
+from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels, namespace_for, policy_hash
+from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
+from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
+    from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.protocol import Browsers, EgressLogs, WarmPool
+
+# where the project's sandbox images carry the agent (images/sandbox/Dockerfile): a cluster pulls
+# images itself, so their labels cannot be read here; an image without it fails at its first call
+AGENT_PATH = "/usr/local/lib/sandbox-agent/agent.py"
+POLL_S = 0.2
+
+
+class KubernetesBackend:
+    """Sandboxes as Pods. See the module docstring.
+
+    Args:
+        config: the whole config (its `runtime.kubernetes`, and its tenants' namespaces).
+        api: an API connection already made (tests); by default one is made from
+            `runtime.kubernetes` (kubeconfig and context, or the Pod's service account).
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, config: Config, api: k8s_api.Api | None = None) -> None:
+        self._config = config
+        self.cfg = config.runtime.kubernetes
+        self._api = api
+        self._api_lock = anyio.Lock()
+        self._http: aiohttp.ClientSession | None = None
+        self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
+        self.agents = ResidentAgents(_LazyStarter(self))
+
+    # -- the API -------------------------------------------------------------------------------
+
+    async def api(self) -> k8s_api.Api:
+        """The API connection (made on first use)."""
+        async with self._api_lock:
+            if self._api is None:
+                self._api = await k8s_api.connect(self.cfg)
+            return self._api
+
+    async def starter(self) -> PodExecStarter:
+        """What starts agents over `pods/exec` (sharing the API's address, TLS and credentials)."""
+        api = await self.api()
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        labels = {AGENT_LABEL: AGENT_PATH, AGENT_PROTOCOL_LABEL: str(PROTOCOL)}
+        images = {spec_image: labels for spec_image in self._images()}
+        return PodExecStarter(
+            self._http,
+            api.url,
+            self.namespace_of,
+            headers=api.headers,
+            image_labels=images,
+            heartbeat_s=self.cfg.exec_heartbeat_s,
+            ssl=api.ssl,
+        )
+
+    def _images(self) -> set[str]:
+        from sandbox.config.merge import agent_ids, effective_agent
+
+        return {effective_agent(self._config, a).sandbox.docker.image for a in agent_ids(self._config)}
+
+    def namespaces(self) -> list[str]:
+        """Every namespace this config's tenants have sandboxes in."""
+        from sandbox.config.merge import agent_ids, effective_agent
+
+        tenants = {t.id for t in self._config.tenants}
+        tenants |= {effective_agent(self._config, a).tenant for a in agent_ids(self._config)}
+        return sorted({namespace_for(self.cfg, t) for t in tenants})
+
+    def namespace_of(self, name: str) -> str:
+        """The namespace of a Pod this backend made or listed (SandboxUnavailable if unknown)."""
+        found = self._namespace_of.get(name)
+        if found is None:
+            raise SandboxUnavailable(f"no sandbox Pod {name!r} is known to this orchestrator")
+        return found
+
+    # -- the Backend protocol ----------------------------------------------------------------
+
+    async def image_id(self, ref: str) -> str:
+        """The reference itself: the cluster's nodes resolve and pull images, not this process."""
+        return ref
+
+    async def ensure(self, spec: SandboxSpec) -> KubernetesSandbox:
+        """The Pod of `spec`: adopted when it runs with the same config, else made afresh."""
+        from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
+
+        api = await self.api()
+        namespace = namespace_for(self.cfg, spec.tenant)
+        self._namespace_of[spec.name] = namespace
+        found = await api.get("pods", namespace, spec.name)
+        if found is not None and _adoptable(found, spec):
+            return KubernetesSandbox(self, spec.name, spec)
+        if found is not None:
+            logger.bind(pod=spec.name, namespace=namespace).info("k8s_pod_replaced")
+            await self._delete_and_wait(namespace, spec.name)
+        if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
+            await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
+        proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
+        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
+        await api.create("pods", namespace, pod)
+        try:
+            await self._wait_running(namespace, spec.name)
+        except BaseException:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await api.delete("pods", namespace, spec.name)
+            raise
+        return KubernetesSandbox(self, spec.name, spec)
+
+    async def _proxy_ip(self, namespace: str, spec: SandboxSpec) -> str:
+        assert spec.egress is not None
+        name = f"proxy-{policy_hash(spec.egress)}"
+        service = await (await self.api()).get("services", namespace, name)
+        address = ((service or {}).get("spec") or {}).get("clusterIP")
+        if not address or address == "None":
+            raise SandboxUnavailable(
+                f"the egress proxy Service {namespace}/{name} is missing: apply what "
+                f"`sandbox k8s render --tenant {spec.tenant}` prints"
+            )
+        return str(address)
+
+    async def _wait_running(self, namespace: str, name: str) -> None:
+        api = await self.api()
+        deadline = time.monotonic() + self.cfg.pod_ready_timeout_s
+        while True:
+            pod = await api.get("pods", namespace, name)
+            status = (pod or {}).get("status") or {}
+            phase = status.get("phase")
+            if pod is None or phase in ("Failed", "Succeeded"):
+                raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} did not start: {_why(pod)}")
+            ready = [c.get("ready") for c in status.get("containerStatuses") or []]
+            if phase == "Running" and ready and all(ready):
+                return
+            if time.monotonic() > deadline:
+                raise SandboxUnavailable(
+                    f"the sandbox Pod {namespace}/{name} was not running after "
+                    f"{self.cfg.pod_ready_timeout_s:.0f} s (runtime.kubernetes.pod_ready_timeout_s): {_why(pod)}"
+                )
+            await anyio.sleep(POLL_S)
+
+    async def _delete_and_wait(self, namespace: str, name: str) -> None:
+        api = await self.api()
+        await api.delete("pods", namespace, name)
+        for _ in range(int(60 / POLL_S)):  # a Pod deleted at once goes within seconds
+            if await api.get("pods", namespace, name) is None:
+                return
+            await anyio.sleep(POLL_S)
+        raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} was deleted but is still there after 60 s")
+
+    async def exists(self, name: str) -> bool:
+        """Whether a Pod of this name is in one of the tenants' namespaces."""
+        api = await self.api()
+        for namespace in [self._namespace_of.get(name), *self.namespaces()]:
+            if namespace and await api.get("pods", namespace, name) is not None:
+                self._namespace_of[name] = namespace
+                return True
+        return False
+
+    async def list(self, *, instance: str | None) -> builtins.list[SandboxInfo]:
+        """This orchestrator's sandbox Pods (or every managed one), in every tenant namespace."""
+        api = await self.api()
+        selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.SANDBOX}=true"
+        if instance is not None:
+            selector += f",{K8sLabels.INSTANCE}={instance}"
+        found: builtins.list[SandboxInfo] = []
+        for namespace in self.namespaces():
+            for pod in await api.list("pods", namespace, selector):
+                info = _info(pod)
+                self._namespace_of[info.name] = namespace
+                found.append(info)
+        return found
+
+    async def remove(self, name_or_id: str) -> None:
+        """Delete the Pod (at once: a sandbox has nothing to shut down gracefully)."""
+        self.agents.forget(name_or_id)
+        api = await self.api()
+        namespaces = [self._namespace_of.get(name_or_id)] if name_or_id in self._namespace_of else self.namespaces()
+        for namespace in namespaces:
+            if namespace:
+                await api.delete("pods", namespace, name_or_id)
+
+    async def aclose(self) -> None:
+        """Close the agents' streams and the API connection."""
+        self.agents.close_all()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    # Optional capabilities this backend does not have yet (issue 26: the warm pool, browsers)
+
+    def browsers(self, instance: str) -> Browsers | None:
+        return None
+
+    def egress(self) -> EgressLogs | None:
+        return None
+
+    def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
+        return None
+
+
+class _LazyStarter:
+    """The agents' starter, made with the API connection on first use."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self._backend = backend
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        return await (await self._backend.starter()).image_labels(image)
+
+    async def start(self, container_id: str, argv: builtins.list[str], user: str | None) -> Any:
+        return await (await self._backend.starter()).start(container_id, argv, user)
+
+    async def kill(self, container_id: str, transport: Any) -> None:
+        await (await self._backend.starter()).kill(container_id, transport)
+
+
+def _adoptable(pod: dict[str, Any], spec: SandboxSpec) -> bool:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return (
+        (meta.get("labels") or {}).get(K8sLabels.CONFIG_HASH) == spec.config_hash
+        and not meta.get("deletionTimestamp")
+        and status.get("phase") == "Running"
+    )
+
+
+def _why(pod: dict[str, Any] | None) -> str:
+    """What a Pod's status says about why it is not running (the first container's waiting reason)."""
+    if pod is None:
+        return "it is gone"
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        for key in ("waiting", "terminated"):
+            if state.get(key):
+                detail = state[key]
+                return f"{detail.get('reason', key)}: {detail.get('message', '')}".rstrip(": ")
+    return str(status.get("message") or status.get("reason") or status.get("phase") or "no status yet")
+
+
+def _info(pod: dict[str, Any]) -> SandboxInfo:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    notes = meta.get("annotations") or {}
+    scope = labels.get(K8sLabels.SCOPE, "")
+    return SandboxInfo(
+        id=meta.get("name", ""),
+        name=meta.get("name", ""),
+        kind=labels.get(K8sLabels.KIND, "exec"),
+        instance=labels.get(K8sLabels.INSTANCE, ""),
+        tenant=notes.get(K8sAnnotations.TENANT, ""),
+        agent=labels.get(K8sLabels.AGENT, ""),
+        scope=scope,
+        scope_key=notes.get(K8sAnnotations.SCOPE_KEY, ""),
+        session=notes.get(K8sAnnotations.SESSION, "") if scope == "session" else "",
+        config_hash=labels.get(K8sLabels.CONFIG_HASH, ""),
+        created_at=str(meta.get("creationTimestamp") or ""),
+        status=str((pod.get("status") or {}).get("phase") or "unknown").lower(),
+        image=str(((pod.get("spec") or {}).get("containers") or [{}])[0].get("image", "")),
+        labels=labels,
+    )

@@ -1,0 +1,168 @@
+"""One sandbox Pod: the Shell primitives the tools use, all through its resident agent.
+
+On a cluster every command goes through the agent over its `pods/exec` stream (one websocket
+per agent, not one per command); there is no host /proc to kill from, so a call's processes are
+signalled from inside (the agent runs the kill), and when that cannot be confirmed the Pod is
+deleted: nothing of a timed-out call goes on. Exec cannot choose a user under Pod Security
+`restricted`, so a shell here runs as the Pod's user only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from sandbox._log import logger
+from sandbox.errors import SandboxUnavailable
+from sandbox.runtime import shellwrap
+from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
+from sandbox.runtime.protocol import ExecResult, OneShot, RunRequest
+from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox.runtime.kubernetes.backend import KubernetesBackend
+
+TERM_GRACE_S = 0.2
+KILL_NOT_CONFIRMED = (
+    "the command's processes could not be confirmed dead, so the sandbox Pod was deleted "
+    "(it is created afresh on next use; background processes in it are gone)"
+)
+
+
+class KubernetesSandbox:
+    """One running sandbox Pod."""
+
+    def __init__(self, backend: KubernetesBackend, name: str, spec: SandboxSpec) -> None:
+        self._backend = backend
+        self._name = name
+        self._spec = spec
+        self._revive: Callable[[], Awaitable[str]] | None = None
+        self.gone = False
+
+    @property
+    def id(self) -> str:
+        """The Pod's name (unique across the tenants' namespaces: it carries the tenant's hash)."""
+        return self._name
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was made from."""
+        return self._spec
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live (a memory-backed emptyDir in the Pod)."""
+        return shellwrap.PID_DIR
+
+    @property
+    def tmp_dir(self) -> str | None:
+        """None: the session's TMPDIR is the tools' choice."""
+        return None
+
+    def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
+        """How to get a fresh Pod when this one is found gone."""
+        self._revive = revive
+
+    async def _link(self, user: str | None) -> AgentLink:
+        if user is not None and user != self._spec.user:
+            raise SandboxUnavailable(
+                f"a command as user {user!r} cannot run in a Pod of user {self._spec.user!r} on Kubernetes "
+                "(exec cannot choose a user under Pod Security restricted)"
+            )
+        link = await self._backend.agents.link(self._name, self._spec, None)
+        if link is None:
+            raise SandboxUnavailable(
+                f"the sandbox Pod {self._name} has no resident agent answering (its image must carry "
+                "/usr/local/lib/sandbox-agent/agent.py, as the project's sandbox image does)"
+            )
+        return link
+
+    async def run(self, request: RunRequest) -> ExecResult:
+        """Run `request.command` (see the Shell protocol); a timeout or cancellation kills its work."""
+        environment = {**request.env, shellwrap.TAG_VAR: request.call_id}
+        argv = shellwrap.wrapped_argv(request.command, request.call_id, request.pid_dir or shellwrap.PID_DIR)
+        try:
+            link = await self._link(request.user)
+            result = await link.run(
+                argv,
+                environment=environment,
+                workdir=request.workdir,
+                timeout_s=request.timeout_s,
+                on_output=request.on_output,
+                capture=request.capture,
+            )
+        except (anyio.get_cancelled_exc_class(), AgentUnavailable):
+            with anyio.CancelScope(shield=True):
+                await self.stop(request.call_id, pid_dir=request.pid_dir)
+            raise
+        if result.timed_out or result.overflowed:
+            with anyio.CancelScope(shield=True):
+                note = await self.stop(request.call_id, pid_dir=request.pid_dir)
+            if note:
+                result = dataclasses.replace(result, notes=(*result.notes, note))
+        return result
+
+    async def stop(self, call_id: str, *, pid_dir: str | None = None) -> str | None:
+        """TERM, a grace period, then KILL everything `call_id` started, and confirm it; when it
+        cannot be confirmed the Pod is deleted and the returned note says so."""
+        await self.kill(call_id, "TERM", pid_dir=pid_dir)
+        await anyio.sleep(TERM_GRACE_S)
+        if await self._kill(call_id, "KILL", pid_dir=pid_dir):
+            return None
+        logger.bind(pod=self._name, call_id=call_id).warning("sandbox_kill_unconfirmed")
+        self.gone = True
+        await self._backend.remove(self._name)
+        return KILL_NOT_CONFIRMED
+
+    async def run_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run an argv through the agent (helpers and probes)."""
+        link = await self._link(user)
+        return await link.run(list(argv), environment=dict(env or {}), timeout_s=timeout_s)
+
+    async def kill(
+        self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
+    ) -> None:
+        """Signal everything `call_id` started (see :meth:`stop` for a confirmed kill)."""
+        await self._kill(call_id, signal, pid_dir=pid_dir)
+
+    async def _kill(self, call_id: str, signal: str, *, pid_dir: str | None = None) -> bool:
+        shellwrap.check_call_id(call_id)
+        try:
+            result = await self.run_argv(
+                shellwrap.kill_argv(call_id, signal, pid_dir or shellwrap.PID_DIR), timeout_s=15
+            )
+            if result.exit_code != 0:
+                return False
+            return signal != "KILL" or not await self.alive(call_id)
+        except SandboxUnavailable:
+            return False
+
+    async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
+        """Pids (in the Pod) still tagged with `call_id`."""
+        result = await self.run_argv(shellwrap.alive_argv(call_id), timeout_s=15)
+        if result.exit_code != 0:
+            raise SandboxUnavailable(f"cannot list the processes of call {call_id} in the sandbox Pod")
+        return [int(p) for p in result.stdout.split()]
+
+    async def agent_link(self, user: str | None = None) -> AgentLink:
+        """The resident agent of this Pod (the file tools use it: the workspace is not on this host)."""
+        return await self._link(user)
+
+    async def volume_folder(self) -> Path | None:
+        """None: a claim has no folder on this host."""
+        return None
+
+    def one_shot(self) -> OneShot | None:
+        """None: skill calls in one-shot Pods are not built yet (issue 26)."""
+        return None

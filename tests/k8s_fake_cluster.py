@@ -1,0 +1,204 @@
+"""A fake Kubernetes API whose Pods are real containers on the local Docker engine.
+
+No API server can run here, so the Kubernetes backend is tested against this: the core/v1
+routes the backend calls (Pods, claims, Services: create, read, list with equality label
+selectors, delete), the `pods/exec` websocket of tests/k8s_exec_server.py with each command run
+in the Pod's container by `docker exec -i`, and a kubelet that makes each Pod a container from
+its spec (image, command, user, read-only root, dropped capabilities, no new privileges, no
+network, memory and cpu limits, memory emptyDirs as tmpfs, env, working directory). What it
+does not do, and a real cluster must prove (scripts/k8s-e2e): admission, NetworkPolicy, claims
+backed by storage, subPath mounts, init containers, scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from tests.k8s_exec_server import ExecServer
+
+KINDS = ("pods", "persistentvolumeclaims", "services")
+_QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+
+
+def _bytes(quantity: str) -> int:
+    for suffix, factor in _QUANTITY.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor
+    return int(quantity)
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message, "code": code}
+    return web.json_response(body, status=code)
+
+
+@dataclass
+class FakeCluster(ExecServer):
+    """`async with FakeCluster(docker_client=..., run_label=...) as cluster: cluster.url`."""
+
+    docker_client: Any = None
+    run_label: tuple[str, str] = ("io.agent-sandbox.test-run", "fake-k8s")
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
+    namespaces: set[str] = field(default_factory=set)  # those an operator prepared
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path), in order
+    _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.command_for = self._in_container
+
+    def add_routes(self, app: web.Application) -> None:
+        base = "/api/v1/namespaces/{ns}/{kind}"
+        app.router.add_post(base, self._create)
+        app.router.add_get(base, self._list)
+        app.router.add_get(base + "/{name}", self._read)
+        app.router.add_delete(base + "/{name}", self._delete)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def container_name(self, namespace: str, pod: str) -> str:
+        digest = hashlib.sha256(f"{namespace}/{pod}".encode()).hexdigest()[:16]
+        return f"fk8s-{self.run_label[1]}-{digest}"
+
+    def _in_container(self, pod: str, argv: list[str]) -> list[str]:
+        namespace = next((ns for (kind, ns, name) in self.objects if kind == "pods" and name == pod), "")
+        return ["docker", "exec", "-i", self.container_name(namespace, pod), *argv]
+
+    def _check(self, request: web.Request) -> web.Response | None:
+        self.requests.append((request.method, request.path))
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return _status(403, "Forbidden", "the fake cluster knows no such token")
+        if request.match_info["kind"] not in KINDS:
+            return _status(404, "NotFound", f"no resource {request.match_info['kind']}")
+        if request.match_info["ns"] not in self.namespaces:
+            return _status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
+        return None
+
+    async def _create(self, request: web.Request) -> web.Response:
+        if (refused := self._check(request)) is not None:
+            return refused
+        kind, namespace = request.match_info["kind"], request.match_info["ns"]
+        obj = await request.json()
+        name = obj["metadata"]["name"]
+        if (kind, namespace, name) in self.objects:
+            return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["namespace"] = namespace
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds")
+        self.objects[(kind, namespace, name)] = obj
+        if kind == "pods":
+            obj["status"] = {"phase": "Pending"}
+            await asyncio.to_thread(self._kubelet_start, namespace, obj)
+        return web.json_response(obj, status=201)
+
+    async def _read(self, request: web.Request) -> web.Response:
+        if (refused := self._check(request)) is not None:
+            return refused
+        key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
+        found = self.objects.get(key)
+        if found is None:
+            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+        return web.json_response(found)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        if (refused := self._check(request)) is not None:
+            return refused
+        kind, namespace = request.match_info["kind"], request.match_info["ns"]
+        wanted = [tuple(term.split("=", 1)) for term in request.query.get("labelSelector", "").split(",") if term]
+        items = [
+            obj
+            for (k, ns, _), obj in sorted(self.objects.items())
+            if k == kind
+            and ns == namespace
+            and all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in wanted)
+        ]
+        return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        if (refused := self._check(request)) is not None:
+            return refused
+        key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
+        found = self.objects.pop(key, None)
+        if found is None:
+            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+        if key[0] == "pods":
+            await asyncio.to_thread(self._kubelet_stop, key[1], key[2])
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+    # -- the kubelet -----------------------------------------------------------------------
+
+    def _kubelet_start(self, namespace: str, pod: dict[str, Any]) -> None:
+        import docker.errors
+
+        spec = pod["spec"]
+        container = spec["containers"][0]
+        security = spec.get("securityContext") or {}
+        limits = (container.get("resources") or {}).get("limits") or {}
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        tmpfs: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes[mount["name"]]
+            if "emptyDir" in volume and "subPath" not in mount:
+                size = _bytes(volume["emptyDir"].get("sizeLimit", "64Mi"))
+                tmpfs[mount["mountPath"]] = f"rw,nosuid,nodev,size={size},mode=1777"
+        try:
+            made = self.docker_client.containers.create(
+                container["image"],
+                command=container.get("command"),
+                name=self.container_name(namespace, pod["metadata"]["name"]),
+                hostname=spec.get("hostname"),
+                user=f"{security.get('runAsUser', 1000)}:{security.get('runAsGroup', 1000)}",
+                working_dir=container.get("workingDir"),
+                environment={e["name"]: e["value"] for e in container.get("env") or []},
+                read_only=bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem")),
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                network_mode="none",
+                tmpfs=tmpfs,
+                mem_limit=_bytes(limits.get("memory", "1Gi")),
+                nano_cpus=int(float(str(limits.get("cpu", "1000m")).rstrip("m")) * 1_000_000),
+                pids_limit=256,
+                labels={self.run_label[0]: self.run_label[1]},
+                detach=True,
+            )
+            made.start()
+        except docker.errors.DockerException as exc:
+            reason = "ErrImageNeverPull" if isinstance(exc, docker.errors.ImageNotFound) else "CreateContainerError"
+            pod["status"] = {
+                "phase": "Pending",
+                "containerStatuses": [{"name": "sandbox", "ready": False, "state": {"waiting": {"reason": reason, "message": str(exc)[:200]}}}],
+            }
+            return
+        pod["status"] = {
+            "phase": "Running",
+            "containerStatuses": [{"name": "sandbox", "ready": True, "state": {"running": {}}}],
+        }
+
+    def _kubelet_stop(self, namespace: str, name: str) -> None:
+        import docker.errors
+
+        try:
+            self.docker_client.containers.get(self.container_name(namespace, name)).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def kill_container(self, namespace: str, name: str) -> None:
+        """What a node does to a Pod it evicts: the container dies; the object says Failed."""
+        self._kubelet_stop(namespace, name)
+        pod = self.objects.get(("pods", namespace, name))
+        if pod is not None:
+            pod["status"] = {"phase": "Failed", "reason": "Evicted", "message": "the node evicted it"}
+
+    async def __aexit__(self, *exc: object) -> None:
+        for kind, namespace, name in list(self.objects):
+            if kind == "pods":
+                await asyncio.to_thread(self._kubelet_stop, namespace, name)
+        await super().__aexit__(*exc)

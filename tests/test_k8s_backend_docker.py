@@ -1,0 +1,113 @@
+"""The Kubernetes backend end to end against a fake API whose Pods are real containers
+(tests/k8s_fake_cluster.py): the tools, through the orchestrator, in a restricted Pod made from
+the rendered manifest, every command and file through the agent over `pods/exec`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.config import load_config_text
+from sandbox.engine.orchestrator import Orchestrator
+from sandbox.runtime.kubernetes import api as k8s_api
+from sandbox.runtime.kubernetes.backend import KubernetesBackend
+from sandbox.runtime.kubernetes.names import namespace_for
+from tests.conftest import RUN_ID, TEST_LABEL
+from tests.k8s_fake_cluster import FakeCluster
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+
+def k8s_config(tmp_path: Path, extra: str = "") -> Any:
+    return load_config_text(
+        f"""
+state_dir: {tmp_path / "state"}
+instance: {RUN_ID}k
+runtime:
+  backend: kubernetes
+  kubernetes: {{pod_ready_timeout_s: 60, exec_heartbeat_s: 20}}
+tenants:
+  - id: acme
+agents:
+  defaults:
+    workspace: {tmp_path / "ws"}
+    sandbox: {{mode: all, scope: session, workspace_access: none}}
+  list:
+    - {{id: main, tenant: acme, default: true}}
+{extra}
+""",
+        base_dir=tmp_path,
+    )
+
+
+@pytest.fixture
+async def cluster(docker_client: Any, images: None) -> AsyncIterator[FakeCluster]:
+    async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID)) as fake:
+        yield fake
+
+
+def backend_on(cluster: FakeCluster, config: Any, token: str | None = None) -> KubernetesBackend:
+    from kubernetes.aio import client
+
+    configuration = client.Configuration(
+        host=cluster.url,
+        api_key={"BearerToken": token or cluster.token},
+        api_key_prefix={"BearerToken": "Bearer"},
+    )
+    cluster.namespaces.add(namespace_for(config.runtime.kubernetes, "acme"))
+    return KubernetesBackend(config, api=k8s_api.from_configuration(configuration))
+
+
+async def test_tools_run_in_a_restricted_pod_through_the_agent(tmp_path: Path, cluster: FakeCluster) -> None:
+    config = k8s_config(tmp_path)
+    async with Orchestrator(config, backend_on(cluster, config), journal=False) as orch:
+        session = orch.session(agent="main", key="agent:main:k1")
+        ran = await session.call("exec", {"command": "id -u; echo hi > note.txt; cat /proc/1/cmdline | tr '\\0' ' '"})
+        assert ran.ok, ran.error
+        out = ran.output["output"] if isinstance(ran.output, dict) else str(ran.output)
+        assert "1000" in out and "sleep infinity" in out
+        # the file tools reach the Pod's workspace through the agent, not a host folder
+        read = await session.call("read", {"path": "note.txt"})
+        assert read.ok and "hi" in str(read.output), read.error
+        wrote = await session.call("write", {"path": "made.txt", "content": "from the file tool\n"})
+        assert wrote.ok, wrote.error
+        seen = await session.call("exec", {"command": "cat made.txt"})
+        assert "from the file tool" in str(seen.output)
+        pods = [k for k in cluster.objects if k[0] == "pods"]
+        assert len(pods) == 1
+        listed = await orch.backend.list(instance=config.instance)
+        assert [i.name for i in listed] == [pods[0][2]] and listed[0].tenant == "acme"
+        await session.close()
+    assert [k for k in cluster.objects if k[0] == "pods"] == []  # the session's Pod went with it
+
+
+async def test_a_timeout_kills_the_command_in_the_pod(tmp_path: Path, cluster: FakeCluster) -> None:
+    config = k8s_config(tmp_path)
+    async with Orchestrator(config, backend_on(cluster, config), journal=False) as orch:
+        session = orch.session(agent="main", key="agent:main:k2")
+        slow = await session.call("exec", {"command": "sleep 300 & sleep 300", "timeout_s": 1})
+        assert not slow.ok and slow.error.code == "TIMEOUT"
+        left = await session.call("exec", {"command": "ps -eo args | grep -c '^sleep 300' || true"})
+        assert str(left.output).strip().endswith("0"), left.output
+        await session.close()
+
+
+async def test_a_pod_that_cannot_start_is_a_clear_error(tmp_path: Path, cluster: FakeCluster) -> None:
+    config = k8s_config(tmp_path, "    - {id: broken, tenant: acme, sandbox: {docker: {image: 'sandbox-missing:none'}}}")
+    async with Orchestrator(config, backend_on(cluster, config), journal=False) as orch:
+        session = orch.session(agent="broken", key="agent:broken:k3")
+        ran = await session.call("exec", {"command": "true"})
+        assert not ran.ok and ran.error.code == "SANDBOX_UNAVAILABLE"
+        assert "ErrImageNeverPull" in ran.error.message or "did not start" in ran.error.message
+    assert [k for k in cluster.objects if k[0] == "pods"] == []  # not left half made
+
+
+async def test_without_the_role_the_error_says_what_to_apply(tmp_path: Path, cluster: FakeCluster) -> None:
+    config = k8s_config(tmp_path)
+    async with Orchestrator(config, backend_on(cluster, config, token="not-bound"), journal=False) as orch:
+        ran = await orch.session(agent="main", key="agent:main:k4").call("exec", {"command": "true"})
+        assert not ran.ok and ran.error.code == "SANDBOX_UNAVAILABLE"
+        assert "403" in ran.error.message and "k8s render" in ran.error.message
