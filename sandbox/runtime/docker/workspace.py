@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from sandbox.runtime.naming import LABEL_PREFIX
 from sandbox.runtime.spec import SandboxSpec
+from sandbox.runtime.workspace_ref import HostFolder
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
@@ -27,11 +28,10 @@ MISSING = "missing"
 def workspace_id(spec: SandboxSpec) -> str | None:
     """`device:inode` of the workspace's host folder now; None for a volume (the engine's),
     MISSING when the folder is gone. A stat of a local path: cheap enough before each exec."""
-    mount = spec.mounts[0]
-    if mount.volume:
+    if not isinstance(spec.workspace, HostFolder):
         return None
     try:
-        st = os.stat(mount.source)
+        st = os.stat(spec.workspace.path)
     except (FileNotFoundError, NotADirectoryError):
         return MISSING
     return f"{st.st_dev}:{st.st_ino}"
@@ -64,7 +64,7 @@ async def recorded_for(backend: DockerBackend, container_id: str) -> str:
 def lost_message(spec: SandboxSpec) -> str:
     """What a caller is told when the workspace cannot be used and was not made again."""
     return (
-        f"the sandbox's workspace folder {spec.mounts[0].source} was removed (or replaced) on the host "
+        f"the sandbox's workspace folder {spec.workspace.source} was removed (or replaced) on the host "
         "after the sandbox was made, so commands in it cannot start; the sandbox is made again on "
         "next use"
     )
