@@ -16,7 +16,7 @@ from sandbox.journal.store import Journal
 from sandbox.runtime.docker.inspected import facts_from_container
 from sandbox.runtime.host.backend import HostBackend
 from sandbox.runtime.manager import SandboxManager
-from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.protocol import Backend, SandboxInfo
 from sandbox.testing import FakeBackend
 
 
@@ -60,7 +60,8 @@ def test_backends_without_a_capability_say_none(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_a_host_sandbox_has_no_container_facts(tmp_path: Path) -> None:
     """`Backend.facts` is None where there is no container to describe (the demo says so)."""
-    assert await HostBackend(tmp_path).facts("sbx-anything") is None
+    backend: Backend = HostBackend(tmp_path)
+    assert await backend.facts("sbx-anything") is None
 
 
 def test_docker_facts_are_what_inspect_says() -> None:
