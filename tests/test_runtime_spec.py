@@ -77,6 +77,7 @@ def test_the_workspace_is_named_by_reference(tmp_path: Path) -> None:
     volume = spec_for("agents: {defaults: {sandbox: {scope: session, workspace_store: volume}}}", tmp=tmp_path)
     assert volume.workspace == Volume(volume_name("inst1", volume.tenant, "agent:main:s"))
     assert volume.mounts[0].source == volume.workspace.source and volume.mounts[0].volume
+    assert volume.workspace.host_path is None and own.workspace.host_path == tmp_path / "real"
     assert volume.scratch_folder is None and volume.pool_key is None and volume.user == "1000:1000"
 
 

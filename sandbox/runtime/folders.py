@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from sandbox._log import logger
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
-from sandbox.runtime.workspace_ref import HostFolder
 
 if TYPE_CHECKING:
     from sandbox.runtime.spec import SandboxSpec
@@ -187,9 +186,9 @@ def prepare_workspace(spec: SandboxSpec) -> None:
             the scratch root is owned by someone else.
         SandboxUnavailable: the workspace is a volume (the engine's to make; no host folder).
     """
-    if not isinstance(spec.workspace, HostFolder):
-        raise SandboxUnavailable(f"the workspace is volume {spec.workspace.name}: there is no host folder to make")
-    source = spec.workspace.path
+    source = spec.workspace.host_path
+    if source is None:
+        raise SandboxUnavailable(f"the workspace is volume {spec.workspace.source}: there is no host folder to make")
     if spec.workspace_access == "none":
         # sessions with users of their own share the scratch workspace through its group
         _prepare_scratch(source, _sandbox_owner(spec), SHARED_DIR_MODE if spec.session_users else None)

@@ -107,9 +107,7 @@ class SandboxSpec:
     def scratch_folder(self) -> Path | None:
         """The host folder of a `none` workspace (the orchestrator's scratch); None for a volume or
         the agent's own workspace."""
-        if self.workspace_access == "none" and isinstance(self.workspace, HostFolder):
-            return self.workspace.path
-        return None
+        return self.workspace.host_path if self.workspace_access == "none" else None
 
     @property
     def pool_key(self) -> str | None:
@@ -306,7 +304,8 @@ def build_spec(
         # skill handlers run in the sandbox; their code is mounted read-only
         source = check_source(str(folder), docker, what="skills dir")
         mounts.append(Mount(source, f"{SKILLS_MOUNT}/{index}", True, f"skills.dirs[{index}]"))
-    user = docker.user or (owner_user(workspace.path) if isinstance(workspace, HostFolder) else "1000:1000")
+    ws_folder = workspace.host_path
+    user = docker.user or (owner_user(ws_folder) if ws_folder is not None else "1000:1000")
     session_users = uses_session_users(cfg.session_users, cfg.scope, cfg.workspace_access, user)
     ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
     egress = egress_policy(agent) if docker.network == EGRESS_NETWORK else None

@@ -23,6 +23,11 @@ class HostFolder:
         """What the engine mounts: the folder's path."""
         return str(self.path)
 
+    @property
+    def host_path(self) -> Path:
+        """The folder on this host: its path."""
+        return self.path
+
 
 @dataclass(frozen=True)
 class Volume:
@@ -34,6 +39,11 @@ class Volume:
     def source(self) -> str:
         """What the engine mounts: the volume's name."""
         return self.name
+
+    @property
+    def host_path(self) -> None:
+        """None: a volume is not a folder of this host (even where a local engine keeps one)."""
+        return None
 
 
 WorkspaceRef: TypeAlias = HostFolder | Volume

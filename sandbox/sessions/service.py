@@ -24,7 +24,6 @@ from sandbox.errors import ErrorCode, SandboxError, UsageError
 from sandbox.journal.queries import MAX_PAGE
 from sandbox.policy.groups import expand, expand_all
 from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
-from sandbox.runtime.workspace_ref import HostFolder
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
 
@@ -234,14 +233,14 @@ class SessionsService:
             await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
             return str(workspace)
         box = await caller.sandbox_required()  # its workspace exists once its sandbox does
-        ref = box.spec.workspace
-        if not isinstance(ref, HostFolder):
+        folder = box.spec.workspace.host_path
+        if folder is None:
             raise SandboxError(
                 ErrorCode.SANDBOX_UNAVAILABLE,
                 "this session's workspace is a Docker volume (workspace_store: volume), which a child "
                 "cannot be shown at /parent yet; spawn with tools.subagents.parent_workspace: none",
             )
-        return ref.source
+        return str(folder)
 
     # -- what a session may see ------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from sandbox.runtime.folders import SHARED_DIR_MODE, prepare_workspace
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, Labels
 from sandbox.runtime.protocol import Browsers, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
-from sandbox.runtime.workspace_ref import HostFolder, Volume
+from sandbox.runtime.workspace_ref import Volume
 
 if TYPE_CHECKING:
     from sandbox.runtime.manager import SandboxManager
@@ -169,7 +169,7 @@ class DockerBackend:
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
         # no-follow from a trusted root: a planted link cannot aim a root mkdir or chown elsewhere
-        if isinstance(spec.workspace, HostFolder):  # a volume is the engine's to make
+        if spec.workspace.host_path is not None:  # a volume is the engine's to make
             prepare_workspace(spec)
 
     async def _create(self, spec: SandboxSpec) -> DockerSandbox:

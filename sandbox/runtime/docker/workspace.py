@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from sandbox.runtime.naming import LABEL_PREFIX
 from sandbox.runtime.spec import SandboxSpec
-from sandbox.runtime.workspace_ref import HostFolder
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
@@ -28,10 +27,11 @@ MISSING = "missing"
 def workspace_id(spec: SandboxSpec) -> str | None:
     """`device:inode` of the workspace's host folder now; None for a volume (the engine's),
     MISSING when the folder is gone. A stat of a local path: cheap enough before each exec."""
-    if not isinstance(spec.workspace, HostFolder):
+    folder = spec.workspace.host_path
+    if folder is None:
         return None
     try:
-        st = os.stat(spec.workspace.path)
+        st = os.stat(folder)
     except (FileNotFoundError, NotADirectoryError):
         return MISSING
     return f"{st.st_dev}:{st.st_ino}"
