@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from sandbox.runtime.host.paths import prepare_workspace
+from sandbox.runtime.folders import prepare_workspace
 from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
@@ -220,6 +220,10 @@ class FakeBackend:
     def warm_pool(self, manager: SandboxManager) -> None:
         """No warm pool here."""
         del manager
+
+    async def facts(self, name_or_id: str) -> None:
+        """No container to describe."""
+        del name_or_id
 
 
 @contextmanager

@@ -56,7 +56,7 @@ async def test_the_browser_tool_drives_a_local_page_through_the_proxy(
         shot = await session.call("browser", {"action": "screenshot"})
         assert shot.ok, shot.error
         spec = orch.manager.spec_for(session.agent, session.key)
-        png = Path(spec.workspace_host, shot.output["path"].removeprefix("/workspace/")).read_bytes()
+        png = Path(spec.workspace.source, shot.output["path"].removeprefix("/workspace/")).read_bytes()
         width, height = _png_size(png)
         assert width > 100 and height > 100
         # typing and clicking run the page's own script

@@ -20,7 +20,7 @@ from sandbox.errors import BindRefused, ConfigError, SandboxError, UsageError
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.policy.sessions import SessionKeyArg, key_problem, parse_session_key
-from sandbox.runtime.host.paths import ensure_dir, ensure_file
+from sandbox.runtime.folders import ensure_dir, ensure_file
 from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.naming import container_name, scratch_dir_name
 from sandbox.runtime.protected import protected_mounts

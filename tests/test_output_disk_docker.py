@@ -66,7 +66,7 @@ agents:
         size = await sess.call("exec", {"command": f"wc -c < {path}"})
         assert size.ok and size.output["output"].strip() == "15000000", size
         spec = orch.manager.spec_for(sess.agent, "agent:coder:flood")
-        workspace = disk_usage(spec.workspace_host)
+        workspace = disk_usage(Path(spec.workspace.source))
         outside = held_outside_workspaces(state_dir)
     print(
         f"flood: printed {12 * 15_000_000:,} bytes in 12 calls under a {QUOTA:,}-byte quota; "

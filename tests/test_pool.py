@@ -42,7 +42,7 @@ def test_a_member_is_labelled_for_the_pool_and_names_no_session(tmp_path: Path) 
     assert member.name.startswith("sbx-inst-pool-") and len(member.name) <= 63
     assert labels["io.agent-sandbox.pool"] == member.pool_key
     assert labels["io.agent-sandbox.scope"] == "pool" and labels["io.agent-sandbox.session"] == ""
-    assert labels["io.agent-sandbox.pool-scratch"] == str(member.workspace_host)
+    assert labels["io.agent-sandbox.pool-scratch"] == member.workspace.source == str(member.scratch_folder)
 
 
 def _race(root: str, container_id: str, who: int, results: Any) -> None:

@@ -87,7 +87,7 @@ async def test_the_scratch_workspace_goes_with_the_container(make_config: Any) -
         assert (await exec_ok(orch, "agent:main:ws", "cat back.txt")) == "from-the-host\n"
         box: Any = await sess.sandbox()
         assert box.id == member.id and not scratch.exists()
-        assert (box.spec.workspace_host / "note.txt").read_text() == "from-the-sandbox\n"
+        assert (Path(box.spec.workspace.source) / "note.txt").read_text() == "from-the-sandbox\n"
 
 
 async def test_a_session_with_a_workspace_already_keeps_it(make_config: Any) -> None:

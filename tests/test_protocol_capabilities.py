@@ -1,5 +1,5 @@
 """Capabilities a backend may lack are typed parts of the protocol, asked for, never probed
-(STYLE rule 17): the engine calls `Backend.browsers()`, `Backend.egress()`,
+(STYLE rule 17): the engine calls `Backend.browsers()`, `Backend.egress()`, `Backend.facts()`,
 `Sandbox.agent_link()` and `Sandbox.volume_folder()`, and None means absent."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 from sandbox import Orchestrator, load_config_text
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.store import Journal
+from sandbox.runtime.docker.inspected import facts_from_container
 from sandbox.runtime.host.backend import HostBackend
 from sandbox.runtime.manager import SandboxManager
-from sandbox.runtime.protocol import SandboxInfo
+from sandbox.runtime.protocol import Backend, SandboxInfo
 from sandbox.testing import FakeBackend
 
 
@@ -54,6 +55,49 @@ def test_backends_without_a_capability_say_none(tmp_path: Path) -> None:
     for backend in (FakeBackend(), HostBackend(tmp_path)):
         assert backend.browsers("i") is None
         assert backend.egress() is None
+
+
+@pytest.mark.anyio
+async def test_a_host_sandbox_has_no_container_facts(tmp_path: Path) -> None:
+    """`Backend.facts` is None where there is no container to describe (the demo says so)."""
+    backend: Backend = HostBackend(tmp_path)
+    assert await backend.facts("sbx-anything") is None
+
+
+def test_docker_facts_are_what_inspect_says() -> None:
+    """A container's `docker inspect` becomes the neutral SandboxFacts, engine nulls as empty."""
+    attrs = {
+        "Name": "/sbx-i-exec-1",
+        "Id": "0123456789abcdef",
+        "Config": {"Image": "sandbox:latest", "User": "1000:1000"},
+        "HostConfig": {
+            "NetworkMode": "none",
+            "CapDrop": ["ALL"],
+            "SecurityOpt": None,
+            "ReadonlyRootfs": True,
+            "PidsLimit": 256,
+            "Memory": 2**30,
+            "NanoCpus": 10**9,
+            "Init": True,
+        },
+        "Mounts": [
+            {"Type": "bind", "Source": "/srv/ws", "Destination": "/workspace", "RW": True},
+            {"Type": "volume", "Source": "/var/lib/docker/volumes/v/_data", "Destination": "/data", "RW": False},
+        ],
+    }
+    facts = facts_from_container(attrs)
+    assert (facts.name, facts.id, facts.image, facts.user) == (
+        "sbx-i-exec-1",
+        attrs["Id"],
+        "sandbox:latest",
+        "1000:1000",
+    )
+    assert facts.cap_drop == ("ALL",) and facts.security_opt == () and facts.read_only_root
+    assert (facts.pids_limit, facts.memory, facts.nano_cpus, facts.init) == (256, 2**30, 10**9, True)
+    assert [(m.source, m.target, m.read_only, m.volume) for m in facts.mounts] == [
+        ("/srv/ws", "/workspace", False, False),
+        ("/var/lib/docker/volumes/v/_data", "/data", True, True),
+    ]
 
 
 @pytest.mark.anyio

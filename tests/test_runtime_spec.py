@@ -12,7 +12,8 @@ from sandbox.config import effective_agent, load_config_text
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.naming import Labels, container_name
 from sandbox.runtime.seccomp import strict_profile_json
-from sandbox.runtime.spec import build_spec
+from sandbox.runtime.spec import build_spec, volume_name
+from sandbox.runtime.workspace_ref import HostFolder, Volume
 
 
 def spec_for(text: str, session: str = "agent:main:s", tmp: Path = Path("/tmp/sbx-spec")) -> Any:
@@ -58,6 +59,26 @@ def test_labels_carry_the_inventory() -> None:
     assert labels[Labels.SESSION] == "agent:main:s" and labels[Labels.CONFIG_HASH] == spec.config_hash
     for key in (Labels.TENANT, Labels.AGENT, Labels.CREATED_AT, Labels.LAST_USED, Labels.SCHEMA):
         assert labels[key]
+
+
+def test_the_workspace_is_named_by_reference(tmp_path: Path) -> None:
+    """An rw or ro workspace and a scratch one are host folders (the real path the engine mounts);
+    a `workspace_store: volume` one is a volume by name, with no host path, never pooled."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    own = spec_for(
+        f"agents: {{defaults: {{workspace: {tmp_path}/link, sandbox: {{workspace_access: rw}}}}}}", tmp=tmp_path
+    )
+    assert own.workspace == HostFolder(tmp_path / "real") and own.mounts[0].source == own.workspace.source
+    assert not own.mounts[0].volume and own.scratch_folder is None
+    scratch = spec_for("agents: {defaults: {sandbox: {scope: session}}}", tmp=tmp_path)
+    assert isinstance(scratch.workspace, HostFolder) and scratch.mounts[0].source == scratch.workspace.source
+    assert scratch.scratch_folder == scratch.workspace.path and scratch.pool_key is not None
+    volume = spec_for("agents: {defaults: {sandbox: {scope: session, workspace_store: volume}}}", tmp=tmp_path)
+    assert volume.workspace == Volume(volume_name("inst1", volume.tenant, "agent:main:s"))
+    assert volume.mounts[0].source == volume.workspace.source and volume.mounts[0].volume
+    assert volume.workspace.host_path is None and own.workspace.host_path == tmp_path / "real"
+    assert volume.scratch_folder is None and volume.pool_key is None and volume.user == "1000:1000"
 
 
 def test_scope_keys() -> None:

@@ -4,6 +4,7 @@ another tenant's budget is its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,4 +89,4 @@ agents:
         assert cut.ok and cut.truncated and cut.full_output_path is None, cut
         assert any("could not be saved" in w and "quota" in w for w in cut.warnings), cut.warnings
         spec = orch.manager.spec_for(orch.session("agent:tight:s").agent, "agent:tight:s")
-        assert not (spec.workspace_host / ".sandbox" / "outputs" / f"{cut.call_id}.txt").exists()
+        assert not (Path(spec.workspace.source) / ".sandbox" / "outputs" / f"{cut.call_id}.txt").exists()

@@ -101,8 +101,8 @@ async def test_symlinks_planted_inside_never_lead_outside(make_config: Any, tmp_
         victim = orch.session("agent:a:victim")
         other = orch.session("agent:a:other")
         await other.call("write", {"path": "mine.txt", "content": "OTHER SESSION\n"})
-        other_ws = (await other.sandbox()).spec.workspace_host
-        assert other_ws != (await victim.sandbox()).spec.workspace_host
+        other_ws = Path((await other.sandbox()).spec.workspace.source)
+        assert other_ws != Path((await victim.sandbox()).spec.workspace.source)
         plant = (
             f"ln -s {decoy}/decoy.txt flink && ln -s {decoy} dlink && ln -s / d && "
             f"mkdir -p real && ln -s {decoy} real/parent && ln -s {other_ws} otherws && echo planted"

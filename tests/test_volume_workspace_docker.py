@@ -11,6 +11,7 @@ import pytest
 from sandbox import Orchestrator
 from sandbox.errors import ConfigError
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.workspace_ref import Volume
 from tests.call_helpers import writes_during_a_swap_race
 from tests.test_tools_docker import ATTACKS
 
@@ -54,7 +55,7 @@ async def test_file_tools_and_commands_share_the_volume(make_config: Any, docker
         assert mount["Type"] == "volume" and mount["Name"] == box.spec.mounts[0].source
         volume = docker_client.volumes.get(mount["Name"])
         assert volume.attrs["Labels"][Labels.SCOPE_KEY] == "agent:main:vol"
-        assert not box.spec.workspace_host.exists()  # no host folder: nothing of it is on this host's paths
+        assert box.spec.workspace == Volume(mount["Name"])  # no host folder: nothing of it is on this host's paths
         # the volume outlives its container, like a scratch folder does
         await orch.manager.close_session(sess.agent, "agent:main:vol")
         again = orch.session("agent:main:vol")

@@ -146,7 +146,7 @@ agents:
 
 
 def test_a_scratch_workspace_made_before_tenant_folders_moves_in_with_its_files(tmp_path: Path) -> None:
-    from sandbox.runtime.host.paths import _prepare_scratch
+    from sandbox.runtime.folders import _prepare_scratch
 
     root = tmp_path / "sandboxes"
     name = "ab" * 16
@@ -158,7 +158,7 @@ def test_a_scratch_workspace_made_before_tenant_folders_moves_in_with_its_files(
 
 
 def test_a_link_at_the_old_scratch_place_is_never_moved(tmp_path: Path) -> None:
-    from sandbox.runtime.host.paths import _prepare_scratch
+    from sandbox.runtime.folders import _prepare_scratch
 
     root = tmp_path / "sandboxes"
     root.mkdir()
@@ -175,7 +175,7 @@ def test_a_link_at_the_old_scratch_place_is_never_moved(tmp_path: Path) -> None:
 
 def test_an_old_scratch_workspace_never_overwrites_a_new_one(tmp_path: Path) -> None:
     """Both places hold files (two orchestrator versions on one root): nothing is merged or lost."""
-    from sandbox.runtime.host.paths import _prepare_scratch
+    from sandbox.runtime.folders import _prepare_scratch
 
     root = tmp_path / "sandboxes"
     name = "ef" * 16

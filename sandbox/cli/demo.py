@@ -126,29 +126,26 @@ def _indent(text: str, prefix: str = "     │ ") -> str:
 
 
 async def _show_sandbox(session: Session, echo: Callable[[str], None]) -> dict[str, Any]:
-    from sandbox.runtime.docker.backend import DockerBackend
-
     box = await session.sandbox_required()
     backend = session._orch.backend
-    attrs = await backend.find(box.id) if isinstance(backend, DockerBackend) else None
-    if attrs is None:
+    seen = await backend.facts(box.id)
+    if seen is None:
         echo(f"sandbox  {box.id} (runtime.backend {backend.name}: no container to show)")
         return {"container": box.id, "backend": backend.name}
-    host = attrs["HostConfig"]
-    facts = {
-        "container": attrs["Name"].lstrip("/"),
-        "id": attrs["Id"][:12],
-        "image": attrs["Config"]["Image"],
-        "user": attrs["Config"]["User"],
-        "network": host["NetworkMode"],
-        "cap_drop": host["CapDrop"],
-        "security_opt": describe_security_opts(host["SecurityOpt"] or []),
-        "read_only_root": host["ReadonlyRootfs"],
-        "pids_limit": host["PidsLimit"],
-        "memory": host["Memory"],
-        "nano_cpus": host["NanoCpus"],
-        "init": host["Init"],
-        "mounts": [f"{m['Source']} -> {m['Destination']} ({'rw' if m['RW'] else 'ro'})" for m in attrs["Mounts"]],
+    facts: dict[str, Any] = {
+        "container": seen.name,
+        "id": seen.id[:12],
+        "image": seen.image,
+        "user": seen.user,
+        "network": seen.network,
+        "cap_drop": list(seen.cap_drop),
+        "security_opt": describe_security_opts(list(seen.security_opt)),
+        "read_only_root": seen.read_only_root,
+        "pids_limit": seen.pids_limit,
+        "memory": seen.memory,
+        "nano_cpus": seen.nano_cpus,
+        "init": seen.init,
+        "mounts": [f"{m.source} -> {m.target} ({'ro' if m.read_only else 'rw'})" for m in seen.mounts],
     }
     echo("sandbox  " + facts["container"] + f" ({facts['id']}, image {facts['image']})")
     echo(

@@ -25,6 +25,7 @@ from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
 from sandbox.runtime.session_users import SessionShell, session_shell
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
+from sandbox.runtime.workspace_ref import Volume
 from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
 from sandbox.tools.availability import offered
@@ -246,7 +247,7 @@ class Session:
                 ]
                 uid, _, gid = spec.user.partition(":")
                 owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
-                if spec.mounts[0].volume:
+                if isinstance(spec.workspace, Volume):
                     self._files = await self._volume_files(box, roots, group_shared=spec.session_users)
                 else:
                     self._files = self._make_files(roots, owner, group_shared=spec.session_users)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.output import Captured, OutputCapture
-from sandbox.runtime.spec import SandboxSpec
+from sandbox.runtime.spec import Mount, SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.config.merge import EffectiveAgent
@@ -324,6 +324,25 @@ class WarmPool(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SandboxFacts:
+    """What the engine says a live sandbox is (a capability: `Backend.facts`), as a person checks it."""
+
+    name: str
+    id: str
+    image: str
+    user: str
+    network: str
+    cap_drop: tuple[str, ...]
+    security_opt: tuple[str, ...]  # as the engine has them (an inline seccomp profile whole)
+    read_only_root: bool
+    pids_limit: int | None
+    memory: int  # bytes; 0: no limit
+    nano_cpus: int
+    init: bool | None
+    mounts: tuple[Mount, ...]  # `origin` says the engine reported it; `volume` its type
+
+
 class Backend(Protocol):
     """Create, find and remove sandboxes. The engine and the manager know only this.
 
@@ -370,4 +389,9 @@ class Backend(Protocol):
 
     def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
         """The warm pool of the sandboxes `manager` hands out (made once, by the manager)."""
+        ...
+
+    async def facts(self, name_or_id: str) -> SandboxFacts | None:
+        """What the engine says a live sandbox is (user, network, limits, mounts); None where
+        there is no container to describe (the host backend) or no such sandbox."""
         ...

@@ -32,6 +32,7 @@ from sandbox.runtime.naming import (
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
 from sandbox.runtime.seccomp import seccomp_identity
 from sandbox.runtime.session_users import uses_session_users
+from sandbox.runtime.workspace_ref import HostFolder, Volume, WorkspaceRef
 
 DEFAULT_UID_GID = "1000:1000"
 SKILLS_MOUNT = "/opt/skills"
@@ -45,7 +46,7 @@ class Mount:
     target: str
     read_only: bool
     origin: str
-    volume: bool = False  # a Docker volume (workspace_store: volume), not a host folder
+    volume: bool = False  # the engine mounts a volume (the workspace's, a `Volume`), not a host folder
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class SandboxSpec:
     image: str
     user: str
     workspace_access: str
-    workspace_host: Path  # the host directory mounted at /workspace
+    workspace: WorkspaceRef  # what is mounted at /workspace: a host folder or a volume
     mounts: tuple[Mount, ...]  # what the tools see: the workspace, binds, skills
     docker: DockerConfig
     hashed: dict[str, Any] = field(hash=False, compare=False)
@@ -86,7 +87,7 @@ class SandboxSpec:
         """Every mount the container really gets: :attr:`mounts`, then the protected paths."""
         if self.for_engine:
             return self.mounts
-        workspace = self.mounts[0].source
+        workspace = self.workspace.source
         extra = tuple(
             Mount(
                 f"{workspace.rstrip('/')}/{p.rel}",
@@ -103,6 +104,12 @@ class SandboxSpec:
         return dataclasses.replace(self, mounts=self.engine_mounts, for_engine=True)
 
     @property
+    def scratch_folder(self) -> Path | None:
+        """The host folder of a `none` workspace (the orchestrator's scratch); None for a volume or
+        the agent's own workspace."""
+        return self.workspace.host_path if self.workspace_access == "none" else None
+
+    @property
     def pool_key(self) -> str | None:
         """What a warm-pool container must match to be handed to this spec's session: the config
         hash without what names the session (its scratch folder), plus tenant, agent and
@@ -110,7 +117,7 @@ class SandboxSpec:
         parent's view)."""
         if self.kind != "exec" or self.scope != "session" or self.egress is not None or self.hashed.get("parent_view"):
             return None
-        if self.mounts and self.mounts[0].volume:
+        if isinstance(self.workspace, Volume):
             return None  # a volume cannot be renamed to a session's name
         hashed = dict(self.hashed)
         if self.workspace_access == "none":
@@ -134,7 +141,7 @@ class SandboxSpec:
             return {
                 **dataclasses.replace(self, pool_member=False, scope="pool", scope_key="", session="").labels(),
                 Labels.POOL: self.pool_key or "",
-                Labels.POOL_SCRATCH: str(self.workspace_host) if self.workspace_access == "none" else "",
+                Labels.POOL_SCRATCH: str(self.scratch_folder or ""),
             }
         return {
             Labels.MANAGED: "true",
@@ -265,27 +272,26 @@ def build_spec(
     docker = cfg.docker
     key = scope_key(cfg.scope, agent.id, session)
     protected: list[ProtectedMount] = []
+    workspace: WorkspaceRef
     if cfg.workspace_access == "none" and cfg.workspace_store == "volume":
-        ws_source = volume_name(instance, agent.tenant, key)
-        workspace = Path("/") / "volume" / ws_source  # no host path: a name for locks and file versions
-        ws_origin = f"{agent.key_path}.sandbox.workspace_store (volume {ws_source}, workspace_access none)"
+        workspace = Volume(volume_name(instance, agent.tenant, key))
+        ws_origin = f"{agent.key_path}.sandbox.workspace_store (volume {workspace.name}, workspace_access none)"
     elif cfg.workspace_access == "none":
-        workspace = scratch_workspace(agent, key)
+        scratch = scratch_workspace(agent, key)
         ws_origin = f"{agent.key_path}.sandbox.workspace_root (scratch, workspace_access none)"
-        ws_source = _scratch_source(workspace, docker)
+        workspace = HostFolder(Path(_scratch_source(scratch, docker)))
     else:
-        workspace = agent.workspace
         ws_origin = f"{agent.key_path}.workspace (workspace_access {cfg.workspace_access})"
-        ws_source = check_source(str(workspace), docker, what="workspace")
+        workspace = HostFolder(Path(check_source(str(agent.workspace), docker, what="workspace")))
         if cfg.workspace_access == "rw":
-            protected = protected_mounts(Path(ws_source), protected_paths)
+            protected = protected_mounts(workspace.path, protected_paths)
     mounts = [
         Mount(
-            ws_source,
+            workspace.source,
             CONTAINER_WORKDIR,
             cfg.workspace_access == "ro",
             ws_origin,
-            volume=cfg.workspace_store == "volume",
+            volume=isinstance(workspace, Volume),
         )
     ]
     if agent.parent_view is not None:
@@ -298,7 +304,8 @@ def build_spec(
         # skill handlers run in the sandbox; their code is mounted read-only
         source = check_source(str(folder), docker, what="skills dir")
         mounts.append(Mount(source, f"{SKILLS_MOUNT}/{index}", True, f"skills.dirs[{index}]"))
-    user = docker.user or (owner_user(workspace) if not mounts[0].volume else "1000:1000")
+    ws_folder = workspace.host_path
+    user = docker.user or (owner_user(ws_folder) if ws_folder is not None else "1000:1000")
     session_users = uses_session_users(cfg.session_users, cfg.scope, cfg.workspace_access, user)
     ulimits: dict[str, Any] = {name: limit.model_dump() for name, limit in docker.ulimits.items()}
     egress = egress_policy(agent) if docker.network == EGRESS_NETWORK else None
@@ -340,7 +347,7 @@ def build_spec(
         image=docker.image,
         user=user,
         workspace_access=cfg.workspace_access,
-        workspace_host=workspace,
+        workspace=workspace,
         mounts=tuple(mounts),
         docker=docker,
         hashed=hashed,

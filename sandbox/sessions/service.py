@@ -233,13 +233,14 @@ class SessionsService:
             await anyio.to_thread.run_sync(lambda: workspace.mkdir(parents=True, exist_ok=True))
             return str(workspace)
         box = await caller.sandbox_required()  # its workspace exists once its sandbox does
-        if box.spec.mounts[0].volume:
+        folder = box.spec.workspace.host_path
+        if folder is None:
             raise SandboxError(
                 ErrorCode.SANDBOX_UNAVAILABLE,
                 "this session's workspace is a Docker volume (workspace_store: volume), which a child "
                 "cannot be shown at /parent yet; spawn with tools.subagents.parent_workspace: none",
             )
-        return str(box.spec.mounts[0].source)
+        return str(folder)
 
     # -- what a session may see ------------------------------------------------------------
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import builtins
-import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -29,19 +28,22 @@ from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.docker.egress_log import DockerEgressLogs
 from sandbox.runtime.docker.errors import mapped
+from sandbox.runtime.docker.inspected import facts_from_container, info_from_container
 from sandbox.runtime.docker.pool import PoolClaims, WarmPool
+from sandbox.runtime.docker.reuse import CONFIG_KEYS_LABEL, bridge_guarded, key_hashes, reusable
 from sandbox.runtime.docker.sandbox import DockerSandbox
-from sandbox.runtime.docker.workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id, workspace_lost
-from sandbox.runtime.host.paths import SHARED_DIR_MODE, prepare_workspace
-from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, LABEL_PREFIX, Labels
+from sandbox.runtime.docker.workspace import WORKSPACE_ID_LABEL, recorded_id, workspace_id
+from sandbox.runtime.folders import SHARED_DIR_MODE, prepare_workspace
+from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, Labels
 from sandbox.runtime.protocol import Browsers, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
+from sandbox.runtime.workspace_ref import Volume
 
 if TYPE_CHECKING:
     from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.protocol import SandboxFacts
 
 T = TypeVar("T")
-CONFIG_KEYS_LABEL = f"{LABEL_PREFIX}.config-keys"
 SETUP_TIMEOUT_S = 300.0
 
 __all__ = [
@@ -52,34 +54,6 @@ __all__ = [
     "DockerSandbox",
     "info_from_container",
 ]
-
-
-def _key_hashes(hashed: Mapping[str, Any]) -> dict[str, str]:
-    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:8] for k, v in hashed.items()}
-
-
-def info_from_container(attrs: Mapping[str, Any]) -> SandboxInfo:
-    """Build a SandboxInfo from `docker inspect` / list attributes."""
-    labels = attrs.get("Config", {}).get("Labels") or attrs.get("Labels") or {}
-    name = (attrs.get("Name") or (attrs.get("Names") or ["?"])[0]).lstrip("/")
-    state = attrs.get("State")
-    status = state.get("Status", "?") if isinstance(state, dict) else str(state or "?")
-    return SandboxInfo(
-        id=attrs.get("Id", ""),
-        name=name,
-        kind=labels.get(Labels.KIND, ""),
-        instance=labels.get(Labels.INSTANCE, ""),
-        tenant=labels.get(Labels.TENANT, ""),
-        agent=labels.get(Labels.AGENT, ""),
-        scope=labels.get(Labels.SCOPE, ""),
-        scope_key=labels.get(Labels.SCOPE_KEY, ""),
-        session=labels.get(Labels.SESSION, ""),
-        config_hash=labels.get(Labels.CONFIG_HASH, ""),
-        created_at=labels.get(Labels.CREATED_AT, ""),
-        status=status,
-        image=attrs.get("Config", {}).get("Image") or attrs.get("Image", ""),
-        labels=dict(labels),
-    )
 
 
 class DockerBackend:
@@ -184,74 +158,25 @@ class DockerBackend:
         """
         attrs = await self.find(spec.name)
         if attrs is not None:
-            labels = attrs["Config"].get("Labels") or {}
-            theirs = (labels.get(Labels.TENANT), labels.get(Labels.SCOPE_KEY))
-            config_hash = labels.get(Labels.CONFIG_HASH)
-            if labels.get(Labels.POOL):
-                # a warm-pool container handed to a session: its labels name no session, the
-                # claim made when it was handed over does (runtime/docker/pool.py)
-                claim = self.pool_claims.get(attrs["Id"]) if self.pool_claims is not None else None
-                theirs = (
-                    (claim.tenant, claim.scope_key)
-                    if claim is not None and claim.name == spec.name
-                    else (
-                        labels.get(Labels.TENANT),
-                        "(a pool container not handed to this session)",
-                    )
-                )
-                config_hash = spec.config_hash if labels[Labels.POOL] == spec.pool_key else "(pool drift)"
-            if theirs != (spec.tenant, spec.scope_key):
-                raise SandboxUnavailable(
-                    f"container {spec.name} belongs to tenant {theirs[0]!r}, scope key {theirs[1]!r}, "
-                    f"not to tenant {spec.tenant!r}, scope key {spec.scope_key!r}; it is left alone",
-                    container=spec.name,
-                )
-            running = attrs["State"].get("Status") == "running"
-            if (
-                running
-                and spec.egress is not None
-                and not await self.call("inspect egress proxy", egress.proxy_running, self.client, spec.name)
-            ):
-                logger.bind(container=spec.name).info("sandbox_egress_proxy_gone")
-                running = False  # its only way out is gone: remade with a new proxy
-            if running and spec.egress is not None and not await self._bridge_guarded(spec):
-                running = False  # its bridge reaches the host: remade, or refused where rules cannot be put in
-            if running and await anyio.to_thread.run_sync(workspace_lost, recorded_id(labels), spec):
-                logger.bind(container=spec.name, workspace=spec.mounts[0].source).warning("sandbox_workspace_gone")
-                running = False  # its bind holds a removed folder: made again on a workspace made again
-            if config_hash == spec.config_hash and running:
-                self.workspace_ids[attrs["Id"]] = recorded_id(labels)
+            if await reusable(self, attrs, spec):  # whose, drifted, working (runtime/docker/reuse.py)
+                self.workspace_ids[attrs["Id"]] = recorded_id(attrs["Config"].get("Labels") or {})
                 procfs.hide_in(attrs, spec)  # also one made before hidepid, or restarted (runtime/docker/procfs.py)
                 return DockerSandbox(self, attrs["Id"], spec)
-            if config_hash != spec.config_hash:
-                changed = self._changed_keys(labels, spec)
-                logger.bind(container=spec.name, changed=changed).info("sandbox_config_drift")
-            else:
-                logger.bind(container=spec.name, status=attrs["State"].get("Status")).info("sandbox_dead")
             await self.remove(attrs["Id"])
         # the engine gets the protected-path mounts too; the tools keep seeing spec.mounts
         made = await self._create(spec.engine_spec())
         return DockerSandbox(self, made.id, spec)
 
-    @staticmethod
-    def _changed_keys(labels: Mapping[str, str], spec: SandboxSpec) -> list[str]:
-        try:
-            old = json.loads(labels.get(CONFIG_KEYS_LABEL, "{}"))
-        except json.JSONDecodeError:
-            old = {}
-        new = _key_hashes(spec.hashed)
-        return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
         # no-follow from a trusted root: a planted link cannot aim a root mkdir or chown elsewhere
-        if not spec.mounts[0].volume:  # a volume is the engine's to make
+        if spec.workspace.host_path is not None:  # a volume is the engine's to make
             prepare_workspace(spec)
 
     async def _create(self, spec: SandboxSpec) -> DockerSandbox:
         egress.MAKING.add(spec.name)  # an orphan sweep meanwhile leaves its proxy alone
         try:
             made = await self._create_marked(spec)
-            if spec.egress is not None and not await self._bridge_guarded(spec):
+            if spec.egress is not None and not await bridge_guarded(spec):
                 with anyio.CancelScope(shield=True):
                     await self.remove(made.id)  # never left running on a bridge open to the host
                 raise SandboxUnavailable(
@@ -267,13 +192,6 @@ class DockerBackend:
         finally:
             egress.MAKING.discard(spec.name)
 
-    async def _bridge_guarded(self, spec: SandboxSpec) -> bool:
-        """The egress bridge's host rules are in (restored if something removed them); False only
-        where they cannot be and the policy requires them."""
-        if not (spec.egress or {}).get("require_host_firewall", True):
-            return True  # the operator accepted an egress network without them
-        return await anyio.to_thread.run_sync(egress.bridge_guarded, spec.name)
-
     async def _create_marked(self, spec: SandboxSpec) -> DockerSandbox:
         # Created under a temporary name and renamed when ready: the final name existing
         # means "fully set up", and a crash mid-way leaves only a `-creating-` orphan.
@@ -282,7 +200,7 @@ class DockerBackend:
         temp_name = f"{spec.name[:40]}{CREATING_MARK}{uuid.uuid4().hex[:8]}"
         kwargs = create_kwargs(spec)
         kwargs["name"] = temp_name
-        kwargs["labels"][CONFIG_KEYS_LABEL] = json.dumps(_key_hashes(spec.hashed), sort_keys=True)
+        kwargs["labels"][CONFIG_KEYS_LABEL] = json.dumps(key_hashes(spec.hashed), sort_keys=True)
         # host, boot, pid and its start time: a pid alone says nothing where every service
         # container is pid 1 on the host's hostname (compose runs it with network_mode: host)
         kwargs["labels"][CREATOR_LABEL] = current_owner()
@@ -294,11 +212,11 @@ class DockerBackend:
             else DockerMount(m.target, m.source, type="bind", read_only=m.read_only, propagation="rprivate")
             for m in spec.mounts
         ]
-        for m in spec.mounts:
-            if m.volume:  # made with labels (an implicit one would have none); an existing one is kept
-                labels = {Labels.MANAGED: "true", Labels.INSTANCE: spec.instance, Labels.TENANT: spec.tenant}
-                labels[Labels.SCOPE_KEY] = spec.scope_key
-                await self.call("create workspace volume", self.client.volumes.create, name=m.source, labels=labels)
+        if isinstance(spec.workspace, Volume):  # made with labels (an implicit one would have none); kept if it exists
+            labels = {Labels.MANAGED: "true", Labels.INSTANCE: spec.instance, Labels.TENANT: spec.tenant}
+            labels[Labels.SCOPE_KEY] = spec.scope_key
+            name = spec.workspace.name
+            await self.call("create workspace volume", self.client.volumes.create, name=name, labels=labels)
         if spec.docker.ulimits:
             kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
         if spec.egress is not None:
@@ -330,7 +248,7 @@ class DockerBackend:
                 ca = await self.call("start egress proxy", egress.wait_ready, self.client, spec.name)
                 if ca:  # it decrypts for secrets: the sandbox trusts its CA (and only for that proxy)
                     await self._install_ca(sandbox, spec, ca)
-            if spec.mounts[0].volume and spec.session_users:
+            if isinstance(spec.workspace, Volume) and spec.session_users:
                 await self._share_volume(sandbox, spec)
             if spec.docker.setup_command:
                 await self._setup(sandbox, spec)
@@ -443,6 +361,11 @@ class DockerBackend:
     def egress(self) -> DockerEgressLogs:
         """Egress proxies' logs and leftovers on this engine."""
         return DockerEgressLogs(self)
+
+    async def facts(self, name_or_id: str) -> SandboxFacts | None:
+        """What `docker inspect` says of a container (runtime/docker/facts.py); None when it is gone."""
+        attrs = await self.find(name_or_id)
+        return facts_from_container(attrs) if attrs is not None else None
 
     async def aclose(self) -> None:
         """Close the SDK client's connections."""

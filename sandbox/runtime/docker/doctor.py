@@ -176,7 +176,7 @@ def workspace_checks(config: Config) -> list[Check]:
             spec = spec_from_config(config, agent, f"agent:{agent_id}:doctor", "doctor")
         except SandboxError:
             continue  # a refused workspace or bind: loading and `sandbox audit` say why
-        workspace = spec.mounts[0].source
+        workspace = spec.workspace.source  # a HostFolder: workspace_access is rw
         problem = write_problem(workspace, spec.user, agent.sandbox.docker.cap_add)
         if problem is None:
             checks.append(Check("ok", f"workspace {agent_id}", f"{workspace} (rw) is writable by {spec.user}"))

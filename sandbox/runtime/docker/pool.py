@@ -174,7 +174,7 @@ class WarmPool:
             return False
         # a scratch workspace that exists already holds this session's files: it is kept and a
         # container is made for it (the pool's folder could not take its place)
-        return not (spec.workspace_access == "none" and os.path.lexists(spec.workspace_host))
+        return not (spec.scratch_folder is not None and os.path.lexists(spec.scratch_folder))
 
     async def claim(self, spec: SandboxSpec) -> DockerSandbox | None:
         """A started pool container for `spec`'s session, renamed to it; None when none is free."""
@@ -221,10 +221,10 @@ class WarmPool:
     async def _hand_over(self, info: SandboxInfo, spec: SandboxSpec) -> None:
         if spec.workspace_access == "none":
             scratch = info.labels.get(Labels.POOL_SCRATCH)
-            if not scratch:
+            if not scratch or spec.scratch_folder is None:
                 raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
             source = Path(scratch)
-            await anyio.to_thread.run_sync(_move_scratch, source, spec.workspace_host)
+            await anyio.to_thread.run_sync(_move_scratch, source, spec.scratch_folder)
         await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
 
     def _free_name(self, info: SandboxInfo) -> bool:

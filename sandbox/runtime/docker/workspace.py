@@ -27,11 +27,11 @@ MISSING = "missing"
 def workspace_id(spec: SandboxSpec) -> str | None:
     """`device:inode` of the workspace's host folder now; None for a volume (the engine's),
     MISSING when the folder is gone. A stat of a local path: cheap enough before each exec."""
-    mount = spec.mounts[0]
-    if mount.volume:
+    folder = spec.workspace.host_path
+    if folder is None:
         return None
     try:
-        st = os.stat(mount.source)
+        st = os.stat(folder)
     except (FileNotFoundError, NotADirectoryError):
         return MISSING
     return f"{st.st_dev}:{st.st_ino}"
@@ -64,7 +64,7 @@ async def recorded_for(backend: DockerBackend, container_id: str) -> str:
 def lost_message(spec: SandboxSpec) -> str:
     """What a caller is told when the workspace cannot be used and was not made again."""
     return (
-        f"the sandbox's workspace folder {spec.mounts[0].source} was removed (or replaced) on the host "
+        f"the sandbox's workspace folder {spec.workspace.source} was removed (or replaced) on the host "
         "after the sandbox was made, so commands in it cannot start; the sandbox is made again on "
         "next use"
     )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.host.paths import prepare_workspace
+from sandbox.runtime.folders import prepare_workspace
 from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
@@ -34,7 +34,7 @@ class HostSandbox:
 
     def __init__(self, spec: SandboxSpec, state_dir: Path) -> None:
         self._spec = spec
-        self.workspace = Path(spec.mounts[0].source) if spec.mounts else spec.workspace_host
+        self.workspace = Path(spec.workspace.source)  # a HostFolder: prepare_workspace refuses a volume
         self._shell = HostShell(self.workspace, state_dir / "host-sandboxes" / spec.name, env=spec.docker.env)
         self.gone = False
         self.created_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -170,3 +170,7 @@ class HostBackend:
     def warm_pool(self, manager: SandboxManager) -> None:
         """No warm pool here."""
         del manager
+
+    async def facts(self, name_or_id: str) -> None:
+        """No container to describe: a host sandbox is a folder and this process's shells."""
+        del name_or_id

@@ -1,5 +1,8 @@
 """Creating host directories and files for a sandbox without ever following a link.
 
+Engine-neutral: every backend whose workspace is a `HostFolder` (runtime/workspace_ref.py) has
+it made here, Docker's before the engine mounts it, the host backend's before it runs there.
+
 The orchestrator often runs as root and makes the directories a non-root sandbox writes to
 (scratch workspaces) and the placeholders of protected paths. A link planted at any component
 below the trusted anchor (by a sandbox that can write there) must not turn a `mkdir` + `chown`
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox._log import logger
-from sandbox.errors import ErrorCode, SandboxError
+from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 
 if TYPE_CHECKING:
     from sandbox.runtime.spec import SandboxSpec
@@ -181,8 +184,11 @@ def prepare_workspace(spec: SandboxSpec) -> None:
     Raises:
         SandboxError: PERMISSION_DENIED when a link sits where a directory or file is made, or
             the scratch root is owned by someone else.
+        SandboxUnavailable: the workspace is a volume (the engine's to make; no host folder).
     """
-    source = Path(spec.mounts[0].source)
+    source = spec.workspace.host_path
+    if source is None:
+        raise SandboxUnavailable(f"the workspace is volume {spec.workspace.source}: there is no host folder to make")
     if spec.workspace_access == "none":
         # sessions with users of their own share the scratch workspace through its group
         _prepare_scratch(source, _sandbox_owner(spec), SHARED_DIR_MODE if spec.session_users else None)
