@@ -170,6 +170,10 @@ class FakeCluster(ExecServer):
                 detach=True,
             )
             made.start()
+            # an emptyDir is world-writable (0777) on a kubelet; Docker's tmpfs takes the image
+            # folder's mode, so the fake kubelet sets it, as the volume setup would
+            for path in tmpfs:
+                made.exec_run(["chmod", "1777", path], user="0")
         except docker.errors.DockerException as exc:
             reason = "ErrImageNeverPull" if isinstance(exc, docker.errors.ImageNotFound) else "CreateContainerError"
             pod["status"] = {

@@ -25,7 +25,6 @@ from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
 from sandbox.runtime.session_users import SessionShell, session_shell
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
-from sandbox.runtime.workspace_ref import Volume
 from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
 from sandbox.tools.availability import offered
@@ -247,7 +246,7 @@ class Session:
                 ]
                 uid, _, gid = spec.user.partition(":")
                 owner = (int(uid), int(gid or uid)) if uid.isdigit() else None
-                if isinstance(spec.workspace, Volume):
+                if spec.workspace.host_path is None:  # a volume, or a cluster's: only the agent reaches it
                     self._files = await self._volume_files(box, roots, group_shared=spec.session_users)
                 else:
                     self._files = self._make_files(roots, owner, group_shared=spec.session_users)
@@ -311,8 +310,8 @@ class Session:
             except SandboxError as exc:
                 raise SandboxError(
                     ErrorCode.SANDBOX_UNAVAILABLE,
-                    "this workspace is a Docker volume (workspace_store: volume), reached only through the "
-                    f"sandbox's resident agent: {exc.message}",
+                    "this workspace is not on this host (a Docker volume, or a cluster's), reached only "
+                    f"through the sandbox's resident agent: {exc.message}",
                 ) from exc
             if found is None:  # a backend without resident agents
                 raise SandboxError(ErrorCode.SANDBOX_UNAVAILABLE, "this backend has no resident agents")

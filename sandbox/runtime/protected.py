@@ -109,8 +109,11 @@ def _kind_of(parts: tuple[str, ...], info: os.stat_result | None, pattern: str) 
     return "dir" if pattern.endswith("/") or parts[-1] == "hooks" else "file"
 
 
-def protected_mounts(workspace: Path, patterns: Sequence[str]) -> list[ProtectedMount]:
+def protected_mounts(workspace: Path | None, patterns: Sequence[str]) -> list[ProtectedMount]:
     """The mounts that keep `patterns` read-only inside a container over a writable `workspace`.
+
+    `workspace` None: a workspace not on this host (a Kubernetes claim): only the literal paths,
+    their kind told by their name; globs are expanded only where the files can be seen.
 
     Raises:
         BindRefused: a protected path (or a parent of one) is a symbolic link.
@@ -118,17 +121,17 @@ def protected_mounts(workspace: Path, patterns: Sequence[str]) -> list[Protected
     chosen: dict[tuple[str, ...], ProtectedMount] = {}
     for index, pattern in enumerate(patterns):
         parts = pattern_parts(pattern)
-        if parts is None:
+        if parts is None or (workspace is None and is_glob(parts)):
             continue
         origin = f"tools.fs.protected_paths[{index}] ({pattern})"
-        found = list(_expand(workspace, parts)) if is_glob(parts) else [parts]
+        found = list(_expand(workspace, parts)) if workspace is not None and is_glob(parts) else [parts]
         for path in found:
-            info = _lstat(workspace, path)
+            info = _lstat(workspace, path) if workspace is not None else None
             if info is None and is_glob(parts):
                 continue
             if info is not None and not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
                 continue  # a socket or device: nothing git would run
-            if _blocked_by_file(workspace, path):
+            if workspace is not None and _blocked_by_file(workspace, path):
                 continue  # e.g. `.git` is a file (a linked worktree): the git dir lives elsewhere
             chosen.setdefault(path, ProtectedMount(path, _kind_of(path, info, pattern), origin))
     read_only_dirs = [m.parts for m in chosen.values() if m.kind == "dir"]

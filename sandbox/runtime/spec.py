@@ -32,7 +32,7 @@ from sandbox.runtime.naming import (
 from sandbox.runtime.protected import ProtectedMount, protected_mounts
 from sandbox.runtime.seccomp import seccomp_identity
 from sandbox.runtime.session_users import uses_session_users
-from sandbox.runtime.workspace_ref import HostFolder, Volume, WorkspaceRef
+from sandbox.runtime.workspace_ref import HostFolder, Remote, Volume, WorkspaceRef
 
 DEFAULT_UID_GID = "1000:1000"
 SKILLS_MOUNT = "/opt/skills"
@@ -117,8 +117,8 @@ class SandboxSpec:
         parent's view)."""
         if self.kind != "exec" or self.scope != "session" or self.egress is not None or self.hashed.get("parent_view"):
             return None
-        if isinstance(self.workspace, Volume):
-            return None  # a volume cannot be renamed to a session's name
+        if self.workspace.host_path is None:
+            return None  # a volume (or a cluster's workspace) cannot be renamed to a session's name
         hashed = dict(self.hashed)
         if self.workspace_access == "none":
             hashed["mounts"] = [["<scratch>", *hashed["mounts"][0][1:]], *hashed["mounts"][1:]]
@@ -254,6 +254,7 @@ def build_spec(
     image_id: str | None = None,
     skill_dirs: Sequence[Path] = (),
     protected_paths: Sequence[str] = (),
+    remote: bool = False,
 ) -> SandboxSpec:
     """The exec-sandbox spec for a session of `agent`.
 
@@ -264,6 +265,8 @@ def build_spec(
         image_id: the resolved image id (part of the drift hash) when known.
         skill_dirs: folders of SKILL.md tools, mounted read-only.
         protected_paths: `tools.fs.protected_paths`, mounted read-only over a rw workspace.
+        remote: the backend keeps workspaces where it runs sandboxes (`runtime.backend:
+            kubernetes`): the workspace is a `Remote` reference, never a folder of this host.
 
     Raises:
         BindRefused: a bind or the workspace breaks a bind rule (checked again at create time).
@@ -273,7 +276,12 @@ def build_spec(
     key = scope_key(cfg.scope, agent.id, session)
     protected: list[ProtectedMount] = []
     workspace: WorkspaceRef
-    if cfg.workspace_access == "none" and cfg.workspace_store == "volume":
+    if remote:
+        workspace = Remote(volume_name(instance, agent.tenant, key if cfg.workspace_access == "none" else agent.id))
+        ws_origin = f"{agent.key_path}.sandbox.workspace_access {cfg.workspace_access} (kept by the cluster)"
+        if cfg.workspace_access == "rw":
+            protected = protected_mounts(None, protected_paths)
+    elif cfg.workspace_access == "none" and cfg.workspace_store == "volume":
         workspace = Volume(volume_name(instance, agent.tenant, key))
         ws_origin = f"{agent.key_path}.sandbox.workspace_store (volume {workspace.name}, workspace_access none)"
     elif cfg.workspace_access == "none":
@@ -291,7 +299,7 @@ def build_spec(
             CONTAINER_WORKDIR,
             cfg.workspace_access == "ro",
             ws_origin,
-            volume=isinstance(workspace, Volume),
+            volume=workspace.host_path is None,
         )
     ]
     if agent.parent_view is not None:
@@ -368,4 +376,5 @@ def spec_from_config(
         image_id=image_id,
         skill_dirs=config.skills.dirs,
         protected_paths=config.tools.fs.protected_paths,
+        remote=config.runtime.backend == "kubernetes",
     )

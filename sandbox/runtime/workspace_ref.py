@@ -46,4 +46,23 @@ class Volume:
         return None
 
 
-WorkspaceRef: TypeAlias = HostFolder | Volume
+@dataclass(frozen=True)
+class Remote:
+    """A workspace a remote backend keeps where it runs the sandbox (Kubernetes: the agent's
+    claim, or the Pod's own scratch), by an identity name: no path on this host, reached only
+    through the sandbox's resident agent."""
+
+    name: str
+
+    @property
+    def source(self) -> str:
+        """The workspace's identity (locks and file versions key on it); the backend mounts its own."""
+        return self.name
+
+    @property
+    def host_path(self) -> None:
+        """None: it is not on this host."""
+        return None
+
+
+WorkspaceRef: TypeAlias = HostFolder | Volume | Remote
