@@ -13,6 +13,7 @@ backed by storage, subPath mounts, init containers, scheduling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -189,10 +190,8 @@ class FakeCluster(ExecServer):
     def _kubelet_stop(self, namespace: str, name: str) -> None:
         import docker.errors
 
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             self.docker_client.containers.get(self.container_name(namespace, name)).remove(force=True)
-        except docker.errors.NotFound:
-            pass
 
     def kill_container(self, namespace: str, name: str) -> None:
         """What a node does to a Pod it evicts: the container dies; the object says Failed."""

@@ -91,12 +91,13 @@ async def test_a_timeout_kills_the_command_in_the_pod(tmp_path: Path, cluster: F
         slow = await session.call("exec", {"command": "sleep 300 & sleep 300", "timeout_s": 1})
         assert not slow.ok and slow.error.code == "TIMEOUT"
         left = await session.call("exec", {"command": "ps -eo args | grep -c '^sleep 300' || true"})
-        assert str(left.output).strip().endswith("0"), left.output
+        assert left.output["output"].strip() == "0", left.output  # nothing of the call is left
         await session.close()
 
 
 async def test_a_pod_that_cannot_start_is_a_clear_error(tmp_path: Path, cluster: FakeCluster) -> None:
-    config = k8s_config(tmp_path, "    - {id: broken, tenant: acme, sandbox: {docker: {image: 'sandbox-missing:none'}}}")
+    extra = f"    - {{id: broken, tenant: acme, workspace: {tmp_path / 'ws2'}, sandbox: {{docker: {{image: 'sandbox-missing:none'}}}}}}"
+    config = k8s_config(tmp_path, extra)
     async with Orchestrator(config, backend_on(cluster, config), journal=False) as orch:
         session = orch.session(agent="broken", key="agent:broken:k3")
         ran = await session.call("exec", {"command": "true"})

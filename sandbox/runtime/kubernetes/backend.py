@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 # images itself, so their labels cannot be read here; an image without it fails at its first call
 AGENT_PATH = "/usr/local/lib/sandbox-agent/agent.py"
 POLL_S = 0.2
+# waiting reasons a Pod does not recover from by waiting: reported at once, not at the timeout
+STUCK = frozenset({"ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError"})
 
 
 class KubernetesBackend:
@@ -159,6 +161,12 @@ class KubernetesBackend:
             phase = status.get("phase")
             if pod is None or phase in ("Failed", "Succeeded"):
                 raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} did not start: {_why(pod)}")
+            waiting = [
+                ((c.get("state") or {}).get("waiting") or {}).get("reason")
+                for c in status.get("containerStatuses") or []
+            ]
+            if STUCK.intersection(waiting):
+                raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} cannot start: {_why(pod)}")
             ready = [c.get("ready") for c in status.get("containerStatuses") or []]
             if phase == "Running" and ready and all(ready):
                 return
