@@ -24,6 +24,7 @@ from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, P
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.kubernetes import api as k8s_api
 from sandbox.runtime.kubernetes.agents import PodExecStarter
+from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels, namespace_for, policy_hash
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.protocol import SandboxInfo
@@ -221,6 +222,7 @@ class KubernetesBackend:
     async def aclose(self) -> None:
         """Close the agents' streams and the API connection."""
         self.agents.close_all()
+        await closed_streams()
         if self._http is not None:
             await self._http.close()
             self._http = None

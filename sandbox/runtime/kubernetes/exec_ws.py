@@ -37,6 +37,13 @@ SEND_CHUNK = 256 * 1024
 _CLOSING: set[asyncio.Task[None]] = set()  # closing handshakes under way (a task needs a reference)
 
 
+async def closed_streams(timeout_s: float = 5.0) -> None:
+    """Wait (a bounded while) for the closing handshakes `ExecTransport.close` started: a session
+    closed under them would leave connections behind."""
+    if _CLOSING:
+        await asyncio.wait(set(_CLOSING), timeout=timeout_s)
+
+
 class ExecRefused(SandboxError):
     """The API server refused the exec (RBAC, a missing Pod, an unknown container)."""
 
