@@ -19,7 +19,7 @@ import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import WSMsgType, web
 
@@ -51,7 +51,7 @@ class ExecServer:
     _runner: web.AppRunner | None = None
     _procs: list[asyncio.subprocess.Process] = field(default_factory=list)
 
-    async def __aenter__(self) -> ExecServer:
+    async def __aenter__(self) -> Self:
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{pod}/exec", self._exec)
         self.add_routes(app)

@@ -18,6 +18,7 @@ import aiohttp
 import anyio
 
 from sandbox._log import logger
+from sandbox.config.kubernetes import quantity_bytes
 from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, PROTOCOL
@@ -27,8 +28,8 @@ from sandbox.runtime.kubernetes.agents import PodExecStarter
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels, namespace_for, policy_hash
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
-from sandbox.runtime.protocol import SandboxInfo
-from sandbox.runtime.spec import SandboxSpec
+from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
+from sandbox.runtime.spec import Mount, SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
@@ -229,6 +230,47 @@ class KubernetesBackend:
         if self._api is not None:
             await self._api.close()
             self._api = None
+
+    async def facts(self, name_or_id: str) -> SandboxFacts | None:
+        """What the API says the sandbox Pod is (None: no such Pod). No PID limit: Kubernetes has
+        none per Pod yet (a node's podPidsLimit applies)."""
+        namespace = self._namespace_of.get(name_or_id)
+        pod = await (await self.api()).get("pods", namespace, name_or_id) if namespace else None
+        if pod is None:
+            return None
+        spec = pod.get("spec") or {}
+        container = (spec.get("containers") or [{}])[0]
+        security = container.get("securityContext") or {}
+        pod_security = spec.get("securityContext") or {}
+        limits = (container.get("resources") or {}).get("limits") or {}
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"], {})
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            source = f"claim {claim}" if claim else f"emptyDir {mount['name']}"
+            mounts.append(Mount(source, mount["mountPath"], bool(mount.get("readOnly")), "the API", volume=True))
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        seccomp = (pod_security.get("seccompProfile") or {}).get("type", "unset")
+        return SandboxFacts(
+            name=name_or_id,
+            id=str((pod.get("metadata") or {}).get("uid") or name_or_id),
+            image=str(container.get("image", "")),
+            user=f"{pod_security.get('runAsUser')}:{pod_security.get('runAsGroup')}",
+            network="egress proxy only" if labels.get(K8sLabels.EGRESS) else "none (deny-all NetworkPolicy)",
+            cap_drop=tuple((security.get("capabilities") or {}).get("drop") or ()),
+            security_opt=(
+                f"allowPrivilegeEscalation={security.get('allowPrivilegeEscalation')}",
+                f"seccomp={seccomp}",
+                f"runtimeClassName={spec.get('runtimeClassName') or 'default'}",
+            ),
+            read_only_root=bool(security.get("readOnlyRootFilesystem")),
+            pids_limit=None,
+            memory=quantity_bytes(str(limits.get("memory", "0"))),
+            nano_cpus=int(str(limits.get("cpu", "0")).rstrip("m") or 0) * 1_000_000,
+            init=None,
+            mounts=tuple(mounts),
+        )
 
     # Optional capabilities this backend does not have yet (issue 26: the warm pool, browsers)
 
