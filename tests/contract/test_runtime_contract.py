@@ -69,10 +69,24 @@ async def target(request: pytest.FixtureRequest, tmp_path: Path, docker_client: 
 
         yield Target(kind, config, DockerBackend, remove_docker)
         return
-    if os.environ.get("KUBECONFIG") and os.environ.get("SANDBOX_K8S_E2E"):
-        from sandbox.runtime.kubernetes.backend import KubernetesBackend
+    if os.environ.get("KUBECONFIG") and os.environ.get("SANDBOX_K8S_E2E"):  # scripts/k8s-e2e: a real cluster
+        import subprocess
 
-        yield Target(kind, config, lambda: KubernetesBackend(config), lambda name: None)  # scripts/k8s-e2e
+        import yaml
+
+        from sandbox.runtime.kubernetes.backend import KubernetesBackend
+        from sandbox.runtime.kubernetes.names import namespace_for
+        from sandbox.runtime.kubernetes.tenant import Orchestrator as OrchestratorAccount
+        from sandbox.runtime.kubernetes.tenant import tenant_objects
+
+        objects = yaml.safe_dump_all(tenant_objects(config, config.tenants[0], OrchestratorAccount()))
+        subprocess.run(["kubectl", "apply", "-f", "-"], input=objects, text=True, check=True, timeout=120)
+        namespace = namespace_for(config.runtime.kubernetes, "acme")
+
+        def delete_pod(name: str) -> None:
+            subprocess.run(["kubectl", "-n", namespace, "delete", "pod", name, "--grace-period=0"], check=True)
+
+        yield Target(kind, config, lambda: KubernetesBackend(config), delete_pod)
         return
     from kubernetes.aio import client
 
