@@ -37,7 +37,14 @@ def _bytes(quantity: str) -> int:
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message, "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
     return web.json_response(body, status=code)
 
 
@@ -50,6 +57,12 @@ class FakeCluster(ExecServer):
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
     namespaces: set[str] = field(default_factory=set)  # those an operator prepared
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path), in order
+    # what `sandbox doctor` asks: namespaces' labels (restricted at v1.33 unless set), what the
+    # token may not do (verb, resource, subresource), the cluster's runtime and storage classes
+    namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    denied: set[tuple[str, str, str]] = field(default_factory=set)
+    runtime_classes: set[str] = field(default_factory=set)
+    storage_classes: set[str] = field(default_factory=set)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -61,6 +74,43 @@ class FakeCluster(ExecServer):
         app.router.add_get(base, self._list)
         app.router.add_get(base + "/{name}", self._read)
         app.router.add_delete(base + "/{name}", self._delete)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)
+        app.router.add_get("/api/v1/namespaces/{ns}", self._namespace)
+        app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", self._access_review)
+        app.router.add_get("/apis/node.k8s.io/v1/runtimeclasses/{name}", self._named(self.runtime_classes))
+        app.router.add_get("/apis/storage.k8s.io/v1/storageclasses/{name}", self._named(self.storage_classes))
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"})
+
+    async def _namespace(self, request: web.Request) -> web.Response:
+        name = request.match_info["ns"]
+        if name not in self.namespaces:
+            return _status(404, "NotFound", f'namespaces "{name}" not found')
+        labels = self.namespace_labels.get(
+            name,
+            {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "v1.33"},
+        )
+        return web.json_response(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        )
+
+    async def _access_review(self, request: web.Request) -> web.Response:
+        review = await request.json()
+        asked = review["spec"]["resourceAttributes"]
+        key = (asked.get("verb", ""), asked.get("resource", ""), asked.get("subresource", ""))
+        allowed = request.headers.get("Authorization") == f"Bearer {self.token}" and key not in self.denied
+        return web.json_response({**review, "status": {"allowed": allowed}}, status=201)
+
+    def _named(self, names: set[str]) -> Any:
+        async def read(request: web.Request) -> web.Response:
+            name = request.match_info["name"]
+            if name not in names:
+                return _status(404, "NotFound", f'"{name}" not found')
+            return web.json_response({"metadata": {"name": name}})
+
+        return read
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -179,7 +229,13 @@ class FakeCluster(ExecServer):
             reason = "ErrImageNeverPull" if isinstance(exc, docker.errors.ImageNotFound) else "CreateContainerError"
             pod["status"] = {
                 "phase": "Pending",
-                "containerStatuses": [{"name": "sandbox", "ready": False, "state": {"waiting": {"reason": reason, "message": str(exc)[:200]}}}],
+                "containerStatuses": [
+                    {
+                        "name": "sandbox",
+                        "ready": False,
+                        "state": {"waiting": {"reason": reason, "message": str(exc)[:200]}},
+                    }
+                ],
             }
             return
         pod["status"] = {

@@ -198,14 +198,23 @@ def prune(state: State, dry_run: bool, as_json: bool) -> None:
 @click.pass_obj
 @handled
 def doctor(state: State, as_json: bool) -> None:
-    """Check the engine, runtimes, images, cgroup limits and the state dir."""
+    """Check the engine, runtimes, images, cgroup limits and the state dir (on Kubernetes: the
+    API, the namespaces' Pod Security labels, what this identity may do, the classes named)."""
+    if state.config.runtime.backend == "kubernetes":
+        import anyio
+
+        from sandbox.runtime.kubernetes.doctor import run_checks as cluster_checks
+
+        _report(anyio.run(cluster_checks, state.config), as_json)
+        return
     from sandbox.runtime.docker.doctor import run_checks
 
     backend = _docker()
     try:
         client = backend.client
     except Exception as exc:
-        from sandbox.runtime.docker.doctor import Check, journal_check, workspace_checks
+        from sandbox.runtime.checks import Check
+        from sandbox.runtime.docker.doctor import journal_check, workspace_checks
 
         checks = [
             Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST"),
@@ -217,6 +226,10 @@ def doctor(state: State, as_json: bool) -> None:
             checks = run_checks(client, state.config, _targets(state))
         finally:
             client.close()  # its connection pool holds the engine's socket open otherwise
+    _report(checks, as_json)
+
+
+def _report(checks: list[Any], as_json: bool) -> None:
     marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
     text = "\n".join(
         f"[{marks[c.status]}] {c.name:<16} {c.detail}" + (f"\n       fix: {c.fix}" if c.fix else "") for c in checks

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import docker.errors
 
@@ -14,23 +13,12 @@ from sandbox.config.merge import agent_ids, effective_agent, probe_agent_id
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.runtime.agent.exec_path import path_from_labels
+from sandbox.runtime.checks import Check
 from sandbox.runtime.docker import procfs
 from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.docker.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.spec import spec_from_config
-
-Status = Literal["ok", "warn", "fail"]
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the doctor's report."""
-
-    status: Status
-    name: str
-    detail: str
-    fix: str = ""
 
 
 def _cgroup_probe(client: Any, image: str) -> Check:

@@ -41,33 +41,37 @@ class Api:
             return {}
         return {"Authorization": token if token.startswith("Bearer ") else f"Bearer {token}"}
 
-    def _core(self) -> Any:
-        from kubernetes.aio import client
-
-        return client.CoreV1Api(self.client)
-
     async def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any] | None]:
-        fn = getattr(self._core(), f"{method}_without_preload_content")
-        try:
-            response = await fn(*args, **kwargs)
-        except OSError as exc:
-            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached ({what}): {exc}") from exc
-        raw = await response.read()
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
-        status = int(response.status)
+        """A core/v1 call; a refusal the caller cannot act on is SandboxUnavailable naming the fix."""
+        status, body = await self.call("CoreV1Api", what, method, *args, **kwargs)
+        message = str((body or {}).get("message", ""))
         if status == 403:
-            message = (body or {}).get("message", "")
             raise SandboxUnavailable(
                 f"the Kubernetes API refused {what} (403 Forbidden: {message}); the orchestrator's service "
                 "account needs the Role `sandbox k8s render` prints in that namespace"
             )
         if status >= 500 or status in (400, 401, 422):
-            message = (body or {}).get("message", raw[:200].decode(errors="replace"))
             raise SandboxUnavailable(f"the Kubernetes API refused {what} ({status}): {message}")
-        return status, body if isinstance(body, dict) else None
+        return status, body
+
+    async def call(
+        self, api: str, what: str, method: str, *args: Any, **kwargs: Any
+    ) -> tuple[int, dict[str, Any] | None]:
+        """One call of the client's `api` class (`CoreV1Api`, `VersionApi`, ...): (status, the
+        body when it is a JSON object). Only an unreachable server raises (SandboxUnavailable)."""
+        from kubernetes.aio import client
+
+        fn = getattr(getattr(client, api)(self.client), f"{method}_without_preload_content")
+        try:
+            response = await fn(*args, **kwargs)
+            raw = await response.read()
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached ({what}): {exc}") from exc
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        return int(response.status), body if isinstance(body, dict) else None
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None when there is none."""
