@@ -66,7 +66,8 @@ def render(state: State, tenants: tuple[str, ...], orchestrator: str) -> None:
 @click.pass_obj
 @handled
 def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) -> None:
-    """The Pod (and workspace claim) the session would get, restricted by construction."""
+    """The Pod (and workspace claim) the session would get, restricted by construction; under
+    `provider: agent-sandbox`, the SandboxTemplate, SandboxWarmPool and SandboxClaim instead."""
     from sandbox.config.merge import default_agent_id, effective_agent
     from sandbox.runtime.kubernetes.names import namespace_for
     from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
@@ -82,7 +83,12 @@ def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) 
     spec = spec_from_config(config, agent, session, instance_id(config.state_dir, config.instance))
     k8s = config.runtime.kubernetes
     namespace = namespace_for(k8s, spec.tenant)
-    objects = [sandbox_pod(spec, k8s, namespace, proxy_ip=proxy_ip)]
+    if k8s.provider == "agent-sandbox":
+        from sandbox.runtime.kubernetes.agent_sandbox import provider_objects
+
+        objects = provider_objects(spec, k8s, namespace, replicas=agent.sandbox.pool.size, proxy_ip=proxy_ip)
+    else:
+        objects = [sandbox_pod(spec, k8s, namespace, proxy_ip=proxy_ip)]
     if (claim := workspace_claim(spec, k8s, namespace)) is not None:
         objects.insert(0, claim)
     click.echo(_yaml(objects))

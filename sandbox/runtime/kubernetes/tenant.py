@@ -25,6 +25,7 @@ from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config, TenantConfig
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.egress_proxy import PROXY_MEMORY, PROXY_PORT, proxy_command
+from sandbox.runtime.kubernetes.agent_sandbox import ROLE_RULES
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
     K8sAnnotations,
@@ -118,8 +119,11 @@ def quota_objects(config: Config, tenant: TenantConfig, namespace: str) -> list[
     return [quota, limits]
 
 
-def access_objects(tenant: str, namespace: str, orchestrator: Orchestrator) -> list[dict[str, Any]]:
-    """The sandboxes' token-less service account, and the orchestrator's Role in this namespace."""
+def access_objects(
+    tenant: str, namespace: str, orchestrator: Orchestrator, provider: str = "pods"
+) -> list[dict[str, Any]]:
+    """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
+    (with the agent-sandbox objects' rules under `provider: agent-sandbox`)."""
     rules = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
         # the exec websocket is a GET that needs `create` too (kubernetes#134577)
@@ -129,6 +133,8 @@ def access_objects(tenant: str, namespace: str, orchestrator: Orchestrator) -> l
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update", "delete"]},
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
     ]
+    if provider == "agent-sandbox":
+        rules += ROLE_RULES
     return [
         {
             "apiVersion": "v1",
@@ -292,7 +298,7 @@ def tenant_objects(config: Config, tenant: TenantConfig, orchestrator: Orchestra
     namespace = namespace_for(k8s, tenant.id)
     policies = egress_policies(tenant_agents(config, tenant.id))
     objects = [namespace_object(k8s, tenant.id)]
-    objects += access_objects(tenant.id, namespace, orchestrator)
+    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider)
     objects += quota_objects(config, tenant, namespace)
     objects += network_objects(tenant.id, namespace, policies)
     for digest, policy in sorted(policies.items()):
