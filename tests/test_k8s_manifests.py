@@ -275,3 +275,15 @@ def test_cli_render_and_pod_print_valid_yaml(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "nobody" in unknown.stderr
     refused = run_cli("k8s", "pod", "--agent", "web", "--session", "agent:web:s", config=path)
     assert refused.returncode == 2 and "egress proxy" in refused.stderr
+
+
+def test_explain_shows_the_pod_and_the_exec_path(tmp_path: Path) -> None:
+    config = k8s_config(tmp_path)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    done = run_cli("explain", "--agent", "coder", "--session", "agent:coder:x", config=path)
+    assert done.returncode == 0, done.stderr
+    assert "pod        sbx-acme/" in done.stdout and "Pod Security restricted" in done.stdout
+    assert "workspace  claim ws-coder-" in done.stdout
+    assert "v5.channel.k8s.io offered first" in done.stdout and "v4.channel.k8s.io" in done.stdout
+    assert "container " not in done.stdout  # no Docker container is described on a cluster

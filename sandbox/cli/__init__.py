@@ -181,13 +181,20 @@ def explain(
         text += "\n\nallowed by policy, cannot run in this session (the model is not offered them):"
         text += "".join(f"\n  {t}: {why}" for t, why in cannot.items())
     if policy.sandbox.sandboxed:
-        from sandbox.runtime.docker.explain import container_facts, container_text
         from sandbox.sessions.child import child_agent
 
         child = state.lineage(session)
         agent_view = child_agent(state.config, policy.agent, child) if child is not None else None
-        data["container"] = container_facts(state.config, policy, agent=agent_view)
-        text += "\n\n" + container_text(data["container"])
+        if state.config.runtime.backend == "kubernetes":
+            from sandbox.runtime.kubernetes.explain import pod_facts, pod_text
+
+            data["pod"] = pod_facts(state.config, policy, agent=agent_view)
+            text += "\n\n" + pod_text(data["pod"])
+        else:
+            from sandbox.runtime.docker.explain import container_facts, container_text
+
+            data["container"] = container_facts(state.config, policy, agent=agent_view)
+            text += "\n\n" + container_text(data["container"])
     _emit(data, as_json, text)
 
 
