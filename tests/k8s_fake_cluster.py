@@ -63,6 +63,7 @@ class FakeCluster(ExecServer):
     denied: set[tuple[str, str, str]] = field(default_factory=set)
     runtime_classes: set[str] = field(default_factory=set)
     storage_classes: set[str] = field(default_factory=set)
+    max_pods: int | None = None  # a ResourceQuota's `pods`, per namespace
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -140,6 +141,11 @@ class FakeCluster(ExecServer):
         name = obj["metadata"]["name"]
         if (kind, namespace, name) in self.objects:
             return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+        if kind == "pods" and self.max_pods is not None:
+            used = sum(1 for (k, ns, _) in self.objects if k == "pods" and ns == namespace)
+            if used >= self.max_pods:
+                message = f'pods "{name}" is forbidden: exceeded quota: sbx-quota, requested: pods=1, used: pods={used}'
+                return _status(403, "Forbidden", message)
         obj = copy.deepcopy(obj)
         obj["metadata"]["namespace"] = namespace
         obj["metadata"]["resourceVersion"] = str(next(self._versions))
@@ -203,7 +209,7 @@ class FakeCluster(ExecServer):
         try:
             made = self.docker_client.containers.create(
                 container["image"],
-                command=container.get("command"),
+                command=container.get("args"),  # args: the image's entrypoint stays, as on a kubelet
                 name=self.container_name(namespace, pod["metadata"]["name"]),
                 hostname=spec.get("hostname"),
                 user=f"{security.get('runAsUser', 1000)}:{security.get('runAsGroup', 1000)}",

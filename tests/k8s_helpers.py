@@ -42,6 +42,7 @@ runtime:
   kubernetes:
     storage_class: standard
     shared_storage_class: nfs-rwx
+    seccomp: Localhost:agent-sandbox/strict.json
 {kubernetes}
 tenants:
   - id: acme

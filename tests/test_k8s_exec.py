@@ -173,3 +173,13 @@ def test_the_status_channel_is_read_like_client_go() -> None:
     }
     assert exit_code_of(hostile) is None
     assert exit_code_of({"status": "Failure", "reason": "NonZeroExitCode", "details": {"causes": "x"}}) is None
+    assert exit_code_of({"status": "Failure", "reason": "NonZeroExitCode", "details": "x"}) is None
+    for odd in ("4_2", "٤٢", " 42", "-1", 42):
+        cause = {"reason": "ExitCode", "message": odd}
+        assert exit_code_of({"status": "Failure", "reason": "NonZeroExitCode", "details": {"causes": [cause]}}) is None
+
+
+async def test_a_server_that_agrees_no_subprotocol_is_refused(http: aiohttp.ClientSession) -> None:
+    async with ExecServer(protocols=("channel.k8s.io",)) as server:
+        with pytest.raises(ExecRefused, match="agreed to no subprotocol"):
+            await open_exec(http, exec_url(server.url, "ns", "pod", ["true"]), headers=AUTH)

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -109,10 +110,8 @@ def test_egress_sandboxes_reach_only_their_own_proxy(tmp_path: Path) -> None:
     objects = tenant_objects(config, config.tenants[0], Orchestrator())
     policies = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "NetworkPolicy"}
     # deny-all selects every sandbox, the egress one included
-    assert policies["sbx-deny-all"] == {
-        "podSelector": {"matchLabels": {K8sLabels.SANDBOX: "true"}},
-        "policyTypes": ["Ingress", "Egress"],
-    }
+    # deny-all selects every Pod of the namespace, labelled or not
+    assert policies["sbx-deny-all"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
     to_proxy = policies[f"sbx-to-proxy-{digest}"]
     selector = to_proxy["podSelector"]["matchLabels"]
     assert all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())
@@ -153,6 +152,10 @@ def test_the_role_is_namespaced_and_grants_exec(tmp_path: Path) -> None:
     role = next(o for o in objects if o["kind"] == "Role")
     exec_rule = next(r for r in role["rules"] if r["resources"] == ["pods/exec"])
     assert sorted(exec_rule["verbs"]) == ["create", "get"]
+    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    # nothing the backend does not do: no secrets, no patching labels, no deleting workspaces
+    assert not {r for r, _ in granted} & {"secrets", "configmaps"}
+    assert ("pods", "patch") not in granted and ("persistentvolumeclaims", "delete") not in granted
     binding = next(o for o in objects if o["kind"] == "RoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sbx-orch", "namespace": "ops"}]
     account = next(o for o in objects if o["kind"] == "ServiceAccount")
@@ -181,6 +184,10 @@ def test_quotas_follow_the_tenant(tmp_path: Path) -> None:
         ("{user: '0:0'}", "sandbox.docker.user"),
         ("{no_new_privileges: false}", "sandbox.docker.no_new_privileges"),
         ("{user: nobody}", "sandbox.docker.user"),
+        ("{user: '1000:0'}", "sandbox.docker.user"),
+        ("{runtime: runsc}", "sandbox.docker.runtime"),
+        ("{ulimits: {nofile: {soft: 10, hard: 10}}}", "sandbox.docker.ulimits"),
+        ("{setup_command: 'true'}", "sandbox.docker.setup_command"),
     ],
 )
 def test_what_restricted_cannot_do_is_refused_naming_the_key(tmp_path: Path, docker: str, key: str) -> None:
@@ -195,6 +202,44 @@ def test_what_restricted_cannot_do_is_refused_naming_the_key(tmp_path: Path, doc
     with pytest.raises(ConfigError) as caught:
         sandbox_pod(spec_of(config, "odd"), config.runtime.kubernetes, "ns")
     assert any(key in problem for problem in caught.value.problems), caught.value.problems
+
+
+def _scratch(full: dict[str, Any]) -> dict[str, Any]:
+    """The docker settings of agent `scratch` in a dumped config."""
+    agent = next(a for a in full["agents"]["list"] if a["id"] == "scratch")
+    docker: dict[str, Any] = agent["sandbox"]["docker"]
+    return docker
+
+
+def test_the_strict_seccomp_profile_is_never_weakened_silently(tmp_path: Path) -> None:
+    full = k8s_config(tmp_path).model_dump(mode="json")
+    full["runtime"]["kubernetes"]["seccomp"] = "RuntimeDefault"
+    config = load_config_text(yaml.safe_dump(full), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="seccomp_profile: strict") as caught:
+        sandbox_pod(spec_of(config, "scratch"), config.runtime.kubernetes, "ns")
+    assert "sandbox k8s seccomp" in caught.value.problems[0]
+    _scratch(full)["seccomp_profile"] = "default"  # asked for the weaker one
+    config = load_config_text(yaml.safe_dump(full), base_dir=tmp_path)
+    pod = sandbox_pod(spec_of(config, "scratch"), config.runtime.kubernetes, "ns")
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    printed = run_cli("k8s", "seccomp")
+    assert printed.returncode == 0 and '"defaultAction"' in printed.stdout
+
+
+def test_the_image_entrypoint_stays_pid_1_and_apparmor_is_kept(tmp_path: Path) -> None:
+    pod = pod_objects(k8s_config(tmp_path), "scratch")[-1]
+    container = pod["spec"]["containers"][0]
+    assert "command" not in container and container["args"] == ["sleep", "infinity"]
+    full = k8s_config(tmp_path).model_dump(mode="json")
+    _scratch(full)["apparmor_profile"] = "sandbox-profile"
+    config = load_config_text(yaml.safe_dump(full), base_dir=tmp_path)
+    armored = sandbox_pod(spec_of(config, "scratch"), config.runtime.kubernetes, "ns")
+    assert armored["spec"]["containers"][0]["securityContext"]["appArmorProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "sandbox-profile",
+    }
+    kubernetes_validate.validate(armored, "1.33", strict=True)
+    assert violations(armored) == []
 
 
 def test_an_egress_pod_without_its_proxy_address_is_refused(tmp_path: Path) -> None:
@@ -225,14 +270,28 @@ def test_label_values_are_always_valid(text: str) -> None:
     assert re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?", value)
 
 
-def test_a_fixed_namespace_serves_every_tenant() -> None:
+def test_a_fixed_namespace_serves_one_tenant_only(tmp_path: Path) -> None:
     cfg = KubernetesSection(namespace="sandboxes")
-    assert namespace_for(cfg, "acme") == namespace_for(cfg, "Beta_Corp") == "sandboxes"
+    assert namespace_for(cfg, "acme") == "sandboxes"
+    config = k8s_config(tmp_path, "    namespace: sandboxes")  # two tenants: one quota and one policy set
+    with pytest.raises(ConfigError, match=r"one namespace \(sandboxes\) for 2 tenants"):
+        tenant_objects(config, config.tenants[0], Orchestrator())
+
+
+def test_a_tenant_named_like_anothers_hash_gets_its_own_namespace() -> None:
+    cfg = KubernetesSection()
+    hashed = namespace_for(cfg, "Acme")
+    assert namespace_for(cfg, hashed.removeprefix("sbx-")) != hashed
+    assert namespace_for(cfg, "acme") != namespace_for(cfg, "Acme")
 
 
 def _protect(root: Path, *items: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", PROTECT_SCRIPT, str(root), *items], capture_output=True, text=True, timeout=30
+        [sys.executable, "-I", "-S", "-c", PROTECT_SCRIPT, str(root), *items],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
     )
 
 
@@ -257,6 +316,26 @@ def test_the_protect_step_refuses_a_planted_link(tmp_path: Path) -> None:
     assert list(outside.iterdir()) == []
 
 
+def test_the_protect_step_refuses_a_file_where_a_folder_goes_without_crashing(tmp_path: Path) -> None:
+    (tmp_path / ".git").write_text("gitdir: elsewhere\n")  # a linked worktree's .git is a file
+    done = _protect(tmp_path, "dir:.git", "file:.git/config")
+    assert done.returncode != 0 and "is not a folder" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_protect_step_refuses_a_hard_link(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "elsewhere").write_text("[core]\n")
+    os.link(tmp_path / "elsewhere", tmp_path / ".git" / "config")  # .git/config writable as `elsewhere`
+    done = _protect(tmp_path, "dir:.git", "file:.git/config")
+    assert done.returncode != 0 and "hard link" in done.stderr
+
+
+def test_the_protect_step_imports_nothing_from_the_workspace(tmp_path: Path) -> None:
+    pod = pod_objects(k8s_config(tmp_path), "coder")[-1]
+    step = pod["spec"]["initContainers"][0]
+    assert step["command"][:4] == ["python3", "-I", "-S", "-c"] and step["workingDir"] == "/"
+
+
 def test_cli_render_and_pod_print_valid_yaml(tmp_path: Path) -> None:
     config = k8s_config(tmp_path)
     path = tmp_path / "config.yaml"
@@ -264,7 +343,7 @@ def test_cli_render_and_pod_print_valid_yaml(tmp_path: Path) -> None:
     rendered = run_cli("k8s", "render", "--tenant", "acme", "--orchestrator", "ops/orch", config=path)
     assert rendered.returncode == 0, rendered.stderr
     objects = list(yaml.safe_load_all(rendered.stdout))
-    assert objects[0]["kind"] == "Namespace" and objects[0]["metadata"]["name"] == "sbx-acme"
+    assert objects[0]["kind"] == "Namespace" and objects[0]["metadata"]["name"].startswith("sbx-acme-")
     for obj in objects:
         kubernetes_validate.validate(obj, "1.37", strict=True)
     pod = run_cli("k8s", "pod", "--agent", "coder", "--session", "agent:coder:main", config=path)
@@ -283,7 +362,7 @@ def test_explain_shows_the_pod_and_the_exec_path(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     done = run_cli("explain", "--agent", "coder", "--session", "agent:coder:x", config=path)
     assert done.returncode == 0, done.stderr
-    assert "pod        sbx-acme/" in done.stdout and "Pod Security restricted" in done.stdout
+    assert "pod        sbx-acme-" in done.stdout and "Pod Security restricted" in done.stdout
     assert "workspace  claim ws-coder-" in done.stdout
     assert "v5.channel.k8s.io offered first" in done.stdout and "v4.channel.k8s.io" in done.stdout
     assert "container " not in done.stdout  # no Docker container is described on a cluster

@@ -92,3 +92,13 @@ def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) 
     if (claim := workspace_claim(spec, k8s, namespace)) is not None:
         objects.insert(0, claim)
     click.echo(_yaml(objects))
+
+
+@k8s_group.command("seccomp")
+def seccomp() -> None:
+    """The strict seccomp profile (sandbox.docker.seccomp_profile: strict) as a file for the nodes:
+    save it in the kubelet's seccomp folder (e.g. /var/lib/kubelet/seccomp/agent-sandbox/strict.json)
+    and set runtime.kubernetes.seccomp: Localhost:agent-sandbox/strict.json."""
+    from sandbox.runtime.seccomp import strict_profile_json
+
+    click.echo(strict_profile_json())

@@ -44,7 +44,7 @@ state_dir: {tmp_path / "state"}
 instance: {RUN_ID}c{kind[0]}
 runtime:
   backend: {kind}
-  kubernetes: {{pod_ready_timeout_s: 60}}
+  kubernetes: {{pod_ready_timeout_s: 60, seccomp: "Localhost:agent-sandbox/strict.json"}}
 tenants:
   - id: acme
 agents:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox.config.kubernetes import KubernetesSection
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 
 # kind -> (the client's model, its methods' stem on CoreV1Api)
 _KINDS = {
@@ -45,6 +45,11 @@ class Api:
         """A core/v1 call; a refusal the caller cannot act on is SandboxUnavailable naming the fix."""
         status, body = await self.call("CoreV1Api", what, method, *args, **kwargs)
         message = str((body or {}).get("message", ""))
+        if status == 403 and "exceeded quota" in message:
+            raise SandboxError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"the namespace's ResourceQuota is used up ({what}): {message}",
+            )
         if status == 403:
             raise SandboxUnavailable(
                 f"the Kubernetes API refused {what} (403 Forbidden: {message}); the orchestrator's service "
@@ -108,10 +113,12 @@ class Api:
             raise SandboxUnavailable(f"{what}: {status} {(answer or {}).get('message', '')}")
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
-        """Delete an object at once; one already gone is not an error."""
+        """Delete an object with a one-second grace, never 0: 0 is a force delete that removes the
+        Pod object before its kubelet confirmed its processes are dead. One already gone is not an
+        error; a Pod is gone only when its object is (callers wait for that)."""
         stem = _KINDS[kind][1]
         await self._call(
-            f"deleting {kind} {namespace}/{name}", f"delete_namespaced_{stem}", name, namespace, grace_period_seconds=0
+            f"deleting {kind} {namespace}/{name}", f"delete_namespaced_{stem}", name, namespace, grace_period_seconds=1
         )
 
     async def close(self) -> None:

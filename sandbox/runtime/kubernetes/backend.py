@@ -9,6 +9,7 @@ which config made it. The orchestrator may act only in the namespaces an operato
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import time
@@ -20,14 +21,23 @@ import anyio
 from sandbox._log import logger
 from sandbox.config.kubernetes import quantity_bytes
 from sandbox.config.models import Config
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import ConfigError, SandboxUnavailable
 from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, PROTOCOL
+from sandbox.runtime.agent.link import AgentLink
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.kubernetes import api as k8s_api
-from sandbox.runtime.kubernetes.agents import PodExecStarter
+from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
-from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels, namespace_for, policy_hash
+from sandbox.runtime.kubernetes.names import (
+    MANAGED_BY,
+    K8sAnnotations,
+    K8sLabels,
+    namespace_for,
+    policy_hash,
+    shared_namespace_problem,
+)
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
+from sandbox.runtime.kubernetes.pss import violations
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
 from sandbox.runtime.spec import Mount, SandboxSpec
 
@@ -58,10 +68,13 @@ class KubernetesBackend:
     def __init__(self, config: Config, api: k8s_api.Api | None = None) -> None:
         self._config = config
         self.cfg = config.runtime.kubernetes
+        if problem := shared_namespace_problem(self.cfg, [t.id for t in config.tenants]):
+            raise ConfigError([problem])
         self._api = api
         self._api_lock = anyio.Lock()
         self._http: aiohttp.ClientSession | None = None
         self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
+        self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
     # -- the API -------------------------------------------------------------------------------
@@ -95,6 +108,15 @@ class KubernetesBackend:
 
         return {effective_agent(self._config, a).sandbox.docker.image for a in agent_ids(self._config)}
 
+    def heartbeat(self, link: AgentLink) -> None:
+        """Ping `link`'s agent every `exec_heartbeat_s` while it lives (once per link): the kubelet
+        cuts a stream that carries nothing, and a websocket ping never reaches the kubelet."""
+        if id(link) in self._heartbeats or link.dead is not None:
+            return
+        task = asyncio.get_running_loop().create_task(keep_alive(link, self.cfg.exec_heartbeat_s))
+        self._heartbeats[id(link)] = task
+        task.add_done_callback(lambda _: self._heartbeats.pop(id(link), None))
+
     def namespaces(self) -> list[str]:
         """Every namespace this config's tenants have sandboxes in."""
         from sandbox.config.merge import agent_ids, effective_agent
@@ -124,15 +146,15 @@ class KubernetesBackend:
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace
         found = await api.get("pods", namespace, spec.name)
-        if found is not None and _adoptable(found, spec):
+        proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
+        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
+        if found is not None and _adoptable(found, spec, pod):
             return KubernetesSandbox(self, spec.name, spec)
         if found is not None:
             logger.bind(pod=spec.name, namespace=namespace).info("k8s_pod_replaced")
             await self._delete_and_wait(namespace, spec.name)
         if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
             await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
-        proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
-        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
         await api.create("pods", namespace, pod)
         try:
             await self._wait_running(namespace, spec.name)
@@ -222,6 +244,8 @@ class KubernetesBackend:
 
     async def aclose(self) -> None:
         """Close the agents' streams and the API connection."""
+        for task in list(self._heartbeats.values()):
+            task.cancel()
         self.agents.close_all()
         await closed_streams()
         if self._http is not None:
@@ -300,14 +324,49 @@ class _LazyStarter:
         await (await self._backend.starter()).kill(container_id, transport)
 
 
-def _adoptable(pod: dict[str, Any], spec: SandboxSpec) -> bool:
+def _adoptable(pod: dict[str, Any], spec: SandboxSpec, expected: dict[str, Any]) -> bool:
+    """Whether a running Pod of `spec`'s name is the one this orchestrator would make: its labels
+    (managed, this instance, this config), restricted, and the fields that decide what it can do
+    equal to the rendered Pod's. A Pod planted under the name (loose RBAC, another controller) is
+    not handed the session's commands, environment and files."""
     meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
     status = pod.get("status") or {}
-    return (
-        (meta.get("labels") or {}).get(K8sLabels.CONFIG_HASH) == spec.config_hash
-        and not meta.get("deletionTimestamp")
-        and status.get("phase") == "Running"
-    )
+    if (
+        labels.get(MANAGED_BY[0]) != MANAGED_BY[1]
+        or labels.get(K8sLabels.INSTANCE) != spec.instance
+        or labels.get(K8sLabels.CONFIG_HASH) != spec.config_hash
+        or meta.get("deletionTimestamp")
+        or status.get("phase") != "Running"
+        or violations(pod, "restricted", "v1.33")
+    ):
+        return False
+    live, want = pod.get("spec") or {}, expected["spec"]
+    for key in ("serviceAccountName", "automountServiceAccountToken", "enableServiceLinks", "runtimeClassName"):
+        if live.get(key) != want.get(key):
+            return False
+    if any(live.get(key) for key in ("hostNetwork", "hostPID", "hostIPC")):
+        return False
+    if live.get("securityContext", {}).get("runAsUser") != want["securityContext"]["runAsUser"]:
+        return False
+    live_boxes, want_boxes = live.get("containers") or [], want["containers"]
+    if len(live_boxes) != len(want_boxes):
+        return False
+    for got, wanted in zip(live_boxes, want_boxes, strict=True):
+        for key in ("image", "args", "securityContext"):
+            if got.get(key) != wanted.get(key):
+                return False
+
+    def kinds(spec_volumes: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {
+            (
+                v.get("name", ""),
+                str((v.get("persistentVolumeClaim") or {}).get("claimName") or sorted(set(v) - {"name"})),
+            )
+            for v in spec_volumes
+        }
+
+    return kinds(live.get("volumes") or []) == kinds(want.get("volumes") or [])
 
 
 def _why(pod: dict[str, Any] | None) -> str:
@@ -315,7 +374,7 @@ def _why(pod: dict[str, Any] | None) -> str:
     if pod is None:
         return "it is gone"
     status = pod.get("status") or {}
-    for container in status.get("containerStatuses") or []:
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         state = container.get("state") or {}
         for key in ("waiting", "terminated"):
             if state.get(key):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -31,8 +32,9 @@ V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
 STDIN, STDOUT, STDERR, STATUS, RESIZE = 0, 1, 2, 3, 4
 CLOSE = 255
-# the agent's largest frame is bounded by the link; a server message past this ends the stream
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# a server message past this ends the stream: API servers send output in chunks of about 32 KiB,
+# and a link holds at most one message besides its buffer (hundreds of links stay small)
+MAX_MESSAGE_BYTES = 1024 * 1024
 SEND_CHUNK = 256 * 1024
 _CLOSING: set[asyncio.Task[None]] = set()  # closing handshakes under way (a task needs a reference)
 
@@ -66,13 +68,13 @@ def exit_code_of(status: Mapping[str, Any]) -> int | None:
     0 on Success, the `ExitCode` cause on NonZeroExitCode, None when the server failed otherwise."""
     if status.get("status") == "Success":
         return 0
-    if status.get("reason") == "NonZeroExitCode":
-        for cause in (status.get("details") or {}).get("causes") or []:
-            if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
-                with contextlib.suppress(TypeError, ValueError):
-                    code = int(cause.get("message", ""))
-                    if 0 <= code <= 255:
-                        return code
+    details = status.get("details")
+    causes = details.get("causes") if status.get("reason") == "NonZeroExitCode" and isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
+        if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+            text = cause.get("message")
+            if isinstance(text, str) and re.fullmatch(r"[0-9]{1,3}", text) and int(text) <= 255:
+                return int(text)
     return None
 
 
@@ -114,6 +116,9 @@ async def open_exec(
         else:
             message = f"the API server refused the exec websocket ({exc.status} {exc.message})"
         raise ExecRefused(exc.status, message) from exc
+    if ws.protocol not in (V5, V4):  # none agreed, or one not offered: its framing is unknown
+        await ws.close()
+        raise ExecRefused(0, f"the exec websocket agreed to {ws.protocol or 'no subprotocol'}, not {V5} or {V4}")
     return ExecTransport(ws)
 
 

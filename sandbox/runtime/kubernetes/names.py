@@ -57,18 +57,26 @@ def label_value(text: str) -> str:
 def namespace_for(cfg: KubernetesSection, tenant: str) -> str:
     """The namespace of `tenant`'s sandboxes: the fixed `namespace`, else the template's.
 
-    A tenant id that is not already a lowercase DNS label (ids may hold `_`, `.` and capitals)
-    gets a hash of the id after its slug, so `Acme` and `acme` never share a namespace.
+    The template's part is a readable slug and a hash of the exact id, always: `acme` and
+    `Acme`, or a tenant named after another's hashed form, never share a namespace.
     """
     if cfg.namespace is not None:
         return cfg.namespace
     room = 63 - len(cfg.namespace_template.replace("{tenant}", ""))
-    if re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", tenant) and len(tenant) <= room:
-        part = tenant
-    else:
-        digest = short_hash(f"tenant|{tenant}", 10)
-        part = f"{slug(tenant, max(room - len(digest) - 1, 1))}-{digest}"
+    digest = short_hash(f"tenant|{tenant}", 10)
+    part = f"{slug(tenant, max(room - len(digest) - 1, 1))}-{digest}"
     return cfg.namespace_template.replace("{tenant}", part)
+
+
+def shared_namespace_problem(cfg: KubernetesSection, tenants: list[str]) -> str | None:
+    """Why a fixed `namespace` cannot serve these tenants (None: it can): one namespace has one
+    quota, one role and one set of policies, so tenants in it would share them."""
+    if cfg.namespace is not None and len(set(tenants)) > 1:
+        return (
+            f"runtime.kubernetes.namespace: one namespace ({cfg.namespace}) for {len(set(tenants))} tenants "
+            "would give them one quota and one set of policies; use namespace_template (one per tenant)"
+        )
+    return None
 
 
 def claim_name(tenant: str, owner: str) -> str:

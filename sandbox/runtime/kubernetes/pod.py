@@ -28,6 +28,7 @@ from sandbox.runtime.kubernetes.names import (
     label_value,
     policy_hash,
 )
+from sandbox.runtime.seccomp import STRICT
 from sandbox.runtime.spec import SandboxSpec
 
 SANDBOX_SERVICE_ACCOUNT = "sbx-sandbox"  # made per namespace (tenant.py), never given a token
@@ -45,6 +46,8 @@ EGRESS_PROXY_HOST = "egress-proxy"  # the proxy Service's address, pinned by hos
 PROTECT_SCRIPT = """
 import os, stat, sys
 root = sys.argv[1]
+def refuse(rel, why):
+    sys.exit(f"protected path {rel!r}: {why}; the sandbox cannot start until it is fixed in the workspace")
 for item in sys.argv[2:]:
     kind, rel = item.split(":", 1)
     parts = rel.split("/")
@@ -61,7 +64,13 @@ for item in sys.argv[2:]:
                 os.mkdir(path, 0o755)
             continue
         if stat.S_ISLNK(info.st_mode):
-            sys.exit(f"protected path {rel!r}: {path!r} is a symbolic link; remove it")
+            refuse(rel, f"{path} is a symbolic link (the mount would follow it); remove it")
+        if not last and not stat.S_ISDIR(info.st_mode):
+            refuse(rel, f"{path} is not a folder, so nothing below it can be mounted; rename it")
+        if last and not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            refuse(rel, f"{path} is neither a file nor a folder; remove it")
+        if last and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            refuse(rel, f"{path} has another name (a hard link) that would stay writable; remove the other")
 """
 
 
@@ -80,13 +89,30 @@ def _uid_gid(user: str) -> tuple[int, int]:
     return uid, int(match.group(2) or uid)
 
 
-def refusals(spec: SandboxSpec) -> list[str]:
-    """What in `spec` a restricted Pod cannot honour, one located line each (empty: none)."""
+def refusals(spec: SandboxSpec, cfg: KubernetesSection) -> list[str]:
+    """What in `spec` a restricted Pod cannot honour, or would honour only by weakening what the
+    config asked for silently, one located line each (empty: none)."""
     d = spec.docker
     found: list[str] = []
-    uid, _ = _uid_gid(spec.user)
-    if uid == 0:
-        found.append("sandbox.docker.user: uid 0 is refused under Pod Security restricted (runAsNonRoot)")
+    uid, gid = _uid_gid(spec.user)
+    if uid == 0 or gid == 0:
+        found.append("sandbox.docker.user: uid or gid 0 is refused on kubernetes (runAsNonRoot, fsGroup)")
+    if d.seccomp_profile == STRICT and not cfg.seccomp.startswith("Localhost:"):
+        found.append(
+            "sandbox.docker.seccomp_profile: strict (the default) is this project's own profile; on a cluster it "
+            "must be on the nodes: install what `sandbox k8s seccomp` prints in the kubelet's seccomp folder and set "
+            "runtime.kubernetes.seccomp: Localhost:<its path>, or choose the runtime's weaker default with "
+            "sandbox.docker.seccomp_profile: default"
+        )
+    if d.runtime and not cfg.runtime_class_name:
+        found.append(
+            f"sandbox.docker.runtime: {d.runtime!r} has no meaning on a cluster; set "
+            "runtime.kubernetes.runtime_class_name to the RuntimeClass that runs it (e.g. gvisor)"
+        )
+    if d.ulimits:
+        found.append("sandbox.docker.ulimits: a Pod has no per-container ulimits (refused rather than dropped)")
+    if d.setup_command:
+        found.append("sandbox.docker.setup_command: not run on kubernetes yet (refused rather than skipped)")
     for mount in spec.mounts[1:]:
         found.append(f"{mount.origin}: a host path cannot be mounted on kubernetes (no hostPath, ever)")
     if extra := sorted(set(d.cap_add) - RESTRICTED_ADDABLE):
@@ -175,7 +201,7 @@ def sandbox_pod(
         ConfigError: the spec asks for something a restricted Pod cannot do (see :func:`refusals`),
             or an egress sandbox has no proxy address.
     """
-    if problems := refusals(spec):
+    if problems := refusals(spec, cfg):
         raise ConfigError(problems)
     d = spec.docker
     uid, gid = _uid_gid(spec.user)
@@ -200,13 +226,15 @@ def sandbox_pod(
         for p in spec.protected
     ]
     env = [{"name": k, "value": v} for k, v in sorted(d.env.items())]
-    container_security = {
+    container_security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "readOnlyRootFilesystem": d.read_only_root,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"], **({"add": sorted(d.cap_add)} if d.cap_add else {})},
     }
+    if d.apparmor_profile:  # a profile the operator loaded on the nodes, as on Docker's host
+        container_security["appArmorProfile"] = {"type": "Localhost", "localhostProfile": d.apparmor_profile}
     labels = {
         MANAGED_BY[0]: MANAGED_BY[1],
         K8sLabels.SANDBOX: "true",
@@ -231,6 +259,8 @@ def sandbox_pod(
             "runAsUser": uid,
             "runAsGroup": gid,
             "fsGroup": gid,
+            # chown the claim only when its root is not already the group's (not every start)
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": seccomp,
         },
         "containers": [
@@ -238,7 +268,9 @@ def sandbox_pod(
                 "name": "sandbox",
                 "image": spec.image,
                 "imagePullPolicy": cfg.image_pull_policy,
-                "command": ["sleep", "infinity"],
+                # args, not command: the image's entrypoint (tini in sandbox-exec) stays PID 1 and
+                # reaps orphans, as `docker.init` does on Docker
+                "args": ["sleep", "infinity"],
                 "workingDir": CONTAINER_WORKDIR,
                 "env": env,
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
@@ -264,7 +296,9 @@ def sandbox_pod(
                 "name": "protect",
                 "image": spec.image,
                 "imagePullPolicy": cfg.image_pull_policy,
-                "command": ["python3", "-c", PROTECT_SCRIPT, CONTAINER_WORKDIR, *kinds],
+                # -I -S and cwd /: nothing of the workspace is on its import path
+                "command": ["python3", "-I", "-S", "-c", PROTECT_SCRIPT, CONTAINER_WORKDIR, *kinds],
+                "workingDir": "/",
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "securityContext": copy.deepcopy(container_security),
                 "volumeMounts": [{"name": "workspace", "mountPath": CONTAINER_WORKDIR}],

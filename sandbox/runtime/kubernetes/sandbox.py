@@ -74,6 +74,8 @@ class KubernetesSandbox:
                 "(exec cannot choose a user under Pod Security restricted)"
             )
         link = await self._backend.agents.link(self._name, self._spec, None)
+        if link is not None:
+            self._backend.heartbeat(link)
         if link is None:
             raise SandboxUnavailable(
                 f"the sandbox Pod {self._name} has no resident agent answering (its image must carry "

@@ -23,6 +23,7 @@ from typing import Any
 from sandbox.config.kubernetes import KubernetesSection, quantity_bytes
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config, TenantConfig
+from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.egress_proxy import PROXY_MEMORY, PROXY_PORT, proxy_command
 from sandbox.runtime.kubernetes.agent_sandbox import ROLE_RULES
@@ -33,6 +34,7 @@ from sandbox.runtime.kubernetes.names import (
     label_value,
     namespace_for,
     policy_hash,
+    shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import SANDBOX_SERVICE_ACCOUNT, mebibytes
 from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
@@ -124,13 +126,13 @@ def access_objects(
 ) -> list[dict[str, Any]]:
     """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
     (with the agent-sandbox objects' rules under `provider: agent-sandbox`)."""
+    # only what the backend does today: no patch, no watch, no deleting claims (a stolen token must
+    # not wipe workspaces), no secrets (the proxy's Secret is the operator's until its writer exists)
     rules = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
         # the exec websocket is a GET that needs `create` too (kubernetes#134577)
         {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
-        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "create", "delete"]},
-        # the proxy's resolved policy (with secret values) is a Secret only the proxy mounts
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update", "delete"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
     ]
     if provider == "agent-sandbox":
@@ -170,13 +172,13 @@ def egress_policies(agents: list[EffectiveAgent]) -> dict[str, dict[str, Any]]:
 
 def network_objects(tenant: str, namespace: str, policies: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Deny-all for every sandbox; per egress policy, the way to its proxy and the proxy's way out."""
-    sandbox = {"matchLabels": {K8sLabels.SANDBOX: "true"}}
+    # every Pod of the namespace, labelled or not: a Pod is fenced in unless a policy below lets it out
     objects: list[dict[str, Any]] = [
         {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": _meta(DENY_ALL, namespace, tenant),
-            "spec": {"podSelector": sandbox, "policyTypes": ["Ingress", "Egress"]},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
         }
     ]
     for digest, policy in sorted(policies.items()):
@@ -235,7 +237,8 @@ def network_objects(tenant: str, namespace: str, policies: dict[str, dict[str, A
 
 def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, Any]) -> list[dict[str, Any]]:
     """One egress proxy: a restricted Deployment and its Service. Its resolved policy (with the
-    secrets' values) is the Secret `proxy-<hash>` the orchestrator writes, mounted only here."""
+    secrets' values) is the Secret `proxy-<hash>`, key policy.json, which only this Deployment
+    reads (the operator makes it today; the orchestrator's writer is not built)."""
     name = f"proxy-{digest}"
     labels = {K8sLabels.KIND: PROXY_KIND, K8sLabels.EGRESS: digest}
     limits = {"cpu": "1000m", "memory": mebibytes(PROXY_MEMORY), "ephemeral-storage": "64Mi"}
@@ -293,8 +296,14 @@ def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, An
 
 
 def tenant_objects(config: Config, tenant: TenantConfig, orchestrator: Orchestrator) -> list[dict[str, Any]]:
-    """Everything an operator applies once for `tenant`, in the order to apply it."""
+    """Everything an operator applies once for `tenant`, in the order to apply it.
+
+    Raises:
+        ConfigError: a fixed namespace named for more than one tenant.
+    """
     k8s = config.runtime.kubernetes
+    if problem := shared_namespace_problem(k8s, [t.id for t in config.tenants]):
+        raise ConfigError([problem])
     namespace = namespace_for(k8s, tenant.id)
     policies = egress_policies(tenant_agents(config, tenant.id))
     objects = [namespace_object(k8s, tenant.id)]
