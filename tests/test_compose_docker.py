@@ -32,9 +32,13 @@ def compose_v2_present() -> bool:
 
 
 def firewall_rules() -> list[str]:
-    """The host's INPUT rules that egress and browser sandboxes get (hostfirewall.TAG)."""
-    listed = subprocess.run(["iptables", "-w", "5", "-S", "INPUT"], capture_output=True, text=True, check=True)
-    return [line for line in listed.stdout.splitlines() if "agent-sandbox-browser:" in line]
+    """The host rules that egress and browser sandboxes get (hostfirewall.TAG): in the service's
+    chain (none before the service first makes it), and in INPUT where older versions put them."""
+    found = []
+    for chain in ("AGENT-SANDBOX-INPUT", "INPUT"):
+        listed = subprocess.run(["iptables", "-w", "5", "-S", chain], capture_output=True, text=True, check=False)
+        found += [line for line in listed.stdout.splitlines() if "agent-sandbox-browser:" in line]
+    return found
 
 
 def service_config(instance: str, token: str, workspaces: Path, lab: Lab) -> dict[str, Any]:

@@ -204,12 +204,25 @@ def keep_proxy_off_the_host(client: Any, edge: EgressNames, policy: dict[str, An
 
 
 def proxy_running(client: Any, sandbox_name: str) -> bool:
-    """Whether the sandbox's proxy runs (a sandbox whose proxy died is remade with a new one)."""
+    """Whether the sandbox's proxy runs and refuses the host's addresses (a sandbox whose proxy
+    died, or was made before proxies carried the host's addresses, is remade with a new one)."""
     try:
         attrs = client.api.inspect_container(names(sandbox_name).proxy)
     except docker.errors.NotFound:
         return False
-    return bool(attrs["State"]["Status"] == "running")
+    return bool(attrs["State"]["Status"] == "running") and knows_the_host(attrs)
+
+
+def knows_the_host(attrs: dict[str, Any]) -> bool:
+    """Whether a proxy (its `docker inspect`) was given the host's addresses to refuse."""
+    for item in (attrs.get("Config") or {}).get("Env") or []:
+        if str(item).startswith("EGRESS_POLICY="):
+            try:
+                policy = json.loads(str(item).split("=", 1)[1])
+            except ValueError:
+                return False
+            return isinstance(policy, dict) and isinstance(policy.get("host_addresses"), list)
+    return False
 
 
 def bridge_guarded(sandbox_name: str) -> bool:
