@@ -536,12 +536,12 @@ async def test_the_proxy_refuses_the_host_even_when_told_it_may(make_config: Any
         host_canary.close()
     # first: whether the host was reached at all (a failure below then says how the refusal looked)
     assert host_canary.accepted == 0, f"the host's canary was reached: {out}\n{host_firewall_listing()}"
-    assert gateway in json.loads(env["EGRESS_POLICY"])["host_addresses"]
     assert out["output"].rstrip().endswith(" 502"), out
     assert "address of the host" in out["output"], out
     lines = [e.data for e in events if e.stage == "egress" and e.data.get("host") == "hostgw.test"]
     assert lines and all(line["verdict"] == "refused" for line in lines), lines
     assert "address of the host" in lines[0]["reason"], lines
+    assert gateway in json.loads(env["EGRESS_POLICY"])["host_addresses"]
 
 
 async def test_the_host_firewall_drops_what_the_proxy_opens_towards_the_host(

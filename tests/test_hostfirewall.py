@@ -127,3 +127,40 @@ def test_removal_by_tag_stays_in_our_chain_and_takes_rules_older_versions_left_i
     assert len(tagged(f"{bridge}-other")) == 4
     hostfirewall.remove_tagged(f"{bridge}-other")
     assert tagged(f"{bridge}-other") == []
+
+
+def test_a_proxys_rules_made_again_replace_the_old_set_without_a_gap(bridge: str) -> None:
+    """drop_from_source for a tag that has rules (an adopted proxy) puts the new set in before the
+    old goes: the same rules again leave one set; a new address replaces the old one's; at no
+    point in between is the proxy's DROP missing (checked from a second thread)."""
+    import threading
+
+    tag = f"{bridge}-again"
+    assert hostfirewall.drop_from_source(bridge, "10.255.254.4", tag)
+    before = tagged(tag)
+    assert len(before) == 4
+    drop = [hostfirewall.CHAIN, "-i", bridge, "-s", "10.255.254.4", "-m", "comment", "--comment"]
+    drop += [f"{hostfirewall.TAG}:{tag}", "-j", "DROP"]
+    gaps: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            done = subprocess.run(["iptables", "-w", "5", "-C", *drop], capture_output=True, check=False)
+            if done.returncode != 0:
+                gaps.append(done.returncode)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(3):
+            assert hostfirewall.drop_from_source(bridge, "10.255.254.4", tag)
+    finally:
+        stop.set()
+        watcher.join()
+    assert gaps == [] and sorted(tagged(tag)) == sorted(before)
+    assert hostfirewall.drop_from_source(bridge, "10.255.254.9", tag)
+    after = tagged(tag)
+    assert len(after) == 4 and all("10.255.254.9/32" in line for line in after), after
+    hostfirewall.remove_tagged(tag)
+    assert tagged(tag) == []

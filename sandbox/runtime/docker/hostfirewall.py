@@ -173,7 +173,10 @@ def drop_from_source(interface: str, source: str, tag: str) -> bool:
     reach; what it forwards to the internet is not INPUT and passes). True when the rules are in."""
     if not guard_input():
         return False
-    remove_tagged(tag)
+    # the old set (an adopted proxy's, maybe for another address) goes only once the new one is
+    # in: a proxy being adopted is never without its rules; where the two are the same, the
+    # removal takes the first copy of each and one stays
+    old = _tagged(tag)
     drop, accept = _source_rules(interface, source, tag)
     comment = ["-m", "comment", "--comment", f"{TAG}:{tag}"]
     # name lookups stay possible (the engine may hand the host's own resolver to the proxy)
@@ -181,14 +184,25 @@ def drop_from_source(interface: str, source: str, tag: str) -> bool:
         [CHAIN, "-i", interface, "-s", source, "-p", proto, "--dport", "53", *comment, "-j", "ACCEPT"]
         for proto in ("udp", "tcp")
     ]
-    return all(_run(["-I", rule[0], "1", *rule[1:]]) for rule in (drop, accept, *dns))
+    made = all(_run(["-I", rule[0], "1", *rule[1:]]) for rule in (drop, accept, *dns))
+    for line in old if made else []:  # a partial new set keeps the old one beside it
+        _run(["-D", *shlex.split(line)[1:]])
+    return made
+
+
+def _tagged(tag: str) -> list[str]:
+    """The rules carrying `tag`: in our chain, and in INPUT (made there by versions before the chain)."""
+    marker = f"{TAG}:{tag}"
+    return [
+        line
+        for chain in (CHAIN, "INPUT")
+        for line in _listed(chain) or []
+        if f'"{marker}"' in line or f" {marker} " in line
+    ]
 
 
 def remove_tagged(tag: str) -> None:
-    """Remove every rule of our chain carrying `tag` (whatever interface and source it names),
-    and any INPUT rule carrying it (made there by versions before the chain)."""
-    marker = f"{TAG}:{tag}"
-    for chain in (CHAIN, "INPUT"):
-        for line in _listed(chain) or []:
-            if f'"{marker}"' in line or f" {marker} " in line:
-                _run(["-D", *shlex.split(line)[1:]])
+    """Remove every rule carrying `tag` (whatever interface and source it names) from our chain,
+    and from INPUT where versions before the chain put them."""
+    for line in _tagged(tag):
+        _run(["-D", *shlex.split(line)[1:]])
