@@ -4,10 +4,11 @@ Each egress sandbox gets an internal Docker network (no route beyond its subnet)
 member is an egress proxy container (images/egress: mitmproxy with the allowlist addon). The proxy
 is also on the upstream network, so it alone can reach out, after checking the host name, the
 port and every address the name resolves to (never one of the host's own, `hostaddrs`, whatever
-`allow_private` says; the host firewall drops those too, `keep_proxy_off_the_host`). The sandbox has no DNS of its own that leaves the
-network (names resolve at the proxy) and the host's firewall drops what it sends to the host
-through its bridge, as for the browser. Proxy and network live and die with their sandbox: one
-per sandbox, so two sessions or tenants never share a network or a proxy.
+`allow_private` says; the host firewall drops those too, `keep_proxy_off_the_host`). The sandbox
+has no DNS of its own that leaves the network (names resolve at the proxy) and the host's
+firewall drops what it sends to the host through its bridge, as for the browser. Proxy and
+network live and die with their sandbox: one per sandbox, so two sessions or tenants never share
+a network or a proxy.
 
 Proxies are not `managed` containers (they are not sandboxes): `sandbox list` does not show
 them; they carry the name of their sandbox in a label and are removed with it, or swept when
