@@ -9,6 +9,7 @@ would. Each refusal is shown by the proxy's verdict and by the canary having rec
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import anyio
@@ -496,13 +497,25 @@ async def test_a_secret_reaches_its_hosts_only_and_never_the_sandbox(
     assert all(value not in json.dumps(e.data) for e in events)
 
 
-async def test_the_proxy_cannot_reach_the_host_even_when_told_it_may(
-    make_config: Any, lab: Lab, docker_client: Any
-) -> None:
-    """The host's own addresses (a public one the address check cannot know, played here by the
-    upstream gateway, exempted on purpose) are dropped by the host firewall for the proxy."""
+def host_firewall_listing() -> str:
+    """INPUT and our chain as iptables lists them (what an assertion shows when the host was reached)."""
+    from sandbox.runtime.docker import hostfirewall
+
+    shown = []
+    for chain in ("INPUT", hostfirewall.CHAIN):
+        listed = subprocess.run(["iptables", "-w", "5", "-S", chain], capture_output=True, text=True, check=False)
+        shown.append(f"$ iptables -S {chain}\n{listed.stdout}{listed.stderr}")
+    return "\n".join(shown)
+
+
+async def test_the_proxy_refuses_the_host_even_when_told_it_may(make_config: Any, lab: Lab, docker_client: Any) -> None:
+    """The host's own addresses (a public one the private-address check cannot know, played here
+    by the upstream gateway, exempted on purpose) are refused by the proxy itself: the
+    orchestrator hands it the host's addresses, and allow_private cannot open them. The proxy's
+    verdict says so; the host's canary hears nothing."""
     gateway = docker_client.networks.get(lab.network).attrs["IPAM"]["Config"][0]["Gateway"]
     host_canary = Canary()
+    out: dict[str, Any] = {}
     try:
         config = egress_config(
             make_config,
@@ -514,9 +527,51 @@ async def test_the_proxy_cannot_reach_the_host_even_when_told_it_may(
         )
         async with Orchestrator(config) as orch:
             session = orch.session(agent="main", key="s-hostgw")
-            out = await _sh(session, f"curl -sS -m 5 http://hostgw.test:{host_canary.port}/; echo rc=$?")
-            assert "rc=0" not in out["output"], out
+            out = await _sh(session, f"curl -sS -m 5 -w ' %{{http_code}}' http://hostgw.test:{host_canary.port}/; echo")
+            proxy = egress.names(orch.manager.spec_for(session.agent, session.key).name).proxy
+            env = dict(item.split("=", 1) for item in docker_client.api.inspect_container(proxy)["Config"]["Env"])
+            await session.close()
+            events = orch.journal.events(session=session.key)
+    finally:
+        host_canary.close()
+    # first: whether the host was reached at all (a failure below then says how the refusal looked)
+    assert host_canary.accepted == 0, f"the host's canary was reached: {out}\n{host_firewall_listing()}"
+    assert out["output"].rstrip().endswith(" 502"), out
+    assert "address of the host" in out["output"], out
+    lines = [e.data for e in events if e.stage == "egress" and e.data.get("host") == "hostgw.test"]
+    assert lines and all(line["verdict"] == "refused" for line in lines), lines
+    assert "address of the host" in lines[0]["reason"], lines
+    assert gateway in json.loads(env["EGRESS_POLICY"])["host_addresses"]
+
+
+async def test_the_host_firewall_drops_what_the_proxy_opens_towards_the_host(
+    make_config: Any, lab: Lab, docker_client: Any
+) -> None:
+    """The firewall on its own, past the proxy's address check: a connection the proxy
+    container's own process opens to the host (the upstream gateway) is dropped by the host rules;
+    the canary hears nothing. On failure the message holds the host's rules as they were."""
+    gateway = docker_client.networks.get(lab.network).attrs["IPAM"]["Config"][0]["Gateway"]
+    host_canary = Canary()
+    probe = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(({gateway!r}, {host_canary.port}), timeout=3); print('connected')\n"
+        "except OSError as exc:\n"
+        "    print('refused', type(exc).__name__)\n"
+    )
+    output, rules = "", ""
+    try:
+        async with Orchestrator(egress_config(make_config, lab)) as orch:
+            session = orch.session(agent="main", key="s-proxyfw")
+            assert (await _sh(session, "true"))["exit_code"] == 0
+            proxy = docker_client.containers.get(
+                egress.names(orch.manager.spec_for(session.agent, session.key).name).proxy
+            )
+            done = await anyio.to_thread.run_sync(lambda: proxy.exec_run(["python3", "-c", probe]))
+            output = done.output.decode(errors="replace")
+            rules = host_firewall_listing()
             await session.close()
     finally:
         host_canary.close()
-    assert host_canary.accepted == 0
+    assert host_canary.accepted == 0, f"the proxy reached the host: {output}\n{rules}"
+    assert "refused" in output and "connected" not in output, f"{output}\n{rules}"

@@ -1,5 +1,6 @@
-"""The host firewall rules against this host's real iptables (root only: CI runs as root), with a
-fault made to happen: the tables busy with another writer (iptables' exit status 4) for one call.
+"""The host firewall rules against this host's real iptables (root only: CI runs as root), with
+faults made to happen: the tables busy with another writer (iptables' exit status 4) for one call,
+a rule put above ours at the top of INPUT, rules left in INPUT by versions before our chain.
 Rules are put on a bridge name no interface has, so no packet of this host is affected."""
 
 from __future__ import annotations
@@ -19,17 +20,25 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def tagged(bridge: str) -> list[str]:
-    listed = subprocess.run(["iptables", "-w", "5", "-S", "INPUT"], capture_output=True, text=True, check=True)
-    return [line for line in listed.stdout.splitlines() if f"{hostfirewall.TAG}:{bridge}" in line]
+def listed(chain: str) -> list[str]:
+    done = subprocess.run(["iptables", "-w", "5", "-S", chain], capture_output=True, text=True, check=False)
+    return [line for line in done.stdout.splitlines() if line.startswith("-A ")]
+
+
+def tagged(bridge: str, chain: str = hostfirewall.CHAIN) -> list[str]:
+    return [line for line in listed(chain) if f"{hostfirewall.TAG}:{bridge}" in line]
+
+
+def delete(line: str) -> None:
+    subprocess.run(["iptables", "-w", "5", *shlex.split(line.replace("-A ", "-D ", 1))], check=False)
 
 
 @pytest.fixture
 def bridge() -> Iterator[str]:
     name = f"sbxt{os.getpid() % 10**6}"
     yield name
-    for line in tagged(name):  # whatever a failing test left
-        subprocess.run(["iptables", "-w", "5", *shlex.split(line.replace("-A ", "-D ", 1))], check=False)
+    for line in tagged(name) + tagged(name, "INPUT") + [r for r in listed("INPUT") if f"sbxt-above:{name}" in r]:
+        delete(line)  # whatever a failing test left
 
 
 def busy_once(monkeypatch: pytest.MonkeyPatch, verb: str) -> list[list[str]]:
@@ -80,3 +89,78 @@ def test_any_other_failure_is_final_at_once(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(subprocess, "run", refuse)
     assert hostfirewall.drop_from_bridge("sbxnone") is False
     assert len(calls) <= 4, calls  # -C, -D of each rule, one -I: no retries
+
+
+def test_a_rule_put_above_the_jump_is_seen_and_the_jump_goes_back_first(bridge: str) -> None:
+    """rules_present wants INPUT's first rule to be the jump to our chain: an ACCEPT another tool
+    puts at the top of INPUT later (here for a bridge no interface has) makes it False, and
+    drop_from_bridge puts a jump back on top (the new one in before the old one goes)."""
+    assert hostfirewall.drop_from_bridge(bridge)
+    assert hostfirewall.rules_present(bridge) and hostfirewall.jump_first()
+    above = ["INPUT", "-i", bridge, "-m", "comment", "--comment", f"sbxt-above:{bridge}", "-j", "ACCEPT"]
+    subprocess.run(["iptables", "-w", "5", "-I", above[0], "1", *above[1:]], check=True)
+    try:
+        assert not hostfirewall.jump_first()
+        assert not hostfirewall.rules_present(bridge)  # the rules are there, yet an ACCEPT comes first
+        assert hostfirewall.drop_from_bridge(bridge)
+        assert hostfirewall.rules_present(bridge)
+        rules = listed("INPUT")
+        assert rules[0].endswith(f"-j {hostfirewall.CHAIN}"), rules[:3]
+        assert sum(r.endswith(f"-j {hostfirewall.CHAIN}") for r in rules) <= 2, rules  # the old jump went
+    finally:
+        subprocess.run(["iptables", "-w", "5", "-D", *above], check=False)
+    hostfirewall.remove_rules(bridge)
+    assert tagged(bridge) == []
+
+
+def test_removal_by_tag_stays_in_our_chain_and_takes_rules_older_versions_left_in_input(bridge: str) -> None:
+    """A proxy's rules go by their tag: from our chain, and from INPUT where versions before the
+    chain put them; a rule of another tag stays."""
+    assert hostfirewall.drop_from_source(bridge, "10.255.254.4", f"{bridge}-proxy")
+    assert hostfirewall.drop_from_source(bridge, "10.255.254.5", f"{bridge}-other")
+    assert len(tagged(f"{bridge}-proxy")) == 4 and len(tagged(f"{bridge}-other")) == 4
+    old = ["-i", bridge, "-s", "10.255.254.4", "-m", "comment", "--comment", f"{hostfirewall.TAG}:{bridge}-proxy"]
+    subprocess.run(["iptables", "-w", "5", "-A", "INPUT", *old, "-j", "DROP"], check=True)
+    assert len(tagged(f"{bridge}-proxy", "INPUT")) == 1
+    hostfirewall.remove_tagged(f"{bridge}-proxy")
+    assert tagged(f"{bridge}-proxy") == [] and tagged(f"{bridge}-proxy", "INPUT") == []
+    assert len(tagged(f"{bridge}-other")) == 4
+    hostfirewall.remove_tagged(f"{bridge}-other")
+    assert tagged(f"{bridge}-other") == []
+
+
+def test_a_proxys_rules_made_again_replace_the_old_set_without_a_gap(bridge: str) -> None:
+    """drop_from_source for a tag that has rules (an adopted proxy) puts the new set in before the
+    old goes: the same rules again leave one set; a new address replaces the old one's; at no
+    point in between is the proxy's DROP missing (checked from a second thread)."""
+    import threading
+
+    tag = f"{bridge}-again"
+    assert hostfirewall.drop_from_source(bridge, "10.255.254.4", tag)
+    before = tagged(tag)
+    assert len(before) == 4
+    drop = [hostfirewall.CHAIN, "-i", bridge, "-s", "10.255.254.4", "-m", "comment", "--comment"]
+    drop += [f"{hostfirewall.TAG}:{tag}", "-j", "DROP"]
+    gaps: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            done = subprocess.run(["iptables", "-w", "5", "-C", *drop], capture_output=True, check=False)
+            if done.returncode != 0:
+                gaps.append(done.returncode)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(3):
+            assert hostfirewall.drop_from_source(bridge, "10.255.254.4", tag)
+    finally:
+        stop.set()
+        watcher.join()
+    assert gaps == [] and sorted(tagged(tag)) == sorted(before)
+    assert hostfirewall.drop_from_source(bridge, "10.255.254.9", tag)
+    after = tagged(tag)
+    assert len(after) == 4 and all("10.255.254.9/32" in line for line in after), after
+    hostfirewall.remove_tagged(tag)
+    assert tagged(tag) == []

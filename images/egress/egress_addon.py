@@ -26,6 +26,7 @@ from egress_scrub import TooManyHits
 from egress_secrets import SECRETS, Refused, ca_pem, carries_secret, misplaced, scrub, substitute, upstream_bundle
 from egress_state import (
     EXEMPT,
+    HOST,
     MAX_BYTES,
     MAX_DURATION_S,
     MAX_HEADER_BYTES,
@@ -340,7 +341,7 @@ def _in_tunnel(context: Any) -> bool:
 async def _resolve_checked(name: str, port: int) -> tuple[str, str | None]:
     """(an address to pin, None) when every address of `name` may be reached; else ("", why not)."""
     if is_ip(name):
-        reason = address_refusal(name, EXEMPT)
+        reason = address_refusal(name, EXEMPT, HOST)
         return name, (f"{name} is not reachable: {reason}" if reason else None)
     loop = asyncio.get_running_loop()
     try:
@@ -351,7 +352,7 @@ async def _resolve_checked(name: str, port: int) -> tuple[str, str | None]:
     if not addresses:
         return "", f"{name} does not resolve"
     for address in addresses:
-        reason = address_refusal(address, EXEMPT)
+        reason = address_refusal(address, EXEMPT, HOST)
         if reason:
             # one inward answer is enough to refuse: a name that points inward at all is not trusted
             return "", f"{name} resolves to a refused address: {reason}"

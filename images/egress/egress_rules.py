@@ -103,13 +103,26 @@ def _kind(ip: IPAddress) -> str | None:
     return None
 
 
-def address_refusal(address: str, exempt: list[str] | None = None) -> str | None:
+def host_address_set(addresses: list[str]) -> frozenset[IPAddress]:
+    """The host's addresses (policy `host_addresses`) as compared; an entry that is no address is skipped."""
+    found: set[IPAddress] = set()
+    for text in addresses:
+        with contextlib.suppress(ValueError):
+            found.add(ipaddress.ip_address(normal_host(str(text)).split("%", 1)[0]))
+    return frozenset(found)
+
+
+def address_refusal(
+    address: str, exempt: list[str] | None = None, host: frozenset[IPAddress] = frozenset()
+) -> str | None:
     """Why the proxy must not connect to `address`, or None when it may.
 
     Loopback, private, link-local (metadata), CGNAT, ULA, multicast and reserved addresses, and
     every block of IANA's special-purpose registries that is not globally reachable, are
     refused, also when an IPv6 address only wraps one. `exempt` networks (config
-    `egress.allow_private`) are let through: an internal mirror, or a test network.
+    `egress.allow_private`) are let through: an internal mirror, or a test network. The
+    addresses of the host the proxy runs on (`host`, from the orchestrator) are refused whatever
+    `exempt` says, public ones too: the host's own services are never an egress destination.
     """
     try:
         ip = ipaddress.ip_address(normal_host(address).split("%", 1)[0])
@@ -118,6 +131,10 @@ def address_refusal(address: str, exempt: list[str] | None = None) -> str | None
     for net in ALWAYS_REFUSED:
         if ip in ipaddress.ip_network(net):
             return f"{ip} is a cloud platform address (never reachable)"
+    for candidate in [ip, *_embedded_v4(ip)]:
+        if candidate in host:
+            shown = f"{candidate} inside {ip}" if candidate != ip else str(ip)
+            return f"{shown} is an address of the host the proxy runs on (never reachable)"
     for net in exempt or []:
         try:
             if ip in ipaddress.ip_network(net, strict=False):

@@ -8,13 +8,15 @@ import os
 import time
 from typing import Any
 
-from egress_rules import host_allowed, normal_host
+from egress_rules import IPAddress, host_address_set, host_allowed, normal_host
 
 POLICY: dict[str, Any] = json.loads(os.environ.get("EGRESS_POLICY") or "{}")
 ALLOW: list[str] = list(POLICY.get("allow", []))
 FLOOR: list[str] | None = POLICY.get("floor")  # the tenant's list; None: no tenant list
 PORTS: set[int] = {int(p) for p in POLICY.get("ports", [80, 443])}
 EXEMPT: list[str] = list(POLICY.get("allow_private", []))
+# the host's own addresses (the orchestrator's list): refused whatever EXEMPT says
+HOST: frozenset[IPAddress] = host_address_set(list(POLICY.get("host_addresses", [])))
 MAX_BYTES: int = int(POLICY.get("max_bytes", 256 * 1024 * 1024))
 MAX_DURATION_S: float = float(POLICY.get("max_duration_s", 300))
 MAX_HEADER_BYTES = 64 * 1024  # a request's headers; mitmproxy itself sets no limit

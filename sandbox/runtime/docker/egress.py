@@ -3,10 +3,12 @@
 Each egress sandbox gets an internal Docker network (no route beyond its subnet) whose only other
 member is an egress proxy container (images/egress: mitmproxy with the allowlist addon). The proxy
 is also on the upstream network, so it alone can reach out, after checking the host name, the
-port and every address the name resolves to. The sandbox has no DNS of its own that leaves the
-network (names resolve at the proxy) and the host's firewall drops what it sends to the host
-through its bridge, as for the browser. Proxy and network live and die with their sandbox: one
-per sandbox, so two sessions or tenants never share a network or a proxy.
+port and every address the name resolves to (never one of the host's own, `hostaddrs`, whatever
+`allow_private` says; the host firewall drops those too, `keep_proxy_off_the_host`). The sandbox
+has no DNS of its own that leaves the network (names resolve at the proxy) and the host's
+firewall drops what it sends to the host through its bridge, as for the browser. Proxy and
+network live and die with their sandbox: one per sandbox, so two sessions or tenants never share
+a network or a proxy.
 
 Proxies are not `managed` containers (they are not sandboxes): `sandbox list` does not show
 them; they carry the name of their sandbox in a label and are removed with it, or swept when
@@ -204,12 +206,25 @@ def keep_proxy_off_the_host(client: Any, edge: EgressNames, policy: dict[str, An
 
 
 def proxy_running(client: Any, sandbox_name: str) -> bool:
-    """Whether the sandbox's proxy runs (a sandbox whose proxy died is remade with a new one)."""
+    """Whether the sandbox's proxy runs and refuses the host's addresses (a sandbox whose proxy
+    died, or was made before proxies carried the host's addresses, is remade with a new one)."""
     try:
         attrs = client.api.inspect_container(names(sandbox_name).proxy)
     except docker.errors.NotFound:
         return False
-    return bool(attrs["State"]["Status"] == "running")
+    return bool(attrs["State"]["Status"] == "running") and knows_the_host(attrs)
+
+
+def knows_the_host(attrs: dict[str, Any]) -> bool:
+    """Whether a proxy (its `docker inspect`) was given the host's addresses to refuse."""
+    for item in (attrs.get("Config") or {}).get("Env") or []:
+        if str(item).startswith("EGRESS_POLICY="):
+            try:
+                policy = json.loads(str(item).split("=", 1)[1])
+            except ValueError:
+                return False
+            return isinstance(policy, dict) and isinstance(policy.get("host_addresses"), list)
+    return False
 
 
 def bridge_guarded(sandbox_name: str) -> bool:

@@ -21,7 +21,7 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime.docker import egress_secrets, hostfirewall, subnets
+from sandbox.runtime.docker import egress_secrets, hostaddrs, hostfirewall, subnets
 from sandbox.runtime.docker.egress import (
     NETWORK_KIND,
     PROXY_KIND,
@@ -32,6 +32,7 @@ from sandbox.runtime.docker.egress import (
     EgressEdge,
     EgressNames,
     keep_proxy_off_the_host,
+    knows_the_host,
     names,
     remove_edge,
 )
@@ -115,7 +116,8 @@ def _adopt(client: Any, owner: EdgeOwner) -> EgressEdge | None:
         address = ((((proxy or {}).get("NetworkSettings") or {}).get("Networks") or {}).get(edge.network) or {}).get(
             "IPAddress"
         )
-        running = proxy is not None and proxy["State"]["Status"] == "running"
+        # a proxy made before it carried the host's addresses is stale: replaced, not adopted
+        running = proxy is not None and proxy["State"]["Status"] == "running" and knows_the_host(proxy)
         if same and network is not None and running and address:
             return _edge_from(client, owner, edge, proxy or {}, str(address))
         creator = labels.get(CREATOR_LABEL, "")
@@ -218,6 +220,8 @@ def _make_edge(client: Any, owner: EdgeOwner) -> EgressEdge:
             "client_subnet": subnet,
             "secrets": resolved,
             "upstream_ca_pem": egress_secrets.upstream_ca_pem(policy, owner.name),
+            # refused by the proxy whatever allow_private says (the firewall's second wall)
+            "host_addresses": hostaddrs.host_addresses(client, str(policy["upstream_network"])),
         }
         extra_hosts = dict(h.split(":", 1) for h in policy["extra_hosts"]) or None
         container = client.containers.create(
