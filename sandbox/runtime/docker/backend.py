@@ -22,8 +22,9 @@ from sandbox.journal.owners import current_owner
 from sandbox.runtime import protocol
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.binds import CONTAINER_WORKDIR
-from sandbox.runtime.docker import egress, egress_secrets, procfs
+from sandbox.runtime.docker import egress, egress_make, egress_secrets, netsweep, procfs
 from sandbox.runtime.docker.agent_stream import DockerAgents
+from sandbox.runtime.docker.browser import BrowserManager
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.docker.egress_log import DockerEgressLogs
@@ -222,7 +223,7 @@ class DockerBackend:
         if spec.egress is not None:
             # the proxy and the internal network first: the sandbox is created on that network
             owner = egress.EdgeOwner.of(spec)
-            edge = await self.call("create egress proxy", egress.create_edge, self.client, owner)
+            edge = await self.call("create egress proxy", egress_make.create_edge, self.client, owner)
             kwargs["network_mode"] = edge.network
             kwargs["environment"] = {**kwargs.get("environment", {}), **edge.environment()}
             # the embedded resolver forwards what it cannot answer to the proxy, where nothing
@@ -330,9 +331,7 @@ class DockerBackend:
             except docker.errors.APIError as exc:
                 if "already in progress" not in str(exc):
                     raise
-            from sandbox.runtime.docker import netsweep  # its egress edge, or its own browser network, goes with it
-
-            netsweep.remove_networks_of(self.client, attrs)
+            netsweep.remove_networks_of(self.client, attrs)  # its egress edge, or its own browser network, goes with it
             return str(attrs.get("Id", ""))
 
         removed = await self.call("remove sandbox", rm)
@@ -343,13 +342,11 @@ class DockerBackend:
                 self.pool_claims.drop(removed)
 
     async def sweep_egress(self, instance: str) -> builtins.list[str]:
-        """Remove egress proxies and networks whose sandbox is gone (see runtime/docker/egress.py)."""
-        return await self.call("sweep egress proxies", egress.sweep_orphans, self.client, instance)
+        """Remove egress proxies and networks whose sandbox is gone (see runtime/docker/netsweep.py)."""
+        return await self.call("sweep egress proxies", netsweep.sweep_orphans, self.client, instance)
 
     def browsers(self, instance: str) -> Browsers:
         """Browser sandboxes on this engine (runtime/docker/browser.py)."""
-        from sandbox.runtime.docker.browser import BrowserManager  # it imports this module
-
         return BrowserManager(self, instance)
 
     def warm_pool(self, manager: SandboxManager) -> WarmPool:

@@ -14,7 +14,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -24,8 +24,7 @@ from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime.docker import egress, hostfirewall, subnets
-from sandbox.runtime.docker.backend import DockerBackend
+from sandbox.runtime.docker import egress, egress_make, hostfirewall, subnets
 from sandbox.runtime.egress_proxy import PROXY_PORT
 from sandbox.runtime.naming import (
     CREATOR_LABEL,
@@ -38,6 +37,9 @@ from sandbox.runtime.naming import (
 )
 from sandbox.runtime.protocol import BrowserEndpoint
 from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
+
+if TYPE_CHECKING:
+    from sandbox.runtime.docker.backend import DockerBackend  # backend.py imports this module
 
 NETWORK_KIND = "browser-net"
 EGRESS_LABEL = f"{LABEL_PREFIX}.egress-policy"  # hash of the egress policy a browser was made with
@@ -229,7 +231,7 @@ class BrowserManager:
         client = self.backend.client
         egress.MAKING.add(name)  # an orphan sweep meanwhile leaves its proxy alone
         try:
-            edge = await self.backend.call("create browser egress proxy", egress.create_edge, client, owner)
+            edge = await self.backend.call("create browser egress proxy", egress_make.create_edge, client, owner)
             endpoint = await self._start(agent, key, name, edge.network, proxy=edge.proxy_address, egress_hash=wanted)
             await self.backend.call("start browser egress proxy", egress.wait_ready, client, name)
         except BaseException:

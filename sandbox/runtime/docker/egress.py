@@ -13,6 +13,9 @@ a network or a proxy.
 Proxies are not `managed` containers (they are not sandboxes): `sandbox list` does not show
 them; they carry the name of their sandbox in a label and are removed with it, or swept when
 their sandbox is gone.
+
+This module holds the edge's names, owner and checks; making one is egress_make.py's, sweeping
+the orphans netsweep.py's (both import this module, never the other way).
 """
 
 from __future__ import annotations
@@ -106,18 +109,6 @@ class EdgeOwner:
         assert spec.egress is not None
         session = spec.session if spec.scope == "session" else ""
         return cls(spec.name, spec.instance, spec.tenant, spec.agent, spec.scope_key, session, spec.egress)
-
-
-def create_edge(client: Any, owner: EdgeOwner) -> EgressEdge:
-    """The internal network and the proxy of a sandbox (or browser), made or adopted; blocking
-    (see `sandbox.runtime.docker.egress_make`).
-
-    Raises:
-        SandboxUnavailable: the network or the proxy could not be made or did not come up.
-    """
-    from sandbox.runtime.docker import egress_make
-
-    return egress_make.create_edge(client, owner)
 
 
 def wait_ready(client: Any, sandbox_name: str) -> str:
@@ -238,11 +229,3 @@ def bridge_guarded(sandbox_name: str) -> bool:
     restored = hostfirewall.drop_from_bridge(bridge)
     logger.bind(sandbox=sandbox_name, bridge=bridge, restored=restored).warning("egress_bridge_rules_missing")
     return restored
-
-
-def sweep_orphans(client: Any, instance: str) -> list[str]:
-    """Remove edges and networks of this instance whose container is gone; blocking (see
-    `sandbox.runtime.docker.netsweep`)."""
-    from sandbox.runtime.docker import netsweep
-
-    return netsweep.sweep_orphans(client, instance)
