@@ -1,7 +1,7 @@
 """The bind names the runtime modules still import from here; the checks are sandbox/config/binds.py.
 
-Kept only for spec.py, docker/backend.py and host/backend.py (changed on other branches of
-issue 25): import from `sandbox.config.binds` instead, and remove this module when none does.
+Kept only for spec.py (changed on another branch of issue 25): import from
+`sandbox.config.binds` instead, and remove this module when none does.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from sandbox.runtime.binds import CONTAINER_WORKDIR
+from sandbox.config.binds import CONTAINER_WORKDIR
+from sandbox.runtime import proc_kill
 from sandbox.runtime.folders import prepare_workspace
 from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
@@ -96,8 +97,6 @@ class HostSandbox:
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids a call started that are still alive."""
         del user
-        from sandbox.runtime.host import proc_kill
-
         members = await anyio.to_thread.run_sync(
             lambda: proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True)
         )

@@ -12,8 +12,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import ByteReceiveStream
 
-from sandbox.runtime import shellwrap
-from sandbox.runtime.host import proc_kill
+from sandbox.runtime import proc_kill, shellwrap
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult, RunRequest
 
