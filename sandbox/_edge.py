@@ -24,7 +24,7 @@ def apply_logging() -> None:
     """Apply what `want_logging` asked for (called by sandbox._log on its first import)."""
     if _logging is None:
         return
-    from loguru import logger
+    from loguru import logger  # loguru loads only once logs are wanted: asking costs nothing
 
     logger.remove()
     logger.add(sys.stderr, level=_logging["level"], serialize=_logging["serialize"])

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from sandbox._log import logger
 from sandbox.runtime.folders import prepare_workspace
 from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
@@ -233,8 +234,6 @@ def capture_logs(level: str = "DEBUG") -> Iterator[list[dict[str, Any]]]:
     The library is quiet by default (`logger.disable("sandbox")`); this enables it for the block
     and makes it quiet again afterwards.
     """
-    from loguru import logger
-
     records: list[dict[str, Any]] = []
 
     def sink(message: Any) -> None:

@@ -15,26 +15,25 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sandbox._log import logger
-from sandbox.api.auth import current_caller
+from sandbox.api.auth import current_caller, resolve_session
 from sandbox.api.bodies import BodyLimit
 from sandbox.api.call_routes import add_call_routes
 from sandbox.api.limits import TenantLimits
+from sandbox.api.mcp_server import http_server
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
 from sandbox.api.read_routes import add_read_routes
 from sandbox.api.requests import ERROR_RESPONSES
 from sandbox.api.serving import StopWatch
 from sandbox.api.tenants import Caller, Tenants
-from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
-from sandbox.errors import SandboxError, UsageError
+from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
-from sandbox.policy.sessions import agent_of, key_problem
 
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
@@ -46,9 +45,6 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
     metrics = Metrics()
     admission_of: list[Admission] = []  # made with the app (it reads the app's state)
-
-    from sandbox.api.mcp_server import http_server
-
     tenants = Tenants(config)
     limits = TenantLimits(config.service)
     watch = StopWatch()  # stops calls whose client went away, or that outlive a stopping service's grace
@@ -127,39 +123,6 @@ async def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
     if status == 422:  # 422 is FastAPI's documented validation shape; a refusal is a plain 400
         status = 400
     return JSONResponse({"detail": exc.message, "code": exc.code.value}, status_code=status)
-
-
-def agent_for(tenants: Tenants, who: Caller, key: str, agent: str | None) -> EffectiveAgent:
-    """The agent a request names (`agent`, else the key's, else the tenant's default); 404 across tenants."""
-    problem = key_problem(key)
-    if problem:
-        raise HTTPException(400, problem)
-    wanted = agent or agent_of(key)
-    if wanted is None:
-        fallback = tenants.default_agent(who.tenant.id)
-        if fallback is None:
-            raise HTTPException(404, "this tenant has no agents")
-        return fallback
-    found = tenants.agents(who.tenant.id).get(wanted)
-    if found is None:  # another tenant's agent looks exactly like a missing one
-        raise HTTPException(404, f"no agent {wanted!r}")
-    return found
-
-
-def resolve_session(tenants: Tenants, orch: Orchestrator, who: Caller, key: str, agent: str | None) -> Session:
-    """The session a request names, as this tenant may reach it (HTTP errors otherwise)."""
-    target = agent_for(tenants, who, key, agent)
-    try:
-        session = orch.session(key, agent=target.id)
-    except UsageError as exc:
-        raise HTTPException(400, exc.message) from exc
-    if not session.sandboxed and not who.tenant.allow_unsandboxed:
-        raise HTTPException(
-            403,
-            f"session {key!r} of agent {target.id!r} is not sandboxed; this tenant may reach only "
-            "sandboxed sessions (tenants[].allow_unsandboxed)",
-        )
-    return session
 
 
 async def _recover_periodically(orch: Orchestrator) -> None:

@@ -24,6 +24,7 @@ from sandbox.api.quotas import Admission
 from sandbox.api.requests import BatchRequest, CallRequest, json_body, read_body
 from sandbox.api.serving import StopWatch, past_drain_deadline
 from sandbox.api.tenants import Caller
+from sandbox.engine.batch import BatchCall, plan
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 
@@ -65,8 +66,6 @@ def add_call_routes(
     # read by hand too: FastAPI reads a body parameter before it checks the token
     @app.post("/v1/sessions/{key}/batches", openapi_extra=json_body(BatchRequest))
     async def batch(request: Request, key: str) -> Any:
-        from sandbox.engine.batch import BatchCall, plan
-
         who = await current_caller(request)
         admission.precheck(who)
         async with limits.body_slot(who):

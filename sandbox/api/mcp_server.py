@@ -9,21 +9,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
+from fastapi import HTTPException
+from fastapi.responses import JSONResponse
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.shared.exceptions import MCPError
 
 from sandbox._log import logger
-from sandbox.api.metrics import Metrics
+from sandbox.api.auth import resolve_session
+from sandbox.api.bodies import mark_authenticated
+from sandbox.api.mcp_sessions import OwnedSessions, owner_of
 from sandbox.api.quotas import Admission
-from sandbox.api.serving import StopWatch
+from sandbox.api.serving import StopWatch, past_drain_deadline
 from sandbox.api.tenants import Caller, Tenants
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 from sandbox.tools.formats import render
+
+if TYPE_CHECKING:
+    from sandbox.api.metrics import Metrics  # only the service makes them (prometheus_client)
 
 
 def tools_of(session: Session) -> types.ListToolsResult:
@@ -84,13 +92,6 @@ def http_server(
     404, as if it did not exist), a tenant holds at most service.max_mcp_sessions_per_tenant of
     them (429 past it), and one idle for service.mcp_session_idle_s ends.
     """
-    from fastapi import HTTPException
-    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
-
-    from sandbox.api.app import resolve_session
-    from sandbox.api.mcp_sessions import OwnedSessions, owner_of
-    from sandbox.api.serving import past_drain_deadline
-
     service = tenants.config.service
     # the orchestrator sessions each MCP session used under its own default key (mcp-<id>), to
     # close when it ends; a session named by X-Sandbox-Session outlives it (REST DELETE ends it)
@@ -163,10 +164,6 @@ def http_server(
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         # the bearer check happens before the MCP layer sees the request (or its body) at all
         if scope["type"] == "http":
-            from fastapi.responses import JSONResponse
-
-            from sandbox.api.bodies import mark_authenticated
-
             headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
             authorization = headers.get("authorization")
             who = tenants.from_authorization(authorization)

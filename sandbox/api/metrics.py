@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 from sandbox.errors import ErrorCode
 
 UNKNOWN_TOOL = "unknown"
@@ -20,8 +22,6 @@ class Metrics:
     """The service's Prometheus metrics (one registry per app)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         self.registry = CollectorRegistry()
         self.calls = Counter(
             "sandbox_calls_total",

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandbox.api.auth import CallerDep
 from sandbox.api.bodies import mark_authenticated
@@ -26,6 +27,8 @@ from sandbox.api.tenants import Caller, Tenants, tenant_agents
 from sandbox.config.merge import probe_agent_id
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
+from sandbox.policy import explain_data
+from sandbox.tools import render
 
 Format = Literal["openai", "anthropic", "mcp"]
 Verdict = Literal["approve", "deny"]
@@ -109,8 +112,6 @@ def add_read_routes(
         agent: str | None = None,
         format: Format = "openai",
     ) -> list[dict[str, Any]]:
-        from sandbox.tools import render
-
         limits.read(who)
         return render(session_for(request, who, session, agent).tools(), format)
 
@@ -118,8 +119,6 @@ def add_read_routes(
     async def explain(
         request: Request, who: CallerDep, session: SessionQuery, agent: str | None = None
     ) -> dict[str, Any]:
-        from sandbox.policy import explain_data
-
         limits.read(who)
         return explain_data(session_for(request, who, session, agent).policy)
 
@@ -196,8 +195,6 @@ def add_read_routes(
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Any:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
         if not tenants.may_read_metrics(request.headers.get("authorization")):
             raise HTTPException(
                 401,

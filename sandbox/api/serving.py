@@ -50,6 +50,7 @@ def uvicorn_config(app: Any, *, host: str, port: int, graceful_s: int | None = N
     """uvicorn's settings for `app` (made by api/app.py): its HTTP protocol is the guarded one
     (api/connections.py: a request-head timeout and bounded connections), whose guard is left in
     `app.state.connections`."""
+    # httptools' guarded protocol: only the HTTP service needs it, not `sandbox mcp` over stdio (StopWatch)
     from sandbox.api.connections import protocol_for
 
     protocol, guard = protocol_for(app.state.config.service)

@@ -1,7 +1,7 @@
 """Rules over one container's `docker inspect` document (live, or built from the config).
 
 Each rule returns findings; a rule that finds nothing returns []. The same rules run on the
-config (through `config_rules.inspect_of`) and on live containers, so both say the same thing.
+config (through `config_docs.inspect_of`) and on live containers, so both say the same thing.
 This module holds the privilege and namespace rules and runs them all.
 """
 

@@ -8,11 +8,14 @@ domain, and exemptions from the private-address refusal.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from sandbox.audit.findings import Finding
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config
+from sandbox.runtime.docker import subnets
+from sandbox.runtime.netranges import special_blocks
 from sandbox.runtime.spec import EGRESS_NETWORK
 
 
@@ -82,10 +85,6 @@ def egress_findings(agent: EffectiveAgent, target: str) -> list[Finding]:
 
 def _special_names(ranges: list[str]) -> str:
     """The IANA special-purpose blocks (not globally reachable) the ranges overlap, as text."""
-    import ipaddress
-
-    from sandbox.runtime.netranges import special_blocks
-
     hit = []
     for text in ranges:
         net = ipaddress.ip_network(text, strict=False)
@@ -98,8 +97,6 @@ def _special_names(ranges: list[str]) -> str:
 def pool_findings(config: Config, client: Any) -> list[Finding]:
     """SBX-N005: an address pool for egress and browser networks that is running low (less than
     a tenth free), one finding per pool; nothing without an engine or when no agent uses one."""
-    from sandbox.runtime.docker import subnets
-
     pools = set()
     for agent_id in agent_ids(config):
         sandbox = effective_agent(config, agent_id).sandbox

@@ -13,11 +13,13 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from sandbox.audit.config_docs import inspect_of
 from sandbox.audit.findings import Finding
 from sandbox.audit.mount_rules import is_scratch
 from sandbox.config.isolation import overlaps, shared_mismatches
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
+from sandbox.journal.store import Journal
 from sandbox.runtime.naming import Labels
 
 FIX_OWN_DIRS = "give every agent its own directory, outside the state_dir and every workspace_root"
@@ -85,8 +87,6 @@ def _mount_set(mounts: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, bool]
 
 def live_shared_findings(config: Config, doc: Mapping[str, Any], target: str) -> list[Finding]:
     """SBX-S001 on a live `shared` container: an agent of its tenant would get other mounts than it has."""
-    from sandbox.audit.config_rules import inspect_of  # config_rules runs this module's config rules
-
     labels = (doc.get("Config") or {}).get("Labels") or {}
     if labels.get(Labels.SCOPE) != "shared" or labels.get(Labels.KIND) != "exec":
         return []
@@ -123,8 +123,6 @@ def senders_from_journal(config: Config) -> dict[str, set[str]]:
     path = config.state_dir / "journal.sqlite3"
     if not path.exists():
         return {}
-    from sandbox.journal.store import Journal
-
     journal = Journal(path)
     try:
         events = journal.events(limit=100_000)

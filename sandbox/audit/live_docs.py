@@ -10,6 +10,7 @@ from sandbox.audit.findings import Finding
 from sandbox.audit.mount_rules import VOLUME_DEVICE
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
+from sandbox.runtime.docker.images import provenance
 
 
 def enrich(client: Any, doc: dict[str, Any]) -> dict[str, Any]:
@@ -39,8 +40,6 @@ def enrich(client: Any, doc: dict[str, Any]) -> dict[str, Any]:
 
 def image_findings(client: Any, config: Config) -> list[Finding]:
     """SBX-I001 (info): what each configured image was built from; SBX-I002 (low): not recorded."""
-    from sandbox.runtime.docker.images import provenance
-
     images: set[str] = set()
     for agent_id in agent_ids(config):
         sandbox = effective_agent(config, agent_id).sandbox

@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.audit.config_rules import audit_config, inspect_of
+import docker.errors
+
+from sandbox.audit.config_docs import inspect_of
+from sandbox.audit.config_rules import audit_config
 from sandbox.audit.container_rules import audit_container
 from sandbox.audit.control_rules import control_findings, live_control_findings
 from sandbox.audit.egress_rules import pool_findings
@@ -23,6 +26,7 @@ from sandbox.audit.mount_rules import mark_writable_elsewhere
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
+from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.naming import Labels, instance_id
 
 
@@ -131,19 +135,14 @@ def run_audit(config: Config, client: Any | None, *, all_containers: bool = Fals
     """
     if client is None:
         return _run_audit(config, None, all_containers=all_containers)
-    from sandbox.runtime.docker.errors import mapped
-
     with mapped("audit"):
         return _run_audit(config, client, all_containers=all_containers)
 
 
 def _inspect_or_none(client: Any, container_id: str) -> dict[str, Any] | None:
-    # a container removed between the listing and its inspect is simply not there any more
-    import docker.errors
-
     try:
         return dict(client.api.inspect_container(container_id))
-    except docker.errors.NotFound:
+    except docker.errors.NotFound:  # removed between the listing and its inspect: simply not there any more
         return None
 
 

@@ -34,6 +34,7 @@ class State:
     def registry(self) -> ToolRegistry:
         """Built-in tools plus the config's skills; refused skills are reported on stderr once."""
         if self._registry is None:
+            # here, not at the top: `sandbox --help` stays cheap
             from sandbox.tools.catalog import build_registry
 
             self._registry, problems = build_registry(self.config)
@@ -43,21 +44,21 @@ class State:
 
     def lineage(self, session: str) -> Child | None:
         """The lineage of a spawned session (None for any other, or when nothing was spawned)."""
+        # here, not at the top: `sandbox --help` stays cheap
         from sandbox.sessions.child import lineage_of
 
         return lineage_of(self.config.state_dir, session)
 
     def resolver(self) -> PolicyResolver:
         """A policy resolver over the config and every registered tool."""
+        # here, not at the top: `sandbox --help` stays cheap
         from sandbox.policy import PolicyResolver
+        from sandbox.tools import BUILTIN_BY_NAME
+        from sandbox.tools.catalog import skill_tool_names
 
         if self._registry is not None:
-            from sandbox.tools import BUILTIN_BY_NAME
-
             extra = tuple(n for n in self._registry.names() if n not in BUILTIN_BY_NAME)
         else:  # the names are enough: no tool handler is loaded to explain a policy
-            from sandbox.tools.catalog import skill_tool_names
-
             extra = skill_tool_names(self.config)
         return PolicyResolver(self.config, extra_tools=extra)
 
@@ -65,6 +66,7 @@ class State:
     def config(self) -> Config:
         """The loaded config (loaded once, on first use)."""
         if self._config is None:
+            # here, not at the top: `sandbox --help` stays cheap
             from sandbox.config import load_config, load_config_text
 
             if self.config_path:
@@ -106,6 +108,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print machin
 
 
 def _not_provided(state: State, allowed: frozenset[str] | set[str]) -> list[str]:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.tools.catalog import skill_tool_names
     from sandbox.tools.handlers import PROVIDED_BUILTINS
 
@@ -114,6 +117,7 @@ def _not_provided(state: State, allowed: frozenset[str] | set[str]) -> list[str]
 
 
 def _identity(state: State, agent: str | None, session: str, provider: str | None, model: str | None) -> Identity:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.config.merge import default_agent_id
     from sandbox.policy import Identity
     from sandbox.policy.sessions import agent_of
@@ -137,6 +141,7 @@ def _identity(state: State, agent: str | None, session: str, provider: str | Non
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, log_level: str, log_json: bool) -> None:
     """Decide which tools an AI agent may call, and run them in hardened Docker sandboxes."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox import _edge
 
     _edge.want_logging(log_level, serialize=log_json)  # applied when the library first logs
@@ -160,7 +165,9 @@ def explain(
     as_json: bool,
 ) -> None:
     """Why each tool exists or not for a session, and whether it is sandboxed."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.policy import explain_data, explain_text
+    from sandbox.tools.availability import unavailable
 
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
     data = explain_data(policy)
@@ -173,24 +180,25 @@ def explain(
             + ", ".join(missing)
             + "\n  to provide one: register a handler (ToolRegistry.register) or add a SKILL.md tool (skills.dirs)"
         )
-    from sandbox.tools.availability import unavailable
-
     cannot = {t: why for t in sorted(policy.allowed) if t not in missing and (why := unavailable(t, policy))}
     if cannot:
         data["not_runnable_here"] = cannot
         text += "\n\nallowed by policy, cannot run in this session (the model is not offered them):"
         text += "".join(f"\n  {t}: {why}" for t, why in cannot.items())
     if policy.sandbox.sandboxed:
+        # here, not at the top: `sandbox --help` stays cheap
         from sandbox.sessions.child import child_agent
 
         child = state.lineage(session)
         agent_view = child_agent(state.config, policy.agent, child) if child is not None else None
         if state.config.runtime.backend == "kubernetes":
+            # each engine's facts only where that engine runs the sandboxes
             from sandbox.runtime.kubernetes.explain import pod_facts, pod_text
 
             data["pod"] = pod_facts(state.config, policy, agent=agent_view)
             text += "\n\n" + pod_text(data["pod"])
         else:
+            # each engine's facts only where that engine runs the sandboxes
             from sandbox.runtime.docker.explain import container_facts, container_text
 
             data["container"] = container_facts(state.config, policy, agent=agent_view)
@@ -217,12 +225,12 @@ def tools_cmd(
     as_json: bool,
 ) -> None:
     """The tool definitions the model would receive, in a vendor's shape."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.tools import render
+    from sandbox.tools.availability import offered
 
     registry = state.registry()
     policy = state.resolver().resolve(_identity(state, agent, session, provider, model))
-    from sandbox.tools.availability import offered
-
     here = offered(registry, policy)  # allowed, provided, runnable here: never a tool that cannot run
     specs = [registry.get(d.tool) for d in policy.decisions if d.tool in here]
     data = render(specs, fmt)  # type: ignore[arg-type]
@@ -241,6 +249,9 @@ def config_group() -> None:
 @handled
 def config_check(state: State, as_json: bool) -> None:
     """Validate the config and print the effective merged config."""
+    # here, not at the top: `sandbox --help` stays cheap
+    import yaml
+
     from sandbox.config.merge import agent_ids, effective_agent
 
     config = state.config
@@ -261,8 +272,6 @@ def config_check(state: State, as_json: bool) -> None:
     if as_json:
         _emit(data, True, "")
         return
-    import yaml
-
     click.echo(f"ok: {data['source']} is valid ({len(agents)} agent(s))")
     click.echo(yaml.safe_dump({"effective_agents": agents}, sort_keys=False))
 

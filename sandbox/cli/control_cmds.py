@@ -22,6 +22,7 @@ PREVIEW_CHARS = 80  # of the arguments, per line of `approvals list`; the cut is
 
 
 def _journal(state: State) -> Journal:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.journal.store import Journal
 
     return Journal(state.config.state_dir / "journal.sqlite3")
@@ -149,12 +150,14 @@ def _event_line(e: Event) -> str:
 
 def _collect_egress(state: State, journal: Any) -> None:
     """Bring the live egress proxies' request lines into the journal first; no engine: skipped."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.config.merge import agent_ids, effective_agent
 
     config = state.config
     if not any(effective_agent(config, a).sandbox.docker.network == "egress" for a in agent_ids(config)):
         return  # nothing to collect: no docker import, no engine needed
     try:
+        # the engine only when an agent's network is egress
         import docker
 
         from sandbox.runtime.docker.egress_log import collect_instance
@@ -238,6 +241,7 @@ def _moment(text: str | None, now: float, flag: str) -> float | None:
     """An age (`30m`: that long ago), a UTC time (ISO 8601) or Unix seconds, as Unix seconds."""
     if text is None:
         return None
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.journal.retention import parse_age
 
     age = parse_age(text.strip())
@@ -259,12 +263,14 @@ def _moment(text: str | None, now: float, flag: str) -> float | None:
 @handled
 def status(state: State, deep: bool, as_json: bool) -> None:
     """Where things stand: the journal, and with --deep everything else."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.policy import Identity
 
     journal = _journal(state)
     # cheap (no integrity check, no count of events): `sandbox doctor` reads the journal in full
     data: dict[str, Any] = {"journal": {**journal.health(), "retention": state.config.journal.retention.model_dump()}}
     if deep:
+        # --deep only: the engine, the tools' code, the sandboxes
         from sandbox.config.merge import agent_ids, effective_agent
         from sandbox.runtime import lifecycle
         from sandbox.runtime.docker.backend import DockerBackend

@@ -27,6 +27,7 @@ def journal_group() -> None:
 @handled
 def journal_prune(state: State, max_age: str | None, max_bytes: str | None, vacuum: bool, as_json: bool) -> None:
     """Delete events past journal.retention (oldest first, never an open call's or a pending approval's)."""
+    # here, not at the top: `sandbox --help` stays cheap
     from pydantic import ValidationError
 
     from sandbox.config.models import RetentionConfig

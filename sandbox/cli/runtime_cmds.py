@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import click
 
+from sandbox import __version__
 from sandbox.cli import State, _emit, handled, json_option, main
 from sandbox.errors import UsageError
 
@@ -24,6 +25,7 @@ BUILD_TIMEOUT_S = 900.0
 
 
 def _docker(timeout_s: float | None = None) -> DockerBackend:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime.docker.backend import CONTROL_TIMEOUT_S, DockerBackend
 
     return DockerBackend(timeout_s=timeout_s or CONTROL_TIMEOUT_S)
@@ -31,6 +33,7 @@ def _docker(timeout_s: float | None = None) -> DockerBackend:
 
 def _targets(state: State) -> list[Any]:
     """images/sandbox, images/browser and images/egress, tagged as the default agent config names them."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime.docker.images import ImageTarget
 
     sandbox = state.config.agents.defaults.sandbox
@@ -42,6 +45,7 @@ def _targets(state: State) -> list[Any]:
 
 
 def _manager(state: State) -> SandboxManager:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime.manager import SandboxManager
 
     return SandboxManager(state.config, _docker())
@@ -67,6 +71,7 @@ def images_group() -> None:
 @handled
 def images_build(state: State, offline: bool, force: bool, as_json: bool) -> None:
     """Build the exec and browser images from images/ (idempotent)."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime.docker.images import build_all
 
     backend = _docker(BUILD_TIMEOUT_S)
@@ -89,6 +94,7 @@ def images_build(state: State, offline: bool, force: bool, as_json: bool) -> Non
 def list_cmd(state: State, as_json: bool) -> None:
     """This orchestrator's sandboxes: agent, role (pool member, spawned child), scope key, age,
     idle time, config match, state."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime import lifecycle
 
     async def go() -> list[lifecycle.SandboxRow]:
@@ -139,6 +145,7 @@ def list_cmd(state: State, as_json: bool) -> None:
 @handled
 def recreate(state: State, all_: bool, agent: str | None, session: str | None, browser: bool, as_json: bool) -> None:
     """Remove sandboxes so they are created afresh (with the current config) on next use."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.policy.sessions import check_session_key
     from sandbox.runtime import lifecycle
 
@@ -169,6 +176,7 @@ def recreate(state: State, all_: bool, agent: str | None, session: str | None, b
 @handled
 def prune(state: State, dry_run: bool, as_json: bool) -> None:
     """Remove sandboxes idle past prune.idle_hours or older than prune.max_age_days (0 disables)."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime import lifecycle
 
     async def go() -> tuple[list[tuple[str, str]], list[str]]:
@@ -201,21 +209,19 @@ def doctor(state: State, as_json: bool) -> None:
     """Check the engine, runtimes, images, cgroup limits and the state dir (on Kubernetes: the
     API, the namespaces' Pod Security labels, what this identity may do, the classes named)."""
     if state.config.runtime.backend == "kubernetes":
-        import anyio
-
+        # the cluster's checks only where a cluster runs the sandboxes
         from sandbox.runtime.kubernetes.doctor import run_checks as cluster_checks
 
         _report(anyio.run(cluster_checks, state.config), as_json)
         return
-    from sandbox.runtime.docker.doctor import run_checks
+    # here, not at the top: `sandbox --help` stays cheap
+    from sandbox.runtime.checks import Check
+    from sandbox.runtime.docker.doctor import journal_check, run_checks, workspace_checks
 
     backend = _docker()
     try:
         client = backend.client
     except Exception as exc:
-        from sandbox.runtime.checks import Check
-        from sandbox.runtime.docker.doctor import journal_check, workspace_checks
-
         checks = [
             Check("fail", "engine", str(exc), "start the Docker engine (dockerd) or set DOCKER_HOST"),
             *workspace_checks(state.config),
@@ -257,7 +263,7 @@ def audit(ctx: click.Context, all_containers: bool, fail_on: str, sarif: bool, n
     """What every sandbox can reach, checked against CIS Docker 5.x and Pod Security rules."""
     if ctx.invoked_subcommand is not None:
         return
-    from sandbox import __version__
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.audit.findings import at_or_above
     from sandbox.audit.report import to_json, to_sarif, to_text
     from sandbox.audit.run import run_audit
@@ -282,6 +288,7 @@ def audit(ctx: click.Context, all_containers: bool, fail_on: str, sarif: bool, n
 @handled
 def audit_mounts(state: State, as_json: bool) -> None:
     """Every host path each agent's sandboxes can read or write, the mode, and the config key."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.audit.run import mount_map
 
     table = mount_map(state.config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
@@ -23,19 +24,20 @@ from sandbox.errors import UsageError
 def serve(state: State, host: str, port: int, grace: int) -> None:
     """Serve the HTTP API (tenants authenticate with bearer tokens; see README, Service)."""
     try:
+        # here, and the service's extra (fastapi, uvicorn) may be missing: said plainly
         from sandbox.api import serving
         from sandbox.api.app import create_app
     except ImportError as exc:
         raise UsageError(
             f"the service needs its extra: pip install 'agent-sandbox[service]' ({exc.name} missing)"
         ) from exc
-    if not state.config.tenants:
-        raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.api.token_file import read_tokens
-
-    read_tokens(state.config.state_dir, strict=True)  # a damaged token file stops the start, said plainly
     from sandbox.journal.store import check_journal
 
+    if not state.config.tenants:
+        raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
+    read_tokens(state.config.state_dir, strict=True)  # a damaged token file stops the start, said plainly
     check_journal(state.config.state_dir / "journal.sqlite3")  # so does a damaged journal (no traceback)
     serving.run(create_app(state.config), host=host, port=port, grace_s=grace)
 
@@ -58,6 +60,7 @@ def token_group() -> None:
 @handled
 def token_create(state: State, tenant: str, name: str, as_json: bool) -> None:
     """Make a token for TENANT: printed once, only its hash is written (state dir, 0600)."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.api.tenants import create_token, token_hash
 
     token = create_token(state.config, tenant, name)
@@ -76,18 +79,18 @@ def token_create(state: State, tenant: str, name: str, as_json: bool) -> None:
 @handled
 def mcp_cmd(state: State, agent: str | None, session: str | None) -> None:
     """Serve one agent's tools over MCP on stdin/stdout (for desktop clients)."""
-    import anyio
-
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.config.merge import default_agent_id
+    from sandbox.engine.orchestrator import Orchestrator
     from sandbox.policy.sessions import check_session_key
 
     try:
+        # here, and the service's extra (mcp) may be missing: said plainly
         from sandbox.api.mcp_server import serve_stdio
     except ImportError as exc:
         raise UsageError(
             f"MCP needs the service extra: pip install 'agent-sandbox[service]' ({exc.name} missing)"
         ) from exc
-    from sandbox.engine.orchestrator import Orchestrator
 
     agent_id = agent or default_agent_id(state.config)
     key = check_session_key(session or f"agent:{agent_id}:mcp")

@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 def check_session_key(key: str) -> str:
     """The key, validated (imported when a command runs: `--help` stays light)."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.policy.sessions import check_session_key as check
 
     return check(key)
 
 
 def _orchestrator(state: State) -> Orchestrator:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.engine.orchestrator import Orchestrator
 
     return Orchestrator(state.config, registry=state.registry())

@@ -65,6 +65,7 @@ def caller_options(fn: F) -> F:
 def _run_call(
     state: State, agent: str | None, session: str, tool: str, arguments: Any, caller: Caller | None = None
 ) -> ToolResult:
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.config.merge import default_agent_id
     from sandbox.engine.orchestrator import Orchestrator
     from sandbox.engine.progress import ProgressBus
@@ -128,6 +129,7 @@ def parse_arguments(json_args: str) -> Any:
     Raises:
         UsageError: not JSON, nested too deep for the parser itself, or over the engine's limits.
     """
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.engine.arguments import MAX_DEPTH, check_arguments
 
     if json_args == "-":
@@ -169,6 +171,7 @@ def exec_cmd(
     as_json: bool,
 ) -> None:
     """Run a command as the session's exec tool would: `sandbox exec --session K -- ls -la`."""
+    # here, not at the top: `sandbox --help` stays cheap
     import shlex
 
     args: dict[str, Any] = {"command": shlex.join(command) if len(command) > 1 else command[0]}
@@ -199,6 +202,7 @@ def exec_cmd(
 @handled
 def demo(state: State, agent: str | None, keep: bool, as_json: bool) -> None:
     """A short scripted agent session against real sandboxes, printed as a person would read it."""
+    # here, not at the top: `sandbox --help` stays cheap
     from sandbox.cli.demo import run_demo
 
     ok = anyio.run(run_demo, state.config, agent, keep, as_json)

@@ -9,9 +9,12 @@ state. The same comparisons serve `sandbox audit` for configs that never went th
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 from sandbox.config.binds import parse_bind
@@ -218,9 +221,6 @@ def writable_roots(config: Config) -> list[WritableRoot]:
 
 def _hook_paths() -> list[str]:
     """Where the installed hook plugins' code lives (found without importing it)."""
-    import importlib.util
-    from importlib.metadata import entry_points
-
     out = []
     for ep in entry_points(group="agent_sandbox.hooks"):
         try:
@@ -239,8 +239,6 @@ _PACKAGE_FOLDER = os.path.dirname(os.path.dirname(__file__))
 
 def control_paths(config: Config) -> list[tuple[str, str]]:
     """(kind, resolved path) of everything the orchestrator reads or runs as itself on the host."""
-    import sys
-
     paths = [("skills dir", os.path.realpath(d)) for d in config.skills.dirs]
     if config.source_file is not None:
         paths.append(("config file", str(config.source_file)))

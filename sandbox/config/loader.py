@@ -15,8 +15,9 @@ from sandbox.config import keys, locate
 from sandbox.config.binds import bind_problems, check_source
 from sandbox.config.isolation import isolation_problems
 from sandbox.config.locate import Loc, ParsedDocument, format_loc
-from sandbox.config.models import Config, default_state_dir
-from sandbox.errors import ConfigError
+from sandbox.config.merge import agent_ids, effective_agent
+from sandbox.config.models import Config, DockerConfig, default_state_dir
+from sandbox.errors import BindRefused, ConfigError
 
 _PROVIDER_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.:-]*)?$")
 
@@ -265,9 +266,6 @@ def _workspace_root_problems(config: Config) -> list[tuple[Loc, str]]:
     engine look like the orchestrator's own. The escape hatches do not apply here: they are for
     binds a person chose, and a scratch root is never one.
     """
-    from sandbox.config.models import DockerConfig
-    from sandbox.errors import BindRefused
-
     out: list[tuple[Loc, str]] = []
     places: list[tuple[Loc, Path | None]] = [
         (("agents", "defaults", "sandbox", "workspace_root"), config.agents.defaults.sandbox.workspace_root)
@@ -288,8 +286,6 @@ def _workspace_root_problems(config: Config) -> list[tuple[Loc, str]]:
 
 def _workspace_store_problems(config: Config) -> list[tuple[Loc, str]]:
     """A volume holds a scratch workspace only: an agent's own folder is on the host by definition."""
-    from sandbox.config.merge import agent_ids, effective_agent
-
     out: list[tuple[Loc, str]] = []
     for index, agent_id in enumerate(agent_ids(config)):
         sandbox = effective_agent(config, agent_id).sandbox

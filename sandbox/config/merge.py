@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from sandbox.config.models import AgentConfig, AgentToolsConfig, Config, SandboxConfig
+from sandbox.errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -73,8 +74,6 @@ def default_agent_id(config: Config, tenant: str | None = None) -> str:
     Raises:
         UsageError: no agent, or several and none of them the default (the error lists them).
     """
-    from sandbox.errors import UsageError
-
     listed = [a for a in config.agents.list if tenant is None or a.tenant == tenant]
     if not config.agents.list and tenant in (None, "default"):
         return "main"

@@ -13,6 +13,7 @@ import anyio.to_thread
 from sandbox._log import logger
 from sandbox.config.merge import default_agent_id
 from sandbox.config.models import Config
+from sandbox.engine import recovery
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES as MAX_ARGUMENT_BYTES
 from sandbox.engine.executor import Engine
@@ -25,6 +26,8 @@ from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
 from sandbox.journal.store import Approval, Journal
 from sandbox.policy.resolver import Identity, PolicyResolver
 from sandbox.policy.sessions import agent_of
+from sandbox.runtime.backends import backend_for
+from sandbox.runtime.manager import SandboxManager
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
 from sandbox.tools.builtin import BUILTIN_BY_NAME
@@ -33,7 +36,6 @@ from sandbox.tools.registry import ToolRegistry
 from sandbox.tools.skills import SkillProblem
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
-    from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Backend, Browsers
     from sandbox.tools.search import SearchProvider
 
@@ -117,8 +119,6 @@ class Orchestrator:
     def backend(self) -> Backend:
         """The sandbox backend: the one given, else the one `runtime.backend` names (default Docker)."""
         if self._backend is None:
-            from sandbox.runtime.backends import backend_for
-
             self._backend = backend_for(self.config)
         return self._backend
 
@@ -150,8 +150,6 @@ class Orchestrator:
     def manager(self) -> SandboxManager:
         """Sessions -> sandboxes (scopes, creation, reuse)."""
         if self._manager is None:
-            from sandbox.runtime.manager import SandboxManager
-
             self._manager = SandboxManager(self.config, self.backend)
             self._manager.journal = self.journal
         return self._manager
@@ -221,9 +219,7 @@ class Orchestrator:
 
     async def recover(self) -> list[dict[str, Any]]:
         """After a restart: settle every call the journal shows unfinished (see engine/recovery.py)."""
-        from sandbox.engine.recovery import recover
-
-        outcomes = await recover(self)
+        outcomes = await recovery.recover(self)
         for key in await self.sessions.finish_cascades():
             outcomes.append({"session": key, "now": "closed (a cascade the last orchestrator began)"})
         return outcomes

@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from sandbox.config.models import FsSection
+from sandbox.config.protected import is_protected  # `**` globs: submodules, worktrees
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.locks import file_lock
 from sandbox.fs.paths import WorkspacePath, split_path
@@ -123,8 +124,6 @@ class WorkspaceFiles:
                 path=loc.display,
                 mount=loc.root.container_path,
             )
-        from sandbox.config.protected import is_protected  # `**` globs: submodules, worktrees
-
         protected = is_protected(self.fs.protected_paths, loc.path.relative)
         if protected is not None:
             raise SandboxError(

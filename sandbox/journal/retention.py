@@ -28,7 +28,10 @@ from pathlib import Path
 from threading import Event
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+import anyio.to_thread
+
 from sandbox._log import logger
+from sandbox.errors import SandboxError
 
 if TYPE_CHECKING:
     from sandbox.config.models import RetentionConfig
@@ -186,10 +189,6 @@ async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig)
     running prune's stop flag: its thread ends at most one batch later (:meth:`Journal.close`
     waits for that batch, never for the whole prune).
     """
-    import anyio.to_thread
-
-    from sandbox.errors import SandboxError
-
     if journal is None:
         return
     retention = Retention.of(config)

@@ -176,10 +176,14 @@ def expand_all(patterns: Iterable[str], universe: Iterable[str]) -> frozenset[st
     return frozenset(out)
 
 
+def _near(name: str, candidates: list[str], *, cutoff: float) -> list[str]:
+    import difflib  # only a pattern that names nothing pays for it (every config load checks patterns)
+
+    return difflib.get_close_matches(name, candidates, n=3, cutoff=cutoff)
+
+
 def check_pattern(pattern: str, universe: Iterable[str]) -> str | None:
     """Return None when `pattern` names at least one known tool, else a message with near matches."""
-    import difflib
-
     known = tuple(universe)
     name = normalize_name(pattern)
     if not name:
@@ -187,7 +191,7 @@ def check_pattern(pattern: str, universe: Iterable[str]) -> str | None:
     if name in GROUPS:
         return None
     if name.startswith("group:"):
-        near = difflib.get_close_matches(name, list(GROUPS), n=3, cutoff=0.5)
+        near = _near(name, list(GROUPS), cutoff=0.5)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         return f"unknown group {pattern!r}{hint} (groups: {', '.join(sorted(GROUPS))})"
     if "*" in name:
@@ -197,6 +201,6 @@ def check_pattern(pattern: str, universe: Iterable[str]) -> str | None:
     if name in known:
         return None
     candidates = list(known) + list(ALIASES) + list(GROUPS)
-    near = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+    near = _near(name, candidates, cutoff=0.6)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     return f"unknown tool {pattern!r}{hint}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.runtime.manager import SandboxManager
@@ -13,9 +12,7 @@ from sandbox.runtime.naming import Labels
 from sandbox.runtime.protocol import SandboxInfo, unclaimed
 from sandbox.runtime.spec import spec_from_config
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
-
-if TYPE_CHECKING:
-    from sandbox.sessions.registry import Child, Registry
+from sandbox.sessions.registry import Child, Registry
 
 
 @dataclass(frozen=True)
@@ -107,8 +104,6 @@ class _Lineage:
     def __init__(self, state_dir: Path) -> None:
         self._registry: Registry | None = None
         if (state_dir / REGISTRY_FILE).exists():
-            from sandbox.sessions.registry import Registry
-
             self._registry = Registry(state_dir / REGISTRY_FILE)
 
     def child(self, key: str, tenant: str) -> Child | None:

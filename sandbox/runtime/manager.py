@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import anyio
 
 from sandbox._log import logger
-from sandbox.config.merge import EffectiveAgent
+from sandbox.config.merge import EffectiveAgent, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import owner_alive, owner_here
@@ -132,8 +132,6 @@ class SandboxManager:
 
     def pool_size(self, spec: SandboxSpec) -> int:
         """The warm pool size of the agent whose sandbox `spec` is (0: none)."""
-        from sandbox.config.merge import effective_agent
-
         try:
             return effective_agent(self.config, spec.agent).sandbox.pool.size
         except Exception:  # an agent no longer configured has no pool

@@ -20,7 +20,7 @@ def lineage_of(state_dir: Path, key: str) -> Child | None:
     path = state_dir / REGISTRY_FILE
     if not path.exists():
         return None
-    from sandbox.sessions.registry import Registry
+    from sandbox.sessions.registry import Registry  # sqlite3: only once something was spawned
 
     registry = Registry(path)
     try:

@@ -23,6 +23,7 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, UsageError
 from sandbox.journal.queries import MAX_PAGE
 from sandbox.policy.groups import expand, expand_all
+from sandbox.policy.resolver import Identity
 from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
@@ -188,8 +189,6 @@ class SessionsService:
         gets an unsandboxed child, nor one with a network when it has none."""
         if target.id == caller.agent.id or not caller.sandboxed:
             return
-        from sandbox.policy.resolver import Identity
-
         child = self._orch.policy.resolve(Identity(target.id, key))
         looser = []
         if not child.sandbox.sandboxed:

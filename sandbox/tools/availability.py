@@ -7,6 +7,7 @@ offered it, and `explain` says why.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ def unavailable(tool: str, policy: ResolvedPolicy, providers: frozenset[str] = f
 
 
 def _playwright_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("playwright") is not None
 
 

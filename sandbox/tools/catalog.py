@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a policy needs only the names (skill_tool_names): nothing heavy at import
+from sandbox.policy.groups import BUILTIN_TOOLS
+from sandbox.tools.builtin import BUILTIN_SPECS
+from sandbox.tools.registry import ToolRegistry
+from sandbox.tools.skills import SkillProblem, load_skills, skill_handler, skill_spec
+
+if TYPE_CHECKING:
     from sandbox.config.models import Config
-    from sandbox.tools.registry import ToolRegistry
-    from sandbox.tools.skills import SkillProblem
 
 
 def build_registry(config: Config) -> tuple[ToolRegistry, list[SkillProblem]]:
     """A registry with the built-in tools and every skill that loads; and why others did not."""
-    from sandbox.tools.builtin import BUILTIN_SPECS
     from sandbox.tools.handlers import builtin_handlers  # the handlers' code: only when tools may run
-    from sandbox.tools.registry import ToolRegistry
-    from sandbox.tools.skills import SkillProblem, load_skills, skill_handler, skill_spec
 
     handlers = builtin_handlers()
     registry = ToolRegistry((spec, handlers.get(spec.name)) for spec in BUILTIN_SPECS)
@@ -35,8 +35,5 @@ def skill_tool_names(config: Config) -> tuple[str, ...]:
     """
     if not config.skills.dirs:
         return ()
-    from sandbox.policy.groups import BUILTIN_TOOLS
-    from sandbox.tools.skills import load_skills
-
     skills, _ = load_skills(config.skills)
     return tuple(s.manifest.name for s in skills if s.manifest.name not in BUILTIN_TOOLS)

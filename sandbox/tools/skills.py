@@ -191,7 +191,7 @@ def skill_spec(skill: Skill) -> ToolSpec:
 
 def skill_handler(skill: Skill) -> Any:
     """A handler that runs handler.py with the arguments as JSON in $SKILL_ARGS (argv, no shell)."""
-    from sandbox.runtime import skill_spec  # the runtime edge: tools know only the protocol
+    from sandbox.runtime import skill_spec  # the runtime: only for a handler, not for a policy's skill names
 
     m = skill.manifest
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -12,6 +15,8 @@ from sandbox.audit.ownership import write_problem
 from sandbox.config.merge import agent_ids, effective_agent, probe_agent_id
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
+from sandbox.journal.retention import Retention
+from sandbox.journal.store import Journal
 from sandbox.runtime.agent.exec_path import path_from_labels
 from sandbox.runtime.checks import Check
 from sandbox.runtime.docker import procfs
@@ -78,8 +83,6 @@ def _cgroup_probe(client: Any, image: str) -> Check:
 
 def _host_firewall_check() -> Check:
     """Egress and browser sandboxes need host firewall rules (root and iptables where the engine runs)."""
-    import shutil
-
     if shutil.which("iptables") and os.geteuid() == 0:
         return Check("ok", "host firewall", "iptables and root: egress and browser sandboxes get their host rules")
     return Check(
@@ -94,9 +97,6 @@ def _host_firewall_check() -> Check:
 def _browser_client_check(config: Config) -> Check | None:
     """The browser tool's CDP client (Playwright's node driver) runs here; None when no agent
     enables the browser."""
-    import subprocess
-    import sys
-
     if not any(effective_agent(config, a).sandbox.browser.enabled for a in agent_ids(config)):
         return None
     try:
@@ -176,9 +176,6 @@ def workspace_checks(config: Config) -> list[Check]:
 def journal_check(config: Config) -> Check:
     """The journal read in full (SQLite's integrity check: seconds at a million events), its size
     against `journal.retention`, and whether a prune can give space back. Never on a probe path."""
-    from sandbox.journal.retention import Retention
-    from sandbox.journal.store import Journal
-
     path = config.state_dir / "journal.sqlite3"
     if not path.exists():
         return Check("ok", "journal", f"{path} does not exist yet (made on first use)")

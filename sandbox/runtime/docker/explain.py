@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import socket
 from typing import Any
 from urllib.parse import quote
 
@@ -123,9 +126,6 @@ def _engine_get(kind: str, name: str) -> dict[str, Any] | None:
 def _get_over_socket(socket_path: str, path: str) -> dict[str, Any] | None:
     """The engine's JSON answer to GET `path`, or None on 404; asked with one HTTP request, because
     importing the docker SDK would cost `sandbox explain` more than everything else it does."""
-    import http.client
-    import json
-    import socket
 
     class UnixConnection(http.client.HTTPConnection):
         def connect(self) -> None:
@@ -150,6 +150,7 @@ def _get_over_socket(socket_path: str, path: str) -> dict[str, Any] | None:
 
 def _get_with_sdk(kind: str, name: str) -> dict[str, Any] | None:
     """The same question of an engine behind tcp:// or ssh:// (what the SDK speaks)."""
+    # the SDK only for an engine that only it speaks to: see _get_over_socket
     import docker
     import docker.errors
 

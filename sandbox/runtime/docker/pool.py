@@ -17,8 +17,10 @@ a process that died before the rename, are removed by the pool and by `sandbox p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,16 +32,16 @@ import anyio
 import anyio.to_thread
 
 from sandbox._log import logger
+from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.runtime.docker.sandbox import DockerSandbox
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.protocol import RunRequest, pool_member
+from sandbox.runtime.protocol import RunRequest, SandboxInfo, pool_member
+from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:
-    from sandbox.config.merge import EffectiveAgent
-    from sandbox.runtime.docker.backend import DockerBackend, DockerSandbox
+    from sandbox.runtime.docker.backend import DockerBackend
     from sandbox.runtime.manager import SandboxManager
-    from sandbox.runtime.protocol import SandboxInfo
-    from sandbox.runtime.spec import SandboxSpec
 
 CLAIM_GRACE_S = 60.0  # a claim younger than this may still be renaming its container
 FILL_PARALLEL = 2  # creations at once per pool (what a 2-core engine sustains without starving calls)
@@ -128,8 +130,6 @@ class WarmPool:
 
     def pooled_agents(self) -> list[EffectiveAgent]:
         """Configured agents whose sandboxes are pooled (size > 0, sandboxed, session scope)."""
-        from sandbox.config.merge import agent_ids, effective_agent
-
         out = []
         for agent_id in agent_ids(self.manager.config):
             agent = effective_agent(self.manager.config, agent_id)
@@ -139,8 +139,6 @@ class WarmPool:
 
     async def member_spec(self, agent: EffectiveAgent) -> SandboxSpec | None:
         """The spec of a new pool member of `agent`, or None when its sandboxes cannot be pooled."""
-        from sandbox.runtime.spec import spec_from_config
-
         image = await self.backend.image_id(agent.sandbox.docker.image)
         placeholder = f"agent:{agent.id}:pool-{uuid.uuid4().hex[:12]}"
         spec = spec_from_config(self.manager.config, agent, placeholder, self.manager.instance, image_id=image)
@@ -155,8 +153,6 @@ class WarmPool:
         claim = self.claims.get(info.id)
         if claim is None or claim.name != info.name:
             return info
-        import dataclasses
-
         return dataclasses.replace(
             info,
             scope="session",
@@ -194,8 +190,6 @@ class WarmPool:
 
     async def _try(self, info: SandboxInfo, spec: SandboxSpec) -> DockerSandbox | None:
         """Claim one member for `spec` and hand it over; None when it is not (or no longer) free."""
-        from sandbox.runtime.docker.sandbox import DockerSandbox
-
         if not self._free_name(info) or info.tenant != spec.tenant or not info.running or self.claims.claimed(info.id):
             return None
         if not self.claims.take(info.id, spec):
@@ -357,10 +351,6 @@ def _move_scratch(source: Path, target: Path) -> None:
 
 def _member_info(container_id: str, spec: SandboxSpec) -> SandboxInfo:
     """What the engine would list for a member just made (without asking it)."""
-    import dataclasses
-
-    from sandbox.runtime.protocol import SandboxInfo
-
     made = SandboxInfo.from_spec(spec, created_at="")
     return dataclasses.replace(made, id=container_id, scope="pool", labels=spec.labels())
 
@@ -369,7 +359,5 @@ def _remove_scratch(info: SandboxInfo) -> None:
     """An unclaimed member's scratch folder goes with it (nothing of a session is in it)."""
     folder = info.labels.get(Labels.POOL_SCRATCH)
     if folder:
-        import shutil
-
         with contextlib.suppress(OSError):
             shutil.rmtree(folder)

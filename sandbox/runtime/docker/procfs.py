@@ -34,6 +34,7 @@ from functools import cache
 from typing import Any, Literal
 
 from sandbox._log import logger
+from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.docker.kill import in_container
 from sandbox.runtime.naming import Labels
@@ -194,8 +195,6 @@ async def hide_processes(backend: Any, container_id: str, spec: Any) -> Hiding |
 
 def shared_runtimes(config: Any) -> set[str]:
     """The runtimes of configured agents whose sessions may share a container ("" is the default)."""
-    from sandbox.config.merge import agent_ids, effective_agent
-
     found = set()
     for agent_id in agent_ids(config):
         sandbox = effective_agent(config, agent_id).sandbox

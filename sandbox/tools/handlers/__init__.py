@@ -30,6 +30,7 @@ PROVIDED_BUILTINS = frozenset(
 
 def builtin_handlers() -> dict[str, Handler]:
     """name -> handler for every built-in tool this build runs."""
+    # here, not at the top: `explain` reads PROVIDED_BUILTINS without loading every handler
     from sandbox.tools.handlers.browser import browser_tool
     from sandbox.tools.handlers.execs import exec_tool
     from sandbox.tools.handlers.files import edit_tool, read_tool, write_tool

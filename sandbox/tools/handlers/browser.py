@@ -85,7 +85,7 @@ def _untrusted(url: str, text: str, limit: int) -> tuple[str, bool]:
 
 
 async def _navigate(page: Any, url: str) -> dict[str, Any]:
-    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import Error as PlaywrightError  # an optional extra: only when the tool runs
 
     check_url(url)
     try:
@@ -113,7 +113,7 @@ async def _navigate(page: Any, url: str) -> dict[str, Any]:
 
 async def browser_tool(ctx: ToolContext, args: BrowserArgs) -> Any:
     """One browser action in the session's browser sandbox."""
-    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import Error as PlaywrightError  # an optional extra: only when the tool runs
 
     page = await _page(ctx)
     try:
@@ -122,7 +122,7 @@ async def browser_tool(ctx: ToolContext, args: BrowserArgs) -> Any:
                 raise SandboxError(ErrorCode.INVALID_ARGUMENTS, "navigate needs url")
             return await _navigate(page, args.url)
         if args.action == "content":
-            from inscriptis import get_text
+            from inscriptis import get_text  # the HTML parser loads only when a page needs it
 
             text, cut = _untrusted(page.url, str(get_text(await page.content())).strip(), DEFAULT_MAX_CHARS)
             return {"url": page.url, "title": await page.title(), "untrusted": True, "truncated": cut, "content": text}
