@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING
 from sandbox.policy.groups import BUILTIN_TOOLS
 from sandbox.tools.builtin import BUILTIN_SPECS
 from sandbox.tools.registry import ToolRegistry
-from sandbox.tools.skills import SkillProblem, load_skills, skill_handler, skill_spec
 
 if TYPE_CHECKING:
     from sandbox.config.models import Config
+    from sandbox.tools.skills import SkillProblem
 
 
 def build_registry(config: Config) -> tuple[ToolRegistry, list[SkillProblem]]:
     """A registry with the built-in tools and every skill that loads; and why others did not."""
-    from sandbox.tools.handlers import builtin_handlers  # the handlers' code: only when tools may run
+    # the handlers' code and the skills' loader: only when tools may run (a policy needs names only)
+    from sandbox.tools.handlers import builtin_handlers
+    from sandbox.tools.skills import SkillProblem, load_skills, skill_handler, skill_spec
 
     handlers = builtin_handlers()
     registry = ToolRegistry((spec, handlers.get(spec.name)) for spec in BUILTIN_SPECS)
@@ -35,5 +37,7 @@ def skill_tool_names(config: Config) -> tuple[str, ...]:
     """
     if not config.skills.dirs:
         return ()
+    from sandbox.tools.skills import load_skills  # only a config with skills pays for it
+
     skills, _ = load_skills(config.skills)
     return tuple(s.manifest.name for s in skills if s.manifest.name not in BUILTIN_TOOLS)
