@@ -7,12 +7,16 @@ from pathlib import Path
 import pytest
 
 from sandbox.config import load_config_text
+from sandbox.config.kubernetes import KubernetesSection
 from sandbox.runtime.kubernetes import api as k8s_api
 from sandbox.runtime.kubernetes.doctor import run_checks
+from sandbox.runtime.kubernetes.names import namespace_for
 from tests.cli_helpers import run_cli
 from tests.k8s_fake_cluster import FakeCluster
 
 pytestmark = pytest.mark.anyio
+
+NS = namespace_for(KubernetesSection(), "acme")  # sbx-acme-<hash>
 
 
 def _config(tmp_path: Path, kubernetes: str = "") -> object:
@@ -34,9 +38,7 @@ def _api(cluster: FakeCluster, token: str | None = None) -> k8s_api.Api:
 
 async def test_a_ready_cluster_passes_and_the_pid_limit_is_said(tmp_path: Path) -> None:
     config = _config(tmp_path, "runtime_class_name: gvisor, storage_class: standard")
-    async with FakeCluster(
-        namespaces={"sbx-acme"}, runtime_classes={"gvisor"}, storage_classes={"standard"}
-    ) as cluster:
+    async with FakeCluster(namespaces={NS}, runtime_classes={"gvisor"}, storage_classes={"standard"}) as cluster:
         api = _api(cluster)
         checks = {c.name: c for c in await run_checks(config, api)}  # type: ignore[arg-type]
         await api.close()
@@ -47,8 +49,8 @@ async def test_a_ready_cluster_passes_and_the_pid_limit_is_said(tmp_path: Path) 
 async def test_each_missing_piece_is_a_failure_with_its_fix(tmp_path: Path) -> None:
     config = _config(tmp_path, "runtime_class_name: kata")
     async with FakeCluster(
-        namespaces={"sbx-acme"},
-        namespace_labels={"sbx-acme": {"pod-security.kubernetes.io/enforce": "baseline"}},
+        namespaces={NS},
+        namespace_labels={NS: {"pod-security.kubernetes.io/enforce": "baseline"}},
         denied={("create", "pods", "exec")},
     ) as cluster:
         api = _api(cluster)
@@ -65,7 +67,7 @@ async def test_a_missing_namespace_is_named(tmp_path: Path) -> None:
         api = _api(cluster)
         checks = {c.name: c for c in await run_checks(_config(tmp_path), api)}  # type: ignore[arg-type]
         await api.close()
-    assert checks["namespace"].status == "fail" and "sbx-acme does not exist" in checks["namespace"].detail
+    assert checks["namespace"].status == "fail" and f"{NS} does not exist" in checks["namespace"].detail
 
 
 def test_the_cli_reports_an_unusable_kubeconfig_without_a_traceback(tmp_path: Path) -> None:

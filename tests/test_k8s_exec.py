@@ -4,6 +4,7 @@ program: what a cluster's exec stream does, and what a broken or hostile one doe
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -112,9 +113,9 @@ async def test_a_stream_cut_mid_frame_kills_the_link_not_the_caller(http: aiohtt
 
 
 async def test_an_idle_stream_is_cut_unless_the_agent_is_pinged(http: aiohttp.ClientSession) -> None:
-    async with ExecServer(faults=Faults(idle_cut_s=0.6)) as server:
+    async with ExecServer(faults=Faults(idle_cut_s=1.5)) as server:
         quiet = await _link(server, http)
-        await anyio.sleep(1.5)
+        await anyio.sleep(3.5)
         with pytest.raises(AgentUnavailable):  # the server cut the idle stream: the next use finds it dead
             await quiet.run(["echo", "x"])
         assert quiet.dead is not None
@@ -122,7 +123,7 @@ async def test_an_idle_stream_is_cut_unless_the_agent_is_pinged(http: aiohttp.Cl
         kept = await _link(server, http)
         async with anyio.create_task_group() as group:
             group.start_soon(keep_alive, kept, 0.2)
-            await anyio.sleep(1.5)
+            await anyio.sleep(3.5)
             assert kept.dead is None
             assert (await kept.run(["echo", "still here"])).stdout == b"still here\n"
             group.cancel_scope.cancel()
@@ -142,9 +143,13 @@ async def test_garbage_on_an_unknown_channel_ends_the_link(http: aiohttp.ClientS
 async def test_a_one_gigabyte_message_is_refused_at_its_header(http: aiohttp.ClientSession) -> None:
     async with ExecServer(faults=Faults(huge=True)) as server:
         transport = await open_exec(http, exec_url(server.url, "ns", "pod", ["sleep", "30"]), headers=AUTH)
-        with pytest.raises(ValueError, match=r"exceeds limit|too big|MESSAGE_TOO_BIG"):
-            with anyio.fail_after(10):
-                await transport.receive(100)
+        with anyio.fail_after(10):
+            try:
+                got = await transport.receive(100)
+            except ValueError as exc:  # the reader's refusal, as aiohttp reports it
+                assert re.search(r"exceeds limit|too big|MESSAGE_TOO_BIG", str(exc)), exc
+            else:  # or the stream already closed for it: nothing was read either way
+                assert got == b""
         assert transport.ended()
         transport.close()
 
