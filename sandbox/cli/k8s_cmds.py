@@ -11,6 +11,7 @@ from sandbox.errors import UsageError
 
 
 def _yaml(objects: list[dict[str, Any]]) -> str:
+    # imported when the command runs: `sandbox --help` stays cheap
     import yaml
 
     return yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True).rstrip("\n")
@@ -34,6 +35,7 @@ def k8s_group() -> None:
 def render(state: State, tenants: tuple[str, ...], orchestrator: str) -> None:
     """Everything applied once per tenant: namespace (Pod Security labels), service accounts,
     role and binding, quota, limit range, network policies, egress proxies."""
+    # imported when the command runs: `sandbox --help` stays cheap
     from sandbox.runtime.kubernetes.tenant import Orchestrator, tenant_objects
 
     namespace, _, name = orchestrator.partition("/")
@@ -42,6 +44,7 @@ def render(state: State, tenants: tuple[str, ...], orchestrator: str) -> None:
     config = state.config
     known = {t.id: t for t in config.tenants}
     if not known:
+        # imported when the command runs: `sandbox --help` stays cheap
         from sandbox.config.models import TenantConfig
 
         known = {"default": TenantConfig(id="default")}
@@ -68,6 +71,7 @@ def render(state: State, tenants: tuple[str, ...], orchestrator: str) -> None:
 def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) -> None:
     """The Pod (and workspace claim) the session would get, restricted by construction; under
     `provider: agent-sandbox`, the SandboxTemplate, SandboxWarmPool and SandboxClaim instead."""
+    # imported when the command runs: `sandbox --help` stays cheap
     from sandbox.config.merge import default_agent_id, effective_agent
     from sandbox.runtime.kubernetes.names import namespace_for
     from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
@@ -84,6 +88,7 @@ def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) 
     k8s = config.runtime.kubernetes
     namespace = namespace_for(k8s, spec.tenant)
     if k8s.provider == "agent-sandbox":
+        # imported when the command runs: `sandbox --help` stays cheap
         from sandbox.runtime.kubernetes.agent_sandbox import provider_objects
 
         objects = provider_objects(spec, k8s, namespace, replicas=agent.sandbox.pool.size, proxy_ip=proxy_ip)
@@ -99,6 +104,7 @@ def seccomp() -> None:
     """The strict seccomp profile (sandbox.docker.seccomp_profile: strict) as a file for the nodes:
     save it in the kubelet's seccomp folder (e.g. /var/lib/kubelet/seccomp/agent-sandbox/strict.json)
     and set runtime.kubernetes.seccomp: Localhost:agent-sandbox/strict.json."""
+    # imported when the command runs: `sandbox --help` stays cheap
     from sandbox.runtime.seccomp import strict_profile_json
 
     click.echo(strict_profile_json())

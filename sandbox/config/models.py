@@ -38,7 +38,7 @@ def _check_tool_pattern(value: str, info: ValidationInfo) -> str:
 
 
 def _check_protected(value: str) -> str:
-    from sandbox.config.protected import pattern_parts
+    from sandbox.config.protected import pattern_parts  # light, but only a config with protected paths needs it
 
     if pattern_parts(value) is None:
         raise ValueError(f"{value!r} is not a path below the workspace (no empty, '.' or '..' parts)")
@@ -225,7 +225,7 @@ class BrowserConfig(StrictModel):
 
 def _network(value: str) -> str:
     """An address range as `ipaddress` reads it (a bad one would make the proxy refuse everything)."""
-    import ipaddress
+    import ipaddress  # only a config with egress ranges needs it (start-up stays lean)
 
     try:
         ipaddress.ip_network(value, strict=False)

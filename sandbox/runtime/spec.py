@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandbox.config.merge import EffectiveAgent
+from sandbox.config.binds import CONTAINER_WORKDIR, PARENT_MOUNT, BindSpec, check_source, validate_binds
+from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config, DockerConfig
 from sandbox.errors import BindRefused
 from sandbox.fs.quota import parse_size
-from sandbox.runtime.binds import CONTAINER_WORKDIR, PARENT_MOUNT, BindSpec, check_source, validate_binds
 from sandbox.runtime.naming import (
     MOUNT_LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -219,8 +219,6 @@ def tenant_workspaces(config: Config, tenant: str) -> list[Path]:
     """Every host folder the sandboxes of `tenant`'s agents write their workspaces in: each `rw`
     workspace, and the tenant's folder of each scratch root. What
     `tenants[].quotas.max_workspace_bytes` measures (extra `docker.binds` are not workspaces)."""
-    from sandbox.config.merge import agent_ids, effective_agent
-
     found: set[str] = set()
     for agent_id in agent_ids(config):
         agent = effective_agent(config, agent_id)

@@ -64,6 +64,7 @@ class Api:
     ) -> tuple[int, dict[str, Any] | None]:
         """One call of the client's `api` class (`CoreV1Api`, `VersionApi`, ...): (status, the
         body when it is a JSON object). Only an unreachable server raises (SandboxUnavailable)."""
+        # the official client (the k8s extra) loads with the first call: rendering needs none of it
         from kubernetes.aio import client
 
         fn = getattr(getattr(client, api)(self.client), f"{method}_without_preload_content")
@@ -97,6 +98,7 @@ class Api:
 
     async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> None:
         """Create an object (its fields checked by the client's model and, strictly, by the server)."""
+        # the official client (the k8s extra) loads with the first call: rendering needs none of it
         from kubernetes.aio import client
 
         model_name, stem = _KINDS[kind]
@@ -134,6 +136,7 @@ async def connect(cfg: KubernetesSection) -> Api:
         SandboxUnavailable: the client is not installed, or no usable config was found.
     """
     try:
+        # the official client (the k8s extra) loads with the first call: rendering needs none of it
         from kubernetes.aio import client, config
     except ImportError as exc:
         raise SandboxUnavailable(
@@ -157,6 +160,7 @@ async def connect(cfg: KubernetesSection) -> Api:
 
 def from_configuration(configuration: Any) -> Api:
     """An Api over a client Configuration (tests make one for a local server)."""
+    # the official client (the k8s extra) loads with the first call: rendering needs none of it
     from kubernetes.aio import client
 
     context: ssl.SSLContext | bool = True

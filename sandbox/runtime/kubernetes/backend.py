@@ -20,6 +20,7 @@ import anyio
 
 from sandbox._log import logger
 from sandbox.config.kubernetes import quantity_bytes
+from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import ConfigError, SandboxUnavailable
 from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, PROTOCOL
@@ -38,11 +39,11 @@ from sandbox.runtime.kubernetes.names import (
 )
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.kubernetes.pss import violations
+from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
 from sandbox.runtime.spec import Mount, SandboxSpec
 
 if TYPE_CHECKING:
-    from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Browsers, EgressLogs, WarmPool
 
@@ -104,8 +105,6 @@ class KubernetesBackend:
         )
 
     def _images(self) -> set[str]:
-        from sandbox.config.merge import agent_ids, effective_agent
-
         return {effective_agent(self._config, a).sandbox.docker.image for a in agent_ids(self._config)}
 
     def heartbeat(self, link: AgentLink) -> None:
@@ -119,8 +118,6 @@ class KubernetesBackend:
 
     def namespaces(self) -> list[str]:
         """Every namespace this config's tenants have sandboxes in."""
-        from sandbox.config.merge import agent_ids, effective_agent
-
         tenants = {t.id for t in self._config.tenants}
         tenants |= {effective_agent(self._config, a).tenant for a in agent_ids(self._config)}
         return sorted({namespace_for(self.cfg, t) for t in tenants})
@@ -140,8 +137,6 @@ class KubernetesBackend:
 
     async def ensure(self, spec: SandboxSpec) -> KubernetesSandbox:
         """The Pod of `spec`: adopted when it runs with the same config, else made afresh."""
-        from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
-
         api = await self.api()
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace

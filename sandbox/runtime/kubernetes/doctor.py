@@ -70,6 +70,7 @@ async def _namespace(api: Api, namespace: str, pss_version: str) -> Check:
 
 
 async def _can_i(api: Api, namespace: str) -> Check:
+    # the official client (the k8s extra) loads with the first call: rendering needs none of it
     from kubernetes.aio import client
 
     refused = []
