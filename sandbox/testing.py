@@ -27,13 +27,13 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio.to_thread
 
 from sandbox._log import logger
 from sandbox.runtime.folders import prepare_workspace
-from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
+from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, SandboxInfo, argv_options
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -120,16 +120,9 @@ class FakeSandbox:
             request.on_output(result.output)
         return result
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
         """Record the argv and return what the handler says."""
-        del user
+        _, timeout_s, env = argv_options(options)
         return await self._backend.handle(FakeCall(self.id, None, tuple(argv), None, dict(env or {}), None, timeout_s))
 
     async def kill(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.output import Captured, OutputCapture
@@ -77,6 +77,20 @@ class RunRequest:
     on_output: Callable[[bytes], None] | None = None
     capture: OutputCapture | None = None
     pid_dir: str | None = None  # None: the shell's own (Shell.pid_dir)
+
+
+class ArgvOptions(TypedDict, total=False):
+    """How :meth:`Shell.run_argv` runs an argv: as `user` (None: the shell's), within `timeout_s`
+    (30 s when not given), with `env` added to its environment."""
+
+    user: str | None
+    timeout_s: float
+    env: Mapping[str, str] | None
+
+
+def argv_options(options: ArgvOptions) -> tuple[str | None, float, Mapping[str, str] | None]:
+    """(user, timeout_s, env) of `options`, the defaults filled in."""
+    return options.get("user"), options.get("timeout_s", 30.0), options.get("env")
 
 
 @dataclass(frozen=True)
@@ -152,15 +166,8 @@ class Shell(Protocol):
         process group. What each field asks is said on :class:`RunRequest`."""
         ...
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
-        """Run an argv directly (helpers, probes); no kill tracking. `env` adds to its environment."""
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
+        """Run an argv directly (helpers, probes); no kill tracking. See :class:`ArgvOptions`."""
         ...
 
     async def kill(

@@ -30,7 +30,9 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime.naming import tenant_scope
 
 if TYPE_CHECKING:  # spec.py imports this module; the protocol imports spec.py
-    from sandbox.runtime.protocol import AgentChannel, ExecResult, OneShot, RunRequest, Sandbox
+    from typing import Unpack
+
+    from sandbox.runtime.protocol import AgentChannel, ArgvOptions, ExecResult, OneShot, RunRequest, Sandbox
     from sandbox.runtime.spec import SandboxSpec
 
 UID_BASE = 20000
@@ -182,17 +184,13 @@ class SessionShell:
             )
         )
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
         """Run an argv as the session's uid."""
         return await self.sandbox.run_argv(
-            argv, user=user or self.session_user.user, timeout_s=timeout_s, env=self._env(env)
+            argv,
+            user=options.get("user") or self.session_user.user,
+            timeout_s=options.get("timeout_s", 30.0),
+            env=self._env(options.get("env")),
         )
 
     async def kill(

@@ -12,6 +12,10 @@ restarted orchestrator finds them again. The scripts need only sh, coreutils and
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandbox.runtime.spec import SandboxSpec
 
 PID_DIR = "/tmp/.sbx"
 TAG_VAR = "SBX_CALL"
@@ -242,3 +246,26 @@ def write_stdin_argv(call_id: str, data: str, pid_dir: str = PID_DIR, timeout_s:
     private = "1" if is_private(pid_dir) else "0"
     deadline = str(max(1, round(timeout_s)))
     return ["/bin/sh", "-c", _WRITE, "sbx", check_call_id(call_id), pid_dir, deadline, private, *chunks]
+
+
+class InSandbox:
+    """What every sandbox whose commands run inside it says of itself (Docker's containers,
+    Kubernetes' Pods): its spec, pid files under PID_DIR (a tmpfs there), no TMPDIR of its own
+    (the tools choose one per session)."""
+
+    _spec: SandboxSpec
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The spec it was made from."""
+        return self._spec
+
+    @property
+    def pid_dir(self) -> str:
+        """Where pid files and background output live (a tmpfs in the sandbox)."""
+        return PID_DIR
+
+    @property
+    def tmp_dir(self) -> str | None:
+        """None: without a session user the session's TMPDIR is the tools' choice."""
+        return None

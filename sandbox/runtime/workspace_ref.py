@@ -30,39 +30,32 @@ class HostFolder:
 
 
 @dataclass(frozen=True)
-class Volume:
-    """A volume the engine keeps, by name (`workspace_store: volume`): no path on this host."""
+class _Elsewhere:
+    """A workspace known by a name, with no path on this host."""
 
     name: str
 
     @property
     def source(self) -> str:
-        """What the engine mounts: the volume's name."""
+        """What the engine mounts (a volume's name), or the workspace's identity (a cluster's)."""
         return self.name
 
     @property
     def host_path(self) -> None:
-        """None: a volume is not a folder of this host (even where a local engine keeps one)."""
+        """None: it is not a folder of this host (even where a local engine keeps a volume)."""
         return None
 
 
 @dataclass(frozen=True)
-class Remote:
+class Volume(_Elsewhere):
+    """A volume the engine keeps, by name (`workspace_store: volume`)."""
+
+
+@dataclass(frozen=True)
+class Remote(_Elsewhere):
     """A workspace a remote backend keeps where it runs the sandbox (Kubernetes: the agent's
-    claim, or the Pod's own scratch), by an identity name: no path on this host, reached only
-    through the sandbox's resident agent."""
-
-    name: str
-
-    @property
-    def source(self) -> str:
-        """The workspace's identity (locks and file versions key on it); the backend mounts its own."""
-        return self.name
-
-    @property
-    def host_path(self) -> None:
-        """None: it is not on this host."""
-        return None
+    claim, or the Pod's own scratch), reached only through the sandbox's resident agent; its
+    name is an identity (locks and file versions key on it), the backend mounts its own."""
 
 
 WorkspaceRef: TypeAlias = HostFolder | Volume | Remote

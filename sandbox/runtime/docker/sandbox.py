@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import anyio.to_thread
@@ -14,14 +13,14 @@ from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import shellwrap
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
+from sandbox.runtime.call_stop import run_then_stop, stop_confirmed
 from sandbox.runtime.docker import kill as docker_kill
 from sandbox.runtime.docker import workspace as docker_workspace
 from sandbox.runtime.docker.exec import SandboxGone, exec_stream
 from sandbox.runtime.docker.skill_run import DockerOneShot
-from sandbox.runtime.protocol import ExecResult, RunRequest
+from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, argv_options
 from sandbox.runtime.spec import SandboxSpec
 
-TERM_GRACE_S = 0.2
 KILL_NOT_CONFIRMED = (
     "the command's processes could not be confirmed dead, so the sandbox was removed "
     "(it is created afresh on next use; background processes in it are gone)"
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
 
 
-class DockerSandbox:
+class DockerSandbox(shellwrap.InSandbox):
     """One running exec sandbox container."""
 
     def __init__(
@@ -61,18 +60,14 @@ class DockerSandbox:
         """How to get a fresh container when this one is found gone."""
         self._revive = revive
 
-    @property
-    def spec(self) -> SandboxSpec:
-        """The spec it was made from."""
-        return self._spec
-
     async def run(self, request: RunRequest) -> ExecResult:
         """Run `request.command` (see :class:`~sandbox.runtime.protocol.Shell`)."""
         call_id, user, pid_dir = request.call_id, request.user, request.pid_dir
         environment = {**request.env, shellwrap.TAG_VAR: call_id}
         argv = shellwrap.wrapped_argv(request.command, call_id, pid_dir or shellwrap.PID_DIR)
-        try:
-            result = await self._exec(
+
+        async def run() -> ExecResult:
+            return await self._exec(
                 argv,
                 environment=environment,
                 workdir=request.workdir,
@@ -81,18 +76,9 @@ class DockerSandbox:
                 on_output=request.on_output,
                 capture=request.capture,
             )
-        except (anyio.get_cancelled_exc_class(), AgentUnavailable):
-            # the caller gave up (an outer timeout, a cancelled task), or the agent that ran it
-            # died: the work still dies
-            with anyio.CancelScope(shield=True):
-                await self.stop(call_id, user=user, pid_dir=pid_dir)
-            raise
-        if result.timed_out or result.overflowed:
-            with anyio.CancelScope(shield=True):
-                note = await self.stop(call_id, user=user, pid_dir=pid_dir)
-            if note:
-                result = dataclasses.replace(result, notes=(*result.notes, note))
-        return result
+
+        # the caller gave up, the agent that ran it died, or it outlived its bounds: the work dies
+        return await run_then_stop(run, lambda: self.stop(call_id, user=user, pid_dir=pid_dir), (AgentUnavailable,))
 
     async def stop(self, call_id: str, *, user: str | None = None, pid_dir: str | None = None) -> str | None:
         """TERM, a grace period, then KILL everything `call_id` started, and confirm it.
@@ -100,25 +86,23 @@ class DockerSandbox:
         Returns None when confirmed; otherwise the sandbox is removed (so nothing of the call can
         go on) and the returned note says so.
         """
-        await self.kill(call_id, "TERM", user=user, pid_dir=pid_dir)
-        await anyio.sleep(TERM_GRACE_S)
-        confirmed = await self._kill(call_id, "KILL", user=user, pid_dir=pid_dir)
-        if confirmed:
-            return None
-        logger.bind(container=self._spec.name, call_id=call_id).warning("sandbox_kill_unconfirmed")
-        self.gone = True
-        await self._backend.remove(self._id)
-        return KILL_NOT_CONFIRMED
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
+        async def remove() -> None:
+            self.gone = True
+            await self._backend.remove(self._id)
+
+        return await stop_confirmed(
+            lambda signal: self.kill(call_id, signal, user=user, pid_dir=pid_dir),
+            lambda: self._kill(call_id, "KILL", user=user, pid_dir=pid_dir),
+            remove,
+            sandbox=self._spec.name,
+            call_id=call_id,
+            note=KILL_NOT_CONFIRMED,
+        )
+
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
         """Run an argv directly (helpers and probes)."""
+        user, timeout_s, env = argv_options(options)
         return await self._exec(list(argv), user=user, timeout_s=timeout_s, environment=dict(env) if env else None)
 
     async def _exec(self, argv: list[str], **kwargs: Any) -> ExecResult:
@@ -187,16 +171,6 @@ class DockerSandbox:
             return signal != "KILL" or not await self.alive(call_id, user=user)
         except SandboxUnavailable:
             return False
-
-    @property
-    def pid_dir(self) -> str:
-        """Where pid files and background output live (a tmpfs in the container)."""
-        return shellwrap.PID_DIR
-
-    @property
-    def tmp_dir(self) -> str | None:
-        """None: without a session user the session's TMPDIR is the tools' choice."""
-        return None
 
     async def agent_link(self, user: str | None = None) -> AgentLink:
         """The resident agent of this sandbox for `user` (started when needed).

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import anyio.to_thread
 
@@ -23,7 +23,7 @@ from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.runtime import proc_kill
 from sandbox.runtime.folders import prepare_workspace
 from sandbox.runtime.host.shell import HostShell
-from sandbox.runtime.protocol import ExecResult, RunRequest, SandboxInfo
+from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -76,17 +76,10 @@ class HostSandbox:
         """Run `request.command` on the host in the workspace (see the Shell protocol)."""
         return await self._shell.run(dataclasses.replace(request, workdir=self.host_path(request.workdir)))
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
         """Run an argv on the host in the workspace (arguments that are /workspace paths translated)."""
         translated = [self.host_path(arg) or arg for arg in argv]
-        return await self._shell.run_argv(translated, user=user, timeout_s=timeout_s, env=env)
+        return await self._shell.run_argv(translated, **options)
 
     async def kill(
         self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None

@@ -8,13 +8,14 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Unpack
 
 import anyio
 from anyio.abc import ByteReceiveStream
 
 from sandbox.runtime import proc_kill, shellwrap
 from sandbox.runtime.output import OutputCapture
-from sandbox.runtime.protocol import ExecResult, RunRequest
+from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, argv_options
 
 
 class HostShell:
@@ -65,16 +66,9 @@ class HostShell:
                 await self.kill(call_id, "KILL")
         return result
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
-        """Run an argv directly."""
-        del user
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
+        """Run an argv directly (as this process's user: `user` has no meaning on the host)."""
+        _, timeout_s, env = argv_options(options)
         return await self._exec(list(argv), {**os.environ, **self._env, **(env or {})}, None, timeout_s)
 
     async def kill(

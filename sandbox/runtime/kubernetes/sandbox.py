@@ -9,31 +9,27 @@ deleted: nothing of a timed-out call goes on. Exec cannot choose a user under Po
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
-import anyio
-
-from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import shellwrap
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
-from sandbox.runtime.protocol import ExecResult, OneShot, RunRequest
+from sandbox.runtime.call_stop import run_then_stop, stop_confirmed
+from sandbox.runtime.protocol import ArgvOptions, ExecResult, OneShot, RunRequest, argv_options
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.runtime.kubernetes.backend import KubernetesBackend
 
-TERM_GRACE_S = 0.2
 KILL_NOT_CONFIRMED = (
     "the command's processes could not be confirmed dead, so the sandbox Pod was deleted "
     "(it is created afresh on next use; background processes in it are gone)"
 )
 
 
-class KubernetesSandbox:
+class KubernetesSandbox(shellwrap.InSandbox):
     """One running sandbox Pod."""
 
     def __init__(self, backend: KubernetesBackend, name: str, spec: SandboxSpec) -> None:
@@ -47,21 +43,6 @@ class KubernetesSandbox:
     def id(self) -> str:
         """The Pod's name (unique across the tenants' namespaces: it carries the tenant's hash)."""
         return self._name
-
-    @property
-    def spec(self) -> SandboxSpec:
-        """The spec it was made from."""
-        return self._spec
-
-    @property
-    def pid_dir(self) -> str:
-        """Where pid files and background output live (a memory-backed emptyDir in the Pod)."""
-        return shellwrap.PID_DIR
-
-    @property
-    def tmp_dir(self) -> str | None:
-        """None: the session's TMPDIR is the tools' choice."""
-        return None
 
     def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
         """How to get a fresh Pod when this one is found gone."""
@@ -87,9 +68,10 @@ class KubernetesSandbox:
         """Run `request.command` (see the Shell protocol); a timeout or cancellation kills its work."""
         environment = {**request.env, shellwrap.TAG_VAR: request.call_id}
         argv = shellwrap.wrapped_argv(request.command, request.call_id, request.pid_dir or shellwrap.PID_DIR)
-        try:
+
+        async def run() -> ExecResult:
             link = await self._link(request.user)
-            result = await link.run(
+            return await link.run(
                 argv,
                 environment=environment,
                 workdir=request.workdir,
@@ -97,38 +79,31 @@ class KubernetesSandbox:
                 on_output=request.on_output,
                 capture=request.capture,
             )
-        except (anyio.get_cancelled_exc_class(), AgentUnavailable):
-            with anyio.CancelScope(shield=True):
-                await self.stop(request.call_id, pid_dir=request.pid_dir)
-            raise
-        if result.timed_out or result.overflowed:
-            with anyio.CancelScope(shield=True):
-                note = await self.stop(request.call_id, pid_dir=request.pid_dir)
-            if note:
-                result = dataclasses.replace(result, notes=(*result.notes, note))
-        return result
+
+        return await run_then_stop(
+            run, lambda: self.stop(request.call_id, pid_dir=request.pid_dir), (AgentUnavailable,)
+        )
 
     async def stop(self, call_id: str, *, pid_dir: str | None = None) -> str | None:
         """TERM, a grace period, then KILL everything `call_id` started, and confirm it; when it
         cannot be confirmed the Pod is deleted and the returned note says so."""
-        await self.kill(call_id, "TERM", pid_dir=pid_dir)
-        await anyio.sleep(TERM_GRACE_S)
-        if await self._kill(call_id, "KILL", pid_dir=pid_dir):
-            return None
-        logger.bind(pod=self._name, call_id=call_id).warning("sandbox_kill_unconfirmed")
-        self.gone = True
-        await self._backend.remove(self._name)
-        return KILL_NOT_CONFIRMED
 
-    async def run_argv(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout_s: float = 30.0,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
+        async def remove() -> None:
+            self.gone = True
+            await self._backend.remove(self._name)
+
+        return await stop_confirmed(
+            lambda signal: self.kill(call_id, signal, pid_dir=pid_dir),
+            lambda: self._kill(call_id, "KILL", pid_dir=pid_dir),
+            remove,
+            sandbox=self._name,
+            call_id=call_id,
+            note=KILL_NOT_CONFIRMED,
+        )
+
+    async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
         """Run an argv through the agent (helpers and probes)."""
+        user, timeout_s, env = argv_options(options)
         link = await self._link(user)
         return await link.run(list(argv), environment=dict(env or {}), timeout_s=timeout_s)
 
