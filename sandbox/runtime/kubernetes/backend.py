@@ -19,7 +19,6 @@ import aiohttp
 import anyio
 
 from sandbox._log import logger
-from sandbox.config.kubernetes import quantity_bytes
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import ConfigError, SandboxUnavailable
@@ -31,17 +30,16 @@ from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
-    K8sAnnotations,
     K8sLabels,
     namespace_for,
     policy_hash,
     shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
-from sandbox.runtime.kubernetes.pss import violations
+from sandbox.runtime.kubernetes.pods_read import adoptable, facts_of, info_of, why_not_running
 from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
-from sandbox.runtime.spec import Mount, SandboxSpec
+from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.runtime.manager import SandboxManager
@@ -143,7 +141,7 @@ class KubernetesBackend:
         found = await api.get("pods", namespace, spec.name)
         proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
         pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
-        if found is not None and _adoptable(found, spec, pod):
+        if found is not None and adoptable(found, spec, pod):
             return KubernetesSandbox(self, spec.name, spec)
         if found is not None:
             logger.bind(pod=spec.name, namespace=namespace).info("k8s_pod_replaced")
@@ -179,20 +177,20 @@ class KubernetesBackend:
             status = (pod or {}).get("status") or {}
             phase = status.get("phase")
             if pod is None or phase in ("Failed", "Succeeded"):
-                raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} did not start: {_why(pod)}")
+                raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} did not start: {why_not_running(pod)}")
             waiting = [
                 ((c.get("state") or {}).get("waiting") or {}).get("reason")
                 for c in status.get("containerStatuses") or []
             ]
             if STUCK.intersection(waiting):
-                raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} cannot start: {_why(pod)}")
+                raise SandboxUnavailable(f"the sandbox Pod {namespace}/{name} cannot start: {why_not_running(pod)}")
             ready = [c.get("ready") for c in status.get("containerStatuses") or []]
             if phase == "Running" and ready and all(ready):
                 return
             if time.monotonic() > deadline:
                 raise SandboxUnavailable(
-                    f"the sandbox Pod {namespace}/{name} was not running after "
-                    f"{self.cfg.pod_ready_timeout_s:.0f} s (runtime.kubernetes.pod_ready_timeout_s): {_why(pod)}"
+                    f"the sandbox Pod {namespace}/{name} was not running after {self.cfg.pod_ready_timeout_s:.0f} s "
+                    f"(runtime.kubernetes.pod_ready_timeout_s): {why_not_running(pod)}"
                 )
             await anyio.sleep(POLL_S)
 
@@ -223,7 +221,7 @@ class KubernetesBackend:
         found: builtins.list[SandboxInfo] = []
         for namespace in self.namespaces():
             for pod in await api.list("pods", namespace, selector):
-                info = _info(pod)
+                info = info_of(pod)
                 self._namespace_of[info.name] = namespace
                 found.append(info)
         return found
@@ -255,41 +253,7 @@ class KubernetesBackend:
         none per Pod yet (a node's podPidsLimit applies)."""
         namespace = self._namespace_of.get(name_or_id)
         pod = await (await self.api()).get("pods", namespace, name_or_id) if namespace else None
-        if pod is None:
-            return None
-        spec = pod.get("spec") or {}
-        container = (spec.get("containers") or [{}])[0]
-        security = container.get("securityContext") or {}
-        pod_security = spec.get("securityContext") or {}
-        limits = (container.get("resources") or {}).get("limits") or {}
-        volumes = {v["name"]: v for v in spec.get("volumes") or []}
-        mounts = []
-        for mount in container.get("volumeMounts") or []:
-            volume = volumes.get(mount["name"], {})
-            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-            source = f"claim {claim}" if claim else f"emptyDir {mount['name']}"
-            mounts.append(Mount(source, mount["mountPath"], bool(mount.get("readOnly")), "the API", volume=True))
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        seccomp = (pod_security.get("seccompProfile") or {}).get("type", "unset")
-        return SandboxFacts(
-            name=name_or_id,
-            id=str((pod.get("metadata") or {}).get("uid") or name_or_id),
-            image=str(container.get("image", "")),
-            user=f"{pod_security.get('runAsUser')}:{pod_security.get('runAsGroup')}",
-            network="egress proxy only" if labels.get(K8sLabels.EGRESS) else "none (deny-all NetworkPolicy)",
-            cap_drop=tuple((security.get("capabilities") or {}).get("drop") or ()),
-            security_opt=(
-                f"allowPrivilegeEscalation={security.get('allowPrivilegeEscalation')}",
-                f"seccomp={seccomp}",
-                f"runtimeClassName={spec.get('runtimeClassName') or 'default'}",
-            ),
-            read_only_root=bool(security.get("readOnlyRootFilesystem")),
-            pids_limit=None,
-            memory=quantity_bytes(str(limits.get("memory", "0"))),
-            nano_cpus=int(str(limits.get("cpu", "0")).rstrip("m") or 0) * 1_000_000,
-            init=None,
-            mounts=tuple(mounts),
-        )
+        return facts_of(name_or_id, pod) if pod is not None else None
 
     # Optional capabilities this backend does not have yet (issue 26: the warm pool, browsers)
 
@@ -317,85 +281,3 @@ class _LazyStarter:
 
     async def kill(self, container_id: str, transport: Any) -> None:
         await (await self._backend.starter()).kill(container_id, transport)
-
-
-def _adoptable(pod: dict[str, Any], spec: SandboxSpec, expected: dict[str, Any]) -> bool:
-    """Whether a running Pod of `spec`'s name is the one this orchestrator would make: its labels
-    (managed, this instance, this config), restricted, and the fields that decide what it can do
-    equal to the rendered Pod's. A Pod planted under the name (loose RBAC, another controller) is
-    not handed the session's commands, environment and files."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    status = pod.get("status") or {}
-    if (
-        labels.get(MANAGED_BY[0]) != MANAGED_BY[1]
-        or labels.get(K8sLabels.INSTANCE) != spec.instance
-        or labels.get(K8sLabels.CONFIG_HASH) != spec.config_hash
-        or meta.get("deletionTimestamp")
-        or status.get("phase") != "Running"
-        or violations(pod, "restricted", "v1.33")
-    ):
-        return False
-    live, want = pod.get("spec") or {}, expected["spec"]
-    for key in ("serviceAccountName", "automountServiceAccountToken", "enableServiceLinks", "runtimeClassName"):
-        if live.get(key) != want.get(key):
-            return False
-    if any(live.get(key) for key in ("hostNetwork", "hostPID", "hostIPC")):
-        return False
-    if live.get("securityContext", {}).get("runAsUser") != want["securityContext"]["runAsUser"]:
-        return False
-    live_boxes, want_boxes = live.get("containers") or [], want["containers"]
-    if len(live_boxes) != len(want_boxes):
-        return False
-    for got, wanted in zip(live_boxes, want_boxes, strict=True):
-        for key in ("image", "args", "securityContext"):
-            if got.get(key) != wanted.get(key):
-                return False
-
-    def kinds(spec_volumes: list[dict[str, Any]]) -> set[tuple[str, str]]:
-        return {
-            (
-                v.get("name", ""),
-                str((v.get("persistentVolumeClaim") or {}).get("claimName") or sorted(set(v) - {"name"})),
-            )
-            for v in spec_volumes
-        }
-
-    return kinds(live.get("volumes") or []) == kinds(want.get("volumes") or [])
-
-
-def _why(pod: dict[str, Any] | None) -> str:
-    """What a Pod's status says about why it is not running (the first container's waiting reason)."""
-    if pod is None:
-        return "it is gone"
-    status = pod.get("status") or {}
-    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-        state = container.get("state") or {}
-        for key in ("waiting", "terminated"):
-            if state.get(key):
-                detail = state[key]
-                return f"{detail.get('reason', key)}: {detail.get('message', '')}".rstrip(": ")
-    return str(status.get("message") or status.get("reason") or status.get("phase") or "no status yet")
-
-
-def _info(pod: dict[str, Any]) -> SandboxInfo:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    notes = meta.get("annotations") or {}
-    scope = labels.get(K8sLabels.SCOPE, "")
-    return SandboxInfo(
-        id=meta.get("name", ""),
-        name=meta.get("name", ""),
-        kind=labels.get(K8sLabels.KIND, "exec"),
-        instance=labels.get(K8sLabels.INSTANCE, ""),
-        tenant=notes.get(K8sAnnotations.TENANT, ""),
-        agent=labels.get(K8sLabels.AGENT, ""),
-        scope=scope,
-        scope_key=notes.get(K8sAnnotations.SCOPE_KEY, ""),
-        session=notes.get(K8sAnnotations.SESSION, "") if scope == "session" else "",
-        config_hash=labels.get(K8sLabels.CONFIG_HASH, ""),
-        created_at=str(meta.get("creationTimestamp") or ""),
-        status=str((pod.get("status") or {}).get("phase") or "unknown").lower(),
-        image=str(((pod.get("spec") or {}).get("containers") or [{}])[0].get("image", "")),
-        labels=labels,
-    )

@@ -10,7 +10,6 @@ error naming the key, never a weaker Pod.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -185,6 +184,99 @@ def workspace_claim(spec: SandboxSpec, cfg: KubernetesSection, namespace: str) -
     return claim
 
 
+def _pod_security(spec: SandboxSpec, cfg: KubernetesSection) -> dict[str, Any]:
+    uid, gid = _uid_gid(spec.user)
+    seccomp: dict[str, Any] = {"type": "RuntimeDefault"}
+    if cfg.seccomp.startswith("Localhost:"):
+        seccomp = {"type": "Localhost", "localhostProfile": cfg.seccomp.split(":", 1)[1]}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        "fsGroup": gid,
+        # chown the claim only when its root is not already the group's (not every start)
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": seccomp,
+    }
+
+
+def _container_security(spec: SandboxSpec) -> dict[str, Any]:
+    d = spec.docker
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": d.read_only_root,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"], **({"add": sorted(d.cap_add)} if d.cap_add else {})},
+    }
+    if d.apparmor_profile:  # a profile the operator loaded on the nodes, as on Docker's host
+        security["appArmorProfile"] = {"type": "Localhost", "localhostProfile": d.apparmor_profile}
+    return security
+
+
+def _storage(spec: SandboxSpec, cfg: KubernetesSection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): tmpfs as memory emptyDirs, the workspace (claim or scratch), and the
+    protected paths over a writable one."""
+    volumes, mounts = _tmpfs_volumes(spec.docker.tmpfs)
+    claim = workspace_claim_name(spec)
+    read_only = spec.workspace_access == "ro"
+    if claim is None:
+        volumes.append({"name": "workspace", "emptyDir": {"sizeLimit": cfg.scratch_size}})
+    else:
+        volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}})
+    mounts.append({"name": "workspace", "mountPath": CONTAINER_WORKDIR, "readOnly": read_only})
+    # protected paths over a writable workspace: the same claim's sub-paths, read-only
+    # and each folder between them and the workspace onto itself, so none can be moved aside
+    mounts += [
+        {"name": "workspace", "mountPath": f"{CONTAINER_WORKDIR}/{p.rel}", "subPath": p.rel, "readOnly": p.read_only}
+        for p in spec.protected
+    ]
+    return volumes, mounts
+
+
+def _protect_step(spec: SandboxSpec, cfg: KubernetesSection, resources: dict[str, str]) -> dict[str, Any]:
+    """The init container that makes the protected paths before their subPath mounts."""
+    kinds = [f"{'dir' if p.kind == 'keep' else p.kind}:{p.rel}" for p in spec.protected]
+    return {
+        "name": "protect",
+        "image": spec.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        # -I -S and cwd /: nothing of the workspace is on its import path
+        "command": ["python3", "-I", "-S", "-c", PROTECT_SCRIPT, CONTAINER_WORKDIR, *kinds],
+        "workingDir": "/",
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": _container_security(spec),
+        "volumeMounts": [{"name": "workspace", "mountPath": CONTAINER_WORKDIR}],
+    }
+
+
+def _labels(spec: SandboxSpec) -> dict[str, str]:
+    return {
+        MANAGED_BY[0]: MANAGED_BY[1],
+        K8sLabels.SANDBOX: "true",
+        K8sLabels.INSTANCE: spec.instance,
+        K8sLabels.KIND: spec.kind,
+        K8sLabels.TENANT: label_value(spec.tenant),
+        K8sLabels.AGENT: label_value("shared" if spec.agent == "*" else spec.agent),
+        K8sLabels.SCOPE: spec.scope,
+        K8sLabels.CONFIG_HASH: spec.config_hash,
+    }
+
+
+def _placement(cfg: KubernetesSection) -> dict[str, Any]:
+    """Where the Pod may run and how its image is pulled (only what the config sets)."""
+    found: dict[str, Any] = {}
+    if cfg.runtime_class_name:
+        found["runtimeClassName"] = cfg.runtime_class_name
+    if cfg.node_selector:
+        found["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        found["tolerations"] = [_toleration(t.model_dump()) for t in cfg.tolerations]
+    if cfg.image_pull_secrets:
+        found["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+    return found
+
+
 def sandbox_pod(
     spec: SandboxSpec, cfg: KubernetesSection, namespace: str, *, proxy_ip: str | None = None
 ) -> dict[str, Any]:
@@ -204,46 +296,22 @@ def sandbox_pod(
     if problems := refusals(spec, cfg):
         raise ConfigError(problems)
     d = spec.docker
-    uid, gid = _uid_gid(spec.user)
-    seccomp: dict[str, Any] = {"type": "RuntimeDefault"}
-    if cfg.seccomp.startswith("Localhost:"):
-        seccomp = {"type": "Localhost", "localhostProfile": cfg.seccomp.split(":", 1)[1]}
-    memory = mebibytes(d.memory)
     # scratch and the writable layer share the ephemeral-storage limit; tmpfs counts in memory
-    resources = {"cpu": f"{int(d.cpus * 1000)}m", "memory": memory, "ephemeral-storage": cfg.scratch_size}
-    volumes, mounts = _tmpfs_volumes(d.tmpfs)
-    claim = workspace_claim_name(spec)
-    read_only = spec.workspace_access == "ro"
-    if claim is None:
-        volumes.append({"name": "workspace", "emptyDir": {"sizeLimit": cfg.scratch_size}})
-    else:
-        volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}})
-    mounts.append({"name": "workspace", "mountPath": CONTAINER_WORKDIR, "readOnly": read_only})
-    # protected paths over a writable workspace: the same claim's sub-paths, read-only
-    # and each folder between them and the workspace onto itself, so none can be moved aside
-    mounts += [
-        {"name": "workspace", "mountPath": f"{CONTAINER_WORKDIR}/{p.rel}", "subPath": p.rel, "readOnly": p.read_only}
-        for p in spec.protected
-    ]
-    env = [{"name": k, "value": v} for k, v in sorted(d.env.items())]
-    container_security: dict[str, Any] = {
-        "allowPrivilegeEscalation": False,
-        "privileged": False,
-        "readOnlyRootFilesystem": d.read_only_root,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"], **({"add": sorted(d.cap_add)} if d.cap_add else {})},
-    }
-    if d.apparmor_profile:  # a profile the operator loaded on the nodes, as on Docker's host
-        container_security["appArmorProfile"] = {"type": "Localhost", "localhostProfile": d.apparmor_profile}
-    labels = {
-        MANAGED_BY[0]: MANAGED_BY[1],
-        K8sLabels.SANDBOX: "true",
-        K8sLabels.INSTANCE: spec.instance,
-        K8sLabels.KIND: spec.kind,
-        K8sLabels.TENANT: label_value(spec.tenant),
-        K8sLabels.AGENT: label_value("shared" if spec.agent == "*" else spec.agent),
-        K8sLabels.SCOPE: spec.scope,
-        K8sLabels.CONFIG_HASH: spec.config_hash,
+    resources = {"cpu": f"{int(d.cpus * 1000)}m", "memory": mebibytes(d.memory), "ephemeral-storage": cfg.scratch_size}
+    volumes, mounts = _storage(spec, cfg)
+    labels = _labels(spec)
+    container: dict[str, Any] = {
+        "name": "sandbox",
+        "image": spec.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        # args, not command: the image's entrypoint (tini in sandbox-exec) stays PID 1 and reaps
+        # orphans, as `docker.init` does on Docker
+        "args": ["sleep", "infinity"],
+        "workingDir": CONTAINER_WORKDIR,
+        "env": [{"name": k, "value": v} for k, v in sorted(d.env.items())],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": _container_security(spec),
+        "volumeMounts": mounts,
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": SANDBOX_SERVICE_ACCOUNT,
@@ -254,31 +322,10 @@ def sandbox_pod(
         "hostname": "sandbox",
         "restartPolicy": "Never",  # a dead sandbox is gone; the orchestrator makes a new one
         "terminationGracePeriodSeconds": 5,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": uid,
-            "runAsGroup": gid,
-            "fsGroup": gid,
-            # chown the claim only when its root is not already the group's (not every start)
-            "fsGroupChangePolicy": "OnRootMismatch",
-            "seccompProfile": seccomp,
-        },
-        "containers": [
-            {
-                "name": "sandbox",
-                "image": spec.image,
-                "imagePullPolicy": cfg.image_pull_policy,
-                # args, not command: the image's entrypoint (tini in sandbox-exec) stays PID 1 and
-                # reaps orphans, as `docker.init` does on Docker
-                "args": ["sleep", "infinity"],
-                "workingDir": CONTAINER_WORKDIR,
-                "env": env,
-                "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "securityContext": copy.deepcopy(container_security),
-                "volumeMounts": mounts,
-            }
-        ],
+        "securityContext": _pod_security(spec, cfg),
+        "containers": [container],
         "volumes": volumes,
+        **_placement(cfg),
     }
     if spec.egress is not None:
         labels[K8sLabels.EGRESS] = policy_hash(spec.egress)
@@ -286,45 +333,20 @@ def sandbox_pod(
             raise ConfigError([f"sandbox.docker.network: egress needs the {namespace} egress proxy's address"])
         pod_spec["hostAliases"] = [{"ip": proxy_ip, "hostnames": [EGRESS_PROXY_HOST]}]
         proxy = f"http://{EGRESS_PROXY_HOST}:{PROXY_PORT}"
-        pod_spec["containers"][0]["env"] += [
+        container["env"] += [
             {"name": name, "value": proxy} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         ]
-    if claim is not None and spec.protected:
-        kinds = [f"{'dir' if p.kind == 'keep' else p.kind}:{p.rel}" for p in spec.protected]
-        pod_spec["initContainers"] = [
-            {
-                "name": "protect",
-                "image": spec.image,
-                "imagePullPolicy": cfg.image_pull_policy,
-                # -I -S and cwd /: nothing of the workspace is on its import path
-                "command": ["python3", "-I", "-S", "-c", PROTECT_SCRIPT, CONTAINER_WORKDIR, *kinds],
-                "workingDir": "/",
-                "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "securityContext": copy.deepcopy(container_security),
-                "volumeMounts": [{"name": "workspace", "mountPath": CONTAINER_WORKDIR}],
-            }
-        ]
-    if cfg.runtime_class_name:
-        pod_spec["runtimeClassName"] = cfg.runtime_class_name
-    if cfg.node_selector:
-        pod_spec["nodeSelector"] = dict(cfg.node_selector)
-    if cfg.tolerations:
-        pod_spec["tolerations"] = [_toleration(t.model_dump()) for t in cfg.tolerations]
-    if cfg.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+    if workspace_claim_name(spec) is not None and spec.protected:
+        pod_spec["initContainers"] = [_protect_step(spec, cfg, resources)]
+    annotations = {
+        K8sAnnotations.TENANT: spec.tenant,
+        K8sAnnotations.SESSION: spec.session,
+        K8sAnnotations.SCOPE_KEY: spec.scope_key,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": spec.name,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {
-                K8sAnnotations.TENANT: spec.tenant,
-                K8sAnnotations.SESSION: spec.session,
-                K8sAnnotations.SCOPE_KEY: spec.scope_key,
-            },
-        },
+        "metadata": {"name": spec.name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": pod_spec,
     }
 
