@@ -15,7 +15,7 @@ import pytest
 
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
-from sandbox.runtime.kubernetes.exec_ws import V4, V5, ExecRefused, exec_url, exit_code_of, open_exec
+from sandbox.runtime.kubernetes.exec_ws import V4, V5, ExecRefused, closed_streams, exec_url, exit_code_of, open_exec
 from tests.k8s_exec_server import ExecServer, Faults
 
 pytestmark = pytest.mark.anyio
@@ -28,6 +28,7 @@ AUTH = {"Authorization": "Bearer good-token"}
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+        await closed_streams()  # the closing handshakes a test's close() started
 
 
 async def _link(server: ExecServer, http: aiohttp.ClientSession, **headers: str) -> AgentLink:

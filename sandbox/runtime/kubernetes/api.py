@@ -70,9 +70,14 @@ class Api:
         fn = getattr(getattr(client, api)(self.client), f"{method}_without_preload_content")
         try:
             response = await fn(*args, **kwargs)
-            raw = await response.read()
         except (OSError, TimeoutError) as exc:
             raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached ({what}): {exc}") from exc
+        try:
+            raw = await response.read()
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cut its answer ({what}): {exc}") from exc
+        finally:
+            response.release()  # the connection goes back to the pool, whatever happened
         try:
             body = json.loads(raw) if raw else None
         except ValueError:

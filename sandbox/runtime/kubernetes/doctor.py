@@ -16,10 +16,23 @@ NEEDED = (("create", "pods", ""), ("delete", "pods", ""), ("get", "pods", "exec"
 
 
 async def run_checks(config: Config, api: Api | None = None) -> list[Check]:
-    """Every check, in order; the API connection is made from `runtime.kubernetes` unless given."""
+    """Every check, in order; the API connection is made from `runtime.kubernetes` (and closed)
+    unless given."""
+    if api is not None:
+        return await _checks(config, api)
+    try:
+        made = await connect(config.runtime.kubernetes)
+    except SandboxError as exc:
+        return [Check("fail", "api", exc.message, "point runtime.kubernetes at a reachable cluster")]
+    try:
+        return await _checks(config, made)
+    finally:
+        await made.close()
+
+
+async def _checks(config: Config, api: Api) -> list[Check]:
     cfg = config.runtime.kubernetes
     try:
-        api = api or await connect(cfg)
         status, version = await api.call("VersionApi", "reading the version", "get_code")
     except SandboxError as exc:
         return [Check("fail", "api", exc.message, "point runtime.kubernetes at a reachable cluster")]

@@ -216,10 +216,14 @@ class ExecTransport:
         self._closed = True
 
         async def shut() -> None:
-            with contextlib.suppress(Exception):
-                if self.protocol == V5 and not self._ws.closed:
-                    await self._ws.send_bytes(bytes([CLOSE, STDIN]))
-                await self._ws.close()
+            try:
+                with contextlib.suppress(Exception):
+                    if self.protocol == V5 and not self._ws.closed:
+                        await self._ws.send_bytes(bytes([CLOSE, STDIN]))
+                    await self._ws.close()
+            finally:  # cancelled half-way (a loop closing): the connection is still given back
+                if not self._ws.closed:
+                    self._ws._response.close()
 
         # close() is synchronous in the transport protocol; the socket's closing handshake runs
         # on the loop (aiohttp is asyncio's), and a reader waiting in receive() wakes with it
