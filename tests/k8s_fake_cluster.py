@@ -69,6 +69,17 @@ class FakeCluster(ExecServer):
     def __post_init__(self) -> None:
         self.command_for = self._in_container
 
+    def api(self, token: str | None = None) -> Any:
+        """An API connection to this fake (`runtime/kubernetes/api.py`), with the good token or `token`."""
+        from kubernetes.aio import client
+
+        from sandbox.runtime.kubernetes import api as k8s_api
+
+        configuration = client.Configuration(
+            host=self.url, api_key={"BearerToken": token or self.token}, api_key_prefix={"BearerToken": "Bearer"}
+        )
+        return k8s_api.from_configuration(configuration)
+
     def add_routes(self, app: web.Application) -> None:
         base = "/api/v1/namespaces/{ns}/{kind}"
         app.router.add_post(base, self._create)

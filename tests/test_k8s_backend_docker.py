@@ -12,7 +12,6 @@ import pytest
 
 from sandbox.config import load_config_text
 from sandbox.engine.orchestrator import Orchestrator
-from sandbox.runtime.kubernetes import api as k8s_api
 from sandbox.runtime.kubernetes.backend import KubernetesBackend
 from sandbox.runtime.kubernetes.names import namespace_for
 from tests.conftest import RUN_ID, TEST_LABEL
@@ -50,20 +49,14 @@ async def cluster(docker_client: Any, images: None) -> AsyncIterator[FakeCluster
 
 
 def backend_on(cluster: FakeCluster, config: Any, token: str | None = None) -> KubernetesBackend:
-    from kubernetes.aio import client
-
-    configuration = client.Configuration(
-        host=cluster.url,
-        api_key={"BearerToken": token or cluster.token},
-        api_key_prefix={"BearerToken": "Bearer"},
-    )
     cluster.namespaces.add(namespace_for(config.runtime.kubernetes, "acme"))
-    return KubernetesBackend(config, api=k8s_api.from_configuration(configuration))
+    return KubernetesBackend(config, api=cluster.api(token))
 
 
 async def test_tools_run_in_a_restricted_pod_through_the_agent(tmp_path: Path, cluster: FakeCluster) -> None:
     config = k8s_config(tmp_path)
-    async with Orchestrator(config, backend_on(cluster, config), journal=False) as orch:
+    backend = backend_on(cluster, config)
+    async with Orchestrator(config, backend, journal=False) as orch:
         session = orch.session(agent="main", key="agent:main:k1")
         ran = await session.call("exec", {"command": "id -u; echo hi > note.txt"})
         assert ran.ok, ran.error
@@ -78,6 +71,7 @@ async def test_tools_run_in_a_restricted_pod_through_the_agent(tmp_path: Path, c
         assert "from the file tool" in str(seen.output)
         pods = [k for k in cluster.objects if k[0] == "pods"]
         assert len(pods) == 1
+        assert len(backend._heartbeats) == 1  # its agent link is pinged (the kubelet cuts idle streams)
         listed = await orch.backend.list(instance=config.instance)
         assert [i.name for i in listed] == [pods[0][2]] and listed[0].tenant == "acme"
         await session.close()

@@ -28,12 +28,8 @@ def _config(tmp_path: Path, kubernetes: str = "") -> object:
 
 
 def _api(cluster: FakeCluster, token: str | None = None) -> k8s_api.Api:
-    from kubernetes.aio import client
-
-    configuration = client.Configuration(
-        host=cluster.url, api_key={"BearerToken": token or cluster.token}, api_key_prefix={"BearerToken": "Bearer"}
-    )
-    return k8s_api.from_configuration(configuration)
+    api: k8s_api.Api = cluster.api(token)
+    return api
 
 
 async def test_a_ready_cluster_passes_and_the_pid_limit_is_said(tmp_path: Path) -> None:

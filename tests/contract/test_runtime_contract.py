@@ -88,9 +88,6 @@ async def target(request: pytest.FixtureRequest, tmp_path: Path, docker_client: 
 
         yield Target(kind, config, lambda: KubernetesBackend(config), delete_pod)
         return
-    from kubernetes.aio import client
-
-    from sandbox.runtime.kubernetes import api as k8s_api
     from sandbox.runtime.kubernetes.backend import KubernetesBackend
     from sandbox.runtime.kubernetes.names import namespace_for
     from tests.k8s_fake_cluster import FakeCluster
@@ -100,10 +97,7 @@ async def target(request: pytest.FixtureRequest, tmp_path: Path, docker_client: 
         cluster.namespaces.add(namespace)
 
         def new_backend() -> Backend:
-            configuration = client.Configuration(
-                host=cluster.url, api_key={"BearerToken": cluster.token}, api_key_prefix={"BearerToken": "Bearer"}
-            )
-            return KubernetesBackend(config, api=k8s_api.from_configuration(configuration))
+            return KubernetesBackend(config, api=cluster.api())
 
         yield Target(kind, config, new_backend, lambda name: cluster.kill_container(namespace, name))
 
