@@ -94,6 +94,7 @@ def padded_batch(total: int) -> Iterator[bytes]:
     yield b'"}}]}'
 
 
+@pytest.mark.slow
 def test_a_chunked_body_without_a_token_is_refused_before_it_is_read(server: tuple[str, Any]) -> None:
     """100 MiB chunked, no token, to the batches route (FastAPI read such a body whole before the
     token check: +290 MB of RSS), to the call route and to /mcp: each is 401 at once, and the
@@ -112,6 +113,7 @@ def test_a_chunked_body_without_a_token_is_refused_before_it_is_read(server: tup
     assert hwm_after - hwm_before < 16 * 1024 and rss_after - rss_before < 16 * 1024
 
 
+@pytest.mark.slow
 def test_a_chunked_body_past_the_limit_is_413(server: tuple[str, Any]) -> None:
     """48 MiB chunked with a valid token (the old limit looked only at Content-Length: 200) is 413
     on the call and batches routes; the server's memory stays bounded by the 40 MiB limit."""
@@ -142,6 +144,7 @@ def closed(sock: socket.socket) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_idle_connections_without_a_token_do_not_lock_tenants_out(tmp_path: Path) -> None:
     """300 connections from one address that send no request head (half send part of one), against
     a server whose file-descriptor limit is 256 (the old server stopped accepting at its limit:
@@ -186,6 +189,7 @@ def test_idle_connections_without_a_token_do_not_lock_tenants_out(tmp_path: Path
                 s.close()
 
 
+@pytest.mark.slow
 def test_a_head_larger_than_the_bound_is_refused(server: tuple[str, Any]) -> None:
     """A request head that grows without end (one endless header) is cut at 64 KiB, not buffered."""
     url, _ = server
