@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox import __version__
 from sandbox.journal.store import Approval
 from tests.cli_helpers import run_cli
 from tests.service_helpers import TOKEN_A, TOKEN_B, serve, sha
@@ -60,7 +61,7 @@ agents:
 def test_every_route_needs_a_valid_bearer_token(shared: Any) -> None:
     """Missing, wrong, or non-bearer credentials are 401 with WWW-Authenticate; health is open."""
     url, _ = shared
-    assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+    assert httpx.get(f"{url}/healthz").json() == {"ok": True, "version": __version__}
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN_A}"}):
         r = httpx.get(f"{url}/v1/agents", headers=headers)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
@@ -409,4 +410,4 @@ agents:
         body = r.json()
         assert body["ready"] is False and body["checks"]["journal"] == "ok"
         assert body["checks"]["engine"].startswith("failed: ")
-        assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+        assert httpx.get(f"{url}/healthz").json() == {"ok": True, "version": __version__}

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox import __version__
 from sandbox.api.connections import limits_of
 from sandbox.config.models import ServiceSection
 from tests.service_helpers import TOKEN_A, TOKEN_B, rss_kib, serve_process, sha
@@ -206,4 +207,4 @@ def test_a_head_larger_than_the_bound_is_refused(server: tuple[str, Any]) -> Non
             raise AssertionError(f"the server took {sent} bytes of one header")
     finally:
         s.close()
-    assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+    assert httpx.get(f"{url}/healthz").json() == {"ok": True, "version": __version__}
