@@ -84,3 +84,19 @@ async def store_status(url: StateUrl, state_dir: Path) -> StoreStatus:
     except sqlite3.Error as exc:
         raise unusable(path, exc) from exc
     return StoreStatus("sqlite", str(path), version, head("sqlite"))
+
+
+async def check_store(url: StateUrl, state_dir: Path) -> None:
+    """Open the store once, ping it and close it: a start-up check (a shared store only; the
+    SQLite store is made on first use).
+
+    Raises:
+        SandboxError: SERVICE_UNAVAILABLE when it cannot be reached, refuses the login or has
+            another schema version, with the fix.
+    """
+    if url.kind != "postgresql":
+        return
+    from sandbox.state.open import open_store
+
+    async with open_store(url, state_dir) as store:
+        await store.ping()
