@@ -49,10 +49,10 @@ class Gate:
         return exec_result(stdout=b"held-call\n")
 
 
-def _config(make_config: Any, pg_url: str, state: Path) -> Any:
+def _config(make_config: Any, pg_url: str, state: Path, tools: str = "{profile: full}") -> Any:
     return make_config(
         f"""
-tools: {{profile: full}}
+tools: {tools}
 state: {{url: '{pg_url}'}}
 tenants:
   - {{id: t, quotas: {{max_concurrent_calls: 2}}, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
@@ -107,6 +107,48 @@ async def test_a_burst_split_across_two_replicas_never_passes_max_concurrent_cal
         assert await store.in_flight("t") == 0
 
 
+@pytest.mark.anyio
+async def test_an_approval_waiting_on_one_replica_is_decided_through_the_other(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """A call needing approval waits on replica A; B lists it and approves it; A's call runs at once
+    (woken by NOTIFY: the wait has no polling to fall back on). A second decision through A is 404
+    (it is no longer pending), and the journal of A holds no approval: the store does."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    tools = "{profile: full, approvals: {require: [exec], timeout_s: 120}}"
+    config_a = _config(make_config, pg_url, tmp_path / "a", tools)
+    config_b = _config(make_config, pg_url, tmp_path / "b", tools)
+    answers: list[httpx.Response] = []
+    async with (
+        Orchestrator(config_a, backend=FakeBackend()) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend()) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+
+        async def call_on_a() -> None:
+            body = {"tool": "exec", "args": {"command": "echo approved-call"}}
+            answers.append(await client.post(f"{url_a}/v1/sessions/agent:a:s1/calls", json=body))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call_on_a)
+            pending: list[Any] = []
+            with anyio.fail_after(30):
+                while not pending:
+                    pending = (await client.get(f"{url_b}/v1/approvals")).json()
+                    await anyio.sleep(0.05)
+            assert [p["tool"] for p in pending] == ["exec"]
+            decided = await client.post(f"{url_b}/v1/approvals/{pending[0]['id']}/approve")
+            assert decided.status_code == 200 and decided.json()["status"] == "approved"
+        assert len(answers) == 1 and answers[0].status_code == 200, answers[0].text
+        assert answers[0].json()["ok"] is True
+        again = await client.post(f"{url_a}/v1/approvals/{pending[0]['id']}/deny")
+        assert again.status_code == 404
+        assert orch_a.pending_approvals() == [] and orch_a.journal is not None
+        assert orch_a.journal.approvals(None) == []
+
+
 def test_sandbox_serve_with_an_unusable_store_does_not_start(pg_server: PgServer, tmp_path: Path) -> None:
     """`sandbox serve` checks the store before it listens: a wrong password is one clear line, exit 1."""
     config = tmp_path / "sandbox.yaml"
@@ -119,3 +161,30 @@ def test_sandbox_serve_with_an_unusable_store_does_not_start(pg_server: PgServer
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "error [SERVICE_UNAVAILABLE]: the state store at postgresql://sbxtest:***@127.0.0.1" in result.stderr
     assert "password authentication failed" in result.stderr and "not-the-password" not in result.stderr
+
+
+@pytest.mark.anyio
+async def test_the_cli_lists_and_decides_approvals_in_the_shared_store(pg_url: str, tmp_path: Path) -> None:
+    """`sandbox approvals list|approve` with state.url on PostgreSQL read and decide there; the
+    waiting store instance wakes with the decision."""
+    import time
+
+    from sandbox.journal.approvals import Approval
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    config = tmp_path / "sandbox.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\nstate: {{url: '{pg_url}'}}\n")
+    pending = Approval(
+        "a-cli", "c-1", "t-1", "agent:main:s", "main", "exec", {"command": "ls -la"}, "pending", "", time.time(), None
+    )
+    async with open_store(url, tmp_path, owner="waiter") as store:
+        await store.add_approval(pending)
+        listed = await anyio.to_thread.run_sync(lambda: run_cli("approvals", "list", config=config))
+        assert listed.returncode == 0 and "a-cli" in listed.stdout and "ls -la" in listed.stdout
+        decided = await anyio.to_thread.run_sync(
+            lambda: run_cli("approvals", "approve", "a-cli", "--reason", "ok", config=config)
+        )
+        assert decided.returncode == 0 and "a-cli: approved (ok)" in decided.stdout
+        woken = await store.wait_decided("a-cli", 60)
+        assert woken is not None and woken.status == "approved"

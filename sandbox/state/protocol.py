@@ -97,8 +97,8 @@ class ApprovalStore(Protocol):
         """One approval, or None; a pending one's arguments masked unless `raw`."""
         ...
 
-    async def approvals(self, status: str | None = "pending") -> list[Approval]:
-        """Approvals (pending by default), oldest first, arguments masked."""
+    async def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
+        """Approvals (pending by default), oldest first; pending arguments masked unless `raw`."""
         ...
 
     async def wait_decided(self, approval_id: str, timeout_s: float) -> Approval | None:

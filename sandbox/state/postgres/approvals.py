@@ -88,8 +88,8 @@ async def one(conn: Any, approval_id: str, raw: bool) -> Approval | None:
     return _approval(row, raw) if row is not None else None
 
 
-async def many(conn: Any, status: str | None) -> list[Approval]:
-    """Approvals of `status` (all when None), oldest first, masked."""
+async def many(conn: Any, status: str | None, raw: bool = False) -> list[Approval]:
+    """Approvals of `status` (all when None), oldest first; pending ones masked unless `raw`."""
     if status:
         cur = await conn.execute(
             "SELECT id, call_id, trace_id, session, agent, tool, arguments, status, reason, created, decided "
@@ -101,4 +101,4 @@ async def many(conn: Any, status: str | None) -> list[Approval]:
             "SELECT id, call_id, trace_id, session, agent, tool, arguments, status, reason, created, decided "
             "FROM approvals ORDER BY created"
         )
-    return [_approval(row, raw=False) for row in await cur.fetchall()]
+    return [_approval(row, raw) for row in await cur.fetchall()]

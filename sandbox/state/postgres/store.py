@@ -101,10 +101,10 @@ class PostgresStore:
         async with self._conn() as conn:
             return await approvals.one(conn, approval_id, raw)
 
-    async def approvals(self, status: str | None = "pending") -> list[Approval]:
+    async def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
         """See :class:`~sandbox.state.protocol.ApprovalStore`."""
         async with self._conn() as conn:
-            return await approvals.many(conn, status)
+            return await approvals.many(conn, status, raw)
 
     async def wait_decided(self, approval_id: str, timeout_s: float) -> Approval | None:
         """See :class:`~sandbox.state.protocol.ApprovalStore`: woken by NOTIFY, never polling."""

@@ -94,8 +94,8 @@ def one(db: sqlite3.Connection, approval_id: str, raw: bool) -> Approval | None:
     return _approval(row, raw) if row is not None else None
 
 
-def many(db: sqlite3.Connection, status: str | None) -> list[Approval]:
-    """Approvals of `status` (all when None), oldest first, masked."""
+def many(db: sqlite3.Connection, status: str | None, raw: bool = False) -> list[Approval]:
+    """Approvals of `status` (all when None), oldest first; pending ones masked unless `raw`."""
     if status:
         rows = db.execute(
             "SELECT id, call_id, trace_id, session, agent, tool, arguments, status, reason, created, decided "
@@ -107,4 +107,4 @@ def many(db: sqlite3.Connection, status: str | None) -> list[Approval]:
             "SELECT id, call_id, trace_id, session, agent, tool, arguments, status, reason, created, decided "
             "FROM approvals ORDER BY created"
         ).fetchall()
-    return [_approval(row, raw=False) for row in rows]
+    return [_approval(row, raw) for row in rows]

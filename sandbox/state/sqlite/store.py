@@ -120,9 +120,9 @@ class SqliteStore:
         """See :class:`~sandbox.state.protocol.ApprovalStore`."""
         return await self._run(approvals.one, approval_id, raw)
 
-    async def approvals(self, status: str | None = "pending") -> list[Approval]:
+    async def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
         """See :class:`~sandbox.state.protocol.ApprovalStore`."""
-        return await self._run(approvals.many, status)
+        return await self._run(approvals.many, status, raw)
 
     async def wait_decided(self, approval_id: str, timeout_s: float) -> Approval | None:
         """See :class:`~sandbox.state.protocol.ApprovalStore` (this process: at once; others: polled)."""
