@@ -142,7 +142,7 @@ async def test_an_approval_waiting_on_one_replica_is_decided_through_the_other(
             decided = await client.post(f"{url_b}/v1/approvals/{pending[0]['id']}/approve")
             assert decided.status_code == 200 and decided.json()["status"] == "approved"
         assert len(answers) == 1 and answers[0].status_code == 200, answers[0].text
-        assert answers[0].json()["ok"] is True
+        assert answers[0].json()["ok"] is True, answers[0].text
         again = await client.post(f"{url_a}/v1/approvals/{pending[0]['id']}/deny")
         assert again.status_code == 404
         assert orch_a.pending_approvals() == [] and orch_a.journal is not None

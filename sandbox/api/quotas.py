@@ -115,7 +115,9 @@ class Admission:
             HTTPException: 503 while stopping; 429 past a quota; 400 for a batch that can never
                 fit one (split it, or run it sequentially).
         """
-        ticket = self._take_calls(who, calls, slots) if self.store is None else await self._reserve(who, calls, slots)
+        quotas = who.tenant.quotas
+        shared = self.store is not None and bool(quotas.max_concurrent_calls or quotas.max_calls_per_minute)
+        ticket = await self._reserve(who, calls, slots) if shared else self._take_calls(who, calls, slots)
         try:
             self._take_session(who, session, ticket)
             await self._take_sandbox(orch, who, session, ticket)

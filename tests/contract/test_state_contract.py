@@ -259,6 +259,17 @@ async def test_an_approval_is_read_back_raw_or_masked(backing: Backing) -> None:
         assert [a.id for a in await store.approvals(None)] == ["a-1"]
 
 
+async def test_arguments_come_back_byte_for_byte(backing: Backing) -> None:
+    """What the approver reads raw is exactly what will run: NUL, control characters, any script."""
+    odd: dict[str, object] = {"command": "printf 'a\x00b\x1b[2J'; echo \u00e9\U0001f600", "n": 1.5, "z": [None, True]}
+    async with backing.open("r") as store:
+        await store.add_approval(_approval("a-odd", odd))
+        back = await store.approval("a-odd", raw=True)
+        assert back is not None and back.arguments == odd and list(back.arguments) == list(odd)
+        listed = await store.approvals(raw=True)
+        assert [a.arguments for a in listed] == [odd]
+
+
 async def test_an_approval_is_decided_once(backing: Backing) -> None:
     """A second decision is CONFLICT naming the first; an unknown id is INVALID_ARGUMENTS."""
     async with backing.open("r") as store:

@@ -16,7 +16,7 @@ CHANNEL = "sbx_approvals"
 
 
 def _approval(row: tuple[Any, ...], raw: bool) -> Approval:
-    arguments = row[6] if isinstance(row[6], dict) else json.loads(row[6])
+    arguments = json.loads(row[6])
     if not raw and row[7] == "pending":  # decided rows were masked by decide()
         arguments = redact(arguments, max_text=None)
     return Approval(row[0], row[1], row[2], row[3], row[4], row[5], arguments, row[7], row[8], row[9], row[10])
@@ -27,7 +27,7 @@ async def add(conn: Any, approval: Approval) -> None:
     await conn.execute(
         "INSERT INTO approvals (id, call_id, trace_id, session, agent, tool, arguments, status, reason, created, "
         "decided) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)",
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             approval.id,
             approval.call_id,
@@ -65,9 +65,9 @@ async def decide(conn: Any, approval_id: str, status: str, reason: str) -> Appro
                 f"approval {approval_id} was already decided ({row[7]}); this decision was not recorded",
                 status=row[7],
             )
-        masked = json.dumps(redact(row[6], max_text=None), default=str)
+        masked = json.dumps(redact(json.loads(row[6]), max_text=None), default=str)
         cur = await conn.execute(
-            "UPDATE approvals SET status = %s, reason = %s, decided = %s, arguments = %s::jsonb "
+            "UPDATE approvals SET status = %s, reason = %s, decided = %s, arguments = %s "
             "WHERE id = %s AND status = 'pending' RETURNING id, call_id, trace_id, session, agent, tool, "
             "arguments, status, reason, created, decided",
             (status, reason, time.time(), masked, approval_id),

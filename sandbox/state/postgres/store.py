@@ -22,6 +22,7 @@ from sandbox.state.postgres.schema import current_version
 from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
 
 POOL_OPEN_S = 10.0
+READ_AGAIN_S = 0.5  # a waiter whose read failed reads again after this (only while reads fail)
 
 
 class PostgresStore:
@@ -112,7 +113,14 @@ class PostgresStore:
             while True:
                 event = self.wakeups.watch(approval_id)  # before the read: a NOTIFY after it still wakes
                 try:
-                    current = await self.approval(approval_id)
+                    try:
+                        current = await self.approval(approval_id)
+                    except SandboxError:
+                        # the store failed this read (an outage): read again soon, only while it fails,
+                        # since the notification of a decision made meanwhile may be gone
+                        with anyio.move_on_after(READ_AGAIN_S):
+                            await event.wait()
+                        continue
                     if current is None or current.status != "pending":
                         return current
                     await event.wait()
@@ -143,6 +151,9 @@ async def _open_pool(url: StateUrl, pool_max: int) -> Any:
         min_size=1,
         max_size=pool_max,
         open=False,
+        # a connection the server ended (a failover, pg_terminate_backend) is replaced when
+        # checked out, not handed to a caller: one empty round trip per checkout
+        check=pool_module.AsyncConnectionPool.check_connection,
         kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": "agent-sandbox"},
     )
     try:

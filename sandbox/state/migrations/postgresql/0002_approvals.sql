@@ -8,7 +8,8 @@ CREATE TABLE approvals (
     session TEXT NOT NULL,
     agent TEXT NOT NULL,
     tool TEXT NOT NULL,
-    arguments JSONB NOT NULL,
+    -- JSON as text: byte for byte what the approver saw (jsonb refuses \u0000 and reorders keys)
+    arguments TEXT NOT NULL,
     status TEXT NOT NULL,
     reason TEXT NOT NULL DEFAULT '',
     created DOUBLE PRECISION NOT NULL,
