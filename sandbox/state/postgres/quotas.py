@@ -15,15 +15,6 @@ from sandbox.state.protocol import QuotaLimits, Refused, Reservation
 
 WINDOW_S = 60.0
 
-_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
-
-
-async def db_now(conn: Any) -> float:
-    """The database's clock, in seconds since the epoch."""
-    cur = await conn.execute(_NOW)
-    row = await cur.fetchone()
-    return float(row[0])
-
 
 async def renew(conn: Any, owner: str, lease_s: float) -> None:
     """Upsert `owner`'s lease to now + `lease_s` (the database's now)."""
@@ -37,29 +28,37 @@ async def renew(conn: Any, owner: str, lease_s: float) -> None:
 async def reserve(
     conn: Any, owner: str, lease_s: float, tenant: str, limits: QuotaLimits, calls: int, slots: int
 ) -> Reservation | Refused:
-    """Check and take, in one transaction on `conn` (see the module's docstring)."""
-    async with conn.transaction():
+    """Check and take, in one transaction on `conn` (see the module's docstring).
+
+    Pipelined: the lock, the lease, the clean-up and the counts go out together and come back in
+    one round trip; the take (or nothing) and the commit in a second one.
+    """
+    async with conn.pipeline(), conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"sbx-quota|{tenant}",))
-        now = await db_now(conn)
         await renew(conn, owner, lease_s)
         # what a dead owner held goes; a reservation whose owner row is gone counts for no one
         await conn.execute(
-            "DELETE FROM reservations r WHERE r.tenant = %s AND NOT EXISTS "
-            "(SELECT 1 FROM owners o WHERE o.owner = r.owner AND o.lease_until >= %s)",
-            (tenant, now),
+            "DELETE FROM reservations r WHERE r.tenant = %s AND NOT EXISTS (SELECT 1 FROM owners o "
+            "WHERE o.owner = r.owner AND o.lease_until >= extract(epoch FROM clock_timestamp()))",
+            (tenant,),
         )
-        await conn.execute("DELETE FROM call_starts WHERE tenant = %s AND started < %s", (tenant, now - WINDOW_S))
-        if limits.max_calls_per_minute and calls:
-            cur = await conn.execute("SELECT count(*), min(started) FROM call_starts WHERE tenant = %s", (tenant,))
-            count, oldest = await cur.fetchone()
-            if count + calls > limits.max_calls_per_minute:
-                retry = max(1, int(WINDOW_S - (now - oldest)) + 1) if oldest is not None else 1
-                return Refused("max_calls_per_minute", int(count), limits.max_calls_per_minute, retry)
-        if limits.max_concurrent_calls and slots:
-            cur = await conn.execute("SELECT coalesce(sum(slots), 0) FROM reservations WHERE tenant = %s", (tenant,))
-            (held,) = await cur.fetchone()
-            if held + slots > limits.max_concurrent_calls:
-                return Refused("max_concurrent_calls", int(held), limits.max_concurrent_calls, 1)
+        await conn.execute(
+            "DELETE FROM call_starts WHERE tenant = %s AND started < extract(epoch FROM clock_timestamp()) - %s",
+            (tenant, WINDOW_S),
+        )
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp())::float8, "
+            "(SELECT count(*) FROM call_starts WHERE tenant = %s), "
+            "(SELECT min(started) FROM call_starts WHERE tenant = %s), "
+            "(SELECT coalesce(sum(slots), 0) FROM reservations WHERE tenant = %s)",
+            (tenant, tenant, tenant),
+        )
+        now, count, oldest, held = await cur.fetchone()
+        if limits.max_calls_per_minute and calls and count + calls > limits.max_calls_per_minute:
+            retry = max(1, int(WINDOW_S - (now - oldest)) + 1) if oldest is not None else 1
+            return Refused("max_calls_per_minute", int(count), limits.max_calls_per_minute, retry)
+        if limits.max_concurrent_calls and slots and held + slots > limits.max_concurrent_calls:
+            return Refused("max_concurrent_calls", int(held), limits.max_concurrent_calls, 1)
         reservation = Reservation(f"q-{secrets.token_hex(8)}", tenant, calls, slots)
         await conn.execute(
             "INSERT INTO reservations (id, tenant, owner, slots, created) VALUES (%s, %s, %s, %s, %s)",
@@ -75,10 +74,12 @@ async def reserve(
 
 async def release(conn: Any, reservation: Reservation, *, refund: bool) -> None:
     """The reservation's slots go back (and its starts too when `refund`)."""
-    async with conn.transaction():
+    if not refund:  # one statement: no transaction to open and close
         await conn.execute("DELETE FROM reservations WHERE id = %s", (reservation.id,))
-        if refund:
-            await conn.execute("DELETE FROM call_starts WHERE reservation = %s", (reservation.id,))
+        return
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute("DELETE FROM reservations WHERE id = %s", (reservation.id,))
+        await conn.execute("DELETE FROM call_starts WHERE reservation = %s", (reservation.id,))
 
 
 async def in_flight(conn: Any, tenant: str) -> int:
