@@ -227,3 +227,19 @@ def test_cli_sqlite_status_before_and_after(tmp_path: Path) -> None:
     assert run_cli("state", "migrate", config=config).returncode == 0
     after = run_cli("state", "status", config=config)
     assert f"sqlite store at {tmp_path / 'state' / FILE_NAME}: schema 2 (this code: 2; current)" in after.stdout
+
+
+@pytest.mark.postgres
+async def test_doctor_says_where_the_store_stands(pg_url: str, pg_server: PgServer, tmp_path: Path) -> None:
+    """doctor's line: fail with `sandbox state migrate` before, ok after, fail naming the store when it refuses us."""
+    from sandbox.state.admin import doctor_verdict
+
+    url = parse_state_url(pg_url)
+    before = await doctor_verdict(url, tmp_path)
+    assert before[0] == "fail" and before[2] == "sandbox state migrate"
+    await migrate_store(url, tmp_path)
+    assert (await doctor_verdict(url, tmp_path))[:2] == ("ok", f"postgresql store at {url.shown}: schema 2 (current)")
+    refused = await doctor_verdict(parse_state_url(pg_server.url("postgres", password="nope")), tmp_path)
+    assert refused[0] == "fail" and "password authentication failed" in refused[1] and "nope" not in refused[1]
+    lite = await doctor_verdict(parse_state_url("sqlite:"), tmp_path)
+    assert lite[0] == "ok" and "migrated on first use" in lite[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from sandbox.config.state import StateUrl
 from sandbox.state.migrate import MigrationReport, head
@@ -100,3 +101,21 @@ async def check_store(url: StateUrl, state_dir: Path) -> None:
 
     async with open_store(url, state_dir) as store:
         await store.ping()
+
+
+async def doctor_verdict(url: StateUrl, state_dir: Path) -> tuple[Literal["ok", "warn", "fail"], str, str]:
+    """`sandbox doctor`'s line on the store: (ok|warn|fail, what was found, the fix or "")."""
+    from sandbox.errors import SandboxError
+
+    try:
+        status = await store_status(url, state_dir)
+    except SandboxError as exc:
+        return "fail", exc.message, "check state.url (or SANDBOX_STATE_URL), the server and its credentials"
+    where = f"{status.kind} store at {status.where}: schema {status.version}"
+    if status.version > status.code_version:
+        return "fail", f"{where}, newer than this code's {status.code_version}", "run the newer agent-sandbox"
+    if status.version < status.code_version:
+        if status.kind == "sqlite":  # embedded: it migrates itself when first opened
+            return "ok", f"{where} (this code: {status.code_version}; migrated on first use)", ""
+        return "fail", f"{where}, this code needs {status.code_version}", "sandbox state migrate"
+    return "ok", f"{where} (current)", ""
