@@ -328,7 +328,10 @@ def status(state: State, deep: bool, as_json: bool) -> None:
             sandbox = effective_agent(state.config, agent_id).sandbox
             main_tools = resolver.resolve(Identity(agent_id, f"agent:{agent_id}:main")).allowed
             data["agents"][agent_id] = {"mode": sandbox.mode, "scope": sandbox.scope, "tools_main": sorted(main_tools)}
-        data["pending_approvals"] = [a.__dict__ for a in journal.approvals("pending")]
+        # where the service keeps them: the shared store with state.url on PostgreSQL, else the journal
+        source = _approvals(state)
+        data["pending_approvals"] = [a.__dict__ for a in source.approvals("pending")]
+        source.close()
 
         async def sandboxes() -> list[dict[str, Any]]:
             manager = SandboxManager(state.config, DockerBackend())
