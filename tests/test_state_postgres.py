@@ -5,6 +5,7 @@ is a SandboxError, never a driver exception."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import anyio
 import psycopg
@@ -13,8 +14,9 @@ import pytest
 from sandbox.config.state import parse_state_url
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.approvals import Approval
-from sandbox.state import open_store
+from sandbox.state import QuotaLimits, Reservation, open_store
 from sandbox.state.admin import migrate_store
+from tests.pg_server import create_database, start_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -79,3 +81,34 @@ async def test_a_pooled_connection_the_server_ended_is_a_clear_error_then_replac
                     assert exc.code == ErrorCode.SERVICE_UNAVAILABLE and "cannot be used" in exc.message
                     outcomes.append("error")
         assert outcomes[-1] == "ok" and set(outcomes) <= {"ok", "error"}
+
+
+async def test_a_release_the_server_missed_is_given_back_once_it_returns(tmp_path: Path) -> None:
+    """The server stops while a call holds a slot: the release fails with SERVICE_UNAVAILABLE;
+    when the server is back the store gives the slot back by itself (the replica is alive, so no
+    lease would ever free it). A server of this test's own, since it is stopped and started."""
+    server = start_server()
+    try:
+        pg_url = create_database(server)
+        url = parse_state_url(pg_url)
+        await migrate_store(url, tmp_path)
+        async with open_store(url, tmp_path, owner="replica", lease_s=1.5) as store:
+            held = await store.reserve("t1", QuotaLimits(max_concurrent_calls=1))
+            assert isinstance(held, Reservation)
+            await anyio.to_thread.run_sync(server.stop)
+            with pytest.raises(SandboxError) as info:
+                await store.release(held)
+            assert info.value.code == ErrorCode.SERVICE_UNAVAILABLE
+            await anyio.to_thread.run_sync(server.start)
+            with anyio.fail_after(60):  # renewals every 0.5 s; this bounds a broken store only
+                while _held(pg_url):
+                    await anyio.sleep(0.2)
+            assert isinstance(await store.reserve("t1", QuotaLimits(max_concurrent_calls=1)), Reservation)
+    finally:
+        server.stop()
+
+
+def _held(pg_url: str) -> int:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT count(*) FROM reservations").fetchone()
+    return int(row[0]) if row else 0

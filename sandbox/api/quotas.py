@@ -239,7 +239,8 @@ class Admission:
 
     async def _give_back(self, ticket: Ticket, *, refund: bool) -> None:
         """The shared store's part goes back, even when the call was cancelled. If the store
-        cannot be reached the reservation stays until it can (this owner's lease holds it)."""
+        cannot be reached, the store gives it back once it answers again (or, if this replica
+        dies first, its lease runs out)."""
         reservation, ticket.shared = ticket.shared, None
         if reservation is None or self.store is None:
             return

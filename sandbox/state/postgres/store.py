@@ -22,6 +22,7 @@ from sandbox.state.postgres.schema import current_version
 from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
 
 POOL_OPEN_S = 10.0
+CHECKOUT_S = 5.0  # a call waits at most this for a pooled connection (an outage: SERVICE_UNAVAILABLE then)
 READ_AGAIN_S = 0.5  # a waiter whose read failed reads again after this (only while reads fail)
 
 
@@ -44,6 +45,9 @@ class PostgresStore:
         self._pool = pool
         self._pg = psycopg_module()
         self.wakeups = Wakeups(url, approvals.CHANNEL)
+        # reservations whose give-back failed (the store did not answer): retried with each lease
+        # renewal, so a slot is never held for good by a replica that is alive
+        self._unreleased: dict[str, tuple[Reservation, bool]] = {}
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Any]:
@@ -68,14 +72,27 @@ class PostgresStore:
             return await quotas.reserve(conn, self.owner, self.lease_s, tenant, limits, calls, slots)
 
     async def release(self, reservation: Reservation) -> None:
-        """See :class:`~sandbox.state.protocol.QuotaStore`."""
-        async with self._conn() as conn:
-            await quotas.release(conn, reservation, refund=False)
+        """See :class:`~sandbox.state.protocol.QuotaStore`; when the store does not answer, the
+        release raises and is retried in the background until it does."""
+        await self._give_back(reservation, refund=False)
 
     async def refund(self, reservation: Reservation) -> None:
-        """See :class:`~sandbox.state.protocol.QuotaStore`."""
-        async with self._conn() as conn:
-            await quotas.release(conn, reservation, refund=True)
+        """See :meth:`release`."""
+        await self._give_back(reservation, refund=True)
+
+    async def _give_back(self, reservation: Reservation, *, refund: bool) -> None:
+        try:
+            async with self._conn() as conn:
+                await quotas.release(conn, reservation, refund=refund)
+        except SandboxError:
+            self._unreleased[reservation.id] = (reservation, refund)
+            raise
+        self._unreleased.pop(reservation.id, None)
+
+    async def _retry_give_backs(self) -> None:
+        for reservation, refund in list(self._unreleased.values()):
+            with contextlib.suppress(SandboxError):  # still down: the next renewal tries again
+                await self._give_back(reservation, refund=refund)
 
     async def in_flight(self, tenant: str) -> int:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
@@ -136,6 +153,8 @@ class PostgresStore:
                 await self.renew_lease()
             except SandboxError as exc:
                 logger.bind(error=exc.message[:200]).warning("state_lease_not_renewed")
+                continue
+            await self._retry_give_backs()
 
 
 async def _open_pool(url: StateUrl, pool_max: int) -> Any:
@@ -150,6 +169,7 @@ async def _open_pool(url: StateUrl, pool_max: int) -> Any:
         url.url,
         min_size=1,
         max_size=pool_max,
+        timeout=CHECKOUT_S,
         open=False,
         # a connection the server ended (a failover, pg_terminate_backend) is replaced when
         # checked out, not handed to a caller: one empty round trip per checkout
