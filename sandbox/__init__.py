@@ -13,7 +13,19 @@ if _typing.TYPE_CHECKING:
     from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
     from sandbox.tools.spec import ToolResult
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The version pip installed (pyproject.toml is its one source); a checkout that was never
+    installed says so rather than guessing."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agent-sandbox")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "Config",

@@ -46,14 +46,21 @@ RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this
 TEST_LABEL = "io.agent-sandbox.test-run"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `-m "not docker"` leaves slow tests out
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Real-engine tests run on one worker, one after another (the 2-core machine's engine); the
-    PostgreSQL tests share one worker too, hence one private server."""
+    """Real-engine tests run on one worker, one after another (the 2-core machine's engine).
+    Slow tests (no engine, but seconds each) join the docker tier for selection only: they
+    still spread over every worker, and the quick loop (`-m "not docker"`) stays quick. The
+    PostgreSQL tests (seconds each too) join it the same way, and share one worker, hence one
+    private server."""
     for item in items:
         if item.get_closest_marker("docker") is not None:
             item.add_marker(pytest.mark.xdist_group("docker"))
         elif item.get_closest_marker("postgres") is not None:
             item.add_marker(pytest.mark.xdist_group("postgres"))
+            item.add_marker(pytest.mark.docker)
+        elif item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.docker)
 
 
 @pytest.fixture(scope="session")

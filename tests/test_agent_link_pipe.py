@@ -69,6 +69,7 @@ async def test_the_link_runs_commands_over_pipes_with_both_outputs_and_the_exit(
     assert await link.ping() >= 0
 
 
+@pytest.mark.slow
 async def test_concurrent_calls_are_multiplexed_by_request_id(link: AgentLink) -> None:
     results: dict[str, bytes] = {}
 
@@ -105,6 +106,7 @@ async def test_file_requests_round_trip(link: AgentLink, tmp_path: Path) -> None
     assert read.t == "file" and data == b"abcd"
 
 
+@pytest.mark.slow
 async def test_a_stopped_agent_ends_the_link_and_the_registry_replaces_and_kills_it(
     agents: LocalAgents, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -149,6 +151,7 @@ async def test_an_agent_that_exits_is_found_dead_before_a_request_is_sent(agents
         ("sys.stderr.write('Traceback: boom')\nsys.stderr.flush()\n", "it said: Traceback: boom"),
     ],
 )
+@pytest.mark.slow
 async def test_a_hostile_or_broken_agent_ends_only_its_link(tmp_path: Path, body: str, words: str) -> None:
     agents = LocalAgents()
     try:

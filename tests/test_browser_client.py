@@ -21,6 +21,7 @@ def browser_config(tmp_path: Path, enabled: bool) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_doctor_checks_the_browser_client_only_where_a_browser_is_enabled(tmp_path: Path) -> None:
     from sandbox.runtime.docker import doctor
 
@@ -46,6 +47,7 @@ def test_doctor_fails_when_the_driver_cannot_run(tmp_path: Path, monkeypatch: py
     assert "libatomic.so.1" in check.detail and "agent-sandbox[browser]" in check.fix
 
 
+@pytest.mark.slow
 def test_a_driver_that_cannot_start_is_sandbox_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     import playwright.async_api
 

@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.cli_helpers import ROOT, run_cli
 
 MULTI = ROOT / "policies" / "examples" / "multi-agent.yaml"
@@ -15,6 +17,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, timeout=60)
 
 
+@pytest.mark.slow
 def test_the_installed_entry_point_runs() -> None:
     """`python -m sandbox` as a real process: help, and a config error exits 2 without a traceback."""
     ok = run_cli("--help", process=True)
@@ -47,6 +50,7 @@ def test_explain_json_shows_exec_denied_by_agent_layer() -> None:
     assert "agents.list[1].tools.deny" in exec_row["fix"]
 
 
+@pytest.mark.slow
 def test_explain_text_lists_every_tool() -> None:
     """The human explain names the sandbox decision and every known tool."""
     run = cli("--config", str(MULTI), "explain", "--session", "agent:main:main")
@@ -65,6 +69,7 @@ def test_typo_key_exits_2_with_path_line_and_suggestion(tmp_path: Path) -> None:
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_unknown_agent_exits_2_naming_known_ids() -> None:
     """An agent id that is not configured exits 2 and names the known ids."""
     run = cli("--config", str(MULTI), "explain", "--agent", "nobody", "--session", "x")

@@ -73,6 +73,9 @@ def service_config(instance: str, token: str, workspaces: Path, lab: Lab) -> dic
     }
 
 
+# the first use builds sandbox-service:latest (pip wheels, then docker build): minutes on a
+# fresh, loaded machine, past the suite's 300 s per test
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("cli", [["docker-compose"], ["docker", "compose"]], ids=["compose-1.29", "compose-v2"])
 def test_compose_brings_up_the_service_and_it_runs_a_sandboxed_call(
     tmp_path: Path, instance: str, docker_client: Any, service_image: str, cli: list[str], lab: Lab

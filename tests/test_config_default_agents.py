@@ -98,6 +98,7 @@ def test_without_a_tenant_the_one_default_or_tenant_defaults_or_an_error(tmp_pat
     assert default_agent_id(home) == "d" == probe_agent_id(home)
 
 
+@pytest.mark.slow
 def test_a_call_without_an_agent_lands_on_its_tenants_default(tmp_path: Path) -> None:
     """Through the real service, a call whose key names no agent runs as the caller's tenant's
     default (each in its own workspace); a tenant with several agents and no default gets a 400
@@ -118,6 +119,7 @@ def test_a_call_without_an_agent_lands_on_its_tenants_default(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir() if (p / "who.txt").exists()) == ["alpha", "beta", "two"]
 
 
+@pytest.mark.slow
 def test_mcp_without_an_agent_lands_on_its_tenants_default(tmp_path: Path) -> None:
     """/mcp without X-Sandbox-Agent uses the token's tenant's default agent too."""
     import anyio

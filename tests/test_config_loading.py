@@ -62,6 +62,7 @@ def test_recursive_alias_is_a_config_error_not_a_traceback(tmp_path: Path) -> No
     assert "recursive alias *t" in problems_of(mapping)[0]
 
 
+@pytest.mark.slow
 def test_deep_nesting_is_refused_without_a_traceback() -> None:
     """Thousands of nested brackets give a config error, not a RecursionError."""
     with pytest.raises(ConfigError) as info:

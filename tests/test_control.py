@@ -181,6 +181,7 @@ async def test_loop_patterns_trip_at_their_thresholds(make_config: Any, ws: Path
         assert "pingPong" in blocked[0]
 
 
+@pytest.mark.slow
 async def test_loop_detection_off_by_default(make_config: Any, ws: Path) -> None:
     """Without tools.loop_detection.enabled nothing is ever flagged."""
     async with Orchestrator(host(make_config, ws)) as orch:

@@ -145,6 +145,7 @@ async def test_an_approval_whose_row_was_changed_runs_nothing(make_config: Any, 
 # -- 2: approvals fail closed -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @anyio_mark
 async def test_a_locked_journal_at_expiry_runs_nothing(make_config: Any, ws: Path) -> None:
     """The journal locked past its busy timeout when the approval expires (then free again): the call does not run."""
@@ -255,6 +256,7 @@ async def test_deny_write_removes_edit(make_config: Any, ws: Path) -> None:
     assert edit.error.code == "TOOL_NOT_FOUND" and (ws / "f.txt").read_text() == "old\n"
 
 
+@pytest.mark.slow
 @anyio_mark
 async def test_process_write_to_an_approved_interpreter_needs_approval(make_config: Any, ws: Path) -> None:
     """With exec gated, `process write` and `kill` to an approved shell wait for approval too; poll does not."""
@@ -343,6 +345,7 @@ def test_concurrent_deciders_exactly_one_wins(tmp_path: Path) -> None:
         assert sorted(outcomes) == ["CONFLICT"] * 7 + ["won"]
 
 
+@pytest.mark.slow
 def test_cli_deciders_race_and_the_loser_exits_non_zero(tmp_path: Path, ws: Path) -> None:
     """`approvals approve` and `deny` at once: one exits 0, the other exits 1 saying it was already decided."""
     import subprocess
@@ -402,6 +405,7 @@ LOOPS = (
 )
 
 
+@pytest.mark.slow
 def test_loop_detection_trips_across_cli_processes(tmp_path: Path, ws: Path) -> None:
     """The same call from separate `sandbox call` processes warns, then is BLOCKED: the history is in the journal."""
     (ws / "f.txt").write_text("same\n")
@@ -430,6 +434,7 @@ async def test_loop_breaker_and_reset_are_shared_by_orchestrators(make_config: A
         assert (await b.call("exec", {"command": "echo fresh"})).ok
 
 
+@pytest.mark.slow
 def test_loop_history_query_is_indexed_and_bounded(tmp_path: Path) -> None:
     """The history query searches the (tenant, session, id) index and reads at most the window."""
     journal = Journal(tmp_path / JOURNAL)
@@ -492,6 +497,7 @@ async def test_batch_skips_and_refusals_are_journaled_with_trace_ids(make_config
         (["read"], "parallel", "not a BatchCall"),
     ],
 )
+@pytest.mark.slow
 @anyio_mark
 async def test_bad_batch_specs_are_invalid_arguments_and_journaled(
     make_config: Any, ws: Path, calls: list[Any], mode: str, message: str
@@ -510,6 +516,7 @@ async def test_bad_batch_specs_are_invalid_arguments_and_journaled(
 # -- 20: --provider, --model and --sender on the CLI ------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_provider_model_and_sender_apply(tmp_path: Path, ws: Path) -> None:
     """`call`/`exec --provider` meets by_provider layers, `--model` provider/model keys, `--sender` by_sender approvals."""
     cfg = host_config_file(

@@ -28,6 +28,7 @@ def by_kind(kind: str) -> dict[str, Any]:
     return next(m for m in manifests() if m["kind"] == kind)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["1.33", "1.37"])
 def test_every_manifest_passes_the_api_schemas_strictly(version: str) -> None:
     kinds = [m["kind"] for m in manifests()]
@@ -71,6 +72,7 @@ def test_in_step_with_compose() -> None:
     assert by_kind("Service")["spec"]["ports"][0]["port"] == int(args[args.index("--port") + 1])
 
 
+@pytest.mark.slow
 def test_the_probes_are_routes_of_the_service(tmp_path: Path) -> None:
     from sandbox.api.app import create_app
 

@@ -280,6 +280,7 @@ def _spell(draw: Any, name: str) -> str:
     return name + "." if draw(st.booleans()) else name
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(host_and_suffix(), st.data())
 def test_wildcard_matches_iff_dot_suffix(case: tuple[str, str], data: st.DataObject) -> None:

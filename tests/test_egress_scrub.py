@@ -16,6 +16,7 @@ import urllib.parse
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,7 @@ def _encodings(raw: bytes) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(VALUES, CONTEXT, CONTEXT, st.sampled_from(sorted(_encodings(b"x"))))
 def test_the_value_inside_anything_in_any_encoding_is_found(value: str, before: bytes, after: bytes, how: str) -> None:
@@ -61,6 +63,7 @@ def test_the_value_inside_anything_in_any_encoding_is_found(value: str, before: 
     assert scrub.leak(scrub.forms(value), b"HTTP body: " + encoded + b" end") is not None, how
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(VALUES, st.data(), st.sampled_from(["raw", "base64", "base64url", "hex", "HEX", "percent"]))
 def test_eight_bytes_in_a_row_of_the_value_are_found(value: str, data: st.DataObject, how: str) -> None:
@@ -73,6 +76,7 @@ def test_eight_bytes_in_a_row_of_the_value_are_found(value: str, data: st.DataOb
     assert scrub.leak(scrub.forms(value), part) is not None, (how, start, length)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.text("abcdefghijklmnop", min_size=8, max_size=40), st.text("qrstuvwxyz0123 \n", max_size=400))
 def test_text_sharing_nothing_with_the_value_is_not_flagged(value: str, other: str) -> None:
@@ -96,6 +100,7 @@ def test_a_short_value_is_found_whole_only() -> None:
     assert scrub.leak(scrub.forms(value), b"...abc1...") is None
 
 
+@pytest.mark.slow
 def test_too_many_anchor_hits_fails_closed() -> None:
     """A body built to make the search slow raises (the proxy then refuses the response)."""
     value = "aaaaZqqqYwww"  # its first chunk occurs everywhere in the body, its windows nowhere

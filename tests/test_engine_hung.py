@@ -76,6 +76,7 @@ def hung_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hun
 BOUND_S = 2 * CONTROL_TIMEOUT_S + 10
 
 
+@pytest.mark.slow
 async def test_a_call_against_a_hung_engine_fails_unavailable_within_the_bound(
     make_config: Any, hung_engine: HungEngine
 ) -> None:
@@ -96,6 +97,7 @@ async def test_a_call_against_a_hung_engine_fails_unavailable_within_the_bound(
     assert "engine" in result.error.message
 
 
+@pytest.mark.slow
 async def test_the_backends_timeout_bounds_each_engine_call(hung_engine: HungEngine) -> None:
     """A backend made with a shorter timeout (as a probe would) gives up on a ping after it: the
     bound is the client's, per call, and the error is SANDBOX_UNAVAILABLE."""
@@ -112,6 +114,7 @@ async def test_the_backends_timeout_bounds_each_engine_call(hung_engine: HungEng
     assert caught.value.code == "SANDBOX_UNAVAILABLE"
 
 
+@pytest.mark.slow
 async def test_calls_queued_behind_a_hung_engine_fail_within_the_bound_too(hung_engine: HungEngine) -> None:
     """Eight calls at once on one engine thread: the first waits the client's timeout, the others
     do not queue behind it wave after wave (8 x 2 s), they fail after waiting 2 s for the thread."""

@@ -117,6 +117,7 @@ def test_a_full_disk_makes_calls_retryable_and_corrupts_nothing(tmp_path: Path, 
     assert instance_id(small_disk, None) == instance
 
 
+@pytest.mark.slow
 def test_the_service_answers_a_full_disk_with_a_retryable_code(tmp_path: Path, small_disk: Path) -> None:
     """Through the real service: on a full disk a call is SERVICE_UNAVAILABLE and retryable, a new
     token cannot be made (SERVICE_UNAVAILABLE, the token file unchanged, no temporary file left);

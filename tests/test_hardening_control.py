@@ -131,6 +131,7 @@ def test_cut_marked_says_how_much() -> None:
     assert cut_marked("x" * 1314, 80) == "x" * 80 + "… (+1,234 chars)"
 
 
+@pytest.mark.slow
 def test_logs_escape_terminal_sequences(tmp_path: Path, ws: Path) -> None:
     """`sandbox logs` shows escapes chosen by the model (tool name, path) as text, never raw."""
     cfg = host_config_file(tmp_path, ws)
@@ -322,6 +323,7 @@ def test_existing_journal_files_are_tightened(tmp_path: Path) -> None:
 # -- 20: argument bombs -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [600, 5_000, 100_000])
 @anyio_mark
 async def test_deep_arguments_are_refused_and_journaled(make_config: Any, ws: Path, depth: int) -> None:
@@ -368,6 +370,7 @@ def test_depth_limit_is_exact(depth: int) -> None:
     ],
     ids=["100-deep", "5k-deep", "100k-deep", "malformed"],
 )
+@pytest.mark.slow
 def test_cli_call_refuses_bad_json_with_exit_2(tmp_path: Path, ws: Path, payload: str, needle: str) -> None:
     """`sandbox call` with malformed or deeply nested JSON (read from stdin) exits 2 with a message, no traceback."""
     cfg = host_config_file(tmp_path, ws)
@@ -393,6 +396,7 @@ def test_cli_call_refuses_deep_json_argument(tmp_path: Path, ws: Path) -> None:
 # -- 10: the write cap ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @anyio_mark
 async def test_write_edit_and_patch_are_capped(make_config: Any, ws: Path) -> None:
     """write, edit (replace_all) and apply_patch over tools.fs.max_write_bytes: QUOTA_EXCEEDED, file unchanged."""

@@ -129,6 +129,7 @@ def test_removal_by_tag_stays_in_our_chain_and_takes_rules_older_versions_left_i
     assert tagged(f"{bridge}-other") == []
 
 
+@pytest.mark.slow
 def test_a_proxys_rules_made_again_replace_the_old_set_without_a_gap(bridge: str) -> None:
     """drop_from_source for a tag that has rules (an adopted proxy) puts the new set in before the
     old goes: the same rules again leave one set; a new address replaces the old one's; at no

@@ -67,6 +67,7 @@ def test_logs_prints_the_newest_page_and_the_cursor_walks_back(tmp_path: Path) -
     assert bad.returncode == 2 and "bad cursor" in bad.stderr
 
 
+@pytest.mark.slow
 def test_logs_tenant_and_time_filters_are_in_the_query(tmp_path: Path) -> None:
     """`--tenant quiet` shows its 3 events beside 1000 of a neighbour; --since in the future shows none."""
     config, journal = setup(tmp_path)
@@ -81,6 +82,7 @@ def test_logs_tenant_and_time_filters_are_in_the_query(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--since" in bad.stderr
 
 
+@pytest.mark.slow
 def test_journal_prune_applies_the_bounds_given(tmp_path: Path) -> None:
     """`sandbox journal prune --max-bytes` shrinks the journal under the bound and says what it deleted."""
     config, journal = setup(tmp_path)
@@ -94,6 +96,7 @@ def test_journal_prune_applies_the_bounds_given(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "--max-age" in refused.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("status",), ("logs",), ("journal", "prune")])
 def test_a_damaged_journal_is_a_clear_error_without_a_traceback(tmp_path: Path, command: tuple[str, ...]) -> None:
     """status, logs and prune on a journal whose pages are garbage: exit 1, the file and the fix named, no traceback."""
@@ -107,6 +110,7 @@ def test_a_damaged_journal_is_a_clear_error_without_a_traceback(tmp_path: Path, 
     assert str(journal.path) in result.stderr and "aside" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_file_that_is_not_a_database_stops_serve_plainly(tmp_path: Path) -> None:
     """`sandbox serve` over a journal that is not a database exits 1 with the file and the fix, no traceback."""
     sha = "0" * 64

@@ -53,6 +53,7 @@ def test_the_cursor_walks_every_event_once(tmp_path: Path) -> None:
     journal.close()
 
 
+@pytest.mark.slow
 def test_a_tenants_page_holds_its_own_events_whatever_a_neighbour_writes(tmp_path: Path) -> None:
     """1000 neighbour events written after 3 of a tenant's own: its page of 100 returns its 3."""
     journal = Journal(tmp_path / "j.sqlite3")

@@ -65,6 +65,7 @@ def test_events_older_than_max_age_go_and_newer_ones_stay(tmp_path: Path) -> Non
     journal.close()
 
 
+@pytest.mark.slow
 def test_open_calls_and_pending_approvals_are_never_pruned(tmp_path: Path) -> None:
     """Calls still running (a live owner's lease) and calls waiting for approval keep their events at any age or size."""
     journal = Journal(tmp_path / "journal.sqlite3")
@@ -80,6 +81,7 @@ def test_open_calls_and_pending_approvals_are_never_pruned(tmp_path: Path) -> No
     journal.close()
 
 
+@pytest.mark.slow
 def test_a_size_bound_shrinks_the_file_below_it(tmp_path: Path) -> None:
     """A journal of megabytes pruned to a 512 KiB bound ends under it on disk (database and log), newest kept."""
     path = tmp_path / "journal.sqlite3"
@@ -94,6 +96,7 @@ def test_a_size_bound_shrinks_the_file_below_it(tmp_path: Path) -> None:
     journal.close()
 
 
+@pytest.mark.slow
 def test_a_journal_from_before_retention_reuses_space_then_shrinks_after_one_vacuum(tmp_path: Path) -> None:
     """An auto_vacuum=NONE journal keeps its size after a prune (free pages reused); --vacuum converts and shrinks it."""
     path = tmp_path / "journal.sqlite3"
@@ -132,6 +135,7 @@ def test_decided_approvals_and_loop_rows_past_the_age_go_too(tmp_path: Path) -> 
     journal.close()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_the_service_task_prunes_periodically(tmp_path: Path) -> None:
     """keep_journal_bounded, run beside the service, deletes events once they pass max_age."""
@@ -226,6 +230,7 @@ async def test_cancelling_the_service_task_ends_a_running_prune_within_one_batch
     assert remaining(path) == 2500  # one batch of 1,000 deleted, the prune stopped there
 
 
+@pytest.mark.slow
 def test_the_write_lock_is_held_only_for_writes(tmp_path: Path) -> None:
     """A prune by age and size: on the write connection only deletes and vacuum steps run; the count of events,
     the sizes and the checkpoint use the prune's own connection (the writer never waits for them)."""

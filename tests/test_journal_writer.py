@@ -132,6 +132,7 @@ async def test_an_unwritable_journal_fails_the_call_before_it_runs(make_config: 
     assert seen == []
 
 
+@pytest.mark.slow
 async def test_concurrent_calls_share_commits_and_keep_every_event(make_config: Any, tmp_path: Path) -> None:
     """200 concurrent calls: every call's six stages are on disk in order, written in fewer transactions than calls."""
     config = make_config(

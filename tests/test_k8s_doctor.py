@@ -32,6 +32,7 @@ def _api(cluster: FakeCluster, token: str | None = None) -> k8s_api.Api:
     return api
 
 
+@pytest.mark.slow
 async def test_a_ready_cluster_passes_and_the_pid_limit_is_said(tmp_path: Path) -> None:
     config = _config(tmp_path, "runtime_class_name: gvisor, storage_class: standard")
     async with FakeCluster(namespaces={NS}, runtime_classes={"gvisor"}, storage_classes={"standard"}) as cluster:
@@ -42,6 +43,7 @@ async def test_a_ready_cluster_passes_and_the_pid_limit_is_said(tmp_path: Path) 
     assert checks["pid limit"].status == "warn" and "podPidsLimit" in checks["pid limit"].fix
 
 
+@pytest.mark.slow
 async def test_each_missing_piece_is_a_failure_with_its_fix(tmp_path: Path) -> None:
     config = _config(tmp_path, "runtime_class_name: kata")
     async with FakeCluster(

@@ -81,6 +81,7 @@ async def test_an_exec_the_role_does_not_allow_is_a_clear_refusal(http: aiohttp.
         assert server.alive() == [] and len(server.execs) == 1  # nothing ran
 
 
+@pytest.mark.slow
 async def test_the_real_agent_answers_over_the_websocket(http: aiohttp.ClientSession) -> None:
     async with ExecServer() as server:
         link = await _link(server, http)
@@ -113,6 +114,7 @@ async def test_a_stream_cut_mid_frame_kills_the_link_not_the_caller(http: aiohtt
                 link.close()
 
 
+@pytest.mark.slow
 async def test_an_idle_stream_is_cut_unless_the_agent_is_pinged(http: aiohttp.ClientSession) -> None:
     async with ExecServer(faults=Faults(idle_cut_s=1.5)) as server:
         quiet = await _link(server, http)

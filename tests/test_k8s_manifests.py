@@ -30,6 +30,7 @@ from tests.k8s_helpers import every_object, k8s_config, pod_objects, spec_of
 VERSIONS = ("1.33", "1.37")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_rendered_object_passes_the_api_schemas_strictly(tmp_path: Path, version: str) -> None:
     objects = every_object(k8s_config(tmp_path, "    runtime_class_name: gvisor\n    image_pull_secrets: [regcred]"))
@@ -41,6 +42,7 @@ def test_every_rendered_object_passes_the_api_schemas_strictly(tmp_path: Path, v
         kubernetes_validate.validate(obj, version, strict=True)
 
 
+@pytest.mark.slow
 def test_a_misspelt_field_fails_the_strict_schema() -> None:
     """The schema check is real: it rejects a field the API does not know."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [], "hostNetwrk": True}}
@@ -190,6 +192,7 @@ def test_quotas_follow_the_tenant(tmp_path: Path) -> None:
         ("{setup_command: 'true'}", "sandbox.docker.setup_command"),
     ],
 )
+@pytest.mark.slow
 def test_what_restricted_cannot_do_is_refused_naming_the_key(tmp_path: Path, docker: str, key: str) -> None:
     (tmp_path / "ws-odd").mkdir()
     (tmp_path / "data").mkdir()
@@ -211,6 +214,7 @@ def _scratch(full: dict[str, Any]) -> dict[str, Any]:
     return docker
 
 
+@pytest.mark.slow
 def test_the_strict_seccomp_profile_is_never_weakened_silently(tmp_path: Path) -> None:
     full = k8s_config(tmp_path).model_dump(mode="json")
     full["runtime"]["kubernetes"]["seccomp"] = "RuntimeDefault"
@@ -226,6 +230,7 @@ def test_the_strict_seccomp_profile_is_never_weakened_silently(tmp_path: Path) -
     assert printed.returncode == 0 and '"defaultAction"' in printed.stdout
 
 
+@pytest.mark.slow
 def test_the_image_entrypoint_stays_pid_1_and_apparmor_is_kept(tmp_path: Path) -> None:
     pod = pod_objects(k8s_config(tmp_path), "scratch")[-1]
     container = pod["spec"]["containers"][0]
@@ -336,6 +341,7 @@ def test_the_protect_step_imports_nothing_from_the_workspace(tmp_path: Path) -> 
     assert step["command"][:4] == ["python3", "-I", "-S", "-c"] and step["workingDir"] == "/"
 
 
+@pytest.mark.slow
 def test_cli_render_and_pod_print_valid_yaml(tmp_path: Path) -> None:
     config = k8s_config(tmp_path)
     path = tmp_path / "config.yaml"

@@ -30,6 +30,7 @@ async def test_a_host_command_killed_from_outside_is_killed_not_ok(make_config: 
     assert result.output["exit_code"] == -9 and "started" in result.output["output"]  # a process group, no shell
 
 
+@pytest.mark.slow
 async def test_a_cancelled_yield_call_takes_its_process_with_it(make_config: Any, tmp_path: Any) -> None:
     """exec with yield_ms whose caller goes away before the process id was returned: nobody could
     poll or kill that process, so the cancellation kills it (it used to run to its watchdog)."""
@@ -53,6 +54,7 @@ async def test_a_cancelled_yield_call_takes_its_process_with_it(make_config: Any
         assert "cancelled" in last.data["reason"]
 
 
+@pytest.mark.slow
 async def test_a_cancelled_call_cancels_its_pending_approval(make_config: Any, tmp_path: Any) -> None:
     """The caller of a call waiting for approval goes away: the approval is decided `cancelled`,
     so no approver can approve a call that will never run."""

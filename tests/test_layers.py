@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = {
     "core-no-backend",
@@ -23,6 +25,7 @@ def test_the_layer_contracts_are_all_there() -> None:
     assert {c["id"] for c in config["contracts"]} >= CONTRACTS
 
 
+@pytest.mark.slow
 def test_no_import_crosses_a_layer() -> None:
     """`lint-imports` keeps every contract: no new import of docker or a backend folder where it is forbidden."""
     linter = Path(sys.executable).with_name("lint-imports")  # the venv's, beside its python

@@ -120,6 +120,7 @@ async def test_queue_full_and_queue_timeout() -> None:
     assert SandboxError(ErrorCode.QUEUE_TIMEOUT, "").retryable
 
 
+@pytest.mark.slow
 async def test_thousand_cancelled_waiters_leak_nothing() -> None:
     """1,000 waiters cancelled while queued leave every permit available."""
     lim = limiter(global_concurrency=3, tenant_concurrency=3, max_depth=2000)

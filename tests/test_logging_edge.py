@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 # one tool call through the library, which logs `tool_call_finished`; prints how many such lines
 CALL = """
 import anyio, tempfile
@@ -42,16 +44,19 @@ def run(script: str) -> str:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60).stdout.strip()
 
 
+@pytest.mark.slow
 def test_library_is_quiet_by_default() -> None:
     """Without the application enabling them, the library's log lines go nowhere."""
     assert run(SCRIPT_QUIET) == "0"
 
 
+@pytest.mark.slow
 def test_an_application_that_enabled_logs_first_keeps_them() -> None:
     """`logger.enable("sandbox")` before the library's first use is not undone by its loading."""
     assert run(SCRIPT_ENABLED_FIRST) == "1"
 
 
+@pytest.mark.slow
 def test_help_does_not_load_loguru() -> None:
     """`sandbox --help` never imports loguru (nothing logs)."""
     code = "import sys, runpy; sys.argv=['sandbox','--help']\ntry:\n runpy.run_module('sandbox', run_name='__main__')\nexcept SystemExit: pass\nprint('loguru' in sys.modules, file=sys.stderr)"

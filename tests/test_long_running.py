@@ -38,6 +38,7 @@ def noop_registry() -> ToolRegistry:
     return registry
 
 
+@pytest.mark.slow
 async def test_closed_sessions_leave_nothing_behind(make_config: Any, tmp_path: Path) -> None:
     """200 sessions opened, called and closed: the policy cache, loop memory and journal bookkeeping stay empty.
 
@@ -124,6 +125,7 @@ def sandboxed(make_config: Any, tmp_path: Path) -> Any:
     )
 
 
+@pytest.mark.slow
 async def test_manager_maps_are_bounded_and_emptied_on_close(
     make_config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow
 async def test_list_and_call_over_stdio(tmp_path: Path) -> None:
     """The client sees exactly the session's tools and gets ToolResults, errors flagged isError."""
     from mcp.client.session import ClientSession  # heavy: imported by the test, not at collection

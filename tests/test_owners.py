@@ -16,6 +16,7 @@ from sandbox.journal.owners import current_owner, owner_alive
 from sandbox.journal.store import Journal
 
 
+@pytest.mark.slow
 def test_this_process_is_alive_and_a_finished_one_is_not() -> None:
     """The kernel answers for owners on this host: pid and start time must both match."""
     me = current_owner()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -63,6 +64,7 @@ def _resolve(config: dict[str, Any], identity: Identity) -> ResolvedPolicy:
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_each_layer_only_narrows(scenario: tuple[dict[str, Any], Identity]) -> None:
@@ -78,6 +80,7 @@ def test_each_layer_only_narrows(scenario: tuple[dict[str, Any], Identity]) -> N
     assert policy.allowed == previous
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_deny_always_wins(scenario: tuple[dict[str, Any], Identity]) -> None:
@@ -99,6 +102,7 @@ def test_group_expansion_is_union_of_members(group: str) -> None:
     assert expand(group, BUILTIN_TOOLS) == members
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_provenance_names_a_layer_that_holds_the_pattern(
@@ -125,6 +129,7 @@ def test_provenance_names_a_layer_that_holds_the_pattern(
             assert decision.tool in before and decision.tool not in policy.trace[index].remaining
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_agent_profile_replaces_the_global_profile(scenario: tuple[dict[str, Any], Identity]) -> None:

@@ -401,6 +401,7 @@ async def _link() -> tuple[Any, Any]:
     return AgentLink(transport, "container-id", None), agents
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_empty_output_frames_and_answers_to_requests_never_made_end_the_link() -> None:
     from sandbox.runtime.agent.link import _Pending
@@ -419,6 +420,7 @@ async def test_empty_output_frames_and_answers_to_requests_never_made_end_the_li
         agents.reap()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_flood_of_small_frames_lets_other_tasks_run_between_them() -> None:
     """Thousands of tiny (legal) frames in one read: the link hands the event loop back every

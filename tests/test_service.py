@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox import __version__
 from sandbox.journal.store import Approval
 from tests.cli_helpers import run_cli
 from tests.service_helpers import TOKEN_A, TOKEN_B, serve, sha
@@ -56,10 +57,11 @@ agents:
         yield url, cfg
 
 
+@pytest.mark.slow
 def test_every_route_needs_a_valid_bearer_token(shared: Any) -> None:
     """Missing, wrong, or non-bearer credentials are 401 with WWW-Authenticate; health is open."""
     url, _ = shared
-    assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+    assert httpx.get(f"{url}/healthz").json() == {"ok": True, "version": __version__}
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN_A}"}):
         r = httpx.get(f"{url}/v1/agents", headers=headers)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
@@ -67,6 +69,7 @@ def test_every_route_needs_a_valid_bearer_token(shared: Any) -> None:
     assert r.status_code == 401
 
 
+@pytest.mark.slow
 def test_a_tenant_sees_and_calls_only_its_own(shared: Any) -> None:
     """Agents are listed per tenant; another tenant's agent, session or logs are 404 / absent."""
     url, _ = shared
@@ -97,6 +100,7 @@ def test_a_tenant_sees_and_calls_only_its_own(shared: Any) -> None:
     assert any(e["session"] == "agent:alpha:s1" for e in httpx.get(f"{url}/v1/logs", headers=A).json())
 
 
+@pytest.mark.slow
 def test_tool_errors_are_tool_results_and_bad_requests_are_4xx(shared: Any) -> None:
     """An unknown tool is a ToolResult (200); bad JSON, bad keys and huge bodies are 4xx."""
     url, _ = shared
@@ -123,6 +127,7 @@ def test_unsandboxed_sessions_only_when_the_tenant_allows(shared: Any) -> None:
     assert r.status_code == 403 and "allow_unsandboxed" in r.text
 
 
+@pytest.mark.slow
 def test_the_tenant_floor_cannot_be_widened_below_it(shared: Any) -> None:
     """tenants[].tools narrows every agent of the tenant; explain shows the layer and its key."""
     url, _ = shared
@@ -137,6 +142,7 @@ def test_the_tenant_floor_cannot_be_widened_below_it(shared: Any) -> None:
     assert exec_row["layer"] == "tenant" and exec_row["key"].startswith("tenants[2].tools")
 
 
+@pytest.mark.slow
 def test_calls_per_minute_quota_is_429_with_retry_after(shared: Any) -> None:
     """Past max_calls_per_minute a tenant gets 429 and Retry-After; the other tenant is not slowed."""
     url, _ = shared
@@ -209,6 +215,7 @@ def test_tenant_config_errors_name_the_key(tmp_path: Path, text: str, words: str
     assert words in str(err.value)
 
 
+@pytest.mark.slow
 def test_batches_and_metrics(shared: Any) -> None:
     """A batch runs through the engine's batches; /metrics counts calls by tool, code and tenant."""
     url, _ = shared
@@ -232,6 +239,7 @@ def test_batches_and_metrics(shared: Any) -> None:
     assert 'sandbox_calls_total{code="ok",tenant="acme",tool="read"}' in text
 
 
+@pytest.mark.slow
 def test_events_stream_the_sessions_progress(shared: Any) -> None:
     """GET .../events is server-sent events of that session's calls; another tenant gets 404."""
     import threading
@@ -264,6 +272,7 @@ def test_events_stream_the_sessions_progress(shared: Any) -> None:
     assert kinds and kinds[-1] == "finished", got
 
 
+@pytest.mark.slow
 def test_max_sessions_quota(shared: Any) -> None:
     """A tenant at max_sessions gets 429 for a new session until it closes one."""
     url, _ = shared
@@ -303,6 +312,7 @@ async def _mcp_names_and_call(url: str, headers: dict[str, str]) -> tuple[set[st
         return names, result
 
 
+@pytest.mark.slow
 def test_mcp_over_http_serves_the_tenants_session(shared: Any) -> None:
     """/mcp (streamable HTTP, the official client): the token's tenant, its session's tools, calls
     through the engine; another tenant's agent is refused; no token is 401."""
@@ -320,6 +330,7 @@ def test_mcp_over_http_serves_the_tenants_session(shared: Any) -> None:
     assert httpx.post(f"{url}/mcp/", json={}).status_code == 401
 
 
+@pytest.mark.slow
 def test_slow_clients_do_not_hold_up_the_others(shared: Any) -> None:
     """Twenty connections that send their headers and then dribble (or stall) the body hold
     nothing another tenant needs: its calls are answered meanwhile, and a dribbled body that
@@ -363,6 +374,7 @@ def test_slow_clients_do_not_hold_up_the_others(shared: Any) -> None:
             s.close()
 
 
+@pytest.mark.slow
 def test_mcp_calls_count_toward_the_tenants_quotas(shared: Any) -> None:
     """A tenant at its calls-per-minute quota is refused over /mcp as over REST (it used to be a
     way around every quota)."""
@@ -379,6 +391,7 @@ def test_mcp_calls_count_toward_the_tenants_quotas(shared: Any) -> None:
     assert rest.status_code == 429  # one budget for both doors
 
 
+@pytest.mark.slow
 def test_not_ready_names_what_is_missing(tmp_path: Path) -> None:
     """/readyz is 503 when the default agent's image is not on the engine (or no engine answers),
     and says which check failed and what to do; /healthz (the process) stays 200."""
@@ -397,4 +410,4 @@ agents:
         body = r.json()
         assert body["ready"] is False and body["checks"]["journal"] == "ok"
         assert body["checks"]["engine"].startswith("failed: ")
-        assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+        assert httpx.get(f"{url}/healthz").json() == {"ok": True, "version": __version__}

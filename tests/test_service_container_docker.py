@@ -61,6 +61,9 @@ async def mcp_tools_and_call(url: str) -> tuple[list[str], Any]:
         return names, await client.call_tool("exec", {"command": "echo from-mcp"})
 
 
+# the first use builds sandbox-service:latest (pip wheels, then docker build): minutes on a
+# fresh, loaded machine, past the suite's 300 s per test
+@pytest.mark.timeout(1200)
 def test_the_service_container_serves_tenants_and_drains_on_stop(
     tmp_path: Path, instance: str, docker_client: Any, service_image: str
 ) -> None:

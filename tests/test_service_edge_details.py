@@ -26,6 +26,7 @@ def test_websocket_upgrades_are_not_served(tmp_path: Path) -> None:
     assert uvicorn_config(app, host="127.0.0.1", port=0).ws == "none"
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_metrics_scrapers_connection_counts_as_a_known_clients(tmp_path: Path) -> None:
     """A request with a metrics token marks its connection authenticated (it stayed a stranger's,
@@ -42,6 +43,7 @@ async def test_a_metrics_scrapers_connection_counts_as_a_known_clients(tmp_path:
             assert [c.authenticated for c in guard._open] == [True]
 
 
+@pytest.mark.slow
 def test_deciding_approvals_counts_toward_the_read_rate(tmp_path: Path) -> None:
     """POST /v1/approvals/{id}/{verdict} reads the pending approvals: it counts toward
     service.read_requests_per_minute like the listing (it was unlimited)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.service_helpers import TOKEN_A, serve, sha
@@ -20,6 +21,7 @@ STREAMING = "/v1/sessions/{key}/events"  # never ends by design; tested on its o
 READINESS = "/readyz"
 
 
+@pytest.mark.slow
 def test_no_server_errors_and_documented_successes(tmp_path: Path) -> None:
     """For every route: no request gets a 5xx, every status is documented, every body matches its schema."""
     import schemathesis

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox import __version__
 from sandbox.api.connections import limits_of
 from sandbox.config.models import ServiceSection
 from tests.service_helpers import TOKEN_A, TOKEN_B, rss_kib, serve_process, sha
@@ -94,6 +95,7 @@ def padded_batch(total: int) -> Iterator[bytes]:
     yield b'"}}]}'
 
 
+@pytest.mark.slow
 def test_a_chunked_body_without_a_token_is_refused_before_it_is_read(server: tuple[str, Any]) -> None:
     """100 MiB chunked, no token, to the batches route (FastAPI read such a body whole before the
     token check: +290 MB of RSS), to the call route and to /mcp: each is 401 at once, and the
@@ -112,6 +114,7 @@ def test_a_chunked_body_without_a_token_is_refused_before_it_is_read(server: tup
     assert hwm_after - hwm_before < 16 * 1024 and rss_after - rss_before < 16 * 1024
 
 
+@pytest.mark.slow
 def test_a_chunked_body_past_the_limit_is_413(server: tuple[str, Any]) -> None:
     """48 MiB chunked with a valid token (the old limit looked only at Content-Length: 200) is 413
     on the call and batches routes; the server's memory stays bounded by the 40 MiB limit."""
@@ -142,6 +145,7 @@ def closed(sock: socket.socket) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_idle_connections_without_a_token_do_not_lock_tenants_out(tmp_path: Path) -> None:
     """300 connections from one address that send no request head (half send part of one), against
     a server whose file-descriptor limit is 256 (the old server stopped accepting at its limit:
@@ -186,6 +190,7 @@ def test_idle_connections_without_a_token_do_not_lock_tenants_out(tmp_path: Path
                 s.close()
 
 
+@pytest.mark.slow
 def test_a_head_larger_than_the_bound_is_refused(server: tuple[str, Any]) -> None:
     """A request head that grows without end (one endless header) is cut at 64 KiB, not buffered."""
     url, _ = server
@@ -202,4 +207,4 @@ def test_a_head_larger_than_the_bound_is_refused(server: tuple[str, Any]) -> Non
             raise AssertionError(f"the server took {sent} bytes of one header")
     finally:
         s.close()
-    assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+    assert httpx.get(f"{url}/healthz").json() == {"ok": True, "version": __version__}

@@ -137,6 +137,7 @@ def codes(answers: list[httpx.Response]) -> list[int]:
     return sorted(a.status_code for a in answers)
 
 
+@pytest.mark.slow
 async def test_four_calls_at_once_under_max_concurrent_calls_1(service: Any) -> None:
     """Four simultaneous calls on four new sessions, max_concurrent_calls 1: one runs, three are
     429 (three ran at once before); the slot is given back when the call ends."""
@@ -150,6 +151,7 @@ async def test_four_calls_at_once_under_max_concurrent_calls_1(service: Any) -> 
     assert again.status_code == 200, again.text
 
 
+@pytest.mark.slow
 async def test_four_new_sessions_at_once_under_max_sessions_1(service: Any) -> None:
     """Four simultaneous calls on four new sessions, max_sessions 1: one session is admitted (four
     were, while the sandbox check awaited the engine); closing it frees the quota."""
@@ -167,6 +169,7 @@ async def test_four_new_sessions_at_once_under_max_sessions_1(service: Any) -> N
         assert (await client.post(path, json=body)).status_code == 200
 
 
+@pytest.mark.slow
 async def test_four_new_sandboxes_at_once_under_max_sandboxes_1(service: Any) -> None:
     """Four simultaneous calls on four new sessions (a sandbox each), max_sandboxes 1: one sandbox
     is made, three requests are 429 (3-4 sandboxes were made: each check saw none yet)."""
@@ -178,6 +181,7 @@ async def test_four_new_sandboxes_at_once_under_max_sandboxes_1(service: Any) ->
     assert all("max_sandboxes" in a.text for a in answers if a.status_code == 429)
 
 
+@pytest.mark.slow
 async def test_every_call_of_a_batch_counts_toward_the_rate(service: Any) -> None:
     """Under max_calls_per_minute 5: a batch of 64 is refused whole (400: it can never fit; it
     counted as one call and 64 ran), a batch of 3 runs, a second batch of 3 is 429, and no more
@@ -206,6 +210,7 @@ async def test_every_call_of_a_batch_counts_toward_the_rate(service: Any) -> Non
     assert ran == 5
 
 
+@pytest.mark.slow
 async def test_a_parallel_batch_counts_its_width_toward_max_concurrent_calls(service: Any) -> None:
     """Under max_concurrent_calls 1 a parallel batch of two independent calls would run two at
     once: refused (400, saying to run it sequentially); the same batch in sequence runs."""
@@ -222,6 +227,7 @@ async def test_a_parallel_batch_counts_its_width_toward_max_concurrent_calls(ser
     assert gate.most == 1
 
 
+@pytest.mark.slow
 async def test_a_refused_request_gives_back_what_it_took(service: Any) -> None:
     """A call refused for max_sessions does not use up the tenant's calls per minute (it ran
     nothing): with a rate of 2, two admitted calls still fit around two refused ones."""

@@ -70,6 +70,7 @@ def on_session(url: str, headers: dict[str, str], sid: str, method: str = "POST"
     return httpx.post(f"{url}/mcp/", headers=h, json=LIST, timeout=10)
 
 
+@pytest.mark.slow
 def test_an_mcp_session_belongs_to_the_tenant_and_token_that_opened_it(bounded: str) -> None:
     """Another tenant's token on acme's MCP session is 404 for every method (it could end the
     session before); so is acme's own second token; acme's session goes on working."""
@@ -79,10 +80,13 @@ def test_an_mcp_session_belongs_to_the_tenant_and_token_that_opened_it(bounded: 
     for other in (B, A2):
         assert on_session(bounded, other, sid).status_code == 404
         assert on_session(bounded, other, sid, "DELETE").status_code == 404
-    assert on_session(bounded, A, sid).status_code == 200
+        # acme's own request after each probe: the session is alive, and stays so (it expires
+        # after 3 s idle here, which a loaded machine reached across all four probes at once)
+        assert on_session(bounded, A, sid).status_code == 200
     assert on_session(bounded, A, sid, "DELETE").status_code in (200, 204)
 
 
+@pytest.mark.slow
 def test_mcp_sessions_are_bounded_per_tenant_and_idle_ones_expire(bounded: str) -> None:
     """Past max_mcp_sessions_per_tenant a new MCP session is 429 for that tenant only; an idle
     session ends after mcp_session_idle_s (its id is then 404) and frees its place."""
@@ -138,6 +142,7 @@ def test_event_streams_are_bounded_per_tenant(bounded: str) -> None:
     assert status4.startswith("HTTP/1.1 200"), status4
 
 
+@pytest.mark.slow
 def test_read_routes_are_rate_limited_per_tenant(bounded: str) -> None:
     """logs, explain and tools count toward service.read_requests_per_minute (6 here): the
     seventh is 429 with Retry-After; the other tenant's reads are its own."""
@@ -156,6 +161,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_metric_labels_come_from_a_bounded_set(plain: str) -> None:
     """A batch of 64 made-up tool names makes one `unknown` series, not 64 new ones."""
     calls = [{"tool": f"made-up-{i}", "args": {}} for i in range(64)]
@@ -169,6 +175,7 @@ def test_metric_labels_come_from_a_bounded_set(plain: str) -> None:
     assert len(series) <= 4
 
 
+@pytest.mark.slow
 def test_logs_are_the_tenants_own_newest_first_with_a_cursor(plain: str) -> None:
     """A busy neighbour's events (written first) never crowd a tenant's page: acme's page is
     acme's events, newest first, and X-Next-Cursor walks back through all of them."""
@@ -229,6 +236,7 @@ class HungEngine:
             conn.close()
 
 
+@pytest.mark.slow
 def test_readyz_answers_503_within_its_bound_when_the_engine_never_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,6 +48,7 @@ def held_pages(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         state["release"].set()
 
 
+@pytest.mark.slow
 def test_a_tenants_slow_log_pages_do_not_starve_the_probe_or_other_tenants(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_pages: dict[str, Any]
 ) -> None:
@@ -111,6 +112,7 @@ def trickle(url: str, headers: dict[str, str], stop: threading.Event) -> socket.
     return s
 
 
+@pytest.mark.slow
 def test_trickled_bodies_are_cut_at_the_body_timeout_and_another_tenant_is_served(tmp_path: Path) -> None:
     """acme sends 20 calls whose bodies trickle in a byte at a time, from one address whose bound
     is 20 connections: they were held open forever (the head timer stops at the head's end and
@@ -140,6 +142,7 @@ def test_trickled_bodies_are_cut_at_the_body_timeout_and_another_tenant_is_serve
     assert served.status_code == 200 and served.json()["error"]["code"] == "FILE_NOT_FOUND", served.text
 
 
+@pytest.mark.slow
 def test_a_tenant_reads_a_bounded_number_of_bodies_at_once(tmp_path: Path) -> None:
     """12 of acme's calls trickle their bodies (a long body timeout here): at most
     BODIES_PER_TENANT of them are being read at once, the others wait for a slot (they each

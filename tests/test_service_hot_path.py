@@ -163,6 +163,7 @@ def test_one_watcher_stops_only_the_calls_it_is_told_to(monkeypatch: pytest.Monk
     assert sorted(ended) == ["a", "b", "c"]
 
 
+@pytest.mark.slow
 def test_metrics_show_calls_waiting_in_the_queue(tmp_path: Path) -> None:
     """`sandbox_queue_depth` is the number of calls waiting for a slot: 1 while a second call
     waits behind a running one, 0 once both are done."""
@@ -228,6 +229,7 @@ def test_closing_forgets_every_handle_of_the_session(tmp_path: Path) -> None:
     anyio.run(main)
 
 
+@pytest.mark.slow
 def test_a_host_workspace_removed_between_calls_is_made_again(tmp_path: Path) -> None:
     """The reused handle does not assume its workspace still exists."""
     import shutil
@@ -245,6 +247,7 @@ def test_a_host_workspace_removed_between_calls_is_made_again(tmp_path: Path) ->
     anyio.run(main)
 
 
+@pytest.mark.slow
 def test_bodies_that_are_not_json_are_4xx_and_not_echoed(tmp_path: Path) -> None:
     """Bytes that are not UTF-8, a large body that is not JSON, and a body sent as text/plain are
     each a 422 (never a 500), and the answer does not repeat the body."""
@@ -264,6 +267,7 @@ def test_bodies_that_are_not_json_are_4xx_and_not_echoed(tmp_path: Path) -> None
         assert fine.status_code == 200 and fine.json()["ok"], fine.text
 
 
+@pytest.mark.slow
 def test_a_client_gone_before_its_body_arrived_is_no_server_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -297,6 +301,7 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+@pytest.mark.slow
 def test_metrics_need_a_metrics_token_once_one_is_configured(tmp_path: Path) -> None:
     """/metrics names every tenant: with service.metrics_tokens set it needs one of them; a
     tenant's valid token is refused like no token at all."""

@@ -69,6 +69,7 @@ def ran(answer: dict[str, Any]) -> bool:
     return "result" in answer and "error" not in answer
 
 
+@pytest.mark.slow
 def test_an_ended_mcp_session_gives_its_session_place_back(url: str) -> None:
     """max_sessions 1: MCP session 1 calls and is ended with DELETE; MCP session 2's call runs
     (it was refused for max_sessions: the place of `mcp-<id1>` was never given back, and MCP
@@ -88,6 +89,7 @@ def test_an_ended_mcp_session_gives_its_session_place_back(url: str) -> None:
     assert httpx.delete(f"{url}/v1/sessions/agent:alpha:rest", headers=A).status_code == 200
 
 
+@pytest.mark.slow
 def test_an_mcp_session_that_expires_idle_gives_its_session_place_back(url: str) -> None:
     """The same when the session is not ended but left idle past mcp_session_idle_s."""
     first = open_session(url)
@@ -111,6 +113,7 @@ def test_an_mcp_session_that_expires_idle_gives_its_session_place_back(url: str)
     assert httpx.delete(f"{url}/mcp/", headers=on(url, second), timeout=10).status_code in (200, 204)
 
 
+@pytest.mark.slow
 def test_an_mcp_quota_refusal_is_logged_without_a_traceback(url: str, caplog: pytest.LogCaptureFixture) -> None:
     """A tools/call refused by a quota is an MCP error with the REST route's words, and the
     service's own log line: the SDK logged each one as an ERROR with a traceback ("handler for
@@ -129,6 +132,7 @@ def test_an_mcp_quota_refusal_is_logged_without_a_traceback(url: str, caplog: py
         httpx.delete(f"{url}/mcp/", headers=on(url, first), timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_an_ended_mcp_session_removes_its_session_sandbox(make_config: Any) -> None:
     """With session-scoped sandboxes (the library's fake backend): the sandbox an MCP session's

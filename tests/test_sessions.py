@@ -289,6 +289,7 @@ def test_an_inheriting_child_in_a_shared_container_gets_no_mount_of_its_own(tmp_
     assert own.parent_view == (str(tmp_path), True)
 
 
+@pytest.mark.slow
 async def test_a_spawn_racing_the_parents_close_leaves_nothing_open(make_config: Any, tmp_path: Path) -> None:
     """Spawning under a session while it is being closed: either refused or closed with it."""
     import anyio
@@ -325,6 +326,7 @@ agents:
         assert r.error is not None and r.error.code == "PERMISSION_DENIED" and "on the host" in r.error.message, r
 
 
+@pytest.mark.slow
 async def test_sizes_are_capped_and_history_shows_the_newest(make_config: Any, tmp_path: Path) -> None:
     """A task over 32,000 characters is refused; history shows the latest items, long texts cut."""
     from sandbox.sessions import service

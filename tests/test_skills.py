@@ -80,6 +80,7 @@ def test_policy_can_name_skills(tmp_path: Path) -> None:
         load_config_text(f"skills: {{dirs: ['{tmp_path}/s']}}\ntools: {{also_allow: [my_skil]}}")
 
 
+@pytest.mark.slow
 def test_tools_cli_lists_skills_next_to_builtins() -> None:
     """`sandbox tools` shows the skill tools beside the built-ins."""
     run = subprocess.run(

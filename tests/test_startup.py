@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli_helpers import ROOT
 
 # what a start must not pay for: the docker SDK (and requests under it), the journal's sqlite3
@@ -45,6 +47,7 @@ def test_help_loads_nothing_heavy() -> None:
     assert _loaded_by("--help", heavy=heavy) == {"code": 0, "heavy": []}
 
 
+@pytest.mark.slow
 def test_explain_of_a_sandboxed_session_loads_nothing_heavy(tmp_path: Path) -> None:
     """`sandbox explain` of a sandboxed session shows the container without importing the docker SDK."""
     (tmp_path / "ws").mkdir()

@@ -65,6 +65,7 @@ print(instance_id(Path(sys.argv[1]), None))
 """
 
 
+@pytest.mark.slow
 def test_processes_starting_at_once_agree_on_one_instance_id(tmp_path: Path) -> None:
     """Twelve processes reading a state dir without an instance-id at the same moment all get the
     same id, the one in the file, and no temporary file is left behind."""
@@ -152,6 +153,7 @@ print(create_token(config, "acme", sys.argv[3]))
 """
 
 
+@pytest.mark.slow
 def test_tokens_created_at_once_are_all_kept(tmp_path: Path) -> None:
     """Ten processes creating a token at the same moment each keep theirs: the read-modify-write
     of the file is serialised (without it, the last rename wins and the other tokens are lost)."""

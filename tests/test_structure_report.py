@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = (
     "## 1. Files and lines per folder",
@@ -18,6 +20,7 @@ SECTIONS = (
 )
 
 
+@pytest.mark.slow
 def test_the_report_has_every_section() -> None:
     """The report of the working tree has its six sections in order, a countable duck-typed total and the contracts."""
     done = subprocess.run(

@@ -27,6 +27,7 @@ def test_inbox_and_children_need_the_sessions_tenant() -> None:
         assert inspect.signature(method).parameters["tenant"].default is inspect.Parameter.empty, method
 
 
+@pytest.mark.slow
 def test_no_function_defaults_a_tenant_to_a_name() -> None:
     """No function in the package gives a `tenant` parameter a string default (None, 'no tenant', is allowed)."""
     found = []

@@ -77,6 +77,7 @@ async def test_a_link_planted_by_a_command_is_never_followed(config: Any) -> Non
     assert write.error is not None and write.error.code == "PERMISSION_DENIED"
 
 
+@pytest.mark.slow
 async def test_timeout_kills_everything_the_command_started(config: Any) -> None:
     """A timeout kills the command and its background child; nothing of the call is left."""
     async with Orchestrator(config) as orch:
@@ -124,6 +125,7 @@ async def gone(pattern: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_a_cancelled_call_kills_its_command(config: Any) -> None:
     """When the caller gives up (its task is cancelled), the command and its children die too."""
     async with Orchestrator(config) as orch:

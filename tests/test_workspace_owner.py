@@ -79,6 +79,7 @@ def test_audit_reports_sbx_m008(tmp_path: Path) -> None:
     assert f"chown -R {OTHER} {tmp_path / 'ws'}" in found[0]["fix"]
 
 
+@pytest.mark.slow
 def test_doctor_warns_without_an_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor's workspace check needs no engine: it warns even when the engine is unreachable."""
     [check] = workspace_checks(load_config(_config(tmp_path)))

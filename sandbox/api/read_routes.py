@@ -17,6 +17,7 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sandbox import __version__
 from sandbox.api.auth import CallerDep
 from sandbox.api.bodies import mark_authenticated
 from sandbox.api.limits import TenantLimits
@@ -68,8 +69,8 @@ def add_read_routes(
     engine_probe: SingleFlight | None = None
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, bool]:
-        return {"ok": True}
+    async def healthz() -> dict[str, bool | str]:
+        return {"ok": True, "version": __version__}
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:

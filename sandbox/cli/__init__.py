@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from sandbox import __version__
 from sandbox.cli.escape import escape, escape_json
 from sandbox.errors import ConfigError, SandboxError, UsageError
 
@@ -129,6 +130,7 @@ def _identity(state: State, agent: str | None, session: str, provider: str | Non
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="sandbox", message="%(prog)s %(version)s")
 @click.option(
     "--config",
     "config_path",

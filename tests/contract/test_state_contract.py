@@ -195,6 +195,7 @@ def _end(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+@pytest.mark.slow  # two real processes
 async def test_a_burst_across_two_processes_never_passes_the_limit(backing: Backing) -> None:
     """Two processes fire 4 reservations each at once under max_concurrent_calls 2: 2 admitted in all."""
     procs = [_worker(backing, 2, 4, 60.0), _worker(backing, 2, 4, 60.0)]
@@ -213,6 +214,7 @@ async def test_a_burst_across_two_processes_never_passes_the_limit(backing: Back
         assert await store.in_flight("t1") == 0
 
 
+@pytest.mark.slow  # a real process, killed
 async def test_a_killed_owners_reservations_expire_with_its_lease(backing: Backing) -> None:
     """A process killed with SIGKILL holding both slots: refused while its lease holds, admitted after."""
     proc = _worker(backing, 2, 2, 1.0)
