@@ -58,8 +58,8 @@ async def store_status(url: StateUrl, state_dir: Path) -> StoreStatus:
         SandboxError: SERVICE_UNAVAILABLE when the store cannot be reached or read.
     """
     if url.kind == "postgresql":
+        from sandbox.state.postgres.connect import close_shielded, psycopg_module, unreachable
         from sandbox.state.postgres.connect import connect as connect_pg
-        from sandbox.state.postgres.connect import psycopg_module, unreachable
         from sandbox.state.postgres.schema import current_version
 
         conn = await connect_pg(url)
@@ -68,7 +68,7 @@ async def store_status(url: StateUrl, state_dir: Path) -> StoreStatus:
         except psycopg_module().Error as exc:
             raise unreachable(url, exc) from exc
         finally:
-            await conn.close()
+            await close_shielded(conn)
         return StoreStatus("postgresql", url.shown, version, head("postgresql"))
     from sandbox.state.sqlite import schema
     from sandbox.state.sqlite.store import unusable

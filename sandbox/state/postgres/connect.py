@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
 
@@ -58,3 +60,10 @@ async def connect(url: StateUrl, *, autocommit: bool = True) -> psycopg.AsyncCon
     except pg.Error as exc:
         raise unreachable(url, exc) from exc
     return conn
+
+
+async def close_shielded(conn: Any) -> None:
+    """Close a connection even when the closing task is being cancelled (a close that a cancel
+    interrupts leaves the session open on the server until the object is collected)."""
+    with anyio.CancelScope(shield=True):
+        await conn.close()

@@ -16,7 +16,7 @@ from loguru import logger
 
 from sandbox.config.state import StateUrl
 from sandbox.errors import SandboxError
-from sandbox.state.postgres.connect import connect, psycopg_module
+from sandbox.state.postgres.connect import close_shielded, connect, psycopg_module
 
 RECONNECT_S = 1.0
 
@@ -67,7 +67,7 @@ class Wakeups:
         while True:
             try:
                 conn: Any = await connect(self._url)
-                async with conn:
+                try:
                     await conn.execute(f"LISTEN {self._channel}")
                     if not started:
                         task_status.started()
@@ -75,6 +75,8 @@ class Wakeups:
                     self._wake_all()  # whatever was decided while nobody listened is read again
                     async for note in conn.notifies():
                         self._wake(note.payload)
+                finally:
+                    await close_shielded(conn)
             except (SandboxError, pg.Error) as exc:
                 if not started:
                     raise

@@ -6,7 +6,7 @@ from typing import Any
 
 from sandbox.config.state import StateUrl
 from sandbox.state.migrate import VERSION_TABLE, MigrationReport, pending
-from sandbox.state.postgres.connect import connect, psycopg_module, unreachable
+from sandbox.state.postgres.connect import close_shielded, connect, psycopg_module, unreachable
 
 # pg_advisory_xact_lock key: two replicas migrating at once take turns (the second finds it done)
 MIGRATE_LOCK = 0x5B5_0001
@@ -48,6 +48,6 @@ async def migrate(url: StateUrl, target: int | None = None) -> MigrationReport:
     except pg.Error as exc:
         raise unreachable(url, exc) from exc
     finally:
-        await conn.close()
+        await close_shielded(conn)
     after = todo[-1].version if todo else before
     return MigrationReport(before, after, tuple(f"{s.version:04d}_{s.name}" for s in todo))

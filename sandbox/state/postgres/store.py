@@ -16,7 +16,7 @@ from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.state.migrate import check_version
 from sandbox.state.postgres import approvals, quotas
-from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, connect, psycopg_module, unreachable
+from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
 from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
@@ -200,7 +200,7 @@ async def open_postgres(
     except psycopg_module().Error as exc:
         raise unreachable(url, exc) from exc
     finally:
-        await conn.close()
+        await close_shielded(conn)
     check_version(url.shown, "postgresql", version)
     pool = await _open_pool(url, pool_max)
     store = PostgresStore(url, pool, owner, lease_s)
