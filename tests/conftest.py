@@ -41,7 +41,8 @@ _STATE_HOME = tempfile.mkdtemp(prefix="sbx-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_HOME
 atexit.register(shutil.rmtree, _STATE_HOME, ignore_errors=True)
 # the egress test lab (servers on a test network) is a fixture plugin shared by several modules
-pytest_plugins = ["tests.egress_lab"]
+# and so is the private PostgreSQL server (tests/pg_server.py) the `postgres`-marked tests use
+pytest_plugins = ["tests.egress_lab", "tests.pg_server"]
 RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this test run
 TEST_LABEL = "io.agent-sandbox.test-run"
 
@@ -50,10 +51,15 @@ TEST_LABEL = "io.agent-sandbox.test-run"
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Real-engine tests run on one worker, one after another (the 2-core machine's engine).
     Slow tests (no engine, but seconds each) join the docker tier for selection only: they
-    still spread over every worker, and the quick loop (`-m "not docker"`) stays quick."""
+    still spread over every worker, and the quick loop (`-m "not docker"`) stays quick. The
+    PostgreSQL tests (seconds each too) join it the same way, and share one worker, hence one
+    private server."""
     for item in items:
         if item.get_closest_marker("docker") is not None:
             item.add_marker(pytest.mark.xdist_group("docker"))
+        elif item.get_closest_marker("postgres") is not None:
+            item.add_marker(pytest.mark.xdist_group("postgres"))
+            item.add_marker(pytest.mark.docker)
         elif item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.docker)
 

@@ -34,6 +34,7 @@ from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
+from sandbox.state import StateStore, open_store
 
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
@@ -91,13 +92,24 @@ def _lifespan(
         if orchestrator is not None:
             app.state.orch = orchestrator
             metrics.know_tools(orchestrator.registry.names())
-            async with anyio.create_task_group() as tg, mcp_sessions.run():
+            async with (
+                shared_store(config, admission_of[0]) as store,
+                anyio.create_task_group() as tg,
+                mcp_sessions.run(),
+            ):
+                orchestrator.share_approvals(store)
                 app.state.spawn = tg.start_soon
                 tg.start_soon(watch.run)
                 yield
                 tg.cancel_scope.cancel()
             return
-        async with Orchestrator(config) as orch, anyio.create_task_group() as tg, mcp_sessions.run():
+        async with (
+            shared_store(config, admission_of[0]) as store,
+            Orchestrator(config) as orch,
+            anyio.create_task_group() as tg,
+            mcp_sessions.run(),
+        ):
+            orch.share_approvals(store)
             app.state.spawn = tg.start_soon  # background work of requests (readiness probes)
             tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
@@ -115,6 +127,23 @@ def _lifespan(
             tg.cancel_scope.cancel()
 
     return lifespan
+
+
+@asynccontextmanager
+async def shared_store(config: Config, admission: Admission) -> AsyncIterator[StateStore | None]:
+    """With `state.url: postgresql://...`, the shared store holds the call quotas and the
+    approvals while the service runs (docs/state.md); with SQLite (the default) nothing changes
+    (yields None)."""
+    url = config.state.parsed()
+    if url.kind != "postgresql":
+        yield None
+        return
+    async with open_store(url, config.state_dir) as store:
+        admission.store = store
+        try:
+            yield store
+        finally:
+            admission.store = None
 
 
 async def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:

@@ -7,6 +7,10 @@ new sessions under `max_concurrent_calls: 1` ran three at once when the count wa
 after the body was read). What is taken is given back when the call ends or the request is
 refused. A batch takes one call per item toward both call quotas.
 
+With a shared store (`state.url: postgresql://...`, docs/state.md) the call quotas (rate and
+concurrency) are reserved there instead, in one transaction across every replica, and given
+back when the call ends; sessions and sandboxes are still counted per process.
+
 A new session's key is *claimed* until a request on it is admitted: every request that reaches
 the key meanwhile shares the claim, and the key goes back only when the last of them is
 refused (one refused request must not free a key another is running on). A sandbox being made
@@ -24,10 +28,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from fastapi import HTTPException
+from loguru import logger
 
 from sandbox.api.tenants import Caller
+from sandbox.errors import SandboxError
 from sandbox.runtime.protocol import unclaimed
+from sandbox.state import QuotaLimits, QuotaStore, Refused, Reservation
 
 if TYPE_CHECKING:
     from sandbox.api.metrics import Metrics
@@ -64,6 +72,7 @@ class Ticket:
     slots: int = 0
     claim: Claim | None = None
     sandbox: SandboxSpec | None = None
+    shared: Reservation | None = None  # what the shared store holds for it (state.url: postgresql)
 
 
 def _refuse(status: int, detail: str, retry_s: int | None) -> HTTPException:
@@ -82,6 +91,8 @@ class Admission:
         self.state = state
         self.metrics = metrics
         self.use: dict[str, TenantUse] = {}
+        # the shared store, while the service holds one open (api/app.py): call quotas live there
+        self.store: QuotaStore | None = None
 
     def _of(self, tenant: str) -> TenantUse:
         return self.use.setdefault(tenant, TenantUse())
@@ -90,7 +101,8 @@ class Admission:
         """Refuse early (503 while stopping, 429 past the rate) without taking anything: for a
         route that would otherwise read a body first."""
         self._stopping()
-        self._rate(who, self._of(who.tenant.id), 1)
+        if self.store is None:  # a shared store's window is read in admit(), in its transaction
+            self._rate(who, self._of(who.tenant.id), 1)
 
     @asynccontextmanager
     async def admit(
@@ -103,18 +115,22 @@ class Admission:
             HTTPException: 503 while stopping; 429 past a quota; 400 for a batch that can never
                 fit one (split it, or run it sequentially).
         """
-        ticket = self._take_calls(who, calls, slots)
+        quotas = who.tenant.quotas
+        shared = self.store is not None and bool(quotas.max_concurrent_calls or quotas.max_calls_per_minute)
+        ticket = await self._reserve(who, calls, slots) if shared else self._take_calls(who, calls, slots)
         try:
             self._take_session(who, session, ticket)
             await self._take_sandbox(orch, who, session, ticket)
         except BaseException:  # refused (or cancelled) before it ran: everything goes back
             self._refund(ticket)
+            await self._give_back(ticket, refund=True)
             raise
         self._confirm(ticket)
         try:
             yield
         finally:
             self._release(ticket, orch)
+            await self._give_back(ticket, refund=False)
 
     def _stopping(self) -> None:
         if self.state.stopping:
@@ -169,6 +185,70 @@ class Admission:
         use.in_flight += slots
         self.metrics.in_flight.labels(who.tenant.id).inc(slots)
         return ticket
+
+    async def _reserve(self, who: Caller, calls: int, slots: int) -> Ticket:
+        """The call quotas through the shared store: checked and taken in one transaction there,
+        so a burst split across replicas never passes them."""
+        assert self.store is not None
+        self._stopping()
+        quotas = who.tenant.quotas
+        self._never_fits(who, calls, slots)
+        outcome = await self.store.reserve(
+            who.tenant.id,
+            QuotaLimits(quotas.max_concurrent_calls or 0, quotas.max_calls_per_minute or 0),
+            calls=calls,
+            slots=slots,
+        )
+        if isinstance(outcome, Refused):
+            if outcome.quota == "max_calls_per_minute":
+                raise _refuse(
+                    429,
+                    f"tenant {who.tenant.id!r} made {outcome.held} calls in the last minute "
+                    f"(tenants[].quotas.max_calls_per_minute is {outcome.limit}; counted across replicas)",
+                    outcome.retry_after_s,
+                )
+            raise _refuse(
+                429,
+                f"tenant {who.tenant.id!r} has {outcome.held} calls running "
+                f"(tenants[].quotas.max_concurrent_calls is {outcome.limit}; counted across replicas)",
+                outcome.retry_after_s,
+            )
+        use = self._of(who.tenant.id)
+        use.in_flight += slots  # this process's calls: what a stopping service waits for
+        self.metrics.in_flight.labels(who.tenant.id).inc(slots)
+        return Ticket(who.tenant.id, slots=slots, shared=outcome)
+
+    def _never_fits(self, who: Caller, calls: int, slots: int) -> None:
+        """A batch larger than a quota can never run: 400, whatever is held now."""
+        quotas = who.tenant.quotas
+        if quotas.max_calls_per_minute and calls > quotas.max_calls_per_minute:
+            raise _refuse(
+                400,
+                f"a batch of {calls} calls can never fit tenant {who.tenant.id!r}'s "
+                f"tenants[].quotas.max_calls_per_minute ({quotas.max_calls_per_minute}); split it",
+                None,
+            )
+        if quotas.max_concurrent_calls and slots > quotas.max_concurrent_calls:
+            raise _refuse(
+                400,
+                f"a parallel batch of {slots} calls can never fit tenant {who.tenant.id!r}'s "
+                f"tenants[].quotas.max_concurrent_calls ({quotas.max_concurrent_calls}); "
+                "run it sequentially or split it",
+                None,
+            )
+
+    async def _give_back(self, ticket: Ticket, *, refund: bool) -> None:
+        """The shared store's part goes back, even when the call was cancelled. If the store
+        cannot be reached, the store gives it back once it answers again (or, if this replica
+        dies first, its lease runs out)."""
+        reservation, ticket.shared = ticket.shared, None
+        if reservation is None or self.store is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await (self.store.refund if refund else self.store.release)(reservation)
+            except SandboxError as exc:
+                logger.bind(tenant=ticket.tenant, error=exc.message[:200]).warning("quota_not_given_back")
 
     def _take_session(self, who: Caller, session: Session, ticket: Ticket) -> None:
         use = self._of(who.tenant.id)

@@ -28,6 +28,7 @@ from sandbox.api.tenants import Caller, Tenants, tenant_agents
 from sandbox.config.merge import probe_agent_id
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
+from sandbox.journal.approvals import Approval
 from sandbox.policy import explain_data
 from sandbox.tools import render
 
@@ -56,6 +57,13 @@ def add_read_routes(
     def reader(request: Request, who: Caller) -> Orchestrator:
         limits.read(who)
         return orch(request)
+
+    async def pending_of(o: Orchestrator, who: Caller) -> list[Approval]:
+        """Pending approvals: the shared store's (any replica's calls), else the journal's (in a read thread)."""
+        store = o.approval_store
+        if store is not None:
+            return await store.approvals("pending")
+        return await reads.run(who.tenant.id, o.pending_approvals)
 
     journal_probe: SingleFlight | None = None
     engine_probe: SingleFlight | None = None
@@ -137,18 +145,21 @@ def add_read_routes(
     async def approvals(request: Request, who: CallerDep) -> list[dict[str, Any]]:
         o = reader(request, who)
         mine = tenants.agents(who.tenant.id)
-        pending = await reads.run(who.tenant.id, o.pending_approvals)
-        return [a.__dict__ for a in pending if a.agent in mine]
+        return [a.__dict__ for a in await pending_of(o, who) if a.agent in mine]
 
     @app.post("/v1/approvals/{approval_id}/{verdict}")
     async def decide(request: Request, who: CallerDep, approval_id: str, verdict: Verdict) -> dict[str, Any]:
         o = reader(request, who)  # counts toward the tenant's read rate, like the listing
         mine = tenants.agents(who.tenant.id)
-        pending = {a.id: a for a in await reads.run(who.tenant.id, o.pending_approvals) if a.agent in mine}
+        pending = {a.id: a for a in await pending_of(o, who) if a.agent in mine}
         if approval_id not in pending:
             raise HTTPException(404, f"no pending approval {approval_id!r}")
+        store = o.approval_store
         try:
-            decided = o.approve(approval_id) if verdict == "approve" else o.deny(approval_id)
+            if store is not None:  # the shared store: the waiting call may run on another replica
+                decided = await store.decide(approval_id, "approved" if verdict == "approve" else "denied")
+            else:
+                decided = o.approve(approval_id) if verdict == "approve" else o.deny(approval_id)
         except SandboxError as exc:
             raise HTTPException(409, exc.message) from exc
         return decided.__dict__

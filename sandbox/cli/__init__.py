@@ -291,5 +291,6 @@ from sandbox.cli import (  # noqa: E402, F401
     runtime_cmds,
     service_cmds,
     session_cmds,
+    state_cmds,
     tool_cmds,
 )

@@ -28,6 +28,46 @@ def _journal(state: State) -> Journal:
     return Journal(state.config.state_dir / "journal.sqlite3")
 
 
+class _SharedApprovals:
+    """The approvals of a shared store (`state.url: postgresql://...`), with the journal's calls:
+    the service keeps them there, so the CLI reads and decides them there too."""
+
+    def __init__(self, state: State) -> None:
+        self._url = state.config.state.parsed()
+        self._dir = state.config.state_dir
+
+    def _run(self, op: Any) -> Any:
+        from sandbox.state import open_store
+
+        async def go() -> Any:
+            async with open_store(self._url, self._dir) as store:
+                return await op(store)
+
+        return anyio.run(go)
+
+    def approvals(self, status: str | None, *, raw: bool = False) -> list[Approval]:
+        result: list[Approval] = self._run(lambda s: s.approvals(status, raw=raw))
+        return result
+
+    def approval(self, approval_id: str, *, raw: bool = False) -> Approval | None:
+        found: Approval | None = self._run(lambda s: s.approval(approval_id, raw=raw))
+        return found
+
+    def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
+        decided: Approval = self._run(lambda s: s.decide(approval_id, status, reason))
+        return decided
+
+    def close(self) -> None:
+        """Each call opened and closed its own connection."""
+
+
+def _approvals(state: State) -> Journal | _SharedApprovals:
+    """Where approvals live: the shared store when state.url names PostgreSQL, else the journal."""
+    if state.config.state.parsed().kind == "postgresql":
+        return _SharedApprovals(state)
+    return _journal(state)
+
+
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
 
@@ -44,7 +84,7 @@ def approvals_group() -> None:
 @handled
 def approvals_list(state: State, all_: bool, as_json: bool) -> None:
     """Pending approvals (oldest first), with the exact arguments that will run."""
-    journal = _journal(state)
+    journal = _approvals(state)
     # raw: a pending call is shown as it will run (masking could hide executable text)
     items = journal.approvals(None if all_ else "pending", raw=True)
     journal.close()
@@ -66,7 +106,7 @@ def approvals_list(state: State, all_: bool, as_json: bool) -> None:
 @handled
 def approvals_show(state: State, approval_id: str, as_json: bool) -> None:
     """One approval with every argument in full, exactly as it will run (control characters escaped)."""
-    journal = _journal(state)
+    journal = _approvals(state)
     try:
         approval = journal.approval(approval_id, raw=True)
     finally:
@@ -104,7 +144,7 @@ def show_text(a: Approval) -> str:
 
 
 def _decide(state: State, approval_id: str, status: str, reason: str, as_json: bool) -> None:
-    journal = _journal(state)
+    journal = _approvals(state)
     try:
         decided = journal.decide(approval_id, status, reason)
     finally:
@@ -288,7 +328,10 @@ def status(state: State, deep: bool, as_json: bool) -> None:
             sandbox = effective_agent(state.config, agent_id).sandbox
             main_tools = resolver.resolve(Identity(agent_id, f"agent:{agent_id}:main")).allowed
             data["agents"][agent_id] = {"mode": sandbox.mode, "scope": sandbox.scope, "tools_main": sorted(main_tools)}
-        data["pending_approvals"] = [a.__dict__ for a in journal.approvals("pending")]
+        # where the service keeps them: the shared store with state.url on PostgreSQL, else the journal
+        source = _approvals(state)
+        data["pending_approvals"] = [a.__dict__ for a in source.approvals("pending")]
+        source.close()
 
         async def sandboxes() -> list[dict[str, Any]]:
             manager = SandboxManager(state.config, DockerBackend())

@@ -212,7 +212,7 @@ def doctor(state: State, as_json: bool) -> None:
         # the cluster's checks only where a cluster runs the sandboxes
         from sandbox.runtime.kubernetes.doctor import run_checks as cluster_checks
 
-        _report(anyio.run(cluster_checks, state.config), as_json)
+        _report([*anyio.run(cluster_checks, state.config), _state_check(state)], as_json)
         return
     # here, not at the top: `sandbox --help` stays cheap
     from sandbox.runtime.checks import Check
@@ -232,7 +232,16 @@ def doctor(state: State, as_json: bool) -> None:
             checks = run_checks(client, state.config, _targets(state))
         finally:
             client.close()  # its connection pool holds the engine's socket open otherwise
-    _report(checks, as_json)
+    _report([*checks, _state_check(state)], as_json)
+
+
+def _state_check(state: State) -> Any:
+    """The state store (state.url): reachable, its schema this code's."""
+    from sandbox.runtime.checks import Check
+    from sandbox.state.admin import doctor_verdict
+
+    verdict, detail, fix = anyio.run(doctor_verdict, state.config.state.parsed(), state.config.state_dir)
+    return Check(verdict, "state store", detail, fix)
 
 
 def _report(checks: list[Any], as_json: bool) -> None:

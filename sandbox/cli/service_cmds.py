@@ -34,11 +34,14 @@ def serve(state: State, host: str, port: int, grace: int) -> None:
     # here, not at the top: `sandbox --help` stays cheap
     from sandbox.api.token_file import read_tokens
     from sandbox.journal.store import check_journal
+    from sandbox.state.admin import check_store
 
     if not state.config.tenants:
         raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
     read_tokens(state.config.state_dir, strict=True)  # a damaged token file stops the start, said plainly
     check_journal(state.config.state_dir / "journal.sqlite3")  # so does a damaged journal (no traceback)
+    # and a shared store that cannot be reached, refuses the login or has another schema version
+    anyio.run(check_store, state.config.state.parsed(), state.config.state_dir)
     serving.run(create_app(state.config), host=host, port=port, grace_s=grace)
 
 

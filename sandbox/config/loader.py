@@ -17,6 +17,7 @@ from sandbox.config.isolation import isolation_problems
 from sandbox.config.locate import Loc, ParsedDocument, format_loc
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config, DockerConfig, default_state_dir
+from sandbox.config.state import ENV_VAR, parse_state_url
 from sandbox.errors import BindRefused, ConfigError
 
 _PROVIDER_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.:-]*)?$")
@@ -90,9 +91,22 @@ def validate(parsed: ParsedDocument, *, base_dir: Path, identity: tuple[str, str
         problems.extend(_line(parsed, _loc(err["loc"]), _describe(err)) for err in exc.errors())
         raise ConfigError(_in_file_order(problems)) from exc
     problems.extend(_line(parsed, loc, message) for loc, message in semantic_problems(config))
+    problems.extend(_state_env_problems())
     if problems:
         raise ConfigError(_in_file_order(problems))
     return config
+
+
+def _state_env_problems() -> list[tuple[tuple[int, int], str]]:
+    """`SANDBOX_STATE_URL` overrides `state.url`: a malformed one is a load error like the key's."""
+    env = os.environ.get(ENV_VAR)
+    if not env:
+        return []
+    try:
+        parse_state_url(env)
+    except ValueError as exc:
+        return [((0, 0), f"{ENV_VAR} (overrides state.url): {exc}")]
+    return []
 
 
 def _in_file_order(problems: list[tuple[tuple[int, int], str]]) -> list[str]:

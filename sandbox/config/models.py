@@ -24,6 +24,7 @@ from pydantic import (
 
 from sandbox.config.base import ConfigPath, StrictModel
 from sandbox.config.kubernetes import KubernetesSection
+from sandbox.config.state import StateSection
 
 
 def _check_tool_pattern(value: str, info: ValidationInfo) -> str:
@@ -551,6 +552,7 @@ class Config(StrictModel):
     runtime: RuntimeSection = RuntimeSection()
     service: ServiceSection = ServiceSection()
     journal: JournalSection = JournalSection()
+    state: StateSection = StateSection()
     # the file this config was read from (the loader says; never a key of the file itself)
     _source_file: Path | None = PrivateAttr(default=None)
 

@@ -9,6 +9,10 @@ actions that act on a running command (`write` sends it input, `kill` sends it a
 approved interpreter must not become an unapproved command channel. Reading a process (`list`,
 `poll`, `log`) needs no approval.
 
+With a shared store (`state.url: postgresql://...`, set by the service with `share`), approvals
+live there instead: a decision made through any replica wakes the waiting call at once (LISTEN/
+NOTIFY), and the journal's approvals table is not used.
+
 Fail closed: a call runs only when its approval is read back as `approved` with the arguments
 that will run; any failure to read or record the decision refuses the call.
 """
@@ -28,6 +32,7 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.redact import redact
 from sandbox.journal.store import Approval, Journal
 from sandbox.policy.groups import BUILTIN_TOOLS, acting_as, expand_all
+from sandbox.state.protocol import ApprovalStore
 from sandbox.tools.spec import ToolSpec
 
 POLL_S = 0.1
@@ -51,6 +56,17 @@ class ApprovalGate:
         self.config = config.tools.approvals
         self.journal = journal
         self.universe = universe
+        self.store: ApprovalStore | None = None  # the shared store, while the service holds one
+
+    async def _read(self, approval_id: str) -> Approval | None:
+        if self.store is not None:
+            return await self.store.approval(approval_id)
+        return self.journal.approval(approval_id)
+
+    async def _decide(self, approval_id: str, status: str, reason: str) -> Approval:
+        if self.store is not None:
+            return await self.store.decide(approval_id, status, reason)
+        return self.journal.decide(approval_id, status, reason)
 
     def required(self, spec: ToolSpec, agent: str, sender: str | None, params: dict[str, Any] | None = None) -> bool:
         """Whether this call must wait for a human."""
@@ -81,30 +97,43 @@ class ApprovalGate:
             created=time.time(),
             decided=None,
         )
-        self.journal.add_approval(approval)
+        if self.store is not None:
+            await self.store.add_approval(approval)
+        else:
+            self.journal.add_approval(approval)
         try:
             with anyio.move_on_after(self.config.timeout_s):
-                while True:
-                    try:
-                        current = self.journal.approval(approval.id)
-                    except SandboxError:
-                        current = None  # a read that fails now may work later; the final read decides
-                    if current is not None and current.status != "pending":
-                        break
-                    await anyio.sleep(POLL_S)
+                await self._until_decided(approval.id)
         except anyio.get_cancelled_exc_class():
             # the caller went away (or the service stopped): nobody waits for this decision, so
             # no approver may "approve" a call that will never run
-            with contextlib.suppress(SandboxError):
-                self.journal.decide(approval.id, "cancelled", "the call was cancelled while it waited")
+            with contextlib.suppress(SandboxError), anyio.CancelScope(shield=True):
+                await self._decide(approval.id, "cancelled", "the call was cancelled while it waited")
             raise
-        return self._settle(ctx, approval.id, arguments)
+        return await self._settle(ctx, approval.id, arguments)
 
-    def _settle(self, ctx: TaskContext, approval_id: str, arguments: dict[str, object]) -> Approval:
-        current = self.journal.approval(approval_id)
+    async def _until_decided(self, approval_id: str) -> None:
+        """Return once the approval is decided (the caller bounds the wait)."""
+        if self.store is not None:
+            try:  # woken by the decision itself, through whichever replica it was made
+                await self.store.wait_decided(approval_id, self.config.timeout_s)
+            except SandboxError:
+                await anyio.sleep_forever()  # the store is down: the final read decides (fail closed)
+            return
+        while True:
+            try:
+                current = self.journal.approval(approval_id)
+            except SandboxError:
+                current = None  # a read that fails now may work later; the final read decides
+            if current is not None and current.status != "pending":
+                return
+            await anyio.sleep(POLL_S)
+
+    async def _settle(self, ctx: TaskContext, approval_id: str, arguments: dict[str, object]) -> Approval:
+        current = await self._read(approval_id)
         if current is None or current.status == "pending":
             try:
-                self.journal.decide(approval_id, "expired", f"no decision within {self.config.timeout_s:g}s")
+                await self._decide(approval_id, "expired", f"no decision within {self.config.timeout_s:g}s")
             except SandboxError as exc:
                 if exc.code != ErrorCode.CONFLICT:
                     # not recorded as expired: an approver may still see it pending, but it never runs
@@ -114,7 +143,7 @@ class ApprovalGate:
                         f"{self.config.timeout_s:g}s and the expiry could not be recorded ({exc.message})",
                         approval_id=approval_id,
                     ) from exc
-                current = self.journal.approval(approval_id)  # decided at the last moment: read it back
+                current = await self._read(approval_id)  # decided at the last moment: read it back
             else:
                 raise SandboxError(
                     ErrorCode.APPROVAL_TIMEOUT,

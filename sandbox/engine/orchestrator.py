@@ -30,6 +30,7 @@ from sandbox.runtime.backends import backend_for
 from sandbox.runtime.manager import SandboxManager
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
+from sandbox.state.protocol import ApprovalStore
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.registry import ToolRegistry
@@ -188,6 +189,17 @@ class Orchestrator:
         """Fill the warm pools once (and remove stale pool containers); how many were made."""
         pool = self.manager.pool
         return await pool.fill_once() if pool is not None else 0
+
+    @property
+    def approval_store(self) -> ApprovalStore | None:
+        """The shared store approvals live in while the service holds one; None: the journal."""
+        gate = self.engine.approvals
+        return gate.store if gate is not None else None
+
+    def share_approvals(self, store: ApprovalStore | None) -> None:
+        """Keep approvals in the shared `store` from now on (None: in the journal again)."""
+        if self.engine.approvals is not None:
+            self.engine.approvals.store = store
 
     def pending_approvals(self) -> list[Approval]:
         """Calls waiting for a human."""

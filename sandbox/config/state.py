@@ -1,0 +1,106 @@
+"""`state.url`: where the state replicas must agree on lives (docs/state.md).
+
+Absent or `sqlite:` means today's files in `state_dir` (nothing to install); a
+`postgresql://user@host:port/db` URL means the shared store of several service replicas. The
+environment variable `SANDBOX_STATE_URL` wins over the file (a deployment keeps the URL, and its
+password, in a Secret while every replica reads the same config file).
+
+Only the form is checked here (a load error naming `state.url`); whether the server answers,
+the credentials hold and the schema is this code's is checked when the store opens.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Annotated, Literal
+from urllib.parse import SplitResult, urlsplit
+
+from pydantic import BeforeValidator
+
+from sandbox.config.base import StrictModel
+
+ENV_VAR = "SANDBOX_STATE_URL"
+_PG_SCHEMES = ("postgresql", "postgres")
+
+
+@dataclass(frozen=True)
+class StateUrl:
+    """A parsed `state.url`: its kind and the text libpq reads."""
+
+    kind: Literal["sqlite", "postgresql"]
+    url: str  # as written (may hold a password: never logged, see `shown`)
+
+    @property
+    def shown(self) -> str:
+        """The URL with any password masked: what messages and logs may print."""
+        return mask_password(self.url)
+
+
+def mask_password(url: str) -> str:
+    """`postgresql://u:secret@h/db` -> `postgresql://u:***@h/db` (and `password=` in the query)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None and "password=" not in parts.query.lower():
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = "&".join(
+        ("password=***" if item.lower().startswith("password=") else item) for item in parts.query.split("&") if item
+    )
+    return SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment).geturl()
+
+
+def parse_state_url(value: str) -> StateUrl:
+    """Check a `state.url` value's form.
+
+    Raises:
+        ValueError: the URL is not `sqlite:` or a `postgresql://` URL naming a database.
+    """
+    text = value.strip()
+    if text in ("sqlite:", "sqlite", "sqlite://"):
+        return StateUrl("sqlite", "sqlite:")
+    expected = "expected `sqlite:` or postgresql://USER@HOST:PORT/DATABASE"
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # raises on a port that is not a number
+    except ValueError as exc:
+        raise ValueError(f"{expected} ({exc}; got {mask_password(text)!r})") from None
+    if parts.scheme not in _PG_SCHEMES:
+        raise ValueError(f"{expected} (got {mask_password(text)!r})")
+    database = parts.path.lstrip("/")
+    if not database or "/" in database:
+        raise ValueError(f"{expected}: the URL names no database (got {mask_password(text)!r})")
+    if port == 0:
+        raise ValueError(f"{expected}: port 0 (got {mask_password(text)!r})")
+    return StateUrl("postgresql", text)
+
+
+def _check(value: object) -> object:
+    if isinstance(value, str):
+        parse_state_url(value)
+    return value
+
+
+class StateSection(StrictModel):
+    """`state:`: the store behind journal, approvals and quotas (docs/state.md)."""
+
+    # absent/`sqlite:` = the files in state_dir; `postgresql://...` = the shared store of several replicas
+    url: Annotated[str, BeforeValidator(_check)] | None = None
+
+    def parsed(self) -> StateUrl:
+        """The URL in force: `SANDBOX_STATE_URL` when set, else `state.url`, else `sqlite:`.
+
+        Raises:
+            ValueError: `SANDBOX_STATE_URL` is malformed (the loader checks it at load time).
+        """
+        env = os.environ.get(ENV_VAR)
+        if env:
+            return parse_state_url(env)
+        return parse_state_url(self.url) if self.url else StateUrl("sqlite", "sqlite:")

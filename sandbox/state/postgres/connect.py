@@ -1,0 +1,69 @@
+"""Connections to the PostgreSQL store, with every failure mapped to one clear SandboxError.
+
+An unreachable server, refused credentials or a missing database is SERVICE_UNAVAILABLE naming
+the URL (password masked) and libpq's reason, never a traceback; psycopg missing is a hint to
+install the `postgres` extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox.config.state import StateUrl
+from sandbox.errors import ErrorCode, SandboxError
+
+if TYPE_CHECKING:
+    import psycopg
+
+CONNECT_TIMEOUT_S = 5
+
+
+def psycopg_module() -> Any:
+    """psycopg, or the error that says how to get it.
+
+    Raises:
+        SandboxError: SERVICE_UNAVAILABLE when the `postgres` extra is not installed.
+    """
+    try:
+        return importlib.import_module("psycopg")
+    except ImportError as exc:
+        raise SandboxError(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "state.url names PostgreSQL, but psycopg is not installed: pip install 'agent-sandbox[postgres]'",
+        ) from exc
+
+
+def unreachable(url: StateUrl, exc: BaseException) -> SandboxError:
+    """The error for a store that cannot be reached or refuses us (libpq's reason, first lines)."""
+    reason = " ".join(str(exc).split())[:500] or type(exc).__name__
+    return SandboxError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        f"the state store at {url.shown} cannot be used: {reason}",
+        url=url.shown,
+    )
+
+
+async def connect(url: StateUrl, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
+    """One connection to the store (the caller closes it).
+
+    Raises:
+        SandboxError: SERVICE_UNAVAILABLE when the server is unreachable or refuses the login.
+    """
+    pg = psycopg_module()
+    try:
+        conn: psycopg.AsyncConnection[Any] = await pg.AsyncConnection.connect(
+            url.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, application_name="agent-sandbox"
+        )
+    except pg.Error as exc:
+        raise unreachable(url, exc) from exc
+    return conn
+
+
+async def close_shielded(conn: Any) -> None:
+    """Close a connection even when the closing task is being cancelled (a close that a cancel
+    interrupts leaves the session open on the server until the object is collected)."""
+    with anyio.CancelScope(shield=True):
+        await conn.close()

@@ -1,0 +1,224 @@
+"""The PostgreSQL state store: a pool of async connections, the owner's lease renewed while open,
+and one LISTEN connection that wakes approval waiters (see protocol.py for the contract)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import anyio
+from loguru import logger
+
+from sandbox.config.state import StateUrl
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.state.migrate import check_version
+from sandbox.state.postgres import approvals, quotas
+from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
+from sandbox.state.postgres.listen import Wakeups
+from sandbox.state.postgres.schema import current_version
+from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
+
+POOL_OPEN_S = 10.0
+CHECKOUT_S = 5.0  # a call waits at most this for a pooled connection (an outage: SERVICE_UNAVAILABLE then)
+READ_AGAIN_S = 0.5  # a waiter whose read failed reads again after this (only while reads fail)
+
+
+class PostgresStore:
+    """The shared store of several replicas (use :func:`open_postgres`).
+
+    Args:
+        url: the store.
+        pool: an open psycopg_pool.AsyncConnectionPool (autocommit connections).
+        owner: this process's owner identity.
+        lease_s: how long its reservations count after it stops renewing.
+    """
+
+    kind: Literal["sqlite", "postgresql"] = "postgresql"
+
+    def __init__(self, url: StateUrl, pool: Any, owner: str, lease_s: float) -> None:
+        self.url = url
+        self.owner = owner
+        self.lease_s = lease_s
+        self._pool = pool
+        self._pg = psycopg_module()
+        self.wakeups = Wakeups(url, approvals.CHANNEL)
+        # reservations whose give-back failed (the store did not answer): retried with each lease
+        # renewal, so a slot is never held for good by a replica that is alive
+        self._unreleased: dict[str, tuple[Reservation, bool]] = {}
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Any]:
+        """A pooled connection; a failure of the server is SERVICE_UNAVAILABLE, never a traceback."""
+        pool_errors = importlib.import_module("psycopg_pool").PoolTimeout
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (self._pg.Error, pool_errors) as exc:
+            raise unreachable(self.url, exc) from exc
+
+    async def ping(self) -> None:
+        """See :class:`~sandbox.state.protocol.StateStore`."""
+        async with self._conn() as conn:
+            await conn.execute("SELECT 1")
+
+    async def reserve(
+        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1
+    ) -> Reservation | Refused:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        async with self._conn() as conn:
+            return await quotas.reserve(conn, self.owner, self.lease_s, tenant, limits, calls, slots)
+
+    async def release(self, reservation: Reservation) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`; when the store does not answer, the
+        release raises and is retried in the background until it does."""
+        await self._give_back(reservation, refund=False)
+
+    async def refund(self, reservation: Reservation) -> None:
+        """See :meth:`release`."""
+        await self._give_back(reservation, refund=True)
+
+    async def _give_back(self, reservation: Reservation, *, refund: bool) -> None:
+        try:
+            async with self._conn() as conn:
+                await quotas.release(conn, reservation, refund=refund)
+        except SandboxError:
+            self._unreleased[reservation.id] = (reservation, refund)
+            raise
+        self._unreleased.pop(reservation.id, None)
+
+    async def _retry_give_backs(self) -> None:
+        for reservation, refund in list(self._unreleased.values()):
+            with contextlib.suppress(SandboxError):  # still down: the next renewal tries again
+                await self._give_back(reservation, refund=refund)
+
+    async def in_flight(self, tenant: str) -> int:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        async with self._conn() as conn:
+            return await quotas.in_flight(conn, tenant)
+
+    async def renew_lease(self) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        async with self._conn() as conn:
+            await quotas.renew(conn, self.owner, self.lease_s)
+
+    async def add_approval(self, approval: Approval) -> None:
+        """See :class:`~sandbox.state.protocol.ApprovalStore`."""
+        async with self._conn() as conn:
+            await approvals.add(conn, approval)
+
+    async def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
+        """See :class:`~sandbox.state.protocol.ApprovalStore`."""
+        async with self._conn() as conn:
+            return await approvals.decide(conn, approval_id, status, reason)
+
+    async def approval(self, approval_id: str, *, raw: bool = False) -> Approval | None:
+        """See :class:`~sandbox.state.protocol.ApprovalStore`."""
+        async with self._conn() as conn:
+            return await approvals.one(conn, approval_id, raw)
+
+    async def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
+        """See :class:`~sandbox.state.protocol.ApprovalStore`."""
+        async with self._conn() as conn:
+            return await approvals.many(conn, status, raw)
+
+    async def wait_decided(self, approval_id: str, timeout_s: float) -> Approval | None:
+        """See :class:`~sandbox.state.protocol.ApprovalStore`: woken by NOTIFY, never polling."""
+        with anyio.move_on_after(timeout_s):
+            while True:
+                event = self.wakeups.watch(approval_id)  # before the read: a NOTIFY after it still wakes
+                try:
+                    try:
+                        current = await self.approval(approval_id)
+                    except SandboxError:
+                        # the store failed this read (an outage): read again soon, only while it fails,
+                        # since the notification of a decision made meanwhile may be gone
+                        with anyio.move_on_after(READ_AGAIN_S):
+                            await event.wait()
+                        continue
+                    if current is None or current.status != "pending":
+                        return current
+                    await event.wait()
+                finally:
+                    self.wakeups.unwatch(approval_id, event)
+        return None
+
+    async def _renew_forever(self) -> None:
+        """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""
+        while True:
+            await anyio.sleep(self.lease_s / 3)
+            try:
+                await self.renew_lease()
+            except SandboxError as exc:
+                logger.bind(error=exc.message[:200]).warning("state_lease_not_renewed")
+                continue
+            await self._retry_give_backs()
+
+
+async def _open_pool(url: StateUrl, pool_max: int) -> Any:
+    try:
+        pool_module = importlib.import_module("psycopg_pool")
+    except ImportError as exc:
+        raise SandboxError(
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "state.url names PostgreSQL, but psycopg-pool is not installed: pip install 'agent-sandbox[postgres]'",
+        ) from exc
+    pool = pool_module.AsyncConnectionPool(
+        url.url,
+        min_size=1,
+        max_size=pool_max,
+        timeout=CHECKOUT_S,
+        open=False,
+        # a connection the server ended (a failover, pg_terminate_backend) is replaced when
+        # checked out, not handed to a caller: one empty round trip per checkout
+        check=pool_module.AsyncConnectionPool.check_connection,
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": "agent-sandbox"},
+    )
+    try:
+        await pool.open(wait=True, timeout=POOL_OPEN_S)
+    except (pool_module.PoolTimeout, psycopg_module().Error) as exc:
+        await pool.close()
+        raise unreachable(url, exc) from exc
+    return pool
+
+
+@asynccontextmanager
+async def open_postgres(
+    url: StateUrl, *, owner: str, lease_s: float, pool_max: int = 10
+) -> AsyncIterator[PostgresStore]:
+    """Open the store: reachable, credentials good, schema at this code's version.
+
+    Raises:
+        SandboxError: SERVICE_UNAVAILABLE when the server cannot be reached or refuses the
+            login, or the schema is another version (with `sandbox state migrate` as the fix).
+    """
+    conn = await connect(url)
+    try:
+        version = await current_version(conn)
+    except psycopg_module().Error as exc:
+        raise unreachable(url, exc) from exc
+    finally:
+        await close_shielded(conn)
+    check_version(url.shown, "postgresql", version)
+    pool = await _open_pool(url, pool_max)
+    store = PostgresStore(url, pool, owner, lease_s)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(store.wakeups.run)
+            tg.start_soon(store._renew_forever)
+            try:
+                yield store
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # the body's own error, not the task group's wrapping
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    finally:
+        with contextlib.suppress(SandboxError), anyio.CancelScope(shield=True):
+            async with store._conn() as c:
+                await quotas.drop_owner(c, owner)
+        with anyio.CancelScope(shield=True):
+            await pool.close()

@@ -1,0 +1,125 @@
+"""The state store protocol: what replicas must agree on, behind one narrow async interface.
+
+Two implementations: SQLite (sqlite/store.py, the default: a file in state_dir, nothing to
+install) and PostgreSQL (postgres/store.py: the shared store of several replicas). One contract
+suite (tests/contract/test_state_contract.py) runs against both.
+
+This first slice holds the cross-replica correctness core: quota reservations with rate
+windows, taken in one transaction and held under the owner's lease, and approvals decided once
+and woken across replicas. The journal's events, open calls, loop history and the sessions
+registry follow (docs/state.md, "What is in the store").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sandbox.journal.approvals import Approval
+
+__all__ = ["Approval", "ApprovalStore", "QuotaLimits", "QuotaStore", "Refused", "Reservation", "StateStore"]
+
+
+@dataclass(frozen=True)
+class QuotaLimits:
+    """A tenant's call quotas (`tenants[].quotas`); 0 means no bound."""
+
+    max_concurrent_calls: int = 0
+    max_calls_per_minute: int = 0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What one admitted request holds: `slots` toward the concurrency, `calls` starts in the window."""
+
+    id: str
+    tenant: str
+    calls: int
+    slots: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a reservation was refused: the quota, what is held toward it, and when to try again."""
+
+    quota: Literal["max_concurrent_calls", "max_calls_per_minute"]
+    held: int  # calls running, or call starts in the last minute
+    limit: int
+    retry_after_s: int
+
+
+class QuotaStore(Protocol):
+    """Per-tenant admission shared by every process on the store."""
+
+    async def reserve(
+        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1
+    ) -> Reservation | Refused:
+        """Check and take `slots` concurrency slots and `calls` rate-window starts in one transaction.
+
+        Reservations of owners whose lease has run out (a replica killed) no longer count.
+        A request larger than a limit is the caller's to refuse (it can never fit).
+        """
+        ...
+
+    async def release(self, reservation: Reservation) -> None:
+        """The call ended: its slots go back (its starts stay in the window)."""
+        ...
+
+    async def refund(self, reservation: Reservation) -> None:
+        """The request was refused after it reserved: its slots and its starts go back."""
+        ...
+
+    async def in_flight(self, tenant: str) -> int:
+        """Slots held now by live owners for `tenant`."""
+        ...
+
+    async def renew_lease(self) -> None:
+        """Extend this owner's lease (the store does it by itself while open; exposed for tests)."""
+        ...
+
+
+class ApprovalStore(Protocol):
+    """Approvals every replica sees, decided once, waking their waiter wherever it runs."""
+
+    async def add_approval(self, approval: Approval) -> None:
+        """Record a pending approval with its exact arguments."""
+        ...
+
+    async def decide(self, approval_id: str, status: str, reason: str = "") -> Approval:
+        """Approve, deny, expire or cancel a pending approval: exactly one decision ever wins.
+
+        Raises:
+            SandboxError: INVALID_ARGUMENTS for an unknown id; CONFLICT when already decided.
+        """
+        ...
+
+    async def approval(self, approval_id: str, *, raw: bool = False) -> Approval | None:
+        """One approval, or None; a pending one's arguments masked unless `raw`."""
+        ...
+
+    async def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
+        """Approvals (pending by default), oldest first; pending arguments masked unless `raw`."""
+        ...
+
+    async def wait_decided(self, approval_id: str, timeout_s: float) -> Approval | None:
+        """Wait until the approval is decided (through any process) or `timeout_s` passes.
+
+        Returns:
+            The decided approval, or None when it is still pending (or gone) at the timeout.
+        """
+        ...
+
+
+class StateStore(QuotaStore, ApprovalStore, Protocol):
+    """The whole store: what `open_store` yields."""
+
+    kind: Literal["sqlite", "postgresql"]
+    owner: str  # this process's owner identity (its reservations expire with its lease)
+
+    async def ping(self) -> None:
+        """One cheap round trip (readiness).
+
+        Raises:
+            SandboxError: SERVICE_UNAVAILABLE when the store does not answer.
+        """
+        ...

@@ -1,0 +1,190 @@
+"""Two service replicas on one PostgreSQL (`state.url`): the call quotas are reserved in the
+shared store, so a burst split across the replicas never passes max_concurrent_calls. Both
+services run for real (uvicorn on loopback) over orchestrators with the library's fake backend,
+whose held calls wait until the test lets them go (so "at once" is exact, not timing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.api.app import create_app
+from sandbox.config.state import parse_state_url
+from sandbox.state import open_store
+from sandbox.state.admin import migrate_store
+from sandbox.testing import FakeBackend, FakeCall, exec_result
+from tests.cli_helpers import run_cli
+from tests.pg_server import PgServer
+from tests.service_helpers import free_port, serving, sha
+
+pytestmark = pytest.mark.postgres
+
+TOKEN = "sbx_shared-store"
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+HOLD = "echo held-call"
+
+
+class Gate:
+    """Holds every call of HOLD until `go`, in whichever replica it runs; counts the most at once."""
+
+    def __init__(self) -> None:
+        self.go = anyio.Event()
+        self.running = 0
+        self.most = 0
+
+    async def handle(self, call: FakeCall) -> Any:
+        if call.command is None or HOLD not in call.command:
+            return exec_result()
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.go.wait()
+        finally:
+            self.running -= 1
+        return exec_result(stdout=b"held-call\n")
+
+
+def _config(make_config: Any, pg_url: str, state: Path, tools: str = "{profile: full}") -> Any:
+    return make_config(
+        f"""
+tools: {tools}
+state: {{url: '{pg_url}'}}
+tenants:
+  - {{id: t, quotas: {{max_concurrent_calls: 2}}, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session}}}}
+  list:
+    - {{id: a, tenant: t}}
+""",
+        state=state,
+    )
+
+
+@pytest.mark.anyio
+async def test_a_burst_split_across_two_replicas_never_passes_max_concurrent_calls(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """8 calls at once, 4 to each replica, under max_concurrent_calls 2: two run, six are 429
+    naming the quota; when they end the slots are back (a next call runs, the store holds none)."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    gate = Gate()
+    config_a = _config(make_config, pg_url, tmp_path / "a")
+    config_b = _config(make_config, pg_url, tmp_path / "b")
+    answers: list[httpx.Response] = []
+    async with (
+        Orchestrator(config_a, backend=FakeBackend(gate.handle)) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(gate.handle)) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+
+        async def one(url: str, i: int) -> None:
+            body = {"tool": "exec", "args": {"command": HOLD}}
+            answers.append(await client.post(f"{url}/v1/sessions/agent:a:s{i}/calls", json=body))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, url_a if i % 2 else url_b, i)
+            with anyio.fail_after(30):  # six refusals come back while two calls are held
+                while len(answers) < 6:
+                    await anyio.sleep(0.02)
+            gate.go.set()
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses == [200, 200, 429, 429, 429, 429, 429, 429] and gate.most == 2
+        refused = [a for a in answers if a.status_code == 429]
+        assert all("max_concurrent_calls" in a.text and "across replicas" in a.text for a in refused)
+        again = await client.post(
+            f"{url_a}/v1/sessions/agent:a:s0/calls", json={"tool": "exec", "args": {"command": "true"}}
+        )
+        assert again.status_code == 200, again.text
+    async with open_store(parse_state_url(pg_url), tmp_path, owner="observer") as store:
+        assert await store.in_flight("t") == 0
+
+
+@pytest.mark.anyio
+async def test_an_approval_waiting_on_one_replica_is_decided_through_the_other(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """A call needing approval waits on replica A; B lists it and approves it; A's call runs at once
+    (woken by NOTIFY: the wait has no polling to fall back on). A second decision through A is 404
+    (it is no longer pending), and the journal of A holds no approval: the store does."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    tools = "{profile: full, approvals: {require: [exec], timeout_s: 120}}"
+    config_a = _config(make_config, pg_url, tmp_path / "a", tools)
+    config_b = _config(make_config, pg_url, tmp_path / "b", tools)
+    answers: list[httpx.Response] = []
+    async with (
+        Orchestrator(config_a, backend=FakeBackend()) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend()) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+
+        async def call_on_a() -> None:
+            body = {"tool": "exec", "args": {"command": "echo approved-call"}}
+            answers.append(await client.post(f"{url_a}/v1/sessions/agent:a:s1/calls", json=body))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call_on_a)
+            pending: list[Any] = []
+            with anyio.fail_after(30):
+                while not pending:
+                    pending = (await client.get(f"{url_b}/v1/approvals")).json()
+                    await anyio.sleep(0.05)
+            assert [p["tool"] for p in pending] == ["exec"]
+            decided = await client.post(f"{url_b}/v1/approvals/{pending[0]['id']}/approve")
+            assert decided.status_code == 200 and decided.json()["status"] == "approved"
+        assert len(answers) == 1 and answers[0].status_code == 200, answers[0].text
+        assert answers[0].json()["ok"] is True, answers[0].text
+        again = await client.post(f"{url_a}/v1/approvals/{pending[0]['id']}/deny")
+        assert again.status_code == 404
+        assert orch_a.pending_approvals() == [] and orch_a.journal is not None
+        assert orch_a.journal.approvals(None) == []
+
+
+def test_sandbox_serve_with_an_unusable_store_does_not_start(pg_server: PgServer, tmp_path: Path) -> None:
+    """`sandbox serve` checks the store before it listens: a wrong password is one clear line, exit 1."""
+    config = tmp_path / "sandbox.yaml"
+    url = pg_server.url("postgres", password="not-the-password")
+    config.write_text(
+        f"state_dir: {tmp_path / 'state'}\nstate: {{url: '{url}'}}\n"
+        f"tenants:\n  - {{id: default, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}\n"
+    )
+    result = run_cli("serve", "--port", str(free_port()), config=config, process=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "error [SERVICE_UNAVAILABLE]: the state store at postgresql://sbxtest:***@127.0.0.1" in result.stderr
+    assert "password authentication failed" in result.stderr and "not-the-password" not in result.stderr
+
+
+@pytest.mark.anyio
+async def test_the_cli_lists_and_decides_approvals_in_the_shared_store(pg_url: str, tmp_path: Path) -> None:
+    """`sandbox approvals list|approve` with state.url on PostgreSQL read and decide there; the
+    waiting store instance wakes with the decision."""
+    import time
+
+    from sandbox.journal.approvals import Approval
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    config = tmp_path / "sandbox.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\nstate: {{url: '{pg_url}'}}\n")
+    pending = Approval(
+        "a-cli", "c-1", "t-1", "agent:main:s", "main", "exec", {"command": "ls -la"}, "pending", "", time.time(), None
+    )
+    async with open_store(url, tmp_path, owner="waiter") as store:
+        await store.add_approval(pending)
+        listed = await anyio.to_thread.run_sync(lambda: run_cli("approvals", "list", config=config))
+        assert listed.returncode == 0 and "a-cli" in listed.stdout and "ls -la" in listed.stdout
+        decided = await anyio.to_thread.run_sync(
+            lambda: run_cli("approvals", "approve", "a-cli", "--reason", "ok", config=config)
+        )
+        assert decided.returncode == 0 and "a-cli: approved (ok)" in decided.stdout
+        woken = await store.wait_decided("a-cli", 60)
+        assert woken is not None and woken.status == "approved"

@@ -1,0 +1,114 @@
+"""What only the PostgreSQL store has: its listening connection and its pool survive the server
+ending their sessions (a failover, an operator's pg_terminate_backend), and a failure meanwhile
+is a SandboxError, never a driver exception."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+from sandbox.config.state import parse_state_url
+from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.approvals import Approval
+from sandbox.state import QuotaLimits, Reservation, open_store
+from sandbox.state.admin import migrate_store
+from tests.pg_server import create_database, start_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+def _terminate_others(pg_url: str, application: str = "agent-sandbox") -> int:
+    """End every session of the store's database but this one (a real fault, not a mock)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = %s",
+            (application,),
+        ).fetchall()
+    return len(rows)
+
+
+async def test_a_waiter_is_woken_after_its_listening_connection_was_killed(pg_url: str, tmp_path: object) -> None:
+    """The LISTEN connection is ended by the server; the store listens again and a later decision
+    still wakes the waiter (no polling to fall back on)."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)  # type: ignore[arg-type]
+    async with open_store(url, tmp_path, owner="a") as a, open_store(url, tmp_path, owner="b") as b:  # type: ignore[arg-type]
+        approval = Approval("a-1", "c", "t", "agent:main:s", "main", "exec", {}, "pending", "", time.time(), None)
+        await a.add_approval(approval)
+        got: list[Approval | None] = []
+
+        async def wait() -> None:
+            got.append(await a.wait_decided("a-1", 60))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.3)
+            assert _terminate_others(pg_url) >= 2  # both stores' listeners and pooled connections
+            await anyio.sleep(1.5)  # the listener reconnects (1 s back-off); the contract holds either way
+            with anyio.fail_after(30):
+                while True:  # b's pool may hand out a connection the server ended: an error, then a fresh one
+                    try:
+                        await b.decide("a-1", "approved", "after the outage")
+                        break
+                    except SandboxError as exc:
+                        assert exc.code == ErrorCode.SERVICE_UNAVAILABLE
+                        await anyio.sleep(0.1)
+        assert got and got[0] is not None and got[0].status == "approved"
+
+
+async def test_a_pooled_connection_the_server_ended_is_a_clear_error_then_replaced(
+    pg_url: str, tmp_path: object
+) -> None:
+    """After the server ends the pool's sessions, a call fails as SERVICE_UNAVAILABLE (or succeeds
+    on a fresh connection) and the store works again without being reopened."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)  # type: ignore[arg-type]
+    async with open_store(url, tmp_path, owner="a") as store:  # type: ignore[arg-type]
+        await store.ping()
+        _terminate_others(pg_url)
+        outcomes: list[str] = []
+        with anyio.fail_after(30):
+            while not outcomes or outcomes[-1] != "ok":
+                try:
+                    await store.ping()
+                    outcomes.append("ok")
+                except SandboxError as exc:
+                    assert exc.code == ErrorCode.SERVICE_UNAVAILABLE and "cannot be used" in exc.message
+                    outcomes.append("error")
+        assert outcomes[-1] == "ok" and set(outcomes) <= {"ok", "error"}
+
+
+async def test_a_release_the_server_missed_is_given_back_once_it_returns(tmp_path: Path) -> None:
+    """The server stops while a call holds a slot: the release fails with SERVICE_UNAVAILABLE;
+    when the server is back the store gives the slot back by itself (the replica is alive, so no
+    lease would ever free it). A server of this test's own, since it is stopped and started."""
+    server = start_server()
+    try:
+        pg_url = create_database(server)
+        url = parse_state_url(pg_url)
+        await migrate_store(url, tmp_path)
+        async with open_store(url, tmp_path, owner="replica", lease_s=1.5) as store:
+            held = await store.reserve("t1", QuotaLimits(max_concurrent_calls=1))
+            assert isinstance(held, Reservation)
+            await anyio.to_thread.run_sync(server.stop)
+            with pytest.raises(SandboxError) as info:
+                await store.release(held)
+            assert info.value.code == ErrorCode.SERVICE_UNAVAILABLE
+            await anyio.to_thread.run_sync(server.start)
+            with anyio.fail_after(60):  # renewals every 0.5 s; this bounds a broken store only
+                while _held(pg_url):
+                    await anyio.sleep(0.2)
+            assert isinstance(await store.reserve("t1", QuotaLimits(max_concurrent_calls=1)), Reservation)
+    finally:
+        server.stop()
+
+
+def _held(pg_url: str) -> int:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT count(*) FROM reservations").fetchone()
+    return int(row[0]) if row else 0
