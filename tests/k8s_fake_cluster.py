@@ -2,7 +2,7 @@
 
 No API server can run here, so the Kubernetes backend is tested against this: the core/v1
 routes the backend calls (Pods, claims, Services: create, read, list with equality label
-selectors, delete), the `pods/exec` websocket of tests/k8s_exec_server.py with each command run
+selectors, delete, merge patch with a resourceVersion precondition, watch), the `pods/exec` websocket of tests/k8s_exec_server.py with each command run
 in the Pod's container by `docker exec -i`, and a kubelet that makes each Pod a container from
 its spec (image, command, user, read-only root, dropped capabilities, no new privileges, no
 network, memory and cpu limits, memory emptyDirs as tmpfs, env, working directory). What it
@@ -17,6 +17,7 @@ import contextlib
 import copy
 import hashlib
 import itertools
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,7 +65,13 @@ class FakeCluster(ExecServer):
     runtime_classes: set[str] = field(default_factory=set)
     storage_classes: set[str] = field(default_factory=set)
     max_pods: int | None = None  # a ResourceQuota's `pods`, per namespace
+    # every change as the watch streams it: (resourceVersion, type, kind, namespace, a copy)
+    events: list[tuple[int, str, str, str, dict[str, Any]]] = field(default_factory=list)
+    hold_patches: int = 0  # the first N patches wait until N have arrived (a claim race, made sure)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _held: list[asyncio.Future[None]] = field(default_factory=list)
+    _closing: bool = False
 
     def __post_init__(self) -> None:
         self.command_for = self._in_container
@@ -86,6 +93,7 @@ class FakeCluster(ExecServer):
         app.router.add_get(base, self._list)
         app.router.add_get(base + "/{name}", self._read)
         app.router.add_delete(base + "/{name}", self._delete)
+        app.router.add_patch(base + "/{name}", self._patch)
         app.router.add_get("/version", self._version)
         app.router.add_get("/version/", self._version)
         app.router.add_get("/api/v1/namespaces/{ns}", self._namespace)
@@ -126,6 +134,19 @@ class FakeCluster(ExecServer):
 
     # -- objects ---------------------------------------------------------------------------
 
+    def changed(self, kind: str, namespace: str, obj: dict[str, Any], what: str = "MODIFIED") -> None:
+        """A new resourceVersion for `obj`, and an event for the watches (as the API server does on
+        every write, a kubelet's status update included)."""
+        version = next(self._versions)
+        obj["metadata"]["resourceVersion"] = str(version)
+        self.events.append((version, what, kind, namespace, copy.deepcopy(obj)))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def writes(self) -> int:
+        """How many writes (create, patch, delete) the API was asked for so far."""
+        return sum(1 for method, _ in self.requests if method in ("POST", "PATCH", "PUT", "DELETE"))
+
     def container_name(self, namespace: str, pod: str) -> str:
         digest = hashlib.sha256(f"{namespace}/{pod}".encode()).hexdigest()[:16]
         return f"fk8s-{self.run_label[1]}-{digest}"
@@ -159,12 +180,14 @@ class FakeCluster(ExecServer):
                 return _status(403, "Forbidden", message)
         obj = copy.deepcopy(obj)
         obj["metadata"]["namespace"] = namespace
-        obj["metadata"]["resourceVersion"] = str(next(self._versions))
-        obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds")
+        obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         self.objects[(kind, namespace, name)] = obj
         if kind == "pods":
             obj["status"] = {"phase": "Pending"}
+        self.changed(kind, namespace, obj, "ADDED")
+        if kind == "pods":
             await asyncio.to_thread(self._kubelet_start, namespace, obj)
+            self.changed(kind, namespace, obj)
         return web.json_response(obj, status=201)
 
     async def _read(self, request: web.Request) -> web.Response:
@@ -176,19 +199,78 @@ class FakeCluster(ExecServer):
             return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
         return web.json_response(found)
 
-    async def _list(self, request: web.Request) -> web.Response:
+    async def _list(self, request: web.Request) -> web.StreamResponse:
         if (refused := self._check(request)) is not None:
             return refused
         kind, namespace = request.match_info["kind"], request.match_info["ns"]
         wanted = [tuple(term.split("=", 1)) for term in request.query.get("labelSelector", "").split(",") if term]
+
+        def matches(obj: dict[str, Any]) -> bool:
+            return all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in wanted)
+
+        if request.query.get("watch") in ("true", "1"):
+            return await self._watch(request, kind, namespace, matches)
         items = [
-            obj
-            for (k, ns, _), obj in sorted(self.objects.items())
-            if k == kind
-            and ns == namespace
-            and all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in wanted)
+            obj for (k, ns, _), obj in sorted(self.objects.items()) if k == kind and ns == namespace and matches(obj)
         ]
-        return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+        version = str(self.events[-1][0] if self.events else 0)
+        return web.json_response(
+            {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}
+        )
+
+    async def _watch(self, request: web.Request, kind: str, namespace: str, matches: Any) -> web.StreamResponse:
+        """Events after `resourceVersion`, one JSON line each, until `timeoutSeconds`."""
+        after = int(request.query.get("resourceVersion") or 0)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(float(request.query.get("timeoutSeconds") or 30)):
+                while True:
+                    waiter = self._changed
+                    for version, what, k, ns, obj in list(self.events):
+                        if version > after and k == kind and ns == namespace and matches(obj):
+                            await response.write(json.dumps({"type": what, "object": obj}).encode() + b"\n")
+                        after = max(after, version)
+                    # woken by a change, or now and then to see whether the client left
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter.wait(), 0.2)
+                    if request.transport is None or request.transport.is_closing() or self._closing:
+                        break
+        return response
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        """A merge patch of labels and annotations; 409 when its resourceVersion is not the object's."""
+        if (refused := self._check(request)) is not None:
+            return refused
+        patch = await request.json()
+        if self.hold_patches > 0:
+            gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._held.append(gate)
+            if len(self._held) >= self.hold_patches:
+                self.hold_patches = 0
+                for held in self._held:
+                    if not held.done():
+                        held.set_result(None)
+            await gate
+        key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
+        found = self.objects.get(key)
+        if found is None:
+            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+        meta = patch.get("metadata") or {}
+        if set(patch) - {"metadata"} or set(meta) - {"labels", "annotations", "resourceVersion"}:
+            return _status(422, "Invalid", "the fake applies patches of labels and annotations only")
+        wanted = meta.get("resourceVersion")
+        if wanted is not None and wanted != found["metadata"]["resourceVersion"]:
+            message = (
+                f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has been modified; '
+                "please apply your changes to the latest version and try again"
+            )
+            return _status(409, "Conflict", message)
+        for part in ("labels", "annotations"):
+            merged = {**(found["metadata"].get(part) or {}), **(meta.get(part) or {})}
+            found["metadata"][part] = {k: v for k, v in merged.items() if v is not None}
+        self.changed(key[0], key[1], found)
+        return web.json_response(found)
 
     async def _delete(self, request: web.Request) -> web.Response:
         if (refused := self._check(request)) is not None:
@@ -197,6 +279,7 @@ class FakeCluster(ExecServer):
         found = self.objects.pop(key, None)
         if found is None:
             return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+        self.changed(key[0], key[1], found, "DELETED")
         if key[0] == "pods":
             await asyncio.to_thread(self._kubelet_stop, key[1], key[2])
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
@@ -263,6 +346,9 @@ class FakeCluster(ExecServer):
     def _kubelet_stop(self, namespace: str, name: str) -> None:
         import docker.errors
 
+        if self.docker_client is None:  # a cluster of objects only (its Pods were planted)
+            return
+
         with contextlib.suppress(docker.errors.NotFound):
             self.docker_client.containers.get(self.container_name(namespace, name)).remove(force=True)
 
@@ -272,8 +358,10 @@ class FakeCluster(ExecServer):
         pod = self.objects.get(("pods", namespace, name))
         if pod is not None:
             pod["status"] = {"phase": "Failed", "reason": "Evicted", "message": "the node evicted it"}
+            self.changed("pods", namespace, pod)
 
     async def __aexit__(self, *exc: object) -> None:
+        self._closing = True
         for kind, namespace, name in list(self.objects):
             if kind == "pods":
                 await asyncio.to_thread(self._kubelet_stop, namespace, name)

@@ -8,8 +8,10 @@ sent. Errors become SandboxUnavailable with what the operator can do (403: the R
 
 from __future__ import annotations
 
+import builtins
 import json
 import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,13 +95,71 @@ class Api:
 
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of a kind matching a label selector."""
+        return (await self.list_versioned(kind, namespace, label_selector))[0]
+
+    async def list_versioned(
+        self, kind: str, namespace: str, label_selector: str
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
+        """Objects of a kind matching a label selector, and the list's resourceVersion (where a
+        watch of what changes after it starts)."""
         stem = _KINDS[kind][1]
         status, body = await self._call(
             f"listing {kind} in {namespace}", f"list_namespaced_{stem}", namespace, label_selector=label_selector
         )
         if status == 404:
-            return []
-        return list((body or {}).get("items") or [])
+            return [], ""
+        version = str(((body or {}).get("metadata") or {}).get("resourceVersion") or "")
+        return list((body or {}).get("items") or []), version
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """A JSON merge patch (RFC 7386). With `metadata.resourceVersion` in it, the server applies
+        it only to that version of the object (409 Conflict otherwise): False when the object
+        changed (or went) since it was read, True when the patch is applied."""
+        stem = _KINDS[kind][1]
+        what = f"patching {kind} {namespace}/{name}"
+        status, answer = await self._call(
+            what, f"patch_namespaced_{stem}", name, namespace, patch, _content_type="application/merge-patch+json"
+        )
+        if status in (404, 409):
+            return False
+        if status >= 300:
+            raise SandboxUnavailable(f"{what}: {status} {(answer or {}).get('message', '')}")
+        return True
+
+    async def watch(
+        self, kind: str, namespace: str, label_selector: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The changes to matching objects after `resource_version`, as (type, object), until the
+        server ends the watch (after `timeout_s`) or it expires (410: the caller lists again)."""
+        # the official client (the k8s extra) loads with the first call: rendering needs none of it
+        from kubernetes.aio import client
+
+        stem = _KINDS[kind][1]
+        fn = getattr(client.CoreV1Api(self.client), f"list_namespaced_{stem}_without_preload_content")
+        try:
+            response = await fn(
+                namespace,
+                label_selector=label_selector,
+                watch=True,
+                resource_version=resource_version or None,
+                timeout_seconds=timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached (watch): {exc}") from exc
+        try:
+            if response.status != 200:
+                return
+            async for line in response.content:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and isinstance(event.get("object"), dict):
+                    yield str(event.get("type")), event["object"]
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cut a watch: {exc}") from exc
+        finally:
+            response.release()
 
     async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> None:
         """Create an object (its fields checked by the client's model and, strictly, by the server)."""

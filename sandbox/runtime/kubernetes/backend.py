@@ -30,13 +30,16 @@ from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
+    K8sAnnotations,
     K8sLabels,
+    label_value,
     namespace_for,
     policy_hash,
     shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.kubernetes.pods_read import adoptable, facts_of, info_of, why_not_running
+from sandbox.runtime.kubernetes.pool import KubernetesWarmPool
 from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
@@ -73,6 +76,7 @@ class KubernetesBackend:
         self._api_lock = anyio.Lock()
         self._http: aiohttp.ClientSession | None = None
         self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
+        self._pod_of: dict[str, str] = {}  # a session's sandbox name -> the pool Pod it claimed
         self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
@@ -133,19 +137,43 @@ class KubernetesBackend:
         """The reference itself: the cluster's nodes resolve and pull images, not this process."""
         return ref
 
+    def claimed(self, sandbox_name: str, pod_name: str, namespace: str) -> None:
+        """Remember that `sandbox_name`'s session claimed the pool Pod `pod_name` (kubernetes/pool.py)."""
+        self._pod_of[sandbox_name] = pod_name
+        self._namespace_of[pod_name] = namespace
+
+    async def _claimed_pod(self, namespace: str, sandbox_name: str) -> dict[str, Any] | None:
+        """The pool Pod claimed for `sandbox_name`'s session, if any (a Pod cannot be renamed: its
+        `claimed` label and annotation name the session's sandbox)."""
+        selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.CLAIMED}={label_value(sandbox_name)}"
+        for pod in await (await self.api()).list("pods", namespace, selector):
+            meta = pod.get("metadata") or {}
+            if (meta.get("annotations") or {}).get(K8sAnnotations.SANDBOX_NAME) == sandbox_name:
+                self.claimed(sandbox_name, str(meta.get("name")), namespace)
+                return pod
+        return None
+
+    async def _found(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Pod serving sandbox `name`: its own, or a pool Pod claimed for it."""
+        api = await self.api()
+        own = await api.get("pods", namespace, self._pod_of.get(name, name))
+        return own if own is not None else await self._claimed_pod(namespace, name)
+
     async def ensure(self, spec: SandboxSpec) -> KubernetesSandbox:
-        """The Pod of `spec`: adopted when it runs with the same config, else made afresh."""
+        """The Pod of `spec`: adopted when it runs with the same config (a pool Pod claimed for
+        it too), else made afresh."""
         api = await self.api()
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace
-        found = await api.get("pods", namespace, spec.name)
+        found = await self._found(namespace, spec.name) if not spec.pool_member else None
         proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
         pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
         if found is not None and adoptable(found, spec, pod):
-            return KubernetesSandbox(self, spec.name, spec)
+            return KubernetesSandbox(self, found["metadata"]["name"], spec)
         if found is not None:
-            logger.bind(pod=spec.name, namespace=namespace).info("k8s_pod_replaced")
-            await self._delete_and_wait(namespace, spec.name)
+            logger.bind(pod=found["metadata"]["name"], namespace=namespace).info("k8s_pod_replaced")
+            await self._delete_and_wait(namespace, found["metadata"]["name"])
+            self._pod_of.pop(spec.name, None)
         if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
             await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
         await api.create("pods", namespace, pod)
@@ -205,9 +233,8 @@ class KubernetesBackend:
 
     async def exists(self, name: str) -> bool:
         """Whether a Pod of this name is in one of the tenants' namespaces."""
-        api = await self.api()
         for namespace in [self._namespace_of.get(name), *self.namespaces()]:
-            if namespace and await api.get("pods", namespace, name) is not None:
+            if namespace and await self._found(namespace, name) is not None:
                 self._namespace_of[name] = namespace
                 return True
         return False
@@ -222,18 +249,24 @@ class KubernetesBackend:
         for namespace in self.namespaces():
             for pod in await api.list("pods", namespace, selector):
                 info = info_of(pod)
-                self._namespace_of[info.name] = namespace
+                self._namespace_of[info.id] = namespace
+                if info.name != info.id:  # a claimed pool Pod, listed under its session's sandbox name
+                    self.claimed(info.name, info.id, namespace)
                 found.append(info)
         return found
 
     async def remove(self, name_or_id: str) -> None:
-        """Delete the Pod (at once: a sandbox has nothing to shut down gracefully)."""
-        self.agents.forget(name_or_id)
+        """Delete the Pod (at once: a sandbox has nothing to shut down gracefully): by its name, or
+        the pool Pod claimed for a session's sandbox of that name."""
         api = await self.api()
-        namespaces = [self._namespace_of.get(name_or_id)] if name_or_id in self._namespace_of else self.namespaces()
-        for namespace in namespaces:
-            if namespace:
-                await api.delete("pods", namespace, name_or_id)
+        known = self._namespace_of.get(name_or_id)
+        for namespace in [known] if known else self.namespaces():
+            pod = self._pod_of.pop(name_or_id, None)
+            if pod is None and (claimed := await self._claimed_pod(namespace, name_or_id)) is not None:
+                pod = self._pod_of.pop(name_or_id, claimed["metadata"]["name"])
+            for name in {name_or_id, pod or name_or_id}:
+                self.agents.forget(name)
+                await api.delete("pods", namespace, name)
 
     async def aclose(self) -> None:
         """Close the agents' streams and the API connection."""
@@ -252,18 +285,20 @@ class KubernetesBackend:
         """What the API says the sandbox Pod is (None: no such Pod). No PID limit: Kubernetes has
         none per Pod yet (a node's podPidsLimit applies)."""
         namespace = self._namespace_of.get(name_or_id)
-        pod = await (await self.api()).get("pods", namespace, name_or_id) if namespace else None
+        pod = await self._found(namespace, name_or_id) if namespace else None
         return facts_of(name_or_id, pod) if pod is not None else None
 
-    # Optional capabilities this backend does not have yet (issue 26: the warm pool, browsers)
+    def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
+        """Pods per pool key, claimed by a label patch (kubernetes/pool.py); none with the
+        agent-sandbox provider, whose SandboxWarmPool keeps its own."""
+        return KubernetesWarmPool(manager, self) if self.cfg.provider == "pods" else None
+
+    # Optional capabilities this backend does not have yet (issue 26: browsers, egress logs)
 
     def browsers(self, instance: str) -> Browsers | None:
         return None
 
     def egress(self) -> EgressLogs | None:
-        return None
-
-    def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
         return None
 
 

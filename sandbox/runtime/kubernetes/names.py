@@ -45,6 +45,8 @@ class K8sAnnotations:
     SESSION = f"{K8S_PREFIX}/session"
     SCOPE_KEY = f"{K8S_PREFIX}/scope-key"
     CREATED_AT = f"{K8S_PREFIX}/created-at"
+    # the sandbox name of the session a claimed pool Pod serves (a Pod cannot be renamed)
+    SANDBOX_NAME = f"{K8S_PREFIX}/sandbox-name"
 
 
 def label_value(text: str) -> str:

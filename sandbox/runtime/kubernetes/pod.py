@@ -251,7 +251,7 @@ def _protect_step(spec: SandboxSpec, cfg: KubernetesSection, resources: dict[str
 
 
 def _labels(spec: SandboxSpec) -> dict[str, str]:
-    return {
+    labels = {
         MANAGED_BY[0]: MANAGED_BY[1],
         K8sLabels.SANDBOX: "true",
         K8sLabels.INSTANCE: spec.instance,
@@ -261,6 +261,9 @@ def _labels(spec: SandboxSpec) -> dict[str, str]:
         K8sLabels.SCOPE: spec.scope,
         K8sLabels.CONFIG_HASH: spec.config_hash,
     }
+    if spec.pool_member:  # a warm pool's: no session yet; a claim patches these (kubernetes/pool.py)
+        labels |= {K8sLabels.SCOPE: "pool", K8sLabels.POOL: spec.pool_key or "", K8sLabels.CLAIMED: "false"}
+    return labels
 
 
 def _placement(cfg: KubernetesSection) -> dict[str, Any]:
@@ -340,8 +343,8 @@ def sandbox_pod(
         pod_spec["initContainers"] = [_protect_step(spec, cfg, resources)]
     annotations = {
         K8sAnnotations.TENANT: spec.tenant,
-        K8sAnnotations.SESSION: spec.session,
-        K8sAnnotations.SCOPE_KEY: spec.scope_key,
+        K8sAnnotations.SESSION: "" if spec.pool_member else spec.session,
+        K8sAnnotations.SCOPE_KEY: "" if spec.pool_member else spec.scope_key,
     }
     return {
         "apiVersion": "v1",

@@ -126,10 +126,13 @@ def access_objects(
 ) -> list[dict[str, Any]]:
     """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
     (with the agent-sandbox objects' rules under `provider: agent-sandbox`)."""
-    # only what the backend does today: no patch, no watch, no deleting claims (a stolen token must
-    # not wipe workspaces), no secrets (the proxy's Secret is the operator's until its writer exists)
+    # only what the backend does: no deleting claims (a stolen token must not wipe workspaces), no
+    # secrets (the proxy's Secret is the operator's until its writer exists). `patch` and `watch` on
+    # pods are the warm pool's (kubernetes/pool.py: a claim is one label patch, a watch refills);
+    # patch adds no power over a Pod that create and delete do not give already, and nothing else
+    # is patched
     rules = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         # the exec websocket is a GET that needs `create` too (kubernetes#134577)
         {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
