@@ -106,6 +106,10 @@ class KubernetesBackend:
             ssl=api.ssl,
         )
 
+    async def exec_once(self, pod: str, argv: builtins.list[str], timeout_s: float) -> tuple[int | None, bytes]:
+        """`argv` run in the Pod on a `pods/exec` stream of its own, not through its agent."""
+        return await (await self.starter()).exec_once(pod, argv, timeout_s)
+
     def _images(self) -> set[str]:
         return {effective_agent(self._config, a).sandbox.docker.image for a in agent_ids(self._config)}
 

@@ -1,18 +1,26 @@
 """One sandbox Pod: the Shell primitives the tools use, all through its resident agent.
 
 On a cluster every command goes through the agent over its `pods/exec` stream (one websocket
-per agent, not one per command); there is no host /proc to kill from, so a call's processes are
-signalled from inside (the agent runs the kill), and when that cannot be confirmed the Pod is
-deleted: nothing of a timed-out call goes on. Exec cannot choose a user under Pod Security
-`restricted`, so a shell here runs as the Pod's user only.
+per agent, not one per command). There is no host /proc to kill from, so a call's processes are
+signalled from inside, in three steps, each taken when the one before cannot be:
+1. the agent's signal frame to the command's process group, and the kill by the call's tag
+   (what left the group) run by the agent;
+2. the same kill in a one-shot `pods/exec` of its own, without the agent (its link is gone);
+3. deleting the Pod, when no kill can be confirmed: nothing of a timed-out call goes on.
+
+Exec cannot choose a user under Pod Security `restricted`, so a shell here runs as the Pod's
+user only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal as signals
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
+from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import shellwrap
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
@@ -23,6 +31,7 @@ from sandbox.runtime.spec import SandboxSpec
 if TYPE_CHECKING:
     from sandbox.runtime.kubernetes.backend import KubernetesBackend
 
+KILL_TIMEOUT_S = 15.0
 KILL_NOT_CONFIRMED = (
     "the command's processes could not be confirmed dead, so the sandbox Pod was deleted "
     "(it is created afresh on next use; background processes in it are gone)"
@@ -78,6 +87,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
                 timeout_s=request.timeout_s,
                 on_output=request.on_output,
                 capture=request.capture,
+                tag=request.call_id,
             )
 
         return await run_then_stop(
@@ -114,14 +124,24 @@ class KubernetesSandbox(shellwrap.InSandbox):
         await self._kill(call_id, signal, pid_dir=pid_dir)
 
     async def _kill(self, call_id: str, signal: str, *, pid_dir: str | None = None) -> bool:
+        """Steps 1 and 2 of the module docstring; True when the signal was delivered (for KILL:
+        and nothing tagged with `call_id` is left)."""
         shellwrap.check_call_id(call_id)
+        argv = shellwrap.kill_argv(call_id, signal, pid_dir or shellwrap.PID_DIR)
         try:
-            result = await self.run_argv(
-                shellwrap.kill_argv(call_id, signal, pid_dir or shellwrap.PID_DIR), timeout_s=15
-            )
-            if result.exit_code != 0:
-                return False
-            return signal != "KILL" or not await self.alive(call_id)
+            link = await self._link(None)
+            with contextlib.suppress(AgentUnavailable):  # the tag kill below still reaches it
+                await link.signal_tagged(call_id, int(signals.Signals[f"SIG{signal}"]))
+            result = await link.run(argv, timeout_s=KILL_TIMEOUT_S)
+            return result.exit_code == 0 and (signal != "KILL" or not await self.alive(call_id))
+        except SandboxUnavailable as exc:  # the agent is gone, or cannot start: without it
+            logger.bind(pod=self._name, call_id=call_id).warning("k8s_kill_without_agent", reason=exc.message)
+        try:
+            code, _ = await self._backend.exec_once(self._name, argv, KILL_TIMEOUT_S)
+            if code != 0 or signal != "KILL":
+                return code == 0
+            code, out = await self._backend.exec_once(self._name, shellwrap.alive_argv(call_id), KILL_TIMEOUT_S)
+            return code == 0 and not out.split()
         except SandboxUnavailable:
             return False
 
