@@ -2,12 +2,14 @@
 
 No API server can run here, so the Kubernetes backend is tested against this: the core/v1
 routes the backend calls (Pods, claims, Services: create, read, list with equality label
-selectors, delete, merge patch with a resourceVersion precondition, watch), the `pods/exec` websocket of tests/k8s_exec_server.py with each command run
-in the Pod's container by `docker exec -i`, and a kubelet that makes each Pod a container from
+selectors, delete, merge patch with a resourceVersion precondition, watch), the `pods/exec`
+websocket of tests/k8s_exec_server.py with each command run in the Pod's container by
+`docker exec -i`, and a kubelet that makes each Pod a container from
 its spec (image, command, user, read-only root, dropped capabilities, no new privileges, no
 network, memory and cpu limits, memory emptyDirs as tmpfs, env, working directory). What it
 does not do, and a real cluster must prove (scripts/k8s-e2e): admission, NetworkPolicy, claims
-backed by storage, subPath mounts, init containers, scheduling.
+backed by storage, subPath mounts, init containers on a claim, scheduling (init containers on
+emptyDirs run: tests/k8s_fake_init.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ import copy
 import hashlib
 import itertools
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from tests import k8s_fake_init as fake_init
 from tests.k8s_exec_server import ExecServer
 
 KINDS = ("pods", "persistentvolumeclaims", "services")
@@ -72,6 +78,7 @@ class FakeCluster(ExecServer):
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _held: list[asyncio.Future[None]] = field(default_factory=list)
     _closing: bool = False
+    _dirs: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fk8s-")))  # emptyDirs of init steps
 
     def __post_init__(self) -> None:
         self.command_for = self._in_container
@@ -294,10 +301,15 @@ class FakeCluster(ExecServer):
         security = spec.get("securityContext") or {}
         limits = (container.get("resources") or {}).get("limits") or {}
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        dirs = fake_init.shared_dirs(pod, self._dirs)
+        failed = fake_init.run_init(self.docker_client, pod, dirs, self.run_label)
+        if failed is not None:  # restartPolicy Never: the Pod fails
+            pod["status"] = {"phase": "Failed", "reason": "Init:Error", "message": failed}
+            return
         tmpfs: dict[str, str] = {}
         for mount in container.get("volumeMounts") or []:
             volume = volumes[mount["name"]]
-            if "emptyDir" in volume and "subPath" not in mount:
+            if "emptyDir" in volume and "subPath" not in mount and mount["name"] not in dirs:
                 size = _bytes(volume["emptyDir"].get("sizeLimit", "64Mi"))
                 tmpfs[mount["mountPath"]] = f"rw,nosuid,nodev,size={size},mode=1777"
         try:
@@ -314,6 +326,7 @@ class FakeCluster(ExecServer):
                 security_opt=["no-new-privileges:true"],
                 network_mode="none",
                 tmpfs=tmpfs,
+                volumes=fake_init.binds(container, dirs),
                 mem_limit=_bytes(limits.get("memory", "1Gi")),
                 nano_cpus=int(float(str(limits.get("cpu", "1000m")).rstrip("m")) * 1_000_000),
                 pids_limit=256,
@@ -351,6 +364,7 @@ class FakeCluster(ExecServer):
 
         with contextlib.suppress(docker.errors.NotFound):
             self.docker_client.containers.get(self.container_name(namespace, name)).remove(force=True)
+        fake_init.forget(f"{namespace}-{name}", self._dirs)
 
     def kill_container(self, namespace: str, name: str) -> None:
         """What a node does to a Pod it evicts: the container dies; the object says Failed."""
@@ -362,6 +376,7 @@ class FakeCluster(ExecServer):
 
     async def __aexit__(self, *exc: object) -> None:
         self._closing = True
+        shutil.rmtree(self._dirs, ignore_errors=True)
         for kind, namespace, name in list(self.objects):
             if kind == "pods":
                 await asyncio.to_thread(self._kubelet_stop, namespace, name)

@@ -26,6 +26,7 @@ from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, P
 from sandbox.runtime.agent.link import AgentLink
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.kubernetes import api as k8s_api
+from sandbox.runtime.kubernetes.agent_copy import agent_path
 from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import (
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Browsers, EgressLogs, WarmPool
 
-# where the project's sandbox images carry the agent (images/sandbox/Dockerfile): a cluster pulls
-# images itself, so their labels cannot be read here; an image without it fails at its first call
-AGENT_PATH = "/usr/local/lib/sandbox-agent/agent.py"
 POLL_S = 0.2
 # waiting reasons a Pod does not recover from by waiting: reported at once, not at the timeout
 STUCK = frozenset({"ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError"})
@@ -94,8 +92,12 @@ class KubernetesBackend:
         api = await self.api()
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        labels = {AGENT_LABEL: AGENT_PATH, AGENT_PROTOCOL_LABEL: str(PROTOCOL)}
-        images = {spec_image: labels for spec_image in self._images()}
+        # a cluster pulls images itself, so their labels cannot be read here: the agent is where
+        # the project's images carry it, or where its copy step put it (agent_copy.py)
+        images = {
+            image: {AGENT_LABEL: agent_path(image, self.cfg), AGENT_PROTOCOL_LABEL: str(PROTOCOL)}
+            for image in self._images()
+        }
         return PodExecStarter(
             self._http,
             api.url,

@@ -19,6 +19,7 @@ from sandbox.config.kubernetes import KubernetesSection
 from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.egress_proxy import PROXY_PORT
+from sandbox.runtime.kubernetes.agent_copy import agent_volume, copied, copy_step
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
     K8sAnnotations,
@@ -339,8 +340,16 @@ def sandbox_pod(
         container["env"] += [
             {"name": name, "value": proxy} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         ]
+    init: list[dict[str, Any]] = []
+    if copied(spec, cfg):
+        volume, mount = agent_volume()
+        pod_spec["volumes"].append(volume)
+        container["volumeMounts"].append(mount)
+        init.append(copy_step(cfg, resources, _container_security(spec)))
     if workspace_claim_name(spec) is not None and spec.protected:
-        pod_spec["initContainers"] = [_protect_step(spec, cfg, resources)]
+        init.append(_protect_step(spec, cfg, resources))
+    if init:
+        pod_spec["initContainers"] = init
     annotations = {
         K8sAnnotations.TENANT: spec.tenant,
         K8sAnnotations.SESSION: "" if spec.pool_member else spec.session,

@@ -64,12 +64,16 @@ def same_shape(pod: dict[str, Any], expected: dict[str, Any]) -> bool:
         return False
     if live.get("securityContext", {}).get("runAsUser") != want["securityContext"]["runAsUser"]:
         return False
-    live_boxes, want_boxes = live.get("containers") or [], want["containers"]
-    if len(live_boxes) != len(want_boxes):
-        return False
-    for got, wanted in zip(live_boxes, want_boxes, strict=True):
-        for key in ("image", "args", "securityContext"):
-            if got.get(key) != wanted.get(key):
+    # init containers too: one could have written the agent the sandbox is driven by (agent_copy.py)
+    for field in ("containers", "initContainers"):
+        live_boxes, want_boxes = live.get(field) or [], want.get(field) or []
+        if len(live_boxes) != len(want_boxes):
+            return False
+        for got, wanted in zip(live_boxes, want_boxes, strict=True):
+            for key in ("image", "command", "args", "securityContext"):
+                if got.get(key) != wanted.get(key):
+                    return False
+            if _mounts(got) != _mounts(wanted):
                 return False
 
     def kinds(spec_volumes: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -82,6 +86,11 @@ def same_shape(pod: dict[str, Any], expected: dict[str, Any]) -> bool:
         }
 
     return kinds(live.get("volumes") or []) == kinds(want.get("volumes") or [])
+
+
+def _mounts(container: dict[str, Any]) -> list[dict[str, Any]]:
+    """A container's mounts without false or empty fields (the API server omits `readOnly: false`)."""
+    return [{k: v for k, v in m.items() if v not in (False, None, "")} for m in container.get("volumeMounts") or []]
 
 
 def why_not_running(pod: dict[str, Any] | None) -> str:
