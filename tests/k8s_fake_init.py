@@ -1,8 +1,11 @@
-"""The fake kubelet's init containers (tests/k8s_fake_cluster.py): those whose volumes are all
-emptyDirs run, in order, before the Pod's container, as the Pod's user, restricted like it; each
-such emptyDir is a folder of this host (0777, as a kubelet makes it) bound into every container
-that mounts it, read-only where the mount says so. Init containers on a claim (the protect step)
-are skipped: the fake backs no claims."""
+"""The fake kubelet's volumes and init containers (tests/k8s_fake_cluster.py).
+
+An emptyDir an init container mounts is a folder of this host (0777, as a kubelet makes it); a
+claim is a folder of this host too, one per claim and namespace, shared by every Pod that
+mounts it (setgid and group-writable, as fsGroup makes a volume). Each is bound into every
+container that mounts it, read-only where the mount says so; subPath mounts are not made. Init
+containers on those folders run, in order, before the Pod's container, as the Pod's user,
+restricted like it."""
 
 from __future__ import annotations
 
@@ -18,12 +21,19 @@ def shared_dirs(pod: dict[str, Any], root: Path) -> dict[str, Path]:
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
     names = {m["name"] for c in spec.get("initContainers") or [] for m in c.get("volumeMounts") or []}
     found = {}
-    for name in sorted(names):
-        if "emptyDir" in volumes.get(name, {}):
+    for name, volume in sorted(volumes.items()):
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim:
+            folder = root / "claims" / pod["metadata"]["namespace"] / claim
+            mode = 0o2777
+        elif "emptyDir" in volume and name in names:
             folder = root / f"{pod['metadata']['namespace']}-{pod['metadata']['name']}" / name
-            folder.mkdir(parents=True, exist_ok=True)
-            os.chmod(folder, 0o777)
-            found[name] = folder
+            mode = 0o777
+        else:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, mode)
+        found[name] = folder
     return found
 
 
@@ -32,7 +42,7 @@ def binds(container: dict[str, Any], dirs: dict[str, Path]) -> dict[str, dict[st
     return {
         str(dirs[m["name"]]): {"bind": m["mountPath"], "mode": "ro" if m.get("readOnly") else "rw"}
         for m in container.get("volumeMounts") or []
-        if m["name"] in dirs
+        if m["name"] in dirs and not m.get("subPath")
     }
 
 

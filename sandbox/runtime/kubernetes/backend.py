@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.kubernetes.pods_read import adoptable, facts_of, info_of, why_not_running
 from sandbox.runtime.kubernetes.pool import KubernetesWarmPool
 from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
+from sandbox.runtime.naming import short_hash
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
@@ -165,15 +167,24 @@ class KubernetesBackend:
         own = await api.get("pods", namespace, self._pod_of.get(name, name))
         return own if own is not None else await self._claimed_pod(namespace, name)
 
-    async def ensure(self, spec: SandboxSpec) -> KubernetesSandbox:
+    async def session_pod(self, spec: SandboxSpec, user: str) -> KubernetesSandbox:
+        """The Pod of a session with a uid of its own in `spec`'s sandbox: exec cannot choose a
+        user under Pod Security restricted, so it is a Pod like `spec`'s running as `user`
+        (`uid:gid`, the group the sandbox's), on the same workspace claim, removed with it."""
+        uid = user.partition(":")[0]
+        name = f"{spec.name[:44]}-u{uid}-{short_hash(f'{spec.name}|{user}', 8)}"
+        own = dataclasses.replace(spec, name=name, user=user, session_users=False)
+        return await self.ensure(own, user_of=spec.name)
+
+    async def ensure(self, spec: SandboxSpec, *, user_of: str | None = None) -> KubernetesSandbox:
         """The Pod of `spec`: adopted when it runs with the same config (a pool Pod claimed for
-        it too), else made afresh."""
+        it too), else made afresh (`user_of`: see :meth:`session_pod`)."""
         api = await self.api()
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace
         found = await self._found(namespace, spec.name) if not spec.pool_member else None
         proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
-        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
+        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip, user_of=user_of)
         if found is not None and adoptable(found, spec, pod):
             return KubernetesSandbox(self, found["metadata"]["name"], spec)
         if found is not None:
@@ -270,7 +281,10 @@ class KubernetesBackend:
             pod = self._pod_of.pop(name_or_id, None)
             if pod is None and (claimed := await self._claimed_pod(namespace, name_or_id)) is not None:
                 pod = self._pod_of.pop(name_or_id, claimed["metadata"]["name"])
-            for name in {name_or_id, pod or name_or_id}:
+            # its sessions' own Pods go with it
+            selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.USER_OF}={label_value(name_or_id)}"
+            sessions = [p["metadata"]["name"] for p in await api.list("pods", namespace, selector)]
+            for name in {name_or_id, pod or name_or_id, *sessions}:
                 self.agents.forget(name)
                 await api.delete("pods", namespace, name)
 

@@ -282,7 +282,12 @@ def _placement(cfg: KubernetesSection) -> dict[str, Any]:
 
 
 def sandbox_pod(
-    spec: SandboxSpec, cfg: KubernetesSection, namespace: str, *, proxy_ip: str | None = None
+    spec: SandboxSpec,
+    cfg: KubernetesSection,
+    namespace: str,
+    *,
+    proxy_ip: str | None = None,
+    user_of: str | None = None,
 ) -> dict[str, Any]:
     """The Pod of one sandbox spec, restricted by construction.
 
@@ -292,6 +297,7 @@ def sandbox_pod(
         namespace: the tenant's namespace.
         proxy_ip: the ClusterIP of the namespace's egress proxy Service (`network: egress` only):
             the Pod has no resolver, so the proxy's name is pinned in its hosts file.
+        user_of: for a session's own Pod (a uid of its own), the sandbox whose sessions it serves.
 
     Raises:
         ConfigError: the spec asks for something a restricted Pod cannot do (see :func:`refusals`),
@@ -304,6 +310,8 @@ def sandbox_pod(
     resources = {"cpu": f"{int(d.cpus * 1000)}m", "memory": mebibytes(d.memory), "ephemeral-storage": cfg.scratch_size}
     volumes, mounts = _storage(spec, cfg)
     labels = _labels(spec)
+    if user_of is not None:
+        labels[K8sLabels.USER_OF] = label_value(user_of)
     container: dict[str, Any] = {
         "name": "sandbox",
         "image": spec.image,
