@@ -15,6 +15,7 @@ emptyDirs run: tests/k8s_fake_init.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import hashlib
@@ -32,7 +33,8 @@ from aiohttp import web
 from tests import k8s_fake_init as fake_init
 from tests.k8s_exec_server import ExecServer
 
-KINDS = ("pods", "persistentvolumeclaims", "services")
+KINDS = ("pods", "persistentvolumeclaims", "services", "secrets")
+VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
 _QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
 
 
@@ -41,6 +43,14 @@ def _bytes(quantity: str) -> int:
         if quantity.endswith(suffix):
             return int(quantity[: -len(suffix)]) * factor
     return int(quantity)
+
+
+def _string_data(obj: dict[str, Any]) -> dict[str, Any]:
+    """`stringData` written into `data`, base64, as the API server does (it never returns it)."""
+    if "stringData" in obj:
+        written = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+        obj["data"] = {**(obj.get("data") or {}), **written}
+    return obj
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
@@ -73,6 +83,7 @@ class FakeCluster(ExecServer):
     max_pods: int | None = None  # a ResourceQuota's `pods`, per namespace
     # every change as the watch streams it: (resourceVersion, type, kind, namespace, a copy)
     events: list[tuple[int, str, str, str, dict[str, Any]]] = field(default_factory=list)
+    forbidden: set[tuple[str, str]] = field(default_factory=set)  # (verb, kind) the Role does not grant
     hold_patches: int = 0  # the first N patches wait until N have arrived (a claim race, made sure)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -168,6 +179,10 @@ class FakeCluster(ExecServer):
             return _status(403, "Forbidden", "the fake cluster knows no such token")
         if request.match_info["kind"] not in KINDS:
             return _status(404, "NotFound", f"no resource {request.match_info['kind']}")
+        named = "name" in request.match_info
+        verb = VERBS.get(request.method) or ("get" if named else "watch" if "watch" in request.query else "list")
+        if (verb, request.match_info["kind"]) in self.forbidden:
+            return _status(403, "Forbidden", f"cannot {verb} resource {request.match_info['kind']}")
         if request.match_info["ns"] not in self.namespaces:
             return _status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
         return None
@@ -185,7 +200,7 @@ class FakeCluster(ExecServer):
             if used >= self.max_pods:
                 message = f'pods "{name}" is forbidden: exceeded quota: sbx-quota, requested: pods=1, used: pods={used}'
                 return _status(403, "Forbidden", message)
-        obj = copy.deepcopy(obj)
+        obj = _string_data(copy.deepcopy(obj))
         obj["metadata"]["namespace"] = namespace
         obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         self.objects[(kind, namespace, name)] = obj
@@ -264,8 +279,8 @@ class FakeCluster(ExecServer):
         if found is None:
             return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
         meta = patch.get("metadata") or {}
-        if set(patch) - {"metadata"} or set(meta) - {"labels", "annotations", "resourceVersion"}:
-            return _status(422, "Invalid", "the fake applies patches of labels and annotations only")
+        if set(patch) - {"metadata", "stringData"} or set(meta) - {"labels", "annotations", "resourceVersion"}:
+            return _status(422, "Invalid", "the fake applies patches of labels, annotations and a Secret's data only")
         wanted = meta.get("resourceVersion")
         if wanted is not None and wanted != found["metadata"]["resourceVersion"]:
             message = (
@@ -273,6 +288,9 @@ class FakeCluster(ExecServer):
                 "please apply your changes to the latest version and try again"
             )
             return _status(409, "Conflict", message)
+        found["data"] = {**(found.get("data") or {}), **(_string_data(patch).get("data") or {})}
+        if not found["data"]:
+            del found["data"]
         for part in ("labels", "annotations"):
             merged = {**(found["metadata"].get(part) or {}), **(meta.get(part) or {})}
             found["metadata"][part] = {k: v for k, v in merged.items() if v is not None}
@@ -295,6 +313,10 @@ class FakeCluster(ExecServer):
 
     def _kubelet_start(self, namespace: str, pod: dict[str, Any]) -> None:
         import docker.errors
+
+        if self.docker_client is None:  # a cluster of objects only: the Pod says it runs, nothing does
+            pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "sandbox", "ready": True}]}
+            return
 
         spec = pod["spec"]
         container = spec["containers"][0]

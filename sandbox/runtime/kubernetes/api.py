@@ -23,6 +23,7 @@ _KINDS = {
     "pods": ("V1Pod", "pod"),
     "persistentvolumeclaims": ("V1PersistentVolumeClaim", "persistent_volume_claim"),
     "services": ("V1Service", "service"),
+    "secrets": ("V1Secret", "secret"),  # written only (the proxy's, kubernetes/proxy_secret.py)
 }
 
 
@@ -161,8 +162,9 @@ class Api:
         finally:
             response.release()
 
-    async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> None:
-        """Create an object (its fields checked by the client's model and, strictly, by the server)."""
+    async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> bool:
+        """Create an object (its fields checked by the client's model and, strictly, by the server);
+        False when one of its name exists already and `exists_ok`."""
         # the official client (the k8s extra) loads with the first call: rendering needs none of it
         from kubernetes.aio import client
 
@@ -171,13 +173,14 @@ class Api:
         what = f"creating {kind} {namespace}/{obj['metadata']['name']}"
         status, answer = await self._call(what, f"create_namespaced_{stem}", namespace, body, field_validation="Strict")
         if status == 409 and exists_ok:
-            return
+            return False
         if status == 404:
             raise SandboxUnavailable(
                 f"{what}: the namespace {namespace} does not exist; apply what `sandbox k8s render` prints"
             )
         if status >= 300:
             raise SandboxUnavailable(f"{what}: {status} {(answer or {}).get('message', '')}")
+        return True
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete an object with a one-second grace, never 0: 0 is a force delete that removes the

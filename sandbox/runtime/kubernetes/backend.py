@@ -42,6 +42,7 @@ from sandbox.runtime.kubernetes.names import (
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.kubernetes.pods_read import adoptable, facts_of, info_of, why_not_running
 from sandbox.runtime.kubernetes.pool import KubernetesWarmPool
+from sandbox.runtime.kubernetes.proxy_secret import proxy_secret, secret_name
 from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
 from sandbox.runtime.naming import short_hash
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
@@ -77,6 +78,7 @@ class KubernetesBackend:
         self._http: aiohttp.ClientSession | None = None
         self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
         self._pod_of: dict[str, str] = {}  # a session's sandbox name -> the pool Pod it claimed
+        self._secrets_written: set[tuple[str, str]] = set()  # (namespace, policy hash) of proxy Secrets
         self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
@@ -191,6 +193,8 @@ class KubernetesBackend:
             logger.bind(pod=found["metadata"]["name"], namespace=namespace).info("k8s_pod_replaced")
             await self._delete_and_wait(namespace, found["metadata"]["name"])
             self._pod_of.pop(spec.name, None)
+        if spec.egress is not None:
+            await self._write_proxy_secret(namespace, spec.tenant, spec.egress)
         if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
             await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
         await api.create("pods", namespace, pod)
@@ -201,6 +205,19 @@ class KubernetesBackend:
                 await api.delete("pods", namespace, spec.name)
             raise
         return KubernetesSandbox(self, spec.name, spec)
+
+    async def _write_proxy_secret(self, namespace: str, tenant: str, policy: dict[str, Any]) -> None:
+        """The Secret of the namespace's proxy for `policy` (its values read now), written once per
+        proxy by this process: created, or patched whole when it exists; never read."""
+        digest = policy_hash(policy)
+        if (namespace, digest) in self._secrets_written:
+            return
+        secret = proxy_secret(tenant, namespace, digest, policy)
+        api = await self.api()
+        if not await api.create("secrets", namespace, secret, exists_ok=True):
+            await api.patch("secrets", namespace, secret_name(digest), {"stringData": secret["stringData"]})
+        self._secrets_written.add((namespace, digest))
+        logger.bind(secret=secret_name(digest), namespace=namespace).info("k8s_proxy_secret_written")
 
     async def _proxy_ip(self, namespace: str, spec: SandboxSpec) -> str:
         assert spec.egress is not None

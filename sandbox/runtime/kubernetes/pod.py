@@ -28,6 +28,7 @@ from sandbox.runtime.kubernetes.names import (
     label_value,
     policy_hash,
 )
+from sandbox.runtime.kubernetes.proxy_secret import placeholders
 from sandbox.runtime.seccomp import STRICT
 from sandbox.runtime.spec import SandboxSpec
 
@@ -348,6 +349,9 @@ def sandbox_pod(
         container["env"] += [
             {"name": name, "value": proxy} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         ]
+        # each secret's placeholder (the proxy puts the value in: kubernetes/proxy_secret.py)
+        marks = placeholders(namespace, policy_hash(spec.egress), spec.egress)
+        container["env"] += [{"name": name, "value": mark} for name, mark in sorted(marks.items())]
     init: list[dict[str, Any]] = []
     if copied(spec, cfg):
         volume, mount = agent_volume()
