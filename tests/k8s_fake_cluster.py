@@ -15,12 +15,10 @@ emptyDirs run: tests/k8s_fake_init.py).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
 import hashlib
 import itertools
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -30,10 +28,13 @@ from typing import Any
 
 from aiohttp import web
 
+from tests import k8s_fake_agent_sandbox as fake_agent_sandbox
+from tests import k8s_fake_changes as fake_changes
 from tests import k8s_fake_init as fake_init
 from tests.k8s_exec_server import ExecServer
+from tests.k8s_fake_changes import status, string_data
 
-KINDS = ("pods", "persistentvolumeclaims", "services", "secrets")
+KINDS = ("pods", "persistentvolumeclaims", "services", "secrets", *fake_agent_sandbox.KINDS)
 VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
 _QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
 
@@ -43,26 +44,6 @@ def _bytes(quantity: str) -> int:
         if quantity.endswith(suffix):
             return int(quantity[: -len(suffix)]) * factor
     return int(quantity)
-
-
-def _string_data(obj: dict[str, Any]) -> dict[str, Any]:
-    """`stringData` written into `data`, base64, as the API server does (it never returns it)."""
-    if "stringData" in obj:
-        written = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
-        obj["data"] = {**(obj.get("data") or {}), **written}
-    return obj
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "reason": reason,
-        "message": message,
-        "code": code,
-    }
-    return web.json_response(body, status=code)
 
 
 @dataclass
@@ -112,6 +93,11 @@ class FakeCluster(ExecServer):
         app.router.add_get(base + "/{name}", self._read)
         app.router.add_delete(base + "/{name}", self._delete)
         app.router.add_patch(base + "/{name}", self._patch)
+        custom = "/apis/{group}/{version}/namespaces/{ns}/{kind}"
+        app.router.add_post(custom, self._create)
+        app.router.add_get(custom, self._list)
+        app.router.add_get(custom + "/{name}", self._read)
+        app.router.add_delete(custom + "/{name}", self._delete)
         app.router.add_get("/version", self._version)
         app.router.add_get("/version/", self._version)
         app.router.add_get("/api/v1/namespaces/{ns}", self._namespace)
@@ -125,7 +111,7 @@ class FakeCluster(ExecServer):
     async def _namespace(self, request: web.Request) -> web.Response:
         name = request.match_info["ns"]
         if name not in self.namespaces:
-            return _status(404, "NotFound", f'namespaces "{name}" not found')
+            return status(404, "NotFound", f'namespaces "{name}" not found')
         labels = self.namespace_labels.get(
             name,
             {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "v1.33"},
@@ -145,7 +131,7 @@ class FakeCluster(ExecServer):
         async def read(request: web.Request) -> web.Response:
             name = request.match_info["name"]
             if name not in names:
-                return _status(404, "NotFound", f'"{name}" not found')
+                return status(404, "NotFound", f'"{name}" not found')
             return web.json_response({"metadata": {"name": name}})
 
         return read
@@ -176,15 +162,15 @@ class FakeCluster(ExecServer):
     def _check(self, request: web.Request) -> web.Response | None:
         self.requests.append((request.method, request.path))
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return _status(403, "Forbidden", "the fake cluster knows no such token")
+            return status(403, "Forbidden", "the fake cluster knows no such token")
         if request.match_info["kind"] not in KINDS:
-            return _status(404, "NotFound", f"no resource {request.match_info['kind']}")
+            return status(404, "NotFound", f"no resource {request.match_info['kind']}")
         named = "name" in request.match_info
         verb = VERBS.get(request.method) or ("get" if named else "watch" if "watch" in request.query else "list")
         if (verb, request.match_info["kind"]) in self.forbidden:
-            return _status(403, "Forbidden", f"cannot {verb} resource {request.match_info['kind']}")
+            return status(403, "Forbidden", f"cannot {verb} resource {request.match_info['kind']}")
         if request.match_info["ns"] not in self.namespaces:
-            return _status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
+            return status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
         return None
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -194,23 +180,30 @@ class FakeCluster(ExecServer):
         obj = await request.json()
         name = obj["metadata"]["name"]
         if (kind, namespace, name) in self.objects:
-            return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+            return status(409, "AlreadyExists", f'{kind} "{name}" already exists')
         if kind == "pods" and self.max_pods is not None:
             used = sum(1 for (k, ns, _) in self.objects if k == "pods" and ns == namespace)
             if used >= self.max_pods:
                 message = f'pods "{name}" is forbidden: exceeded quota: sbx-quota, requested: pods=1, used: pods={used}'
-                return _status(403, "Forbidden", message)
-        obj = _string_data(copy.deepcopy(obj))
+                return status(403, "Forbidden", message)
+        obj = await self.add(kind, namespace, obj)
+        if kind == "sandboxclaims":  # the agent-sandbox controller's part
+            await fake_agent_sandbox.claimed(self, namespace, obj)
+        return web.json_response(obj, status=201)
+
+    async def add(self, kind: str, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a new object as the API server does (a Pod is started by the kubelet)."""
+        obj = string_data(copy.deepcopy(obj))
         obj["metadata"]["namespace"] = namespace
         obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        self.objects[(kind, namespace, name)] = obj
+        self.objects[(kind, namespace, obj["metadata"]["name"])] = obj
         if kind == "pods":
             obj["status"] = {"phase": "Pending"}
         self.changed(kind, namespace, obj, "ADDED")
         if kind == "pods":
             await asyncio.to_thread(self._kubelet_start, namespace, obj)
             self.changed(kind, namespace, obj)
-        return web.json_response(obj, status=201)
+        return obj
 
     async def _read(self, request: web.Request) -> web.Response:
         if (refused := self._check(request)) is not None:
@@ -218,7 +211,7 @@ class FakeCluster(ExecServer):
         key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
         found = self.objects.get(key)
         if found is None:
-            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
         return web.json_response(found)
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
@@ -241,61 +234,15 @@ class FakeCluster(ExecServer):
         )
 
     async def _watch(self, request: web.Request, kind: str, namespace: str, matches: Any) -> web.StreamResponse:
-        """Events after `resourceVersion`, one JSON line each, until `timeoutSeconds`."""
-        after = int(request.query.get("resourceVersion") or 0)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(float(request.query.get("timeoutSeconds") or 30)):
-                while True:
-                    waiter = self._changed
-                    for version, what, k, ns, obj in list(self.events):
-                        if version > after and k == kind and ns == namespace and matches(obj):
-                            await response.write(json.dumps({"type": what, "object": obj}).encode() + b"\n")
-                        after = max(after, version)
-                    # woken by a change, or now and then to see whether the client left
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(waiter.wait(), 0.2)
-                    if request.transport is None or request.transport.is_closing() or self._closing:
-                        break
-        return response
+        return await fake_changes.watch(self, request, kind, namespace, matches)
 
     async def _patch(self, request: web.Request) -> web.Response:
-        """A merge patch of labels and annotations; 409 when its resourceVersion is not the object's."""
         if (refused := self._check(request)) is not None:
             return refused
         patch = await request.json()
-        if self.hold_patches > 0:
-            gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._held.append(gate)
-            if len(self._held) >= self.hold_patches:
-                self.hold_patches = 0
-                for held in self._held:
-                    if not held.done():
-                        held.set_result(None)
-            await gate
+        await fake_changes.held(self)
         key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
-        found = self.objects.get(key)
-        if found is None:
-            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
-        meta = patch.get("metadata") or {}
-        if set(patch) - {"metadata", "stringData"} or set(meta) - {"labels", "annotations", "resourceVersion"}:
-            return _status(422, "Invalid", "the fake applies patches of labels, annotations and a Secret's data only")
-        wanted = meta.get("resourceVersion")
-        if wanted is not None and wanted != found["metadata"]["resourceVersion"]:
-            message = (
-                f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has been modified; '
-                "please apply your changes to the latest version and try again"
-            )
-            return _status(409, "Conflict", message)
-        found["data"] = {**(found.get("data") or {}), **(_string_data(patch).get("data") or {})}
-        if not found["data"]:
-            del found["data"]
-        for part in ("labels", "annotations"):
-            merged = {**(found["metadata"].get(part) or {}), **(meta.get(part) or {})}
-            found["metadata"][part] = {k: v for k, v in merged.items() if v is not None}
-        self.changed(key[0], key[1], found)
-        return web.json_response(found)
+        return fake_changes.patched(self, key, patch)
 
     async def _delete(self, request: web.Request) -> web.Response:
         if (refused := self._check(request)) is not None:
@@ -303,8 +250,10 @@ class FakeCluster(ExecServer):
         key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
         found = self.objects.pop(key, None)
         if found is None:
-            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
         self.changed(key[0], key[1], found, "DELETED")
+        if key[0] == "sandboxclaims":
+            await fake_agent_sandbox.released(self, key[1], found)
         if key[0] == "pods":
             await asyncio.to_thread(self._kubelet_stop, key[1], key[2])
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
@@ -377,6 +326,10 @@ class FakeCluster(ExecServer):
             "phase": "Running",
             "containerStatuses": [{"name": "sandbox", "ready": True, "state": {"running": {}}}],
         }
+
+    async def stop_pod(self, namespace: str, name: str) -> None:
+        """The kubelet's part of a Pod deleted (its container goes)."""
+        await asyncio.to_thread(self._kubelet_stop, namespace, name)
 
     def _kubelet_stop(self, namespace: str, name: str) -> None:
         import docker.errors

@@ -13,7 +13,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from sandbox.config import load_config_text
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.errors import ConfigError
 from sandbox.runtime.kubernetes.agent_copy import AGENT_MOUNT, AGENT_PATH, agent_path
@@ -24,7 +23,7 @@ from sandbox.runtime.kubernetes.pods_read import adoptable
 from sandbox.runtime.kubernetes.pss import violations
 from tests.conftest import RUN_ID, TEST_LABEL
 from tests.k8s_fake_cluster import FakeCluster
-from tests.k8s_helpers import every_object, k8s_config, pod_objects, spec_of
+from tests.k8s_helpers import every_object, k8s_config, one_agent_config, pod_objects, spec_of
 
 COPY = "    agent_image: sandbox-exec:latest\n    images_without_agent: [sandbox-exec:latest]"
 
@@ -110,28 +109,9 @@ async def test_a_session_runs_in_an_image_without_the_agent(
 
     with pytest.raises(docker.errors.ContainerError):  # the image has no agent of its own
         docker_client.containers.run(image_without_agent, ["ls", AGENT_PATH], remove=True)
-    (tmp_path / "ws").mkdir()
-    config = load_config_text(
-        f"""
-state_dir: {tmp_path / "state"}
-instance: {RUN_ID}c
-runtime:
-  backend: kubernetes
-  kubernetes:
-    pod_ready_timeout_s: 60
-    seccomp: "Localhost:agent-sandbox/strict.json"
-    agent_image: sandbox-exec:latest
-    images_without_agent: [{image_without_agent}]
-tenants: [{{id: acme}}]
-agents:
-  defaults:
-    workspace: {tmp_path / "ws"}
-    sandbox: {{mode: all, scope: session, workspace_access: none, docker: {{image: "{image_without_agent}"}}}}
-  list:
-    - {{id: main, tenant: acme, default: true}}
-""",
-        base_dir=tmp_path,
-    )
+    sandbox = f'{{mode: all, scope: session, workspace_access: none, docker: {{image: "{image_without_agent}"}}}}'
+    kubernetes = f"agent_image: sandbox-exec:latest, images_without_agent: [{image_without_agent}]"
+    config = one_agent_config(tmp_path, f"{RUN_ID}c", sandbox, kubernetes)
     async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID)) as cluster:
         cluster.namespaces.add(namespace_for(config.runtime.kubernetes, "acme"))
         async with Orchestrator(config, KubernetesBackend(config, api=cluster.api()), journal=False) as orch:

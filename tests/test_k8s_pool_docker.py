@@ -5,47 +5,25 @@ session deletes the claimed Pod."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from sandbox.config import load_config_text
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.runtime.kubernetes.backend import KubernetesBackend
 from sandbox.runtime.kubernetes.names import K8sLabels, namespace_for
-from tests.conftest import RUN_ID, TEST_LABEL
+from tests.conftest import RUN_ID
 from tests.k8s_fake_cluster import FakeCluster
+from tests.k8s_helpers import one_agent_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
 
 def _config(tmp_path: Path) -> Any:
-    return load_config_text(
-        f"""
-state_dir: {tmp_path / "state"}
-instance: {RUN_ID}p
-runtime:
-  backend: kubernetes
-  kubernetes: {{pod_ready_timeout_s: 60, seccomp: "Localhost:agent-sandbox/strict.json"}}
-tenants: [{{id: acme}}]
-agents:
-  defaults:
-    workspace: {tmp_path / "ws"}
-    sandbox: {{mode: all, scope: session, workspace_access: none, pool: {{size: 2}}}}
-  list:
-    - {{id: main, tenant: acme, default: true}}
-""",
-        base_dir=tmp_path,
-    )
-
-
-@pytest.fixture
-async def cluster(docker_client: Any, images: None) -> AsyncIterator[FakeCluster]:
-    async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID)) as fake:
-        yield fake
+    sandbox = "{mode: all, scope: session, workspace_access: none, pool: {size: 2}}"
+    return one_agent_config(tmp_path, f"{RUN_ID}p", sandbox)
 
 
 def _pods(cluster: FakeCluster) -> dict[str, dict[str, str]]:
@@ -57,10 +35,11 @@ def _free(cluster: FakeCluster) -> list[str]:
 
 
 async def test_sessions_of_two_orchestrators_take_warm_pods_and_the_watch_refills(
-    tmp_path: Path, cluster: FakeCluster
+    tmp_path: Path, fake_cluster: FakeCluster
 ) -> None:
     """Filled members are real Pods with their agent up; a session's first call runs in one
     (no Pod made for it), another orchestrator's session gets the other, the pool refills."""
+    cluster = fake_cluster
     config = _config(tmp_path)
     cluster.namespaces.add(namespace_for(config.runtime.kubernetes, "acme"))
     first = Orchestrator(config, KubernetesBackend(config, api=cluster.api()), journal=False)

@@ -5,27 +5,20 @@ whose claims are shared host folders."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandbox.config import load_config_text
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.runtime.kubernetes.backend import KubernetesBackend
 from sandbox.runtime.kubernetes.names import K8sLabels, namespace_for
 from sandbox.runtime.kubernetes.pss import violations
-from tests.conftest import RUN_ID, TEST_LABEL
+from tests.conftest import RUN_ID
 from tests.k8s_fake_cluster import FakeCluster
+from tests.k8s_helpers import one_agent_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
-
-
-@pytest.fixture
-async def cluster(docker_client: Any, images: None) -> AsyncIterator[FakeCluster]:
-    async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID)) as fake:
-        yield fake
 
 
 def _out(result: Any) -> str:
@@ -35,29 +28,13 @@ def _out(result: Any) -> str:
 
 
 async def test_each_session_with_its_own_uid_gets_a_pod_on_the_shared_claim(
-    tmp_path: Path, cluster: FakeCluster
+    tmp_path: Path, fake_cluster: FakeCluster
 ) -> None:
     """Two sessions of one agent run as two uids in two Pods (both restricted), share the
     workspace, a timeout kills only the caller's work, and removing the sandbox takes them all."""
-    (tmp_path / "ws").mkdir()
-    config = load_config_text(
-        f"""
-state_dir: {tmp_path / "state"}
-instance: {RUN_ID}u
-runtime:
-  backend: kubernetes
-  kubernetes: {{pod_ready_timeout_s: 60, seccomp: "Localhost:agent-sandbox/strict.json"}}
-tenants: [{{id: acme}}]
-agents:
-  list:
-    - id: main
-      tenant: acme
-      default: true
-      workspace: {tmp_path / "ws"}
-      sandbox: {{mode: all, scope: agent, workspace_access: rw, session_users: "on"}}
-""",
-        base_dir=tmp_path,
-    )
+    cluster = fake_cluster
+    sandbox = '{mode: all, scope: agent, workspace_access: rw, session_users: "on"}'
+    config = one_agent_config(tmp_path, f"{RUN_ID}u", sandbox)
     namespace = namespace_for(config.runtime.kubernetes, "acme")
     cluster.namespaces.add(namespace)
     backend = KubernetesBackend(config, api=cluster.api())

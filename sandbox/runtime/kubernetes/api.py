@@ -191,6 +191,29 @@ class Api:
             f"deleting {kind} {namespace}/{name}", f"delete_namespaced_{stem}", name, namespace, grace_period_seconds=1
         )
 
+    async def custom(self, method: str, api_version: str, plural: str, namespace: str, *args: Any) -> tuple[int, Any]:
+        """One call on a namespaced custom object (`method`: create, get, delete), e.g.
+        kubernetes-sigs/agent-sandbox's: (status, body). A refusal the caller cannot act on is
+        SandboxUnavailable, as for core objects."""
+        group, version = api_version.split("/")
+        what = f"{method} {plural} in {namespace}"
+        extra = {"field_validation": "Strict"} if method == "create" else {}
+        status, body = await self.call(
+            "CustomObjectsApi",
+            what,
+            f"{method}_namespaced_custom_object",
+            group,
+            version,
+            namespace,
+            plural,
+            *args,
+            **extra,
+        )
+        if status == 403 or status >= 500 or status in (400, 401, 422):
+            message = str((body or {}).get("message", ""))
+            raise SandboxUnavailable(f"the Kubernetes API refused {what} ({status}): {message}")
+        return status, body
+
     async def close(self) -> None:
         """Close the client's connections."""
         await self.client.close()

@@ -27,6 +27,7 @@ from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, P
 from sandbox.runtime.agent.link import AgentLink
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.kubernetes import api as k8s_api
+from sandbox.runtime.kubernetes import provider
 from sandbox.runtime.kubernetes.agent_copy import agent_path
 from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
@@ -197,9 +198,13 @@ class KubernetesBackend:
             await self._write_proxy_secret(namespace, spec.tenant, spec.egress)
         if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
             await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
+        if self.cfg.provider == "agent-sandbox":  # a SandboxClaim's Pod (kubernetes/provider.py)
+            made = await provider.claimed_pod(self, spec, namespace, proxy_ip)
+            self.claimed(spec.name, made, namespace)
+            return KubernetesSandbox(self, made, spec)
         await api.create("pods", namespace, pod)
         try:
-            await self._wait_running(namespace, spec.name)
+            await self.wait_running(namespace, spec.name)
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await api.delete("pods", namespace, spec.name)
@@ -231,7 +236,15 @@ class KubernetesBackend:
             )
         return str(address)
 
-    async def _wait_running(self, namespace: str, name: str) -> None:
+    def pool_size(self, spec: SandboxSpec) -> int:
+        """The warm pool size of `spec`'s agent (0: none, or no longer configured)."""
+        try:
+            return effective_agent(self._config, spec.agent).sandbox.pool.size
+        except Exception:  # an agent no longer configured has no pool
+            return 0
+
+    async def wait_running(self, namespace: str, name: str) -> None:
+        """Until the Pod runs and is ready (SandboxUnavailable at once when it cannot, or at the timeout)."""
         api = await self.api()
         deadline = time.monotonic() + self.cfg.pod_ready_timeout_s
         while True:
@@ -268,6 +281,13 @@ class KubernetesBackend:
     async def exists(self, name: str) -> bool:
         """Whether a Pod of this name is in one of the tenants' namespaces."""
         for namespace in [self._namespace_of.get(name), *self.namespaces()]:
+            if (
+                namespace
+                and self.cfg.provider == "agent-sandbox"
+                and await provider.claim_exists(self, namespace, name)
+            ):
+                self._namespace_of[name] = namespace
+                return True
             if namespace and await self._found(namespace, name) is not None:
                 self._namespace_of[name] = namespace
                 return True
@@ -295,6 +315,8 @@ class KubernetesBackend:
         api = await self.api()
         known = self._namespace_of.get(name_or_id)
         for namespace in [known] if known else self.namespaces():
+            if self.cfg.provider == "agent-sandbox":
+                await provider.release(self, namespace, name_or_id)
             pod = self._pod_of.pop(name_or_id, None)
             if pod is None and (claimed := await self._claimed_pod(namespace, name_or_id)) is not None:
                 pod = self._pod_of.pop(name_or_id, claimed["metadata"]["name"])
