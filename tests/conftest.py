@@ -12,7 +12,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +183,12 @@ def make_config(tmp_path: Path, instance: str) -> Callable[..., object]:
 def anyio_backend() -> str:
     """Tests run on asyncio."""
     return "asyncio"
+
+
+@pytest.fixture
+async def fake_cluster(docker_client: object, images: None, run_id: str) -> AsyncIterator[object]:
+    """A fake Kubernetes API whose Pods are real containers of this run (tests/k8s_fake_cluster.py)."""
+    from tests.k8s_fake_cluster import FakeCluster
+
+    async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, run_id)) as fake:
+        yield fake

@@ -2,12 +2,14 @@
 
 No API server can run here, so the Kubernetes backend is tested against this: the core/v1
 routes the backend calls (Pods, claims, Services: create, read, list with equality label
-selectors, delete), the `pods/exec` websocket of tests/k8s_exec_server.py with each command run
-in the Pod's container by `docker exec -i`, and a kubelet that makes each Pod a container from
+selectors, delete, merge patch with a resourceVersion precondition, watch), the `pods/exec`
+websocket of tests/k8s_exec_server.py with each command run in the Pod's container by
+`docker exec -i`, and a kubelet that makes each Pod a container from
 its spec (image, command, user, read-only root, dropped capabilities, no new privileges, no
 network, memory and cpu limits, memory emptyDirs as tmpfs, env, working directory). What it
 does not do, and a real cluster must prove (scripts/k8s-e2e): admission, NetworkPolicy, claims
-backed by storage, subPath mounts, init containers, scheduling.
+backed by storage, subPath mounts, init containers on a claim, scheduling (init containers on
+emptyDirs run: tests/k8s_fake_init.py).
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ import contextlib
 import copy
 import hashlib
 import itertools
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from tests import k8s_fake_agent_sandbox as fake_agent_sandbox
+from tests import k8s_fake_changes as fake_changes
+from tests import k8s_fake_init as fake_init
 from tests.k8s_exec_server import ExecServer
+from tests.k8s_fake_changes import status, string_data
 
-KINDS = ("pods", "persistentvolumeclaims", "services")
+KINDS = ("pods", "persistentvolumeclaims", "services", "secrets", *fake_agent_sandbox.KINDS)
+VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
 _QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
 
 
@@ -34,18 +44,6 @@ def _bytes(quantity: str) -> int:
         if quantity.endswith(suffix):
             return int(quantity[: -len(suffix)]) * factor
     return int(quantity)
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "reason": reason,
-        "message": message,
-        "code": code,
-    }
-    return web.json_response(body, status=code)
 
 
 @dataclass
@@ -64,7 +62,15 @@ class FakeCluster(ExecServer):
     runtime_classes: set[str] = field(default_factory=set)
     storage_classes: set[str] = field(default_factory=set)
     max_pods: int | None = None  # a ResourceQuota's `pods`, per namespace
+    # every change as the watch streams it: (resourceVersion, type, kind, namespace, a copy)
+    events: list[tuple[int, str, str, str, dict[str, Any]]] = field(default_factory=list)
+    forbidden: set[tuple[str, str]] = field(default_factory=set)  # (verb, kind) the Role does not grant
+    hold_patches: int = 0  # the first N patches wait until N have arrived (a claim race, made sure)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _held: list[asyncio.Future[None]] = field(default_factory=list)
+    _closing: bool = False
+    _dirs: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fk8s-")))  # emptyDirs of init steps
 
     def __post_init__(self) -> None:
         self.command_for = self._in_container
@@ -86,6 +92,12 @@ class FakeCluster(ExecServer):
         app.router.add_get(base, self._list)
         app.router.add_get(base + "/{name}", self._read)
         app.router.add_delete(base + "/{name}", self._delete)
+        app.router.add_patch(base + "/{name}", self._patch)
+        custom = "/apis/{group}/{version}/namespaces/{ns}/{kind}"
+        app.router.add_post(custom, self._create)
+        app.router.add_get(custom, self._list)
+        app.router.add_get(custom + "/{name}", self._read)
+        app.router.add_delete(custom + "/{name}", self._delete)
         app.router.add_get("/version", self._version)
         app.router.add_get("/version/", self._version)
         app.router.add_get("/api/v1/namespaces/{ns}", self._namespace)
@@ -99,7 +111,7 @@ class FakeCluster(ExecServer):
     async def _namespace(self, request: web.Request) -> web.Response:
         name = request.match_info["ns"]
         if name not in self.namespaces:
-            return _status(404, "NotFound", f'namespaces "{name}" not found')
+            return status(404, "NotFound", f'namespaces "{name}" not found')
         labels = self.namespace_labels.get(
             name,
             {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "v1.33"},
@@ -119,12 +131,25 @@ class FakeCluster(ExecServer):
         async def read(request: web.Request) -> web.Response:
             name = request.match_info["name"]
             if name not in names:
-                return _status(404, "NotFound", f'"{name}" not found')
+                return status(404, "NotFound", f'"{name}" not found')
             return web.json_response({"metadata": {"name": name}})
 
         return read
 
     # -- objects ---------------------------------------------------------------------------
+
+    def changed(self, kind: str, namespace: str, obj: dict[str, Any], what: str = "MODIFIED") -> None:
+        """A new resourceVersion for `obj`, and an event for the watches (as the API server does on
+        every write, a kubelet's status update included)."""
+        version = next(self._versions)
+        obj["metadata"]["resourceVersion"] = str(version)
+        self.events.append((version, what, kind, namespace, copy.deepcopy(obj)))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def writes(self) -> int:
+        """How many writes (create, patch, delete) the API was asked for so far."""
+        return sum(1 for method, _ in self.requests if method in ("POST", "PATCH", "PUT", "DELETE"))
 
     def container_name(self, namespace: str, pod: str) -> str:
         digest = hashlib.sha256(f"{namespace}/{pod}".encode()).hexdigest()[:16]
@@ -137,11 +162,15 @@ class FakeCluster(ExecServer):
     def _check(self, request: web.Request) -> web.Response | None:
         self.requests.append((request.method, request.path))
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return _status(403, "Forbidden", "the fake cluster knows no such token")
+            return status(403, "Forbidden", "the fake cluster knows no such token")
         if request.match_info["kind"] not in KINDS:
-            return _status(404, "NotFound", f"no resource {request.match_info['kind']}")
+            return status(404, "NotFound", f"no resource {request.match_info['kind']}")
+        named = "name" in request.match_info
+        verb = VERBS.get(request.method) or ("get" if named else "watch" if "watch" in request.query else "list")
+        if (verb, request.match_info["kind"]) in self.forbidden:
+            return status(403, "Forbidden", f"cannot {verb} resource {request.match_info['kind']}")
         if request.match_info["ns"] not in self.namespaces:
-            return _status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
+            return status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
         return None
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -151,21 +180,30 @@ class FakeCluster(ExecServer):
         obj = await request.json()
         name = obj["metadata"]["name"]
         if (kind, namespace, name) in self.objects:
-            return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+            return status(409, "AlreadyExists", f'{kind} "{name}" already exists')
         if kind == "pods" and self.max_pods is not None:
             used = sum(1 for (k, ns, _) in self.objects if k == "pods" and ns == namespace)
             if used >= self.max_pods:
                 message = f'pods "{name}" is forbidden: exceeded quota: sbx-quota, requested: pods=1, used: pods={used}'
-                return _status(403, "Forbidden", message)
-        obj = copy.deepcopy(obj)
+                return status(403, "Forbidden", message)
+        obj = await self.add(kind, namespace, obj)
+        if kind == "sandboxclaims":  # the agent-sandbox controller's part
+            await fake_agent_sandbox.claimed(self, namespace, obj)
+        return web.json_response(obj, status=201)
+
+    async def add(self, kind: str, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a new object as the API server does (a Pod is started by the kubelet)."""
+        obj = string_data(copy.deepcopy(obj))
         obj["metadata"]["namespace"] = namespace
-        obj["metadata"]["resourceVersion"] = str(next(self._versions))
-        obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds")
-        self.objects[(kind, namespace, name)] = obj
+        obj["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        self.objects[(kind, namespace, obj["metadata"]["name"])] = obj
         if kind == "pods":
             obj["status"] = {"phase": "Pending"}
+        self.changed(kind, namespace, obj, "ADDED")
+        if kind == "pods":
             await asyncio.to_thread(self._kubelet_start, namespace, obj)
-        return web.json_response(obj, status=201)
+            self.changed(kind, namespace, obj)
+        return obj
 
     async def _read(self, request: web.Request) -> web.Response:
         if (refused := self._check(request)) is not None:
@@ -173,22 +211,38 @@ class FakeCluster(ExecServer):
         key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
         found = self.objects.get(key)
         if found is None:
-            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
         return web.json_response(found)
 
-    async def _list(self, request: web.Request) -> web.Response:
+    async def _list(self, request: web.Request) -> web.StreamResponse:
         if (refused := self._check(request)) is not None:
             return refused
         kind, namespace = request.match_info["kind"], request.match_info["ns"]
         wanted = [tuple(term.split("=", 1)) for term in request.query.get("labelSelector", "").split(",") if term]
+
+        def matches(obj: dict[str, Any]) -> bool:
+            return all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in wanted)
+
+        if request.query.get("watch") in ("true", "1"):
+            return await self._watch(request, kind, namespace, matches)
         items = [
-            obj
-            for (k, ns, _), obj in sorted(self.objects.items())
-            if k == kind
-            and ns == namespace
-            and all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in wanted)
+            obj for (k, ns, _), obj in sorted(self.objects.items()) if k == kind and ns == namespace and matches(obj)
         ]
-        return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+        version = str(self.events[-1][0] if self.events else 0)
+        return web.json_response(
+            {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items}
+        )
+
+    async def _watch(self, request: web.Request, kind: str, namespace: str, matches: Any) -> web.StreamResponse:
+        return await fake_changes.watch(self, request, kind, namespace, matches)
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        if (refused := self._check(request)) is not None:
+            return refused
+        patch = await request.json()
+        await fake_changes.held(self)
+        key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
+        return fake_changes.patched(self, key, patch)
 
     async def _delete(self, request: web.Request) -> web.Response:
         if (refused := self._check(request)) is not None:
@@ -196,7 +250,10 @@ class FakeCluster(ExecServer):
         key = (request.match_info["kind"], request.match_info["ns"], request.match_info["name"])
         found = self.objects.pop(key, None)
         if found is None:
-            return _status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+            return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+        self.changed(key[0], key[1], found, "DELETED")
+        if key[0] == "sandboxclaims":
+            await fake_agent_sandbox.released(self, key[1], found)
         if key[0] == "pods":
             await asyncio.to_thread(self._kubelet_stop, key[1], key[2])
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
@@ -206,15 +263,24 @@ class FakeCluster(ExecServer):
     def _kubelet_start(self, namespace: str, pod: dict[str, Any]) -> None:
         import docker.errors
 
+        if self.docker_client is None:  # a cluster of objects only: the Pod says it runs, nothing does
+            pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "sandbox", "ready": True}]}
+            return
+
         spec = pod["spec"]
         container = spec["containers"][0]
         security = spec.get("securityContext") or {}
         limits = (container.get("resources") or {}).get("limits") or {}
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        dirs = fake_init.shared_dirs(pod, self._dirs)
+        failed = fake_init.run_init(self.docker_client, pod, dirs, self.run_label)
+        if failed is not None:  # restartPolicy Never: the Pod fails
+            pod["status"] = {"phase": "Failed", "reason": "Init:Error", "message": failed}
+            return
         tmpfs: dict[str, str] = {}
         for mount in container.get("volumeMounts") or []:
             volume = volumes[mount["name"]]
-            if "emptyDir" in volume and "subPath" not in mount:
+            if "emptyDir" in volume and "subPath" not in mount and mount["name"] not in dirs:
                 size = _bytes(volume["emptyDir"].get("sizeLimit", "64Mi"))
                 tmpfs[mount["mountPath"]] = f"rw,nosuid,nodev,size={size},mode=1777"
         try:
@@ -231,6 +297,7 @@ class FakeCluster(ExecServer):
                 security_opt=["no-new-privileges:true"],
                 network_mode="none",
                 tmpfs=tmpfs,
+                volumes=fake_init.binds(container, dirs),
                 mem_limit=_bytes(limits.get("memory", "1Gi")),
                 nano_cpus=int(float(str(limits.get("cpu", "1000m")).rstrip("m")) * 1_000_000),
                 pids_limit=256,
@@ -260,11 +327,19 @@ class FakeCluster(ExecServer):
             "containerStatuses": [{"name": "sandbox", "ready": True, "state": {"running": {}}}],
         }
 
+    async def stop_pod(self, namespace: str, name: str) -> None:
+        """The kubelet's part of a Pod deleted (its container goes)."""
+        await asyncio.to_thread(self._kubelet_stop, namespace, name)
+
     def _kubelet_stop(self, namespace: str, name: str) -> None:
         import docker.errors
 
+        if self.docker_client is None:  # a cluster of objects only (its Pods were planted)
+            return
+
         with contextlib.suppress(docker.errors.NotFound):
             self.docker_client.containers.get(self.container_name(namespace, name)).remove(force=True)
+        fake_init.forget(f"{namespace}-{name}", self._dirs)
 
     def kill_container(self, namespace: str, name: str) -> None:
         """What a node does to a Pod it evicts: the container dies; the object says Failed."""
@@ -272,8 +347,11 @@ class FakeCluster(ExecServer):
         pod = self.objects.get(("pods", namespace, name))
         if pod is not None:
             pod["status"] = {"phase": "Failed", "reason": "Evicted", "message": "the node evicted it"}
+            self.changed("pods", namespace, pod)
 
     async def __aexit__(self, *exc: object) -> None:
+        self._closing = True
+        shutil.rmtree(self._dirs, ignore_errors=True)
         for kind, namespace, name in list(self.objects):
             if kind == "pods":
                 await asyncio.to_thread(self._kubelet_stop, namespace, name)

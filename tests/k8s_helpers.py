@@ -76,3 +76,23 @@ def every_object(config: Config) -> list[dict[str, Any]]:
     for agent in ("scratch", "reader", "coder", "team", "web"):
         objects += pod_objects(config, agent)
     return objects
+
+
+def one_agent_config(tmp_path: Path, instance: str, sandbox: str, kubernetes: str = "", timeout_s: int = 60) -> Config:
+    """One tenant (acme) and one agent (main, its workspace `tmp_path/ws`) on the kubernetes
+    backend: `sandbox` is the agent's sandbox as a YAML flow mapping, `kubernetes` more entries of
+    `runtime.kubernetes` (flow style)."""
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    extra = f", {kubernetes}" if kubernetes else ""
+    text = f"""
+state_dir: {tmp_path / "state"}
+instance: {instance}
+runtime:
+  backend: kubernetes
+  kubernetes: {{pod_ready_timeout_s: {timeout_s}, seccomp: "Localhost:agent-sandbox/strict.json"{extra}}}
+tenants: [{{id: acme}}]
+agents:
+  list:
+    - {{id: main, tenant: acme, default: true, workspace: {tmp_path / "ws"}, sandbox: {sandbox}}}
+"""
+    return load_config_text(text, base_dir=tmp_path)

@@ -176,3 +176,23 @@ async def test_an_agent_that_never_greets_is_refused(tmp_path: Path, monkeypatch
     finally:
         agents.reap()
     assert sys.executable  # the host's python stood in for the sandbox's
+
+
+async def test_the_signal_frame_reaches_the_process_group_of_a_tagged_command(link: AgentLink, tmp_path: Path) -> None:
+    """A command run with a tag and outliving its wait is killed by the signal frame alone (the
+    first step of a kill on a cluster); an unknown tag sends nothing."""
+    pid_file = tmp_path / "pid"
+    slow = await link.run(["/bin/sh", "-c", f"echo $$ > {pid_file}; sleep 300"], timeout_s=0.5, tag="call-1")
+    assert slow.timed_out
+    pid = int(pid_file.read_text())
+    assert await link.signal_tagged("unknown", signal.SIGKILL) is False
+    assert await link.signal_tagged("call-1", signal.SIGKILL) is True
+    with anyio.fail_after(10):
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                break  # dead, not yet reaped by the agent
+            await anyio.sleep(0.05)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker import egress_secrets
+from sandbox.runtime import egress_secrets
 
 
 def _policy(value_from: str) -> dict[str, object]:

@@ -155,9 +155,13 @@ def test_the_role_is_namespaced_and_grants_exec(tmp_path: Path) -> None:
     exec_rule = next(r for r in role["rules"] if r["resources"] == ["pods/exec"])
     assert sorted(exec_rule["verbs"]) == ["create", "get"]
     granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
-    # nothing the backend does not do: no secrets, no patching labels, no deleting workspaces
-    assert not {r for r, _ in granted} & {"secrets", "configmaps"}
-    assert ("pods", "patch") not in granted and ("persistentvolumeclaims", "delete") not in granted
+    # nothing the backend does not do: no reading secrets, no deleting workspaces, and patch only
+    # on Pods (the warm pool's claim) and the proxies' Secrets (test_k8s_proxy_secret.py)
+    assert "configmaps" not in {r for r, _ in granted}
+    assert {verb for r, verb in granted if r == "secrets"} == {"create", "patch"}
+    assert ("persistentvolumeclaims", "delete") not in granted
+    assert {r for r, verb in granted if verb in ("patch", "update")} == {"pods", "secrets"}
+    assert {verb for r, verb in granted if r == "pods"} == {"get", "list", "watch", "create", "patch", "delete"}
     binding = next(o for o in objects if o["kind"] == "RoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sbx-orch", "namespace": "ops"}]
     account = next(o for o in objects if o["kind"] == "ServiceAccount")

@@ -110,9 +110,16 @@ class KubernetesSection(StrictModel):
     # the agent's ping over the exec stream: under the kubelet's idle cut (4 h default, 5 min by CIS)
     exec_heartbeat_s: float = Field(30.0, gt=0, le=240)
     pod_ready_timeout_s: float = Field(120.0, gt=0, le=3600)
+    # sandbox images that lack the resident agent get it from `agent_image` (one that carries
+    # /usr/local/lib/sandbox-agent/agent.py, as sandbox-exec does): an init container copies it
+    # into an emptyDir the sandbox mounts read-only. The sandbox image still needs python3
+    agent_image: str | None = Field(None, min_length=1, max_length=512, pattern=r"^\S+$")
+    images_without_agent: list[Annotated[str, Field(min_length=1, max_length=512, pattern=r"^\S+$")]] = []
 
     @model_validator(mode="after")
     def _one_way_to_the_api(self) -> KubernetesSection:
+        if self.images_without_agent and self.agent_image is None:
+            raise ValueError("images_without_agent needs agent_image: the image the agent is copied from")
         if self.in_cluster and (self.kubeconfig is not None or self.context is not None):
             raise ValueError("in_cluster uses the Pod's service account: leave kubeconfig and context unset")
         if "{tenant}" not in self.namespace_template:

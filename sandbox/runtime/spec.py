@@ -117,9 +117,10 @@ class SandboxSpec:
         parent's view)."""
         if self.kind != "exec" or self.scope != "session" or self.egress is not None or self.hashed.get("parent_view"):
             return None
-        if self.workspace.host_path is None:
-            return None  # a volume (or a cluster's workspace) cannot be renamed to a session's name
+        if isinstance(self.workspace, Volume):
+            return None  # a volume cannot be renamed to a session's name
         hashed = dict(self.hashed)
+        # a scratch workspace names its session (a host folder, or a cluster Pod's own emptyDir)
         if self.workspace_access == "none":
             hashed["mounts"] = [["<scratch>", *hashed["mounts"][0][1:]], *hashed["mounts"][1:]]
         text = json.dumps([hashed, self.tenant, self.agent, self.instance], sort_keys=True)

@@ -92,6 +92,7 @@ class AgentLink:
         self._changed = anyio.Event()
         self._write_lock = anyio.Lock()
         self._hello: Hello | None = None
+        self._tagged: dict[str, int] = {}  # a call id -> its last request's id (for the signal frame)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -141,15 +142,22 @@ class AgentLink:
         timeout_s: float | None = None,
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
+        tag: str | None = None,
     ) -> ExecResult:
         """Run argv through the agent, like `exec_stream` does through the engine.
 
         Stopping the wait (timeout, cancellation, output past the capture's maximum) does not
-        stop the command: callers that own a call id kill it.
+        stop the command: callers that own a call id kill it (`tag`: the call id, so
+        :meth:`signal_tagged` can reach the command's process group).
         """
         capture = capture or OutputCapture()
         start = time.perf_counter()
         call = self._new(capture=capture, on_output=on_output)
+        if tag is not None:
+            self._tagged.pop(tag, None)
+            self._tagged[tag] = call.id
+            while len(self._tagged) > 256:  # the oldest go: their commands are long over
+                del self._tagged[next(iter(self._tagged))]
         request = {"t": "run", "id": call.id, "argv": list(argv), "env": dict(environment or {}), "cwd": workdir}
         timed_out = False
         try:
@@ -200,6 +208,15 @@ class AgentLink:
         finally:
             self._pending.pop(call.id, None)
         self._raise_if_failed(call)
+
+    async def signal_tagged(self, tag: str, signum: int) -> bool:
+        """The signal frame to the process group of the last command run with `tag` (False: none
+        was run on this link). The agent ignores a target that has ended."""
+        target = self._tagged.get(tag)
+        if target is None:
+            return False
+        await self.signal(target, signum)
+        return True
 
     async def ping(self) -> float:
         """One round trip to the agent, in ms."""

@@ -20,9 +20,9 @@ from sandbox._log import logger
 from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import protocol
+from sandbox.runtime import egress_secrets, protocol
 from sandbox.runtime.agent.resident import ResidentAgents
-from sandbox.runtime.docker import egress, egress_make, egress_secrets, netsweep, procfs
+from sandbox.runtime.docker import egress, egress_make, netsweep, procfs
 from sandbox.runtime.docker.agent_stream import DockerAgents
 from sandbox.runtime.docker.browser import BrowserManager
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect

@@ -29,7 +29,8 @@ import docker.errors
 
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
-from sandbox.runtime.docker import egress_secrets, hostfirewall
+from sandbox.runtime import egress_secrets
+from sandbox.runtime.docker import hostfirewall
 from sandbox.runtime.naming import LABEL_PREFIX, short_hash
 from sandbox.runtime.spec import SandboxSpec
 

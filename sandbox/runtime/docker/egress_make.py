@@ -21,7 +21,8 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime.docker import egress_secrets, hostaddrs, hostfirewall, subnets
+from sandbox.runtime import egress_secrets
+from sandbox.runtime.docker import hostaddrs, hostfirewall, subnets
 from sandbox.runtime.docker.egress import (
     NETWORK_KIND,
     PROXY_KIND,

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,19 +31,19 @@ import anyio
 import anyio.to_thread
 
 from sandbox._log import logger
-from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
+from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.runtime import pool_plan
 from sandbox.runtime.docker.sandbox import DockerSandbox
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.protocol import RunRequest, SandboxInfo, pool_member
-from sandbox.runtime.spec import SandboxSpec, spec_from_config
+from sandbox.runtime.protocol import Sandbox, SandboxInfo, pool_member
+from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
     from sandbox.runtime.manager import SandboxManager
 
 CLAIM_GRACE_S = 60.0  # a claim younger than this may still be renaming its container
-FILL_PARALLEL = 2  # creations at once per pool (what a 2-core engine sustains without starving calls)
 REFILL_EVERY_S = 5.0  # the pool is checked this often, and at once after a claim
 
 
@@ -130,21 +129,11 @@ class WarmPool:
 
     def pooled_agents(self) -> list[EffectiveAgent]:
         """Configured agents whose sandboxes are pooled (size > 0, sandboxed, session scope)."""
-        out = []
-        for agent_id in agent_ids(self.manager.config):
-            agent = effective_agent(self.manager.config, agent_id)
-            if agent.sandbox.pool.size > 0 and agent.sandbox.mode != "off" and agent.sandbox.scope == "session":
-                out.append(agent)
-        return out
+        return pool_plan.pooled_agents(self.manager)
 
     async def member_spec(self, agent: EffectiveAgent) -> SandboxSpec | None:
         """The spec of a new pool member of `agent`, or None when its sandboxes cannot be pooled."""
-        image = await self.backend.image_id(agent.sandbox.docker.image)
-        placeholder = f"agent:{agent.id}:pool-{uuid.uuid4().hex[:12]}"
-        spec = spec_from_config(self.manager.config, agent, placeholder, self.manager.instance, image_id=image)
-        if spec.pool_key is None:
-            return None
-        return spec.as_pool_member()
+        return await pool_plan.member_spec(self.manager, self.backend, agent)
 
     def as_claimed(self, info: SandboxInfo) -> SandboxInfo:
         """A listed pool container as the session it was handed to sees it (labels cannot say)."""
@@ -221,6 +210,10 @@ class WarmPool:
             await anyio.to_thread.run_sync(_move_scratch, source, spec.scratch_folder)
         await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
 
+    def _made(self, box: Sandbox, spec: SandboxSpec) -> None:
+        """A member just started is known free without asking the engine."""
+        self._free.setdefault(spec.pool_key or "", []).append(_member_info(box.id, spec))
+
     def _free_name(self, info: SandboxInfo) -> bool:
         """Still under its pool name: never handed out (a hand-over renames it)."""
         return info.name.startswith(f"sbx-{self.manager.instance}-pool-")
@@ -249,39 +242,11 @@ class WarmPool:
                 if self._free_name(i) and i.running and not self.claims.claimed(i.id) and i.tenant == agent.tenant
             ]
             self._free[template.pool_key] = free
-            missing = min(agent.sandbox.pool.size - len(free), await self._room(agent))
+            missing = min(agent.sandbox.pool.size - len(free), await pool_plan.room(self.manager, self.backend, agent))
             if missing <= 0:
                 continue
-            limiter = anyio.CapacityLimiter(FILL_PARALLEL)
-
-            async def one(a: EffectiveAgent = agent, limiter: anyio.CapacityLimiter = limiter) -> None:
-                nonlocal made
-                async with limiter:
-                    spec = await self.member_spec(a)
-                    if spec is None:
-                        return
-                    box = await self.backend.ensure(spec)
-                    # the agent is started now, so the session's first call does not wait for it
-                    with contextlib.suppress(SandboxError):
-                        await self.backend.agents.link(box.id, spec, None)
-                        # one command through the wrapper: its record folder exists when the session comes
-                        await box.run(RunRequest("true", call_id=f"pool-warm-{uuid.uuid4().hex[:8]}", timeout_s=30))
-                    self._free.setdefault(spec.pool_key or "", []).append(_member_info(box.id, spec))
-                    made += 1
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(missing):
-                    tg.start_soon(one)
+            made += await pool_plan.make_members(self, self.backend, agent, missing, self._made)
         return made
-
-    async def _room(self, agent: EffectiveAgent) -> int:
-        """How many more containers the agent's tenant may have (tenants[].quotas.max_sandboxes)."""
-        tenant = next((t for t in self.manager.config.tenants if t.id == agent.tenant), None)
-        cap = tenant.quotas.max_sandboxes if tenant is not None else 0
-        if not cap:
-            return 1 << 30
-        live = [i for i in await self.backend.list(instance=self.manager.instance) if i.tenant == agent.tenant]
-        return cap - len(live)
 
     async def keep_filled(self) -> None:
         """Fill every pool, then again after each claim or every few seconds (a background task)."""
@@ -298,12 +263,7 @@ class WarmPool:
 
     async def stale(self) -> list[tuple[SandboxInfo, str]]:
         """Pool containers of this instance that will never be handed out, and why."""
-        wanted: set[str] = set()
-        for agent in self.pooled_agents():
-            with contextlib.suppress(SandboxError):
-                template = await self.member_spec(agent)
-                if template is not None and template.pool_key is not None:
-                    wanted.add(template.pool_key)
+        wanted = await pool_plan.wanted_keys(self)
         out = []
         for info in await self.backend.list(instance=self.manager.instance, kind="exec"):
             key = info.labels.get(Labels.POOL)
@@ -324,12 +284,7 @@ class WarmPool:
 
     async def sweep(self) -> list[str]:
         """Remove the stale pool containers; their names."""
-        removed = []
-        for info, reason in await self.stale():
-            logger.bind(container=info.name, reason=reason).info("pool_member_removed")
-            await self.remove_member(info)
-            removed.append(info.name)
-        return removed
+        return await pool_plan.sweep(self)
 
     async def remove_member(self, info: SandboxInfo) -> None:
         """Remove a pool container never handed out, with its claim and scratch folder."""

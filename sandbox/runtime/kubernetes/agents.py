@@ -56,7 +56,7 @@ class PodExecStarter:
         labels = self._labels.get(image)
         return dict(labels) if labels is not None else None
 
-    async def start(self, container_id: str, argv: list[str], user: str | None) -> AgentTransport:
+    async def start(self, container_id: str, argv: list[str], user: str | None) -> ExecTransport:
         if user is not None:
             raise AgentUnavailable(
                 f"exec cannot run as user {user!r} on Kubernetes (Pod Security restricted); "
@@ -66,6 +66,27 @@ class PodExecStarter:
         url = exec_url(self._api, namespace, container_id, argv)
         headers = self._headers if isinstance(self._headers, Mapping) else await self._headers()
         return await open_exec(self._session, url, headers=headers, heartbeat_s=self._heartbeat, ssl=self._ssl)
+
+    async def exec_once(self, container_id: str, argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
+        """Run `argv` in the Pod on a `pods/exec` stream of its own, without the agent (what a
+        kill falls back to when the agent's link is gone): (exit code, stdout). The exit code is
+        None when the status never came (the stream cut, the time up).
+
+        Raises:
+            SandboxUnavailable: the exec was refused or could not be opened.
+        """
+        transport = await self.start(container_id, argv, None)
+        out = bytearray()
+        try:
+            with anyio.move_on_after(timeout_s):
+                await transport.close_stdin()  # v5; on v4 the command reads no stdin anyway
+                while chunk := await transport.receive(1 << 16):
+                    out += chunk[: max(0, (1 << 20) - len(out))]  # a kill's output is small: bounded
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ValueError, OSError, aiohttp.ClientError):
+            return None, bytes(out)
+        finally:
+            transport.close()
+        return transport.exit_code, bytes(out)
 
     async def kill(self, container_id: str, transport: AgentTransport) -> None:
         # the websocket's end closes the agent's stdin and it exits; a lying agent that stays is

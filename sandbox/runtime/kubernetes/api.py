@@ -8,8 +8,10 @@ sent. Errors become SandboxUnavailable with what the operator can do (403: the R
 
 from __future__ import annotations
 
+import builtins
 import json
 import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ _KINDS = {
     "pods": ("V1Pod", "pod"),
     "persistentvolumeclaims": ("V1PersistentVolumeClaim", "persistent_volume_claim"),
     "services": ("V1Service", "service"),
+    "secrets": ("V1Secret", "secret"),  # written only (the proxy's, kubernetes/proxy_secret.py)
 }
 
 
@@ -93,16 +96,75 @@ class Api:
 
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of a kind matching a label selector."""
+        return (await self.list_versioned(kind, namespace, label_selector))[0]
+
+    async def list_versioned(
+        self, kind: str, namespace: str, label_selector: str
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
+        """Objects of a kind matching a label selector, and the list's resourceVersion (where a
+        watch of what changes after it starts)."""
         stem = _KINDS[kind][1]
         status, body = await self._call(
             f"listing {kind} in {namespace}", f"list_namespaced_{stem}", namespace, label_selector=label_selector
         )
         if status == 404:
-            return []
-        return list((body or {}).get("items") or [])
+            return [], ""
+        version = str(((body or {}).get("metadata") or {}).get("resourceVersion") or "")
+        return list((body or {}).get("items") or []), version
 
-    async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> None:
-        """Create an object (its fields checked by the client's model and, strictly, by the server)."""
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """A JSON merge patch (RFC 7386). With `metadata.resourceVersion` in it, the server applies
+        it only to that version of the object (409 Conflict otherwise): False when the object
+        changed (or went) since it was read, True when the patch is applied."""
+        stem = _KINDS[kind][1]
+        what = f"patching {kind} {namespace}/{name}"
+        status, answer = await self._call(
+            what, f"patch_namespaced_{stem}", name, namespace, patch, _content_type="application/merge-patch+json"
+        )
+        if status in (404, 409):
+            return False
+        if status >= 300:
+            raise SandboxUnavailable(f"{what}: {status} {(answer or {}).get('message', '')}")
+        return True
+
+    async def watch(
+        self, kind: str, namespace: str, label_selector: str, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The changes to matching objects after `resource_version`, as (type, object), until the
+        server ends the watch (after `timeout_s`) or it expires (410: the caller lists again)."""
+        # the official client (the k8s extra) loads with the first call: rendering needs none of it
+        from kubernetes.aio import client
+
+        stem = _KINDS[kind][1]
+        fn = getattr(client.CoreV1Api(self.client), f"list_namespaced_{stem}_without_preload_content")
+        try:
+            response = await fn(
+                namespace,
+                label_selector=label_selector,
+                watch=True,
+                resource_version=resource_version or None,
+                timeout_seconds=timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached (watch): {exc}") from exc
+        try:
+            if response.status != 200:
+                return
+            async for line in response.content:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and isinstance(event.get("object"), dict):
+                    yield str(event.get("type")), event["object"]
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cut a watch: {exc}") from exc
+        finally:
+            response.release()
+
+    async def create(self, kind: str, namespace: str, obj: dict[str, Any], *, exists_ok: bool = False) -> bool:
+        """Create an object (its fields checked by the client's model and, strictly, by the server);
+        False when one of its name exists already and `exists_ok`."""
         # the official client (the k8s extra) loads with the first call: rendering needs none of it
         from kubernetes.aio import client
 
@@ -111,13 +173,14 @@ class Api:
         what = f"creating {kind} {namespace}/{obj['metadata']['name']}"
         status, answer = await self._call(what, f"create_namespaced_{stem}", namespace, body, field_validation="Strict")
         if status == 409 and exists_ok:
-            return
+            return False
         if status == 404:
             raise SandboxUnavailable(
                 f"{what}: the namespace {namespace} does not exist; apply what `sandbox k8s render` prints"
             )
         if status >= 300:
             raise SandboxUnavailable(f"{what}: {status} {(answer or {}).get('message', '')}")
+        return True
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete an object with a one-second grace, never 0: 0 is a force delete that removes the
@@ -127,6 +190,29 @@ class Api:
         await self._call(
             f"deleting {kind} {namespace}/{name}", f"delete_namespaced_{stem}", name, namespace, grace_period_seconds=1
         )
+
+    async def custom(self, method: str, api_version: str, plural: str, namespace: str, *args: Any) -> tuple[int, Any]:
+        """One call on a namespaced custom object (`method`: create, get, delete), e.g.
+        kubernetes-sigs/agent-sandbox's: (status, body). A refusal the caller cannot act on is
+        SandboxUnavailable, as for core objects."""
+        group, version = api_version.split("/")
+        what = f"{method} {plural} in {namespace}"
+        extra = {"field_validation": "Strict"} if method == "create" else {}
+        status, body = await self.call(
+            "CustomObjectsApi",
+            what,
+            f"{method}_namespaced_custom_object",
+            group,
+            version,
+            namespace,
+            plural,
+            *args,
+            **extra,
+        )
+        if status == 403 or status >= 500 or status in (400, 401, 422):
+            message = str((body or {}).get("message", ""))
+            raise SandboxUnavailable(f"the Kubernetes API refused {what} ({status}): {message}")
+        return status, body
 
     async def close(self) -> None:
         """Close the client's connections."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,18 +27,25 @@ from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL, P
 from sandbox.runtime.agent.link import AgentLink
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.kubernetes import api as k8s_api
+from sandbox.runtime.kubernetes import provider
+from sandbox.runtime.kubernetes.agent_copy import agent_path
 from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
+    K8sAnnotations,
     K8sLabels,
+    label_value,
     namespace_for,
     policy_hash,
     shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.kubernetes.pods_read import adoptable, facts_of, info_of, why_not_running
+from sandbox.runtime.kubernetes.pool import KubernetesWarmPool
+from sandbox.runtime.kubernetes.proxy_secret import proxy_secret, secret_name
 from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
+from sandbox.runtime.naming import short_hash
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
 from sandbox.runtime.spec import SandboxSpec
 
@@ -45,9 +53,6 @@ if TYPE_CHECKING:
     from sandbox.runtime.manager import SandboxManager
     from sandbox.runtime.protocol import Browsers, EgressLogs, WarmPool
 
-# where the project's sandbox images carry the agent (images/sandbox/Dockerfile): a cluster pulls
-# images itself, so their labels cannot be read here; an image without it fails at its first call
-AGENT_PATH = "/usr/local/lib/sandbox-agent/agent.py"
 POLL_S = 0.2
 # waiting reasons a Pod does not recover from by waiting: reported at once, not at the timeout
 STUCK = frozenset({"ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError"})
@@ -73,6 +78,8 @@ class KubernetesBackend:
         self._api_lock = anyio.Lock()
         self._http: aiohttp.ClientSession | None = None
         self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
+        self._pod_of: dict[str, str] = {}  # a session's sandbox name -> the pool Pod it claimed
+        self._secrets_written: set[tuple[str, str]] = set()  # (namespace, policy hash) of proxy Secrets
         self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
@@ -90,8 +97,12 @@ class KubernetesBackend:
         api = await self.api()
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        labels = {AGENT_LABEL: AGENT_PATH, AGENT_PROTOCOL_LABEL: str(PROTOCOL)}
-        images = {spec_image: labels for spec_image in self._images()}
+        # a cluster pulls images itself, so their labels cannot be read here: the agent is where
+        # the project's images carry it, or where its copy step put it (agent_copy.py)
+        images = {
+            image: {AGENT_LABEL: agent_path(image, self.cfg), AGENT_PROTOCOL_LABEL: str(PROTOCOL)}
+            for image in self._images()
+        }
         return PodExecStarter(
             self._http,
             api.url,
@@ -101,6 +112,10 @@ class KubernetesBackend:
             heartbeat_s=self.cfg.exec_heartbeat_s,
             ssl=api.ssl,
         )
+
+    async def exec_once(self, pod: str, argv: builtins.list[str], timeout_s: float) -> tuple[int | None, bytes]:
+        """`argv` run in the Pod on a `pods/exec` stream of its own, not through its agent."""
+        return await (await self.starter()).exec_once(pod, argv, timeout_s)
 
     def _images(self) -> set[str]:
         return {effective_agent(self._config, a).sandbox.docker.image for a in agent_ids(self._config)}
@@ -133,29 +148,81 @@ class KubernetesBackend:
         """The reference itself: the cluster's nodes resolve and pull images, not this process."""
         return ref
 
-    async def ensure(self, spec: SandboxSpec) -> KubernetesSandbox:
-        """The Pod of `spec`: adopted when it runs with the same config, else made afresh."""
+    def claimed(self, sandbox_name: str, pod_name: str, namespace: str) -> None:
+        """Remember that `sandbox_name`'s session claimed the pool Pod `pod_name` (kubernetes/pool.py)."""
+        self._pod_of[sandbox_name] = pod_name
+        self._namespace_of[pod_name] = namespace
+
+    async def _claimed_pod(self, namespace: str, sandbox_name: str) -> dict[str, Any] | None:
+        """The pool Pod claimed for `sandbox_name`'s session, if any (a Pod cannot be renamed: its
+        `claimed` label and annotation name the session's sandbox)."""
+        selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.CLAIMED}={label_value(sandbox_name)}"
+        for pod in await (await self.api()).list("pods", namespace, selector):
+            meta = pod.get("metadata") or {}
+            if (meta.get("annotations") or {}).get(K8sAnnotations.SANDBOX_NAME) == sandbox_name:
+                self.claimed(sandbox_name, str(meta.get("name")), namespace)
+                return pod
+        return None
+
+    async def _found(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Pod serving sandbox `name`: its own, or a pool Pod claimed for it."""
+        api = await self.api()
+        own = await api.get("pods", namespace, self._pod_of.get(name, name))
+        return own if own is not None else await self._claimed_pod(namespace, name)
+
+    async def session_pod(self, spec: SandboxSpec, user: str) -> KubernetesSandbox:
+        """The Pod of a session with a uid of its own in `spec`'s sandbox: exec cannot choose a
+        user under Pod Security restricted, so it is a Pod like `spec`'s running as `user`
+        (`uid:gid`, the group the sandbox's), on the same workspace claim, removed with it."""
+        uid = user.partition(":")[0]
+        name = f"{spec.name[:44]}-u{uid}-{short_hash(f'{spec.name}|{user}', 8)}"
+        own = dataclasses.replace(spec, name=name, user=user, session_users=False)
+        return await self.ensure(own, user_of=spec.name)
+
+    async def ensure(self, spec: SandboxSpec, *, user_of: str | None = None) -> KubernetesSandbox:
+        """The Pod of `spec`: adopted when it runs with the same config (a pool Pod claimed for
+        it too), else made afresh (`user_of`: see :meth:`session_pod`)."""
         api = await self.api()
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace
-        found = await api.get("pods", namespace, spec.name)
+        found = await self._found(namespace, spec.name) if not spec.pool_member else None
         proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
-        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip)
+        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip, user_of=user_of)
         if found is not None and adoptable(found, spec, pod):
-            return KubernetesSandbox(self, spec.name, spec)
+            return KubernetesSandbox(self, found["metadata"]["name"], spec)
         if found is not None:
-            logger.bind(pod=spec.name, namespace=namespace).info("k8s_pod_replaced")
-            await self._delete_and_wait(namespace, spec.name)
+            logger.bind(pod=found["metadata"]["name"], namespace=namespace).info("k8s_pod_replaced")
+            await self._delete_and_wait(namespace, found["metadata"]["name"])
+            self._pod_of.pop(spec.name, None)
+        if spec.egress is not None:
+            await self._write_proxy_secret(namespace, spec.tenant, spec.egress)
         if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
             await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
+        if self.cfg.provider == "agent-sandbox":  # a SandboxClaim's Pod (kubernetes/provider.py)
+            made = await provider.claimed_pod(self, spec, namespace, proxy_ip)
+            self.claimed(spec.name, made, namespace)
+            return KubernetesSandbox(self, made, spec)
         await api.create("pods", namespace, pod)
         try:
-            await self._wait_running(namespace, spec.name)
+            await self.wait_running(namespace, spec.name)
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await api.delete("pods", namespace, spec.name)
             raise
         return KubernetesSandbox(self, spec.name, spec)
+
+    async def _write_proxy_secret(self, namespace: str, tenant: str, policy: dict[str, Any]) -> None:
+        """The Secret of the namespace's proxy for `policy` (its values read now), written once per
+        proxy by this process: created, or patched whole when it exists; never read."""
+        digest = policy_hash(policy)
+        if (namespace, digest) in self._secrets_written:
+            return
+        secret = proxy_secret(tenant, namespace, digest, policy)
+        api = await self.api()
+        if not await api.create("secrets", namespace, secret, exists_ok=True):
+            await api.patch("secrets", namespace, secret_name(digest), {"stringData": secret["stringData"]})
+        self._secrets_written.add((namespace, digest))
+        logger.bind(secret=secret_name(digest), namespace=namespace).info("k8s_proxy_secret_written")
 
     async def _proxy_ip(self, namespace: str, spec: SandboxSpec) -> str:
         assert spec.egress is not None
@@ -169,7 +236,15 @@ class KubernetesBackend:
             )
         return str(address)
 
-    async def _wait_running(self, namespace: str, name: str) -> None:
+    def pool_size(self, spec: SandboxSpec) -> int:
+        """The warm pool size of `spec`'s agent (0: none, or no longer configured)."""
+        try:
+            return effective_agent(self._config, spec.agent).sandbox.pool.size
+        except Exception:  # an agent no longer configured has no pool
+            return 0
+
+    async def wait_running(self, namespace: str, name: str) -> None:
+        """Until the Pod runs and is ready (SandboxUnavailable at once when it cannot, or at the timeout)."""
         api = await self.api()
         deadline = time.monotonic() + self.cfg.pod_ready_timeout_s
         while True:
@@ -205,9 +280,15 @@ class KubernetesBackend:
 
     async def exists(self, name: str) -> bool:
         """Whether a Pod of this name is in one of the tenants' namespaces."""
-        api = await self.api()
         for namespace in [self._namespace_of.get(name), *self.namespaces()]:
-            if namespace and await api.get("pods", namespace, name) is not None:
+            if (
+                namespace
+                and self.cfg.provider == "agent-sandbox"
+                and await provider.claim_exists(self, namespace, name)
+            ):
+                self._namespace_of[name] = namespace
+                return True
+            if namespace and await self._found(namespace, name) is not None:
                 self._namespace_of[name] = namespace
                 return True
         return False
@@ -222,18 +303,29 @@ class KubernetesBackend:
         for namespace in self.namespaces():
             for pod in await api.list("pods", namespace, selector):
                 info = info_of(pod)
-                self._namespace_of[info.name] = namespace
+                self._namespace_of[info.id] = namespace
+                if info.name != info.id:  # a claimed pool Pod, listed under its session's sandbox name
+                    self.claimed(info.name, info.id, namespace)
                 found.append(info)
         return found
 
     async def remove(self, name_or_id: str) -> None:
-        """Delete the Pod (at once: a sandbox has nothing to shut down gracefully)."""
-        self.agents.forget(name_or_id)
+        """Delete the Pod (at once: a sandbox has nothing to shut down gracefully): by its name, or
+        the pool Pod claimed for a session's sandbox of that name."""
         api = await self.api()
-        namespaces = [self._namespace_of.get(name_or_id)] if name_or_id in self._namespace_of else self.namespaces()
-        for namespace in namespaces:
-            if namespace:
-                await api.delete("pods", namespace, name_or_id)
+        known = self._namespace_of.get(name_or_id)
+        for namespace in [known] if known else self.namespaces():
+            if self.cfg.provider == "agent-sandbox":
+                await provider.release(self, namespace, name_or_id)
+            pod = self._pod_of.pop(name_or_id, None)
+            if pod is None and (claimed := await self._claimed_pod(namespace, name_or_id)) is not None:
+                pod = self._pod_of.pop(name_or_id, claimed["metadata"]["name"])
+            # its sessions' own Pods go with it
+            selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.USER_OF}={label_value(name_or_id)}"
+            sessions = [p["metadata"]["name"] for p in await api.list("pods", namespace, selector)]
+            for name in {name_or_id, pod or name_or_id, *sessions}:
+                self.agents.forget(name)
+                await api.delete("pods", namespace, name)
 
     async def aclose(self) -> None:
         """Close the agents' streams and the API connection."""
@@ -252,18 +344,20 @@ class KubernetesBackend:
         """What the API says the sandbox Pod is (None: no such Pod). No PID limit: Kubernetes has
         none per Pod yet (a node's podPidsLimit applies)."""
         namespace = self._namespace_of.get(name_or_id)
-        pod = await (await self.api()).get("pods", namespace, name_or_id) if namespace else None
+        pod = await self._found(namespace, name_or_id) if namespace else None
         return facts_of(name_or_id, pod) if pod is not None else None
 
-    # Optional capabilities this backend does not have yet (issue 26: the warm pool, browsers)
+    def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
+        """Pods per pool key, claimed by a label patch (kubernetes/pool.py); none with the
+        agent-sandbox provider, whose SandboxWarmPool keeps its own."""
+        return KubernetesWarmPool(manager, self) if self.cfg.provider == "pods" else None
+
+    # Optional capabilities this backend does not have yet (issue 26: browsers, egress logs)
 
     def browsers(self, instance: str) -> Browsers | None:
         return None
 
     def egress(self) -> EgressLogs | None:
-        return None
-
-    def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
         return None
 
 

@@ -34,6 +34,8 @@ class K8sLabels:
     POOL = f"{K8S_PREFIX}/pool"
     CLAIMED = f"{K8S_PREFIX}/claimed"  # "false" on an unclaimed pool Pod, the claimer's id once claimed
     # what NetworkPolicies select: every sandbox Pod, and those allowed to reach the egress proxy
+    # a session's own Pod (a uid of its own): the sandbox name of the Pod whose sessions it serves
+    USER_OF = f"{K8S_PREFIX}/user-of"
     SANDBOX = f"{K8S_PREFIX}/sandbox"
     EGRESS = f"{K8S_PREFIX}/egress"
 
@@ -45,6 +47,8 @@ class K8sAnnotations:
     SESSION = f"{K8S_PREFIX}/session"
     SCOPE_KEY = f"{K8S_PREFIX}/scope-key"
     CREATED_AT = f"{K8S_PREFIX}/created-at"
+    # the sandbox name of the session a claimed pool Pod serves (a Pod cannot be renamed)
+    SANDBOX_NAME = f"{K8S_PREFIX}/sandbox-name"
 
 
 def label_value(text: str) -> str:

@@ -19,6 +19,7 @@ from sandbox.config.kubernetes import KubernetesSection
 from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.egress_proxy import PROXY_PORT
+from sandbox.runtime.kubernetes.agent_copy import agent_volume, copied, copy_step
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
     K8sAnnotations,
@@ -27,6 +28,7 @@ from sandbox.runtime.kubernetes.names import (
     label_value,
     policy_hash,
 )
+from sandbox.runtime.kubernetes.proxy_secret import placeholders
 from sandbox.runtime.seccomp import STRICT
 from sandbox.runtime.spec import SandboxSpec
 
@@ -251,7 +253,7 @@ def _protect_step(spec: SandboxSpec, cfg: KubernetesSection, resources: dict[str
 
 
 def _labels(spec: SandboxSpec) -> dict[str, str]:
-    return {
+    labels = {
         MANAGED_BY[0]: MANAGED_BY[1],
         K8sLabels.SANDBOX: "true",
         K8sLabels.INSTANCE: spec.instance,
@@ -261,6 +263,9 @@ def _labels(spec: SandboxSpec) -> dict[str, str]:
         K8sLabels.SCOPE: spec.scope,
         K8sLabels.CONFIG_HASH: spec.config_hash,
     }
+    if spec.pool_member:  # a warm pool's: no session yet; a claim patches these (kubernetes/pool.py)
+        labels |= {K8sLabels.SCOPE: "pool", K8sLabels.POOL: spec.pool_key or "", K8sLabels.CLAIMED: "false"}
+    return labels
 
 
 def _placement(cfg: KubernetesSection) -> dict[str, Any]:
@@ -278,7 +283,12 @@ def _placement(cfg: KubernetesSection) -> dict[str, Any]:
 
 
 def sandbox_pod(
-    spec: SandboxSpec, cfg: KubernetesSection, namespace: str, *, proxy_ip: str | None = None
+    spec: SandboxSpec,
+    cfg: KubernetesSection,
+    namespace: str,
+    *,
+    proxy_ip: str | None = None,
+    user_of: str | None = None,
 ) -> dict[str, Any]:
     """The Pod of one sandbox spec, restricted by construction.
 
@@ -288,6 +298,7 @@ def sandbox_pod(
         namespace: the tenant's namespace.
         proxy_ip: the ClusterIP of the namespace's egress proxy Service (`network: egress` only):
             the Pod has no resolver, so the proxy's name is pinned in its hosts file.
+        user_of: for a session's own Pod (a uid of its own), the sandbox whose sessions it serves.
 
     Raises:
         ConfigError: the spec asks for something a restricted Pod cannot do (see :func:`refusals`),
@@ -300,6 +311,8 @@ def sandbox_pod(
     resources = {"cpu": f"{int(d.cpus * 1000)}m", "memory": mebibytes(d.memory), "ephemeral-storage": cfg.scratch_size}
     volumes, mounts = _storage(spec, cfg)
     labels = _labels(spec)
+    if user_of is not None:
+        labels[K8sLabels.USER_OF] = label_value(user_of)
     container: dict[str, Any] = {
         "name": "sandbox",
         "image": spec.image,
@@ -336,12 +349,23 @@ def sandbox_pod(
         container["env"] += [
             {"name": name, "value": proxy} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         ]
+        # each secret's placeholder (the proxy puts the value in: kubernetes/proxy_secret.py)
+        marks = placeholders(namespace, policy_hash(spec.egress), spec.egress)
+        container["env"] += [{"name": name, "value": mark} for name, mark in sorted(marks.items())]
+    init: list[dict[str, Any]] = []
+    if copied(spec, cfg):
+        volume, mount = agent_volume()
+        pod_spec["volumes"].append(volume)
+        container["volumeMounts"].append(mount)
+        init.append(copy_step(cfg, resources, _container_security(spec)))
     if workspace_claim_name(spec) is not None and spec.protected:
-        pod_spec["initContainers"] = [_protect_step(spec, cfg, resources)]
+        init.append(_protect_step(spec, cfg, resources))
+    if init:
+        pod_spec["initContainers"] = init
     annotations = {
         K8sAnnotations.TENANT: spec.tenant,
-        K8sAnnotations.SESSION: spec.session,
-        K8sAnnotations.SCOPE_KEY: spec.scope_key,
+        K8sAnnotations.SESSION: "" if spec.pool_member else spec.session,
+        K8sAnnotations.SCOPE_KEY: "" if spec.pool_member else spec.scope_key,
     }
     return {
         "apiVersion": "v1",

@@ -8,6 +8,7 @@ from typing import Any
 from sandbox.config.kubernetes import quantity_bytes
 from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels
 from sandbox.runtime.kubernetes.pss import violations
+from sandbox.runtime.naming import Labels
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
 from sandbox.runtime.spec import Mount, SandboxSpec
 
@@ -17,15 +18,41 @@ def adoptable(pod: dict[str, Any], spec: SandboxSpec, expected: dict[str, Any]) 
     (managed, this instance, this config), restricted, and the fields that decide what it can do
     equal to the rendered Pod's. A Pod planted under the name (loose RBAC, another controller) is
     not handed the session's commands, environment and files."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (
+        labels.get(MANAGED_BY[0]) == MANAGED_BY[1]
+        and labels.get(K8sLabels.INSTANCE) == spec.instance
+        and labels.get(K8sLabels.CONFIG_HASH) == spec.config_hash
+        and same_shape(pod, expected)
+    )
+
+
+def claimable(pod: dict[str, Any], spec: SandboxSpec, expected: dict[str, Any], key: str) -> bool:
+    """Whether a listed warm pool Pod may be handed to `spec`'s session: one of this instance's
+    unclaimed members of pool `key`, of `spec`'s tenant, ready, and of the shape the session's own
+    Pod would have (`expected`). A Pod planted with the pool's labels (loose RBAC, another
+    controller) is never claimed, nor one that is not serving yet."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    status = pod.get("status") or {}
+    ready = [c.get("ready") for c in (pod.get("status") or {}).get("containerStatuses") or []]
+    return (
+        labels.get(MANAGED_BY[0]) == MANAGED_BY[1]
+        and labels.get(K8sLabels.INSTANCE) == spec.instance
+        and labels.get(K8sLabels.POOL) == key
+        and labels.get(K8sLabels.CLAIMED) == "false"
+        and (meta.get("annotations") or {}).get(K8sAnnotations.TENANT) == spec.tenant
+        and bool(ready)
+        and all(ready)
+        and same_shape(pod, expected)
+    )
+
+
+def same_shape(pod: dict[str, Any], expected: dict[str, Any]) -> bool:
+    """Whether a live Pod runs, restricted, with the fields that decide what it can do (account,
+    runtime class, user, image, args, security contexts, volumes) equal to the rendered Pod's."""
     if (
-        labels.get(MANAGED_BY[0]) != MANAGED_BY[1]
-        or labels.get(K8sLabels.INSTANCE) != spec.instance
-        or labels.get(K8sLabels.CONFIG_HASH) != spec.config_hash
-        or meta.get("deletionTimestamp")
-        or status.get("phase") != "Running"
+        (pod.get("metadata") or {}).get("deletionTimestamp")
+        or (pod.get("status") or {}).get("phase") != "Running"
         or violations(pod, "restricted", "v1.33")
     ):
         return False
@@ -37,12 +64,16 @@ def adoptable(pod: dict[str, Any], spec: SandboxSpec, expected: dict[str, Any]) 
         return False
     if live.get("securityContext", {}).get("runAsUser") != want["securityContext"]["runAsUser"]:
         return False
-    live_boxes, want_boxes = live.get("containers") or [], want["containers"]
-    if len(live_boxes) != len(want_boxes):
-        return False
-    for got, wanted in zip(live_boxes, want_boxes, strict=True):
-        for key in ("image", "args", "securityContext"):
-            if got.get(key) != wanted.get(key):
+    # init containers too: one could have written the agent the sandbox is driven by (agent_copy.py)
+    for field in ("containers", "initContainers"):
+        live_boxes, want_boxes = live.get(field) or [], want.get(field) or []
+        if len(live_boxes) != len(want_boxes):
+            return False
+        for got, wanted in zip(live_boxes, want_boxes, strict=True):
+            for key in ("image", "command", "args", "securityContext"):
+                if got.get(key) != wanted.get(key):
+                    return False
+            if _mounts(got) != _mounts(wanted):
                 return False
 
     def kinds(spec_volumes: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -55,6 +86,11 @@ def adoptable(pod: dict[str, Any], spec: SandboxSpec, expected: dict[str, Any]) 
         }
 
     return kinds(live.get("volumes") or []) == kinds(want.get("volumes") or [])
+
+
+def _mounts(container: dict[str, Any]) -> list[dict[str, Any]]:
+    """A container's mounts without false or empty fields (the API server omits `readOnly: false`)."""
+    return [{k: v for k, v in m.items() if v not in (False, None, "")} for m in container.get("volumeMounts") or []]
 
 
 def why_not_running(pod: dict[str, Any] | None) -> str:
@@ -72,13 +108,19 @@ def why_not_running(pod: dict[str, Any] | None) -> str:
 
 
 def info_of(pod: dict[str, Any]) -> SandboxInfo:
+    """A Pod as the engine-neutral listing has it. A claimed pool Pod is listed under the sandbox
+    name of its session (its id stays the Pod's name); the pool and creation time are also under
+    the engine-neutral label keys, so the pool and prune code read them as on Docker."""
     meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
+    labels = dict(meta.get("labels") or {})
     notes = meta.get("annotations") or {}
     scope = labels.get(K8sLabels.SCOPE, "")
+    if labels.get(K8sLabels.POOL):
+        labels[Labels.POOL] = labels[K8sLabels.POOL]
+    labels[Labels.CREATED_AT] = str(meta.get("creationTimestamp") or "")
     return SandboxInfo(
         id=meta.get("name", ""),
-        name=meta.get("name", ""),
+        name=notes.get(K8sAnnotations.SANDBOX_NAME) or meta.get("name", ""),
         kind=labels.get(K8sLabels.KIND, "exec"),
         instance=labels.get(K8sLabels.INSTANCE, ""),
         tenant=notes.get(K8sAnnotations.TENANT, ""),

@@ -1,18 +1,28 @@
 """One sandbox Pod: the Shell primitives the tools use, all through its resident agent.
 
 On a cluster every command goes through the agent over its `pods/exec` stream (one websocket
-per agent, not one per command); there is no host /proc to kill from, so a call's processes are
-signalled from inside (the agent runs the kill), and when that cannot be confirmed the Pod is
-deleted: nothing of a timed-out call goes on. Exec cannot choose a user under Pod Security
-`restricted`, so a shell here runs as the Pod's user only.
+per agent, not one per command). There is no host /proc to kill from, so a call's processes are
+signalled from inside, in three steps, each taken when the one before cannot be:
+1. the agent's signal frame to the command's process group, and the kill by the call's tag
+   (what left the group) run by the agent;
+2. the same kill in a one-shot `pods/exec` of its own, without the agent (its link is gone);
+3. deleting the Pod, when no kill can be confirmed: nothing of a timed-out call goes on.
+
+Exec cannot choose a user under Pod Security `restricted`, so a shell here runs as the Pod's
+user only; a session with a uid of its own (agent or shared scope with session users) has its
+commands, kills and files sent to a Pod of its own, on the same workspace claim.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import signal as signals
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
+from sandbox._log import logger
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime import shellwrap
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
@@ -23,6 +33,7 @@ from sandbox.runtime.spec import SandboxSpec
 if TYPE_CHECKING:
     from sandbox.runtime.kubernetes.backend import KubernetesBackend
 
+KILL_TIMEOUT_S = 15.0
 KILL_NOT_CONFIRMED = (
     "the command's processes could not be confirmed dead, so the sandbox Pod was deleted "
     "(it is created afresh on next use; background processes in it are gone)"
@@ -38,6 +49,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
         self._spec = spec
         self._revive: Callable[[], Awaitable[str]] | None = None
         self.gone = False
+        self._sessions: dict[str, KubernetesSandbox] = {}  # a session user -> its own Pod
 
     @property
     def id(self) -> str:
@@ -47,6 +59,16 @@ class KubernetesSandbox(shellwrap.InSandbox):
     def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
         """How to get a fresh Pod when this one is found gone."""
         self._revive = revive
+
+    async def _elsewhere(self, user: str | None) -> KubernetesSandbox | None:
+        """The Pod that runs `user`'s commands when it is not this one: a session with a uid of
+        its own has a Pod of its own (backend.session_pod); None for this Pod's own user."""
+        if user is None or user == self._spec.user or not self._spec.session_users:
+            return None  # another user without session users is refused by _link
+        pod = self._sessions.get(user)
+        if pod is None or pod.gone:
+            pod = self._sessions[user] = await self._backend.session_pod(self._spec, user)
+        return pod
 
     async def _link(self, user: str | None) -> AgentLink:
         if user is not None and user != self._spec.user:
@@ -66,6 +88,8 @@ class KubernetesSandbox(shellwrap.InSandbox):
 
     async def run(self, request: RunRequest) -> ExecResult:
         """Run `request.command` (see the Shell protocol); a timeout or cancellation kills its work."""
+        if (pod := await self._elsewhere(request.user)) is not None:
+            return await pod.run(dataclasses.replace(request, user=None))
         environment = {**request.env, shellwrap.TAG_VAR: request.call_id}
         argv = shellwrap.wrapped_argv(request.command, request.call_id, request.pid_dir or shellwrap.PID_DIR)
 
@@ -78,6 +102,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
                 timeout_s=request.timeout_s,
                 on_output=request.on_output,
                 capture=request.capture,
+                tag=request.call_id,
             )
 
         return await run_then_stop(
@@ -104,6 +129,8 @@ class KubernetesSandbox(shellwrap.InSandbox):
     async def run_argv(self, argv: Sequence[str], **options: Unpack[ArgvOptions]) -> ExecResult:
         """Run an argv through the agent (helpers and probes)."""
         user, timeout_s, env = argv_options(options)
+        if (pod := await self._elsewhere(user)) is not None:
+            return await pod.run_argv(argv, timeout_s=timeout_s, env=env)
         link = await self._link(user)
         return await link.run(list(argv), environment=dict(env or {}), timeout_s=timeout_s)
 
@@ -111,22 +138,36 @@ class KubernetesSandbox(shellwrap.InSandbox):
         self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
     ) -> None:
         """Signal everything `call_id` started (see :meth:`stop` for a confirmed kill)."""
+        if (pod := await self._elsewhere(user)) is not None:
+            return await pod.kill(call_id, signal, pid_dir=pid_dir)
         await self._kill(call_id, signal, pid_dir=pid_dir)
 
     async def _kill(self, call_id: str, signal: str, *, pid_dir: str | None = None) -> bool:
+        """Steps 1 and 2 of the module docstring; True when the signal was delivered (for KILL:
+        and nothing tagged with `call_id` is left)."""
         shellwrap.check_call_id(call_id)
+        argv = shellwrap.kill_argv(call_id, signal, pid_dir or shellwrap.PID_DIR)
         try:
-            result = await self.run_argv(
-                shellwrap.kill_argv(call_id, signal, pid_dir or shellwrap.PID_DIR), timeout_s=15
-            )
-            if result.exit_code != 0:
-                return False
-            return signal != "KILL" or not await self.alive(call_id)
+            link = await self._link(None)
+            with contextlib.suppress(AgentUnavailable):  # the tag kill below still reaches it
+                await link.signal_tagged(call_id, int(signals.Signals[f"SIG{signal}"]))
+            result = await link.run(argv, timeout_s=KILL_TIMEOUT_S)
+            return result.exit_code == 0 and (signal != "KILL" or not await self.alive(call_id))
+        except SandboxUnavailable as exc:  # the agent is gone, or cannot start: without it
+            logger.bind(pod=self._name, call_id=call_id).warning("k8s_kill_without_agent", reason=exc.message)
+        try:
+            code, _ = await self._backend.exec_once(self._name, argv, KILL_TIMEOUT_S)
+            if code != 0 or signal != "KILL":
+                return code == 0
+            code, out = await self._backend.exec_once(self._name, shellwrap.alive_argv(call_id), KILL_TIMEOUT_S)
+            return code == 0 and not out.split()
         except SandboxUnavailable:
             return False
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids (in the Pod) still tagged with `call_id`."""
+        if (pod := await self._elsewhere(user)) is not None:
+            return await pod.alive(call_id)
         result = await self.run_argv(shellwrap.alive_argv(call_id), timeout_s=15)
         if result.exit_code != 0:
             raise SandboxUnavailable(f"cannot list the processes of call {call_id} in the sandbox Pod")
@@ -134,6 +175,8 @@ class KubernetesSandbox(shellwrap.InSandbox):
 
     async def agent_link(self, user: str | None = None) -> AgentLink:
         """The resident agent of this Pod (the file tools use it: the workspace is not on this host)."""
+        if (pod := await self._elsewhere(user)) is not None:
+            return await pod.agent_link()
         return await self._link(user)
 
     async def volume_folder(self) -> Path | None:

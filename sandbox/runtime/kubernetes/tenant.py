@@ -37,11 +37,11 @@ from sandbox.runtime.kubernetes.names import (
     shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import SANDBOX_SERVICE_ACCOUNT, mebibytes
+from sandbox.runtime.kubernetes.proxy_secret import PROXY_KIND, secret_name
 from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
 
 ORCHESTRATOR_ROLE = "agent-sandbox-orchestrator"
 DENY_ALL = "sbx-deny-all"
-PROXY_KIND = "egress-proxy"
 # what a proxy may never reach: private, shared, link-local (cloud metadata) and loopback ranges,
 # whatever the cluster's own CIDRs are (the proxy's own check refuses them too)
 NOT_FROM_PROXY_V4 = ["10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"]
@@ -122,19 +122,28 @@ def quota_objects(config: Config, tenant: TenantConfig, namespace: str) -> list[
 
 
 def access_objects(
-    tenant: str, namespace: str, orchestrator: Orchestrator, provider: str = "pods"
+    tenant: str, namespace: str, orchestrator: Orchestrator, provider: str = "pods", proxies: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
-    (with the agent-sandbox objects' rules under `provider: agent-sandbox`)."""
-    # only what the backend does today: no patch, no watch, no deleting claims (a stolen token must
-    # not wipe workspaces), no secrets (the proxy's Secret is the operator's until its writer exists)
+    (with the agent-sandbox objects' rules under `provider: agent-sandbox`, and the writing of
+    the `proxies`' Secrets)."""
+    # only what the backend does: no deleting claims (a stolen token must not wipe workspaces).
+    # `patch` and `watch` on pods are the warm pool's (kubernetes/pool.py: a claim is one label
+    # patch, a watch refills); patch adds no power over a Pod that create and delete do not give
+    # already. Secrets are never read: the proxies' are created, and patched only by their names
+    # (kubernetes/proxy_secret.py)
     rules = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         # the exec websocket is a GET that needs `create` too (kubernetes#134577)
         {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
     ]
+    if proxies:
+        rules += [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"], "resourceNames": sorted(proxies)},
+        ]
     if provider == "agent-sandbox":
         rules += ROLE_RULES
     return [
@@ -238,8 +247,8 @@ def network_objects(tenant: str, namespace: str, policies: dict[str, dict[str, A
 def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, Any]) -> list[dict[str, Any]]:
     """One egress proxy: a restricted Deployment and its Service. Its resolved policy (with the
     secrets' values) is the Secret `proxy-<hash>`, key policy.json, which only this Deployment
-    reads (the operator makes it today; the orchestrator's writer is not built)."""
-    name = f"proxy-{digest}"
+    reads; the orchestrator writes it (kubernetes/proxy_secret.py)."""
+    name = secret_name(digest)
     labels = {K8sLabels.KIND: PROXY_KIND, K8sLabels.EGRESS: digest}
     limits = {"cpu": "1000m", "memory": mebibytes(PROXY_MEMORY), "ephemeral-storage": "64Mi"}
     pod = {
@@ -307,7 +316,7 @@ def tenant_objects(config: Config, tenant: TenantConfig, orchestrator: Orchestra
     namespace = namespace_for(k8s, tenant.id)
     policies = egress_policies(tenant_agents(config, tenant.id))
     objects = [namespace_object(k8s, tenant.id)]
-    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider)
+    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, [secret_name(d) for d in policies])
     objects += quota_objects(config, tenant, namespace)
     objects += network_objects(tenant.id, namespace, policies)
     for digest, policy in sorted(policies.items()):
