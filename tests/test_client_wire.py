@@ -214,3 +214,11 @@ async def test_an_async_stream_cut_mid_way_is_a_transport_error() -> None:
                 async for event in events:
                     got.append(event.kind)
     assert got == ["queued"]
+
+
+def test_the_client_surface_is_explicit() -> None:
+    """sandbox.client.__all__ is sorted and names only what exists."""
+    import sandbox.client
+
+    assert sandbox.client.__all__ == sorted(sandbox.client.__all__)
+    assert all(hasattr(sandbox.client, name) for name in sandbox.client.__all__)

@@ -23,6 +23,7 @@ def test_all_is_sorted_and_complete() -> None:
         "api",
         "testing",
         "sessions",
+        "client",
     }
     assert public - modules == set(sandbox.__all__)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
 
@@ -171,8 +172,8 @@ class AsyncClient:
                 return
             cursor = page.next_cursor
 
-    def stream(self, method: str, url: str, **options: Any) -> Any:
-        """httpx's streaming request (for the event stream), unretried."""
+    def stream(self, method: str, url: str, **options: Any) -> AbstractAsyncContextManager[httpx.Response]:
+        """httpx's streaming request, its refusals unmapped and unretried (the event stream maps them)."""
         return self._http.stream(method, url, **options)
 
 
@@ -237,7 +238,7 @@ class AsyncEventStream:
 
     def __init__(self, client: AsyncClient, url: str, query: dict[str, Any]) -> None:
         self._client, self._url, self._query = client, url, query
-        self._context: Any = None
+        self._context: AbstractAsyncContextManager[httpx.Response] | None = None
         self._response: httpx.Response | None = None
 
     async def __aenter__(self) -> AsyncEventStream:

@@ -79,7 +79,7 @@ def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit alone passes "¹", which float() refuses
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
@@ -168,8 +169,8 @@ class Client:
                 return
             cursor = page.next_cursor
 
-    def stream(self, method: str, url: str, **options: Any) -> Any:
-        """httpx's streaming request (for the event stream), unretried."""
+    def stream(self, method: str, url: str, **options: Any) -> AbstractContextManager[httpx.Response]:
+        """httpx's streaming request, its refusals unmapped and unretried (the event stream maps them)."""
         return self._http.stream(method, url, **options)
 
 
@@ -232,7 +233,7 @@ class EventStream:
 
     def __init__(self, client: Client, url: str, query: dict[str, Any]) -> None:
         self._client, self._url, self._query = client, url, query
-        self._context: Any = None
+        self._context: AbstractContextManager[httpx.Response] | None = None
         self._response: httpx.Response | None = None
 
     def __enter__(self) -> EventStream:
