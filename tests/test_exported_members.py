@@ -24,6 +24,7 @@ def test_all_is_sorted_and_complete() -> None:
         "testing",
         "sessions",
         "state",
+        "client",
     }
     assert public - modules == set(sandbox.__all__)
 

@@ -16,6 +16,7 @@ CONTRACTS = {
     "config-below-runtime",
     "agent-over-any-stream",
     "backends-independent",
+    "client-over-http",
 }
 
 
