@@ -6,6 +6,7 @@ inside the template is the same restricted Pod."""
 from __future__ import annotations
 
 import copy
+import functools
 import gzip
 from pathlib import Path
 from typing import Any
@@ -39,21 +40,20 @@ def _strict(schema: Any) -> Any:
     return out
 
 
+@functools.cache  # loaded by the first test that needs it, not at collection in every worker
 def _schemas() -> dict[tuple[str, str], Any]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the templates' CRD is large
     found = {}
     for path in sorted(CRDS.glob("*.yaml.gz")):
-        crd = yaml.safe_load(gzip.decompress(path.read_bytes()))
+        crd = yaml.load(gzip.decompress(path.read_bytes()), Loader=loader)
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
             found[(f"{group}/{version['name']}", kind)] = _strict(version["schema"]["openAPIV3Schema"])
     return found
 
 
-SCHEMAS = _schemas()
-
-
 def problems(obj: dict[str, Any]) -> list[str]:
-    validator = jsonschema.Draft202012Validator(SCHEMAS[(obj["apiVersion"], obj["kind"])])
+    validator = jsonschema.Draft202012Validator(_schemas()[(obj["apiVersion"], obj["kind"])])
     return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(obj)]
 
 
