@@ -65,6 +65,10 @@ class FakeCluster(ExecServer):
     # every change as the watch streams it: (resourceVersion, type, kind, namespace, a copy)
     events: list[tuple[int, str, str, str, dict[str, Any]]] = field(default_factory=list)
     forbidden: set[tuple[str, str]] = field(default_factory=set)  # (verb, kind) the Role does not grant
+    granted: set[tuple[str, str, str]] = field(default_factory=set)  # (verb, kind, name) it grants by name
+    # the CNI: Pods join this Docker network when set (none by default: deny-all), and their
+    # hostAliases go into their hosts file, as a kubelet writes them
+    pod_network: str | None = None
     hold_patches: int = 0  # the first N patches wait until N have arrived (a claim race, made sure)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -167,7 +171,8 @@ class FakeCluster(ExecServer):
             return status(404, "NotFound", f"no resource {request.match_info['kind']}")
         named = "name" in request.match_info
         verb = VERBS.get(request.method) or ("get" if named else "watch" if "watch" in request.query else "list")
-        if (verb, request.match_info["kind"]) in self.forbidden:
+        by_name = (verb, request.match_info["kind"], request.match_info.get("name", ""))
+        if (verb, request.match_info["kind"]) in self.forbidden and by_name not in self.granted:
             return status(403, "Forbidden", f"cannot {verb} resource {request.match_info['kind']}")
         if request.match_info["ns"] not in self.namespaces:
             return status(404, "NotFound", f'namespaces "{request.match_info["ns"]}" not found')
@@ -295,7 +300,8 @@ class FakeCluster(ExecServer):
                 read_only=bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem")),
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges:true"],
-                network_mode="none",
+                network_mode=self.pod_network or "none",
+                extra_hosts={h: a["ip"] for a in spec.get("hostAliases") or [] for h in a["hostnames"]} or None,
                 tmpfs=tmpfs,
                 volumes=fake_init.binds(container, dirs),
                 mem_limit=_bytes(limits.get("memory", "1Gi")),

@@ -8,7 +8,8 @@ from typing import Any
 from sandbox.config import Config, load_config_text
 from sandbox.config.merge import effective_agent
 from sandbox.runtime.kubernetes.names import namespace_for
-from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
+from sandbox.runtime.kubernetes.pod import ProxyRef, sandbox_pod, workspace_claim
+from sandbox.runtime.kubernetes.proxy_ca import ca_placeholder
 from sandbox.runtime.kubernetes.tenant import Orchestrator, tenant_objects
 from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
@@ -65,7 +66,8 @@ def pod_objects(config: Config, agent: str, proxy_ip: str = "10.96.7.7") -> list
     k8s = config.runtime.kubernetes
     namespace = namespace_for(k8s, spec.tenant)
     claim = workspace_claim(spec, k8s, namespace)
-    return [*([claim] if claim else []), sandbox_pod(spec, k8s, namespace, proxy_ip=proxy_ip)]
+    proxy = ProxyRef(proxy_ip, ca_placeholder(spec.egress)) if spec.egress is not None else None
+    return [*([claim] if claim else []), sandbox_pod(spec, k8s, namespace, proxy=proxy)]
 
 
 def every_object(config: Config) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from sandbox.runtime.kubernetes.agent_sandbox import provider_objects
+from sandbox.runtime.kubernetes.pod import ProxyRef
 from sandbox.runtime.kubernetes.pss import violations
 from sandbox.runtime.kubernetes.tenant import Orchestrator, tenant_objects
 from tests.cli_helpers import run_cli
@@ -61,7 +62,7 @@ def problems(obj: dict[str, Any]) -> list[str]:
 def test_every_rendered_object_satisfies_the_crds(tmp_path: Path, agent: str) -> None:
     config = k8s_config(tmp_path, "    provider: agent-sandbox")
     objects = provider_objects(
-        spec_of(config, agent), config.runtime.kubernetes, "sbx-acme", replicas=2, proxy_ip="10.96.0.9"
+        spec_of(config, agent), config.runtime.kubernetes, "sbx-acme", replicas=2, proxy=ProxyRef("10.96.0.9")
     )
     assert [o["kind"] for o in objects] == ["SandboxTemplate", "SandboxWarmPool", "SandboxClaim"]
     for obj in objects:

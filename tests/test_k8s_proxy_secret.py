@@ -63,7 +63,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[FakeCluster]:
     config = _config(tmp_path)
     namespace = namespace_for(config.runtime.kubernetes, "acme")
     digest = policy_hash(egress_policy(effective_agent(config, "web")))
-    async with FakeCluster(namespaces={namespace}, forbidden={("get", "secrets"), ("list", "secrets")}) as fake:
+    forbidden = {("get", "secrets"), ("list", "secrets")}
+    granted = {("get", "secrets", f"proxy-{digest}-ca")}  # the CA Secret only, by name (as the Role)
+    async with FakeCluster(namespaces={namespace}, forbidden=forbidden, granted=granted) as fake:
         service = {"metadata": {"name": f"proxy-{digest}", "namespace": namespace}, "spec": {"clusterIP": "10.96.0.9"}}
         fake.objects[("services", namespace, f"proxy-{digest}")] = service
         yield fake
@@ -74,7 +76,9 @@ def _spec(config: Config, session: str) -> SandboxSpec:
 
 
 def _policy_json(cluster: FakeCluster) -> dict[str, Any]:
-    (secret,) = [obj for (kind, _, _), obj in cluster.objects.items() if kind == "secrets"]
+    (secret,) = [
+        obj for (kind, _, _), obj in cluster.objects.items() if kind == "secrets" and "policy.json" in obj["data"]
+    ]
     parsed: dict[str, Any] = json.loads(base64.b64decode(secret["data"]["policy.json"]))
     return parsed
 
@@ -94,14 +98,17 @@ async def test_an_egress_sandbox_writes_its_proxys_secret_and_holds_only_a_place
         await backend.aclose()
     policy = _policy_json(cluster)
     (secret,) = policy["secrets"]
+    secret_name = f"proxy-{policy['identity']['policy']}"
     assert secret["value"] == VALUE and secret["name"] == "API_TOKEN"
     assert policy["identity"]["tenant"] == "acme" and policy["client_subnet"] is None
     pod = next(obj for (kind, _, name), obj in cluster.objects.items() if kind == "pods" and name == box.id)
     assert VALUE not in json.dumps(pod)
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["API_TOKEN"] == secret["placeholder"]
-    secret_requests = [(m, p) for m, p in cluster.requests if "/secrets" in p]
-    assert [m for m, _ in secret_requests] == ["POST"]
+    secret_requests = [(m, p.rsplit("/", 1)[-1]) for m, p in cluster.requests if "/secrets" in p]
+    # the CA looked for (404) and created (proxy_ca.py), then the policy's Secret created; the one
+    # with the values is never read
+    assert secret_requests == [("GET", f"{secret_name}-ca"), ("POST", "secrets"), ("POST", "secrets")]
 
 
 async def test_a_restarted_orchestrator_patches_the_secret_whole_without_reading_it(
@@ -118,14 +125,17 @@ async def test_a_restarted_orchestrator_patches_the_secret_whole_without_reading
         finally:
             await backend.aclose()
     assert _policy_json(cluster)["secrets"][0]["value"] == "rotated-value"
-    methods = [m for m, p in cluster.requests if "/secrets" in p]
-    assert methods == ["POST", "POST", "PATCH"]
+    to_policy = [m for m, p in cluster.requests if "/secrets" in p and not p.endswith("-ca")]
+    # creates (the CA's and the policy's, both POST to the collection), then the patch; no GET
+    assert to_policy == ["POST", "POST", "POST", "PATCH"]
+    assert not [p for m, p in cluster.requests if m == "GET" and "/secrets/" in p and not p.endswith("-ca")]
 
 
 async def test_a_secret_that_cannot_be_read_stops_before_anything_is_written(
     tmp_path: Path, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unset variable is an error naming the secret; no Secret and no Pod are made."""
+    """An unset variable is an error naming the secret; no Secret with values and no Pod are made
+    (the proxy's CA may be: it holds no value, and the next try uses it)."""
     monkeypatch.delenv("SBX_TEST_API_TOKEN", raising=False)
     config = _config(tmp_path)
     backend = KubernetesBackend(config, api=cluster.api())
@@ -134,7 +144,7 @@ async def test_a_secret_that_cannot_be_read_stops_before_anything_is_written(
             await backend.ensure(_spec(config, "agent:web:s1"))
     finally:
         await backend.aclose()
-    assert [k for k in cluster.objects if k[0] in ("pods", "secrets")] == []
+    assert [k for k in cluster.objects if k[0] == "pods" or k[0] == "secrets" and not k[2].endswith("-ca")] == []
 
 
 @pytest.mark.parametrize("version", ["1.33", "1.37"])
@@ -152,8 +162,8 @@ def test_the_secret_passes_the_strict_schema_and_placeholders_are_stable(
 
 
 def test_the_role_may_create_secrets_and_patch_only_the_proxies_own(tmp_path: Path) -> None:
-    """Least privilege: create, and patch by name; never get, list or watch; nothing for a tenant
-    without egress."""
+    """Least privilege: create, and patch by name; get only the proxies' CA Secrets, by name (never
+    the policy's, which holds the values); never list or watch; nothing for a tenant without egress."""
     config = _config(tmp_path)
     digest = policy_hash(egress_policy(effective_agent(config, "web")))
     for tenant, expected in (("acme", [f"proxy-{digest}"]), ("quiet", None)):
@@ -163,6 +173,8 @@ def test_the_role_may_create_secrets_and_patch_only_the_proxies_own(tmp_path: Pa
         if expected is None:
             assert rules == []
             continue
-        assert {v for r in rules for v in r["verbs"]} == {"create", "patch"}
+        assert {v for r in rules for v in r["verbs"]} == {"create", "patch", "get"}
         patch = next(r for r in rules if "patch" in r["verbs"])
         assert patch["resourceNames"] == expected and patch["verbs"] == ["patch"]
+        get = next(r for r in rules if "get" in r["verbs"])
+        assert get["verbs"] == ["get"] and get["resourceNames"] == [f"{name}-ca" for name in expected]

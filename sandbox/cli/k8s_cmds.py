@@ -74,7 +74,8 @@ def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) 
     # imported when the command runs: `sandbox --help` stays cheap
     from sandbox.config.merge import default_agent_id, effective_agent
     from sandbox.runtime.kubernetes.names import namespace_for
-    from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
+    from sandbox.runtime.kubernetes.pod import ProxyRef, sandbox_pod, workspace_claim
+    from sandbox.runtime.kubernetes.proxy_ca import ca_placeholder
     from sandbox.runtime.naming import instance_id
     from sandbox.runtime.spec import spec_from_config
 
@@ -87,13 +88,17 @@ def pod(state: State, agent_id: str | None, session: str, proxy_ip: str | None) 
     spec = spec_from_config(config, agent, session, instance_id(config.state_dir, config.instance))
     k8s = config.runtime.kubernetes
     namespace = namespace_for(k8s, spec.tenant)
+    proxy = None
+    if proxy_ip is not None and spec.egress is not None:
+        # the proxy's CA is the cluster's (its Secret): the Pod shows where it goes
+        proxy = ProxyRef(proxy_ip, ca_placeholder(spec.egress))
     if k8s.provider == "agent-sandbox":
         # imported when the command runs: `sandbox --help` stays cheap
         from sandbox.runtime.kubernetes.agent_sandbox import provider_objects
 
-        objects = provider_objects(spec, k8s, namespace, replicas=agent.sandbox.pool.size, proxy_ip=proxy_ip)
+        objects = provider_objects(spec, k8s, namespace, replicas=agent.sandbox.pool.size, proxy=proxy)
     else:
-        objects = [sandbox_pod(spec, k8s, namespace, proxy_ip=proxy_ip)]
+        objects = [sandbox_pod(spec, k8s, namespace, proxy=proxy)]
     if (claim := workspace_claim(spec, k8s, namespace)) is not None:
         objects.insert(0, claim)
     click.echo(_yaml(objects))

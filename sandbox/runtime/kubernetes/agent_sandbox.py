@@ -14,7 +14,7 @@ from typing import Any
 
 from sandbox.config.kubernetes import KubernetesSection
 from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels, label_value
-from sandbox.runtime.kubernetes.pod import sandbox_pod
+from sandbox.runtime.kubernetes.pod import ProxyRef, sandbox_pod
 from sandbox.runtime.spec import SandboxSpec
 
 GROUP = "extensions.agents.x-k8s.io/v1beta1"
@@ -26,14 +26,14 @@ def template_name(spec: SandboxSpec) -> str:
 
 
 def provider_objects(
-    spec: SandboxSpec, cfg: KubernetesSection, namespace: str, *, replicas: int = 0, proxy_ip: str | None = None
+    spec: SandboxSpec, cfg: KubernetesSection, namespace: str, *, replicas: int = 0, proxy: ProxyRef | None = None
 ) -> list[dict[str, Any]]:
     """The template (the rendered Pod inside), the warm pool of `replicas`, and the claim of `spec`.
 
     Raises:
         ConfigError: what sandbox_pod refuses.
     """
-    pod = sandbox_pod(spec, cfg, namespace, proxy_ip=proxy_ip)
+    pod = sandbox_pod(spec, cfg, namespace, proxy=proxy)
     name = template_name(spec)
     labels = {MANAGED_BY[0]: MANAGED_BY[1], K8sLabels.TENANT: label_value(spec.tenant)}
     meta = {"namespace": namespace, "labels": labels, "annotations": {K8sAnnotations.TENANT: spec.tenant}}

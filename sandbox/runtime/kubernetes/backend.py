@@ -37,13 +37,12 @@ from sandbox.runtime.kubernetes.names import (
     K8sLabels,
     label_value,
     namespace_for,
-    policy_hash,
     shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim
 from sandbox.runtime.kubernetes.pods_read import adoptable, facts_of, info_of, why_not_running
 from sandbox.runtime.kubernetes.pool import KubernetesWarmPool
-from sandbox.runtime.kubernetes.proxy_secret import proxy_secret, secret_name
+from sandbox.runtime.kubernetes.proxy_edge import ProxyEdges
 from sandbox.runtime.kubernetes.sandbox import KubernetesSandbox
 from sandbox.runtime.naming import short_hash
 from sandbox.runtime.protocol import SandboxFacts, SandboxInfo
@@ -79,7 +78,7 @@ class KubernetesBackend:
         self._http: aiohttp.ClientSession | None = None
         self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
         self._pod_of: dict[str, str] = {}  # a session's sandbox name -> the pool Pod it claimed
-        self._secrets_written: set[tuple[str, str]] = set()  # (namespace, policy hash) of proxy Secrets
+        self.proxies = ProxyEdges(self.api)
         self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
@@ -186,8 +185,8 @@ class KubernetesBackend:
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace
         found = await self._found(namespace, spec.name) if not spec.pool_member else None
-        proxy_ip = await self._proxy_ip(namespace, spec) if spec.egress is not None else None
-        pod = sandbox_pod(spec, self.cfg, namespace, proxy_ip=proxy_ip, user_of=user_of)
+        proxy = await self.proxies.proxy(namespace, spec) if spec.egress is not None else None
+        pod = sandbox_pod(spec, self.cfg, namespace, proxy=proxy, user_of=user_of)
         if found is not None and adoptable(found, spec, pod):
             return KubernetesSandbox(self, found["metadata"]["name"], spec)
         if found is not None:
@@ -195,11 +194,11 @@ class KubernetesBackend:
             await self._delete_and_wait(namespace, found["metadata"]["name"])
             self._pod_of.pop(spec.name, None)
         if spec.egress is not None:
-            await self._write_proxy_secret(namespace, spec.tenant, spec.egress)
+            await self.proxies.write_secret(namespace, spec.tenant, spec.egress)
         if (claim := workspace_claim(spec, self.cfg, namespace)) is not None:
             await api.create("persistentvolumeclaims", namespace, claim, exists_ok=True)
         if self.cfg.provider == "agent-sandbox":  # a SandboxClaim's Pod (kubernetes/provider.py)
-            made = await provider.claimed_pod(self, spec, namespace, proxy_ip)
+            made = await provider.claimed_pod(self, spec, namespace, proxy)
             self.claimed(spec.name, made, namespace)
             return KubernetesSandbox(self, made, spec)
         await api.create("pods", namespace, pod)
@@ -210,31 +209,6 @@ class KubernetesBackend:
                 await api.delete("pods", namespace, spec.name)
             raise
         return KubernetesSandbox(self, spec.name, spec)
-
-    async def _write_proxy_secret(self, namespace: str, tenant: str, policy: dict[str, Any]) -> None:
-        """The Secret of the namespace's proxy for `policy` (its values read now), written once per
-        proxy by this process: created, or patched whole when it exists; never read."""
-        digest = policy_hash(policy)
-        if (namespace, digest) in self._secrets_written:
-            return
-        secret = proxy_secret(tenant, namespace, digest, policy)
-        api = await self.api()
-        if not await api.create("secrets", namespace, secret, exists_ok=True):
-            await api.patch("secrets", namespace, secret_name(digest), {"stringData": secret["stringData"]})
-        self._secrets_written.add((namespace, digest))
-        logger.bind(secret=secret_name(digest), namespace=namespace).info("k8s_proxy_secret_written")
-
-    async def _proxy_ip(self, namespace: str, spec: SandboxSpec) -> str:
-        assert spec.egress is not None
-        name = f"proxy-{policy_hash(spec.egress)}"
-        service = await (await self.api()).get("services", namespace, name)
-        address = ((service or {}).get("spec") or {}).get("clusterIP")
-        if not address or address == "None":
-            raise SandboxUnavailable(
-                f"the egress proxy Service {namespace}/{name} is missing: apply what "
-                f"`sandbox k8s render --tenant {spec.tenant}` prints"
-            )
-        return str(address)
 
     def pool_size(self, spec: SandboxSpec) -> int:
         """The warm pool size of `spec`'s agent (0: none, or no longer configured)."""

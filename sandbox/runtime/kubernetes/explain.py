@@ -11,7 +11,8 @@ from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.kubernetes.exec_ws import V4, V5
 from sandbox.runtime.kubernetes.names import namespace_for
-from sandbox.runtime.kubernetes.pod import sandbox_pod, workspace_claim_name
+from sandbox.runtime.kubernetes.pod import ProxyRef, sandbox_pod, workspace_claim_name
+from sandbox.runtime.kubernetes.proxy_ca import ca_placeholder
 from sandbox.runtime.naming import instance_id
 from sandbox.runtime.spec import spec_from_config
 
@@ -32,7 +33,8 @@ def pod_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveAgent |
         )
         namespace = namespace_for(k8s, spec.tenant)
         # the proxy's address is the cluster's to give; explain needs only the rest of the Pod
-        pod = sandbox_pod(spec, k8s, namespace, proxy_ip=PROXY_PLACEHOLDER if spec.egress is not None else None)
+        proxy = ProxyRef(PROXY_PLACEHOLDER, ca_placeholder(spec.egress)) if spec.egress is not None else None
+        pod = sandbox_pod(spec, k8s, namespace, proxy=proxy)
     except SandboxError as exc:
         return {"error": exc.message}
     container = pod["spec"]["containers"][0]

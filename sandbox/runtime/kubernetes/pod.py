@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sandbox.config.binds import CONTAINER_WORKDIR
@@ -19,6 +20,7 @@ from sandbox.config.kubernetes import KubernetesSection
 from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
 from sandbox.runtime.egress_proxy import PROXY_PORT
+from sandbox.runtime.egress_secrets import CA_BUNDLE, CA_VARIABLES
 from sandbox.runtime.kubernetes.agent_copy import agent_volume, copied, copy_step
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
@@ -28,6 +30,7 @@ from sandbox.runtime.kubernetes.names import (
     label_value,
     policy_hash,
 )
+from sandbox.runtime.kubernetes.proxy_ca import bundle_step, bundle_volume, decrypts
 from sandbox.runtime.kubernetes.proxy_secret import placeholders
 from sandbox.runtime.seccomp import STRICT
 from sandbox.runtime.spec import SandboxSpec
@@ -38,6 +41,16 @@ RESTRICTED_ADDABLE = frozenset({"NET_BIND_SERVICE"})
 # no resolver: `dnsPolicy: None` needs one nameserver, so it is loopback, where nothing answers
 NO_RESOLVER = "127.0.0.1"
 EGRESS_PROXY_HOST = "egress-proxy"  # the proxy Service's address, pinned by hostAliases
+
+
+@dataclass(frozen=True)
+class ProxyRef:
+    """Where an egress sandbox's proxy is on the cluster: its Service's ClusterIP (pinned in the
+    Pod's hosts file: the Pod has no resolver) and its CA certificate, which the sandbox trusts
+    for the secrets' hosts ("" when the proxy decrypts nothing: kubernetes/proxy_ca.py)."""
+
+    ip: str
+    ca_pem: str = ""
 
 
 # run by the `protect` init container as the sandbox's user, on the workspace claim: makes each
@@ -287,7 +300,7 @@ def sandbox_pod(
     cfg: KubernetesSection,
     namespace: str,
     *,
-    proxy_ip: str | None = None,
+    proxy: ProxyRef | None = None,
     user_of: str | None = None,
 ) -> dict[str, Any]:
     """The Pod of one sandbox spec, restricted by construction.
@@ -296,13 +309,12 @@ def sandbox_pod(
         spec: the sandbox.
         cfg: `runtime.kubernetes`.
         namespace: the tenant's namespace.
-        proxy_ip: the ClusterIP of the namespace's egress proxy Service (`network: egress` only):
-            the Pod has no resolver, so the proxy's name is pinned in its hosts file.
+        proxy: the namespace's egress proxy of the spec's policy (`network: egress` only).
         user_of: for a session's own Pod (a uid of its own), the sandbox whose sessions it serves.
 
     Raises:
         ConfigError: the spec asks for something a restricted Pod cannot do (see :func:`refusals`),
-            or an egress sandbox has no proxy address.
+            or an egress sandbox has no proxy (or none with the CA its secrets need).
     """
     if problems := refusals(spec, cfg):
         raise ConfigError(problems)
@@ -340,19 +352,28 @@ def sandbox_pod(
         "volumes": volumes,
         **_placement(cfg),
     }
+    init: list[dict[str, Any]] = []
     if spec.egress is not None:
         labels[K8sLabels.EGRESS] = policy_hash(spec.egress)
-        if proxy_ip is None:
+        if proxy is None:
             raise ConfigError([f"sandbox.docker.network: egress needs the {namespace} egress proxy's address"])
-        pod_spec["hostAliases"] = [{"ip": proxy_ip, "hostnames": [EGRESS_PROXY_HOST]}]
-        proxy = f"http://{EGRESS_PROXY_HOST}:{PROXY_PORT}"
+        pod_spec["hostAliases"] = [{"ip": proxy.ip, "hostnames": [EGRESS_PROXY_HOST]}]
+        url = f"http://{EGRESS_PROXY_HOST}:{PROXY_PORT}"
         container["env"] += [
-            {"name": name, "value": proxy} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+            {"name": name, "value": url} for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         ]
         # each secret's placeholder (the proxy puts the value in: kubernetes/proxy_secret.py)
         marks = placeholders(namespace, policy_hash(spec.egress), spec.egress)
         container["env"] += [{"name": name, "value": mark} for name, mark in sorted(marks.items())]
-    init: list[dict[str, Any]] = []
+        if decrypts(spec.egress):  # the proxy decrypts the secrets' hosts: its CA is trusted here
+            if not proxy.ca_pem:
+                raise ConfigError([f"sandbox.egress.secrets: the {namespace} egress proxy's CA is needed"])
+            container["env"] += [{"name": name, "value": CA_BUNDLE} for name in CA_VARIABLES]
+            volume, mount = bundle_volume()
+            pod_spec["volumes"].append(volume)
+            container["volumeMounts"].append(mount)
+            security = _container_security(spec)
+            init.append(bundle_step(spec.image, cfg.image_pull_policy, proxy.ca_pem, resources, security))
     if copied(spec, cfg):
         volume, mount = agent_volume()
         pod_spec["volumes"].append(volume)

@@ -21,6 +21,7 @@ import anyio
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.kubernetes.agent_sandbox import GROUP, provider_objects
 from sandbox.runtime.kubernetes.names import K8sAnnotations
+from sandbox.runtime.kubernetes.pod import ProxyRef
 from sandbox.runtime.kubernetes.pods_read import same_shape
 from sandbox.runtime.spec import SandboxSpec
 
@@ -43,7 +44,7 @@ async def claim_exists(backend: KubernetesBackend, namespace: str, name: str) ->
     return status != 404
 
 
-async def claimed_pod(backend: KubernetesBackend, spec: SandboxSpec, namespace: str, proxy_ip: str | None) -> str:
+async def claimed_pod(backend: KubernetesBackend, spec: SandboxSpec, namespace: str, proxy: ProxyRef | None) -> str:
     """The Pod of `spec`'s claim (made when missing), once it runs as rendered; its name.
 
     Raises:
@@ -52,7 +53,7 @@ async def claimed_pod(backend: KubernetesBackend, spec: SandboxSpec, namespace: 
     """
     api = await backend.api()
     pool_size = backend.pool_size(spec)
-    objects = provider_objects(spec, backend.cfg, namespace, replicas=pool_size, proxy_ip=proxy_ip)
+    objects = provider_objects(spec, backend.cfg, namespace, replicas=pool_size, proxy=proxy)
     claim = objects[-1]
     # the session's sandbox name on its Pod, so a listing shows the session (a Pod keeps its name)
     claim["spec"]["additionalPodMetadata"]["annotations"][K8sAnnotations.SANDBOX_NAME] = spec.name

@@ -56,20 +56,34 @@ def proxy_secret(tenant: str, namespace: str, digest: str, policy: dict[str, Any
         # the cluster's and the nodes' ranges are the NetworkPolicy's ipBlock exceptions
         "host_addresses": [],
     }
+    return secret_object(
+        secret_name(digest),
+        namespace,
+        tenant,
+        digest,
+        PROXY_KIND,
+        {"policy.json": json.dumps(proxy_policy, sort_keys=True)},
+    )
+
+
+def secret_object(
+    name: str, namespace: str, tenant: str, digest: str, kind: str, data: dict[str, str]
+) -> dict[str, Any]:
+    """A Secret of the proxy of policy `digest`, labelled as the orchestrator's (`kind`: what it holds)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": secret_name(digest),
+            "name": name,
             "namespace": namespace,
             "labels": {
                 MANAGED_BY[0]: MANAGED_BY[1],
                 K8sLabels.TENANT: label_value(tenant),
-                K8sLabels.KIND: PROXY_KIND,
+                K8sLabels.KIND: kind,
                 K8sLabels.EGRESS: digest,
             },
             "annotations": {K8sAnnotations.TENANT: tenant},
         },
         "type": "Opaque",
-        "stringData": {"policy.json": json.dumps(proxy_policy, sort_keys=True)},
+        "stringData": data,
     }

@@ -37,6 +37,7 @@ from sandbox.runtime.kubernetes.names import (
     shared_namespace_problem,
 )
 from sandbox.runtime.kubernetes.pod import SANDBOX_SERVICE_ACCOUNT, mebibytes
+from sandbox.runtime.kubernetes.proxy_ca import PROXY_CA_SCRIPT, ca_secret_name, decrypts, proxy_ca_volume
 from sandbox.runtime.kubernetes.proxy_secret import PROXY_KIND, secret_name
 from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
 
@@ -122,11 +123,16 @@ def quota_objects(config: Config, tenant: TenantConfig, namespace: str) -> list[
 
 
 def access_objects(
-    tenant: str, namespace: str, orchestrator: Orchestrator, provider: str = "pods", proxies: list[str] | None = None
+    tenant: str,
+    namespace: str,
+    orchestrator: Orchestrator,
+    provider: str = "pods",
+    proxies: list[str] | None = None,
+    cas: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
-    (with the agent-sandbox objects' rules under `provider: agent-sandbox`, and the writing of
-    the `proxies`' Secrets)."""
+    (with the agent-sandbox objects' rules under `provider: agent-sandbox`, the writing of the
+    `proxies`' Secrets, and the reading of their `cas` Secrets by name)."""
     # only what the backend does: no deleting claims (a stolen token must not wipe workspaces).
     # `patch` and `watch` on pods are the warm pool's (kubernetes/pool.py: a claim is one label
     # patch, a watch refills); patch adds no power over a Pod that create and delete do not give
@@ -144,6 +150,8 @@ def access_objects(
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"], "resourceNames": sorted(proxies)},
         ]
+    if cas:  # a CA another replica made is read back, by name (kubernetes/proxy_ca.py)
+        rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": sorted(cas)})
     if provider == "agent-sandbox":
         rules += ROLE_RULES
     return [
@@ -251,7 +259,7 @@ def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, An
     name = secret_name(digest)
     labels = {K8sLabels.KIND: PROXY_KIND, K8sLabels.EGRESS: digest}
     limits = {"cpu": "1000m", "memory": mebibytes(PROXY_MEMORY), "ephemeral-storage": "64Mi"}
-    pod = {
+    pod: dict[str, Any] = {
         "metadata": {"labels": {MANAGED_BY[0]: MANAGED_BY[1], **labels}},
         "spec": {
             "automountServiceAccountToken": False,
@@ -288,6 +296,14 @@ def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, An
             "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}],
         },
     }
+    if decrypts(policy):  # its CA, the one its sandboxes trust (kubernetes/proxy_ca.py)
+        volume, mount = proxy_ca_volume(digest)
+        spec: dict[str, Any] = pod["spec"]
+        spec["securityContext"]["fsGroup"] = 1000  # the key is readable by the proxy's group only
+        spec["volumes"].append(volume)
+        proxy = spec["containers"][0]
+        proxy["volumeMounts"].append(mount)
+        proxy["command"] = ["/usr/bin/tini", "--", "/bin/sh", "-c", PROXY_CA_SCRIPT, "sh", *proxy_command(policy)]
     return [
         {
             "apiVersion": "apps/v1",
@@ -316,7 +332,8 @@ def tenant_objects(config: Config, tenant: TenantConfig, orchestrator: Orchestra
     namespace = namespace_for(k8s, tenant.id)
     policies = egress_policies(tenant_agents(config, tenant.id))
     objects = [namespace_object(k8s, tenant.id)]
-    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, [secret_name(d) for d in policies])
+    cas = [ca_secret_name(d) for d, p in policies.items() if decrypts(p)]
+    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, [secret_name(d) for d in policies], cas)
     objects += quota_objects(config, tenant, namespace)
     objects += network_objects(tenant.id, namespace, policies)
     for digest, policy in sorted(policies.items()):

@@ -1,0 +1,187 @@
+"""The egress path on a cluster, with real parts: the fake API's Pods are real containers on a
+network of the test's own (its "CNI"), and the proxy is the real egress image started exactly as
+the rendered Deployment says (its command, its user, its environment from the policy Secret the
+backend wrote, its CA Secret's files mounted read-only). A sandbox of that proxy sends a secret's
+placeholder to the lab's HTTPS server: the server receives the value, because the proxy
+decrypted the tunnel with the CA that the backend made, the proxy loaded, and the sandbox's
+bundle step wrote into its read-only bundle. Without that bundle the same request is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.config.merge import effective_agent
+from sandbox.engine.orchestrator import Orchestrator
+from sandbox.runtime.docker import subnets
+from sandbox.runtime.kubernetes.backend import KubernetesBackend
+from sandbox.runtime.kubernetes.names import namespace_for, policy_hash
+from sandbox.runtime.kubernetes.proxy_ca import CERT_FILE, KEY_FILE, PROXY_CA_MOUNT
+from sandbox.runtime.kubernetes.tenant import Orchestrator as RoleSubject
+from sandbox.runtime.kubernetes.tenant import tenant_objects
+from sandbox.runtime.spec import egress_policy
+from tests.conftest import RUN_ID, TEST_LABEL
+from tests.egress_lab import Lab
+from tests.k8s_fake_cluster import FakeCluster
+from tests.k8s_helpers import one_agent_config
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+VALUE = "k8s-s3cret-value-0123456789"
+
+
+@pytest.fixture
+def pod_network(docker_client: Any) -> Iterator[tuple[str, str]]:
+    """An internal network (no way out) for the Pods and the proxy: (its name, the proxy's address)."""
+    name = f"sbx-{RUN_ID}-k8s-pods"
+
+    def make(ipam: Any) -> Any:
+        return docker_client.networks.create(name, internal=True, ipam=ipam, labels={TEST_LABEL: RUN_ID})
+
+    network = subnets.create_network(docker_client, subnets.DEFAULT_POOL, make)
+    network.reload()
+    subnet = network.attrs["IPAM"]["Config"][0]["Subnet"]
+    import ipaddress
+
+    proxy_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])
+    try:
+        yield name, proxy_ip
+    finally:
+        network.reload()
+        for container_id in network.attrs.get("Containers") or {}:
+            docker_client.api.remove_container(container_id, force=True)
+        network.remove()
+
+
+def _config(tmp_path: Path, lab: Lab) -> Any:
+    upstream_ca = tmp_path / "upstream-ca.pem"
+    upstream_ca.write_text(lab.web_cert)
+    sandbox = (
+        "{mode: all, scope: session, workspace_access: none, docker: {network: egress}, "
+        f"egress: {{allow: [allowed.test], ports: [8443], allow_private: ['{lab.web_ip}/32'], "
+        f"upstream_ca: '{upstream_ca}', "
+        "secrets: {API_TOKEN: {value_from: 'env:SBX_TEST_K8S_SECRET', hosts: [allowed.test]}}}}"
+    )
+    return one_agent_config(tmp_path, f"{RUN_ID}e", sandbox)
+
+
+def _secret_files(cluster: FakeCluster, namespace: str, name: str) -> dict[str, bytes]:
+    found = cluster.objects[("secrets", namespace, name)]
+    return {key: base64.b64decode(value) for key, value in found["data"].items()}
+
+
+def _start_proxy(
+    docker_client: Any, cluster: FakeCluster, config: Any, lab: Lab, network: str, proxy_ip: str, tmp_path: Path
+) -> Any:
+    """The proxy as its rendered Deployment runs it: its Secrets are the ones the backend wrote."""
+    namespace = namespace_for(config.runtime.kubernetes, "acme")
+    digest = policy_hash(egress_policy(effective_agent(config, "main")))
+    deployment = next(o for o in tenant_objects(config, config.tenants[0], RoleSubject()) if o["kind"] == "Deployment")
+    template = deployment["spec"]["template"]["spec"]
+    container = template["containers"][0]
+    env = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            ref = item["valueFrom"]["secretKeyRef"]
+            env[item["name"]] = _secret_files(cluster, namespace, ref["name"])[ref["key"]].decode()
+    # the CA Secret's volume, as the kubelet lays it out: root's files, the proxy's group (fsGroup), 0440
+    (ca_volume,) = [v for v in template["volumes"] if "secret" in v]
+    ca_dir = tmp_path / "proxy-ca"
+    ca_dir.mkdir()
+    for key, content in _secret_files(cluster, namespace, ca_volume["secret"]["secretName"]).items():
+        path = ca_dir / key
+        path.write_bytes(content)
+        os.chown(path, 0, int(template["securityContext"]["fsGroup"]))
+        os.chmod(path, ca_volume["secret"]["defaultMode"])
+    security = template["securityContext"]
+    proxy = docker_client.containers.create(
+        container["image"],
+        entrypoint=container["command"],
+        name=f"sbx-{RUN_ID}-k8s-proxy-{digest[:8]}",
+        user=f"{security['runAsUser']}:{security['runAsGroup']}",
+        group_add=[str(security["fsGroup"])],
+        environment=env,
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges:true"],
+        tmpfs={"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"},
+        volumes={str(ca_dir): {"bind": PROXY_CA_MOUNT, "mode": "ro"}},
+        network=lab.network,  # its way out (on a cluster: the NetworkPolicy's egress rule)
+        labels={TEST_LABEL: RUN_ID},
+    )
+    docker_client.api.connect_container_to_network(proxy.id, network, ipv4_address=proxy_ip)
+    proxy.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in proxy.logs(stdout=True, stderr=False).splitlines():
+            if line.startswith(b'{"egress": 0'):
+                return proxy, json.loads(line)
+        proxy.reload()
+        assert proxy.status in ("created", "running"), proxy.logs().decode(errors="replace")[-800:]
+        time.sleep(0.1)
+    raise AssertionError(f"the proxy did not start: {proxy.logs().decode(errors='replace')[-800:]}")
+
+
+async def test_a_pods_secret_reaches_its_host_through_the_rendered_proxy_with_the_shared_ca(
+    tmp_path: Path,
+    lab: Lab,
+    docker_client: Any,
+    pod_network: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SBX_TEST_K8S_SECRET", VALUE)
+    network, proxy_ip = pod_network
+    config = _config(tmp_path, lab)
+    namespace = namespace_for(config.runtime.kubernetes, "acme")
+    digest = policy_hash(egress_policy(effective_agent(config, "main")))
+    async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID), pod_network=network) as cluster:
+        cluster.namespaces.add(namespace)
+        service = {"metadata": {"name": f"proxy-{digest}", "namespace": namespace}, "spec": {"clusterIP": proxy_ip}}
+        cluster.objects[("services", namespace, f"proxy-{digest}")] = service
+        async with Orchestrator(config, KubernetesBackend(config, api=cluster.api()), journal=False) as orch:
+            session = orch.session(agent="main", key="agent:main:egress1")
+            # the first call makes the Pod: the backend writes the CA and the policy Secrets
+            placeholder = await session.call("exec", {"command": "printenv API_TOKEN"})
+            assert placeholder.ok, placeholder.error
+            assert placeholder.output["output"].strip() not in ("", VALUE)
+            _, ready = _start_proxy(docker_client, cluster, config, lab, network, proxy_ip, tmp_path)
+            stored = _secret_files(cluster, namespace, f"proxy-{digest}-ca")
+            # the proxy serves with the CA the backend made (its ready line carries the certificate)
+            assert ready["ready"] is True and ready["ca"].strip() == stored[CERT_FILE].decode().strip()
+            assert stored[KEY_FILE].startswith(b"-----BEGIN RSA PRIVATE KEY-----")
+
+            sent = await session.call(
+                "exec",
+                {
+                    "command": 'curl -sS -m 20 -H "Authorization: Bearer $API_TOKEN" https://allowed.test:8443/headers',
+                    "timeout_s": 30,
+                },
+            )
+            assert sent.ok and sent.output["exit_code"] == 0, (sent.error, sent.output)
+            assert sent.output["output"].strip() == "ok"
+            assert lab.web_heard()[-1] == f"AUTH Bearer {VALUE} X-KEY None"
+
+            # the trust is the bundle's: with the image's CAs alone the proxy's certificate is refused
+            untrusted = await session.call(
+                "exec",
+                {
+                    "command": "curl -sS -m 20 --cacert /etc/ssl/certs/ca-certificates.crt https://allowed.test:8443/headers",
+                    "timeout_s": 30,
+                },
+            )
+            assert untrusted.output["exit_code"] == 60, untrusted.output  # curl: peer certificate cannot be verified
+            # and the sandbox cannot change what it trusts
+            tamper = await session.call("exec", {"command": 'echo x >> "$SSL_CERT_FILE"; ls -ld /tmp/.egress'})
+            assert "Read-only file system" in tamper.output["output"], tamper.output
+            heard = len(lab.web_heard())
+            await session.close()
+    assert len(lab.web_heard()) == heard  # nothing more reached the server
