@@ -79,6 +79,24 @@ class FakeCluster(ExecServer):
     def __post_init__(self) -> None:
         self.command_for = self._in_container
 
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig of this fake (its address and the good token), for what connects by itself (the CLI)."""
+        import yaml
+
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "orchestrator", "user": {"token": self.token}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "orchestrator"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
     def api(self, token: str | None = None) -> Any:
         """An API connection to this fake (`runtime/kubernetes/api.py`), with the good token or `token`."""
         from kubernetes.aio import client
@@ -95,6 +113,7 @@ class FakeCluster(ExecServer):
         app.router.add_post(base, self._create)
         app.router.add_get(base, self._list)
         app.router.add_get(base + "/{name}", self._read)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
         app.router.add_delete(base + "/{name}", self._delete)
         app.router.add_patch(base + "/{name}", self._patch)
         custom = "/apis/{group}/{version}/namespaces/{ns}/{kind}"
@@ -219,6 +238,25 @@ class FakeCluster(ExecServer):
             return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
         return web.json_response(found)
 
+    async def _log(self, request: web.Request) -> web.Response:
+        """A Pod's log: its container's stdout (the kubelet's part), all of it (the caller filters)."""
+        import docker.errors
+
+        self.requests.append((request.method, request.path))
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return status(403, "Forbidden", "the fake cluster knows no such token")
+        if ("get", "pods/log") in self.forbidden:
+            return status(403, "Forbidden", "cannot get resource pods/log")
+        namespace, name = request.match_info["ns"], request.match_info["name"]
+        if ("pods", namespace, name) not in self.objects or self.docker_client is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        try:
+            container = self.docker_client.containers.get(self.container_name(namespace, name))
+            raw = await asyncio.to_thread(container.logs, stdout=True, stderr=False)
+        except docker.errors.NotFound:
+            return status(404, "NotFound", f'pods "{name}" has no container')
+        return web.Response(body=raw, content_type="text/plain")
+
     async def _list(self, request: web.Request) -> web.StreamResponse:
         if (refused := self._check(request)) is not None:
             return refused
@@ -331,7 +369,11 @@ class FakeCluster(ExecServer):
         pod["status"] = {
             "phase": "Running",
             "containerStatuses": [{"name": "sandbox", "ready": True, "state": {"running": {}}}],
+            "startTime": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         }
+        if self.pod_network:  # the CNI's address of the Pod
+            made.reload()
+            pod["status"]["podIP"] = made.attrs["NetworkSettings"]["Networks"][self.pod_network]["IPAddress"]
 
     async def stop_pod(self, namespace: str, name: str) -> None:
         """The kubelet's part of a Pod deleted (its container goes)."""

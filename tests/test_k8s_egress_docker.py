@@ -17,8 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
+from click.testing import CliRunner
 
+from sandbox.cli import main as cli_main
+from sandbox.config import load_config
 from sandbox.config.merge import effective_agent
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.runtime.docker import subnets
@@ -31,10 +35,10 @@ from sandbox.runtime.spec import egress_policy
 from tests.conftest import RUN_ID, TEST_LABEL
 from tests.egress_lab import Lab
 from tests.k8s_fake_cluster import FakeCluster
-from tests.k8s_helpers import one_agent_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 VALUE = "k8s-s3cret-value-0123456789"
+CURL = 'curl -sS -m 20 -H "Authorization: Bearer $API_TOKEN" https://allowed.test:8443/headers'
 
 
 @pytest.fixture
@@ -60,7 +64,8 @@ def pod_network(docker_client: Any) -> Iterator[tuple[str, str]]:
         network.remove()
 
 
-def _config(tmp_path: Path, lab: Lab) -> Any:
+def _config(tmp_path: Path, lab: Lab, kubeconfig: Path) -> Path:
+    """The config as a file (the CLI reads it too), its cluster the fake's kubeconfig."""
     upstream_ca = tmp_path / "upstream-ca.pem"
     upstream_ca.write_text(lab.web_cert)
     sandbox = (
@@ -69,7 +74,22 @@ def _config(tmp_path: Path, lab: Lab) -> Any:
         f"upstream_ca: '{upstream_ca}', "
         "secrets: {API_TOKEN: {value_from: 'env:SBX_TEST_K8S_SECRET', hosts: [allowed.test]}}}}"
     )
-    return one_agent_config(tmp_path, f"{RUN_ID}e", sandbox)
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    path = tmp_path / "sandbox.yaml"
+    path.write_text(
+        f"""
+state_dir: {tmp_path / "state"}
+instance: {RUN_ID}e
+runtime:
+  backend: kubernetes
+  kubernetes: {{pod_ready_timeout_s: 60, kubeconfig: {kubeconfig}, seccomp: "Localhost:agent-sandbox/strict.json"}}
+tenants: [{{id: acme}}]
+agents:
+  list:
+    - {{id: main, tenant: acme, default: true, workspace: {tmp_path / "ws"}, sandbox: {sandbox}}}
+"""
+    )
+    return path
 
 
 def _secret_files(cluster: FakeCluster, namespace: str, name: str) -> dict[str, bytes]:
@@ -103,10 +123,17 @@ def _start_proxy(
         os.chown(path, 0, int(template["securityContext"]["fsGroup"]))
         os.chmod(path, ca_volume["secret"]["defaultMode"])
     security = template["securityContext"]
+    # the proxy is a Pod of the fake too (a Deployment's, by its labels), so its log can be read
+    pod_name = f"proxy-{digest}-5d8f9-x2k4q"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    cluster.objects[("pods", namespace, pod_name)] = {
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "uid": f"uid-{pod_name}"},
+        "status": {"phase": "Running"},
+    }
     proxy = docker_client.containers.create(
         container["image"],
         entrypoint=container["command"],
-        name=f"sbx-{RUN_ID}-k8s-proxy-{digest[:8]}",
+        name=cluster.container_name(namespace, pod_name),
         user=f"{security['runAsUser']}:{security['runAsGroup']}",
         group_add=[str(security["fsGroup"])],
         environment=env,
@@ -140,14 +167,15 @@ async def test_a_pods_secret_reaches_its_host_through_the_rendered_proxy_with_th
 ) -> None:
     monkeypatch.setenv("SBX_TEST_K8S_SECRET", VALUE)
     network, proxy_ip = pod_network
-    config = _config(tmp_path, lab)
-    namespace = namespace_for(config.runtime.kubernetes, "acme")
-    digest = policy_hash(egress_policy(effective_agent(config, "main")))
     async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID), pod_network=network) as cluster:
+        config_file = _config(tmp_path, lab, cluster.kubeconfig(tmp_path / "kubeconfig"))
+        config = load_config(config_file)
+        namespace = namespace_for(config.runtime.kubernetes, "acme")
+        digest = policy_hash(egress_policy(effective_agent(config, "main")))
         cluster.namespaces.add(namespace)
         service = {"metadata": {"name": f"proxy-{digest}", "namespace": namespace}, "spec": {"clusterIP": proxy_ip}}
         cluster.objects[("services", namespace, f"proxy-{digest}")] = service
-        async with Orchestrator(config, KubernetesBackend(config, api=cluster.api()), journal=False) as orch:
+        async with Orchestrator(config, KubernetesBackend(config, api=cluster.api())) as orch:
             session = orch.session(agent="main", key="agent:main:egress1")
             # the first call makes the Pod: the backend writes the CA and the policy Secrets
             placeholder = await session.call("exec", {"command": "printenv API_TOKEN"})
@@ -183,5 +211,34 @@ async def test_a_pods_secret_reaches_its_host_through_the_rendered_proxy_with_th
             tamper = await session.call("exec", {"command": 'echo x >> "$SSL_CERT_FILE"; ls -ld /tmp/.egress'})
             assert "Read-only file system" in tamper.output["output"], tamper.output
             heard = len(lab.web_heard())
-            await session.close()
+            await session.close()  # collects its last lines before its Pod goes
+            mine = [e.data for e in orch.journal.events(session=session.key) if e.stage == "egress"]
+
+        # a second session's sandbox on the same proxy, run by an orchestrator without a journal
+        # (nothing collects at its calls): `sandbox logs` collects its lines from the proxy's log
+        other_backend = KubernetesBackend(config, api=cluster.api())
+        async with Orchestrator(config, other_backend, journal=False) as orch2:
+            other = orch2.session(agent="main", key="agent:main:egress2")
+            for _ in range(2):
+                again = await other.call("exec", {"command": CURL, "timeout_s": 30})
+                assert again.ok and again.output["output"].strip() == "ok", again.output
+            heard += 2
+            shown = await anyio.to_thread.run_sync(
+                lambda: CliRunner().invoke(
+                    cli_main, ["--config", str(config_file), "logs", "--session", other.key, "--json"]
+                )
+            )
+            assert shown.exit_code == 0, shown.output
+            await other.close()
+        async with Orchestrator(config, KubernetesBackend(config, api=cluster.api())) as reader:
+            theirs = [e.data for e in reader.journal.events(session=other.key) if e.stage == "egress"]
+            assert mine == [e.data for e in reader.journal.events(session=session.key) if e.stage == "egress"]
     assert len(lab.web_heard()) == heard  # nothing more reached the server
+    # the proxy's lines, each in the journal of the session whose Pod sent it, once
+    gets = [line for line in mine if line["method"] == "GET"]
+    assert [(g["host"], g["injected"], g["verdict"]) for g in gets] == [("allowed.test", "API_TOKEN", "allowed")]
+    assert len([line for line in theirs if line["method"] == "GET"]) == 2
+    # the network hands a freed address out again: the second Pod usually has the first one's, and
+    # its lines are still only its own (the first Pod's were journaled before it went)
+    assert {line["client"] for line in mine} and {line["client"] for line in theirs}
+    assert all(line["tenant"] == "acme" for line in mine + theirs)

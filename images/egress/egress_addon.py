@@ -34,6 +34,7 @@ from egress_state import (
     RESOLVE_TIMEOUT_S,
     emit,
     host_refusal,
+    peer,
 )
 from egress_tunnel import Closed, TunnelGate
 from mitmproxy import ctx, http
@@ -55,12 +56,23 @@ def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
         bytes_down=0,
         verdict="refused",
         reason=reason,
+        client=peer(flow.client_conn),
     )
 
 
-def _connection_line(verdict: str, reason: str) -> None:
+def _connection_line(client: Any, verdict: str, reason: str) -> None:
     """The line of something that happened to a client connection, not to one request."""
-    emit(method="-", host="-", port=0, status=0, bytes_up=0, bytes_down=0, verdict=verdict, reason=reason)
+    emit(
+        method="-",
+        host="-",
+        port=0,
+        status=0,
+        bytes_up=0,
+        bytes_down=0,
+        verdict=verdict,
+        reason=reason,
+        client=peer(client),
+    )
 
 
 def _host_header_refusal(request: http.Request, target: str) -> str | None:
@@ -93,10 +105,10 @@ class Egress:
     def client_connected(self, client: Any) -> None:
         # only the sandbox on this proxy's internal network is served
         subnet = POLICY.get("client_subnet")
-        peer = client.peername[0] if client.peername else ""
-        if subnet and not _in(peer, subnet):
+        address = peer(client)
+        if subnet and not _in(address, subnet):
             client.error = "not a client of this proxy"
-            _connection_line("refused", f"client {peer} is not on the sandbox network")
+            _connection_line(client, "refused", f"client {address} is not on the sandbox network")
             return
         # no connection outlives the time cap, whatever it carries (plain HTTP too: mitmproxy
         # cannot kill a flow in transit, so the client's connection is closed under it)
@@ -115,7 +127,7 @@ class Egress:
         handler = proxyserver._connections.get(("tcp", client.peername, client.sockname))
         if handler is None or handler.client not in handler.transports:
             return
-        _connection_line("cut", f"connection open longer than {MAX_DURATION_S:g} s")
+        _connection_line(client, "cut", f"connection open longer than {MAX_DURATION_S:g} s")
         writer = handler.transports[handler.client].writer
         if writer is not None:
             writer.close()
@@ -185,6 +197,7 @@ class Egress:
                 bytes_down=0,
                 verdict="refused",
                 reason="protocol upgrades are not relayed (use wss:// or https://)",
+                client=peer(flow.client_conn),
             )
             flow.kill()  # the connection closes: nothing of the upgraded protocol passes
 
@@ -219,6 +232,7 @@ class Egress:
                     bytes_down=0,
                     verdict="refused",
                     reason=reason,
+                    client=peer(data.client),
                 )
 
     def server_disconnected(self, data: Any) -> None:
@@ -278,6 +292,7 @@ class Egress:
                 verdict=verdict,
                 reason=reason,
                 injected=",".join(flow.metadata.get("egress_secrets") or []),
+                client=peer(flow.client_conn),
             )
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -295,6 +310,7 @@ class Egress:
             bytes_down=0,
             verdict="refused" if refused else "error",
             reason=message.split("egress refused: ", 1)[1] if refused else message,
+            client=peer(flow.client_conn),
         )
 
     def running(self) -> None:

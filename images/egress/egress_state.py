@@ -25,8 +25,15 @@ MAX_HELLO_BYTES = 64 * 1024
 RESOLVE_TIMEOUT_S = 5.0
 IDENTITY: dict[str, str] = {k: str(v)[:256] for k, v in POLICY.get("identity", {}).items()}
 # what a field of a line may hold: a line stays far below what the orchestrator reads (4 KiB)
-FIELD_CAPS = {"method": 32, "host": 255, "reason": 512, "injected": 512}
+FIELD_CAPS = {"method": 32, "host": 255, "reason": 512, "injected": 512, "client": 64}
 _seq = itertools.count(1)
+
+
+def peer(client: Any) -> str:
+    """A client connection's address: which sandbox sent a request, where one proxy serves many
+    (a cluster's proxy serves every sandbox of its policy in a namespace)."""
+    peername = getattr(client, "peername", None)
+    return str(peername[0]) if peername else ""
 
 
 def emit(**fields: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from egress_rules import is_ip, normal_host
 from egress_secrets import intercepted
-from egress_state import HELLO_TIMEOUT_S, MAX_BYTES, MAX_DURATION_S, MAX_HELLO_BYTES, emit
+from egress_state import HELLO_TIMEOUT_S, MAX_BYTES, MAX_DURATION_S, MAX_HELLO_BYTES, emit, peer
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import tcp
 from mitmproxy.proxy.layers.tls import ClientTLSLayer, ServerTLSLayer, parse_client_hello
@@ -20,10 +20,11 @@ from mitmproxy.proxy.utils import expect
 
 
 def tunnel_line(
-    host: str, port: int, verdict: str, reason: str, *, status: int = 200, up: int = 0, down: int = 0
+    context: Any, host: str, port: int, verdict: str, reason: str, *, status: int = 200, up: int = 0, down: int = 0
 ) -> None:
-    """The journal line of one tunnel event (opened, refused, closed, cut)."""
+    """The journal line of one tunnel event (opened, refused, closed, cut) of `context`'s client."""
     emit(
+        client=peer(context.client),
         method="CONNECT",
         host=host,
         port=port,
@@ -101,7 +102,13 @@ class TunnelGate(layer.Layer):
                 server_tls = ServerTLSLayer(self.context)
                 server_tls.child_layer = ClientTLSLayer(self.context)
                 self.child = server_tls
-                tunnel_line(self.host, self.port, "allowed", "tunnel opened, decrypted (the host carries a secret)")
+                tunnel_line(
+                    self.context,
+                    self.host,
+                    self.port,
+                    "allowed",
+                    "tunnel opened, decrypted (the host carries a secret)",
+                )
             else:
                 self.child = CappedTunnel(self.context, self.host, self.port)
             yield from self.child.handle_event(events.Start())
@@ -112,7 +119,7 @@ class TunnelGate(layer.Layer):
     def _refuse(self, reason: str, *, log: bool = True) -> layer.CommandGenerator[None]:
         self.closed = True
         if log:
-            tunnel_line(self.host, self.port, "refused", reason, status=0, up=len(self.buffer))
+            tunnel_line(self.context, self.host, self.port, "refused", reason, status=0, up=len(self.buffer))
         yield commands.CloseConnection(self.context.client)
         if self.context.server.connected:
             yield commands.CloseConnection(self.context.server)
@@ -136,7 +143,7 @@ class CappedTunnel(tcp.TCPLayer):
 
     @expect(events.Start)
     def start(self, event: events.Event) -> layer.CommandGenerator[None]:
-        tunnel_line(self.host, self.port, "allowed", "tunnel opened")
+        tunnel_line(self.context, self.host, self.port, "allowed", "tunnel opened")
         self.wakeup = commands.RequestWakeup(MAX_DURATION_S)
         yield self.wakeup
         yield from super().start(event)
@@ -173,7 +180,15 @@ class CappedTunnel(tcp.TCPLayer):
     def _log(self) -> None:
         if not self.logged:
             self.logged = True
-            tunnel_line(self.host, self.port, self.verdict, self.reason or "tunnel closed", up=self.up, down=self.down)
+            tunnel_line(
+                self.context,
+                self.host,
+                self.port,
+                self.verdict,
+                self.reason or "tunnel closed",
+                up=self.up,
+                down=self.down,
+            )
 
 
 class Closed(layer.Layer):

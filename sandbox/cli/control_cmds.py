@@ -188,6 +188,29 @@ def _event_line(e: Event) -> str:
     )
 
 
+def _collect_cluster_egress(state: State, journal: Any) -> None:
+    """On a cluster: every sandbox Pod's lines in its proxy's log (kubernetes/egress_log.py)."""
+    import anyio
+
+    from sandbox.runtime.kubernetes.backend import KubernetesBackend
+    from sandbox.runtime.naming import instance_id
+
+    async def collect() -> None:
+        backend = KubernetesBackend(state.config)
+        try:
+            egress = backend.egress()
+            assert egress is not None
+            for info in await backend.list(instance=instance_id(state.config.state_dir, state.config.instance)):
+                await egress.collect(journal, info.name)
+        finally:
+            await backend.aclose()
+
+    try:
+        anyio.run(collect)
+    except Exception as exc:  # the journal still shows what was collected before
+        click.echo(f"note: egress lines of the cluster's proxies not collected ({exc.__class__.__name__})", err=True)
+
+
 def _collect_egress(state: State, journal: Any) -> None:
     """Bring the live egress proxies' request lines into the journal first; no engine: skipped."""
     # here, not at the top: `sandbox --help` stays cheap
@@ -196,6 +219,9 @@ def _collect_egress(state: State, journal: Any) -> None:
     config = state.config
     if not any(effective_agent(config, a).sandbox.docker.network == "egress" for a in agent_ids(config)):
         return  # nothing to collect: no docker import, no engine needed
+    if config.runtime.backend == "kubernetes":
+        _collect_cluster_egress(state, journal)
+        return
     try:
         # the engine only when an agent's network is egress
         import docker

@@ -10,7 +10,6 @@ tell which of the sessions sharing the sandbox sent a request).
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -19,13 +18,11 @@ import docker.errors
 from sandbox._log import logger
 from sandbox.journal.store import Journal
 from sandbox.runtime.docker import egress
+from sandbox.runtime.egress_lines import journal_lines, parse_lines
 from sandbox.runtime.naming import Labels
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
-
-TOOL = "egress"
-MAX_LINE = 4096  # a longer log line is not one the addon wrote (it caps its fields)
 
 
 def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
@@ -45,32 +42,9 @@ def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
         "tenant": str(labels.get(Labels.TENANT, "")),
         "agent": str(labels.get(Labels.AGENT, "")),
     }
-    expected = after + 1
-    for line in lines:
-        seq = int(line["egress"])
-        if seq > expected:
-            # lines the proxy wrote that are gone (its log rotated under a flood): on record as lost
-            journal.append_note(
-                ts=float(line.get("ts", 0.0)),
-                call_id=call_id,
-                tool=TOOL,
-                seq=expected,
-                **owner,
-                data={
-                    "verdict": "lost",
-                    "reason": f"proxy lines {expected}..{seq - 1} were not collected (rotated away)",
-                },
-            )
-        journal.append_note(
-            ts=float(line.get("ts", 0.0)),
-            call_id=call_id,
-            tool=TOOL,
-            seq=seq,
-            **owner,
-            data={k: v for k, v in line.items() if k != "egress"},
-        )
-        expected = seq + 1
-        _read_up_to[call_id] = int(float(line.get("ts", 0.0)))
+    journal_lines(journal, call_id, owner, lines, after=after, gaps=True)
+    if lines:
+        _read_up_to[call_id] = int(float(lines[-1].get("ts", 0.0)))
     return len(lines)
 
 
@@ -102,49 +76,12 @@ def collect_instance(journal: Journal, client: Any, instance: str) -> int:
 
 
 def read_lines(client: Any, proxy: str, after: int, since: int = 0) -> list[dict[str, Any]]:
-    """The proxy's request lines with a sequence number above `after` (oldest first); blocking.
-
-    The proxy handles hostile traffic, so its output is read as untrusted: only lines that parse
-    as the addon's JSON objects, within a size cap, with known fields of plain types.
-    """
+    """The proxy's request lines numbered above `after` (oldest first); blocking."""
     try:
         raw = client.api.logs(proxy, stdout=True, stderr=False, since=since or None)
     except docker.errors.NotFound:
         return []
-    out = []
-    for line in raw.splitlines():
-        if len(line) > MAX_LINE or not line.startswith(b'{"egress":'):
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        seq = item.get("egress")
-        if not isinstance(item, dict) or not isinstance(seq, int) or seq <= after or "ready" in item:
-            continue
-        out.append({k: v for k, v in item.items() if k in LINE_FIELDS and isinstance(v, (str, int, float))})
-    return out
-
-
-LINE_FIELDS = frozenset(
-    {
-        "injected",
-        "egress",
-        "ts",
-        "tenant",
-        "agent",
-        "scope",
-        "session",
-        "method",
-        "host",
-        "port",
-        "status",
-        "bytes_up",
-        "bytes_down",
-        "verdict",
-        "reason",
-    }
-)
+    return parse_lines(raw, after)
 
 
 class DockerEgressLogs:

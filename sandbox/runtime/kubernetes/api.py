@@ -94,6 +94,29 @@ class Api:
         status, body = await self._call(what, f"read_namespaced_{stem}", name, namespace)
         return None if status == 404 else body
 
+    async def log(self, namespace: str, pod: str, container: str, *, since_s: int, limit_bytes: int) -> bytes:
+        """A container's log of the last `since_s` seconds, at most `limit_bytes` (b"" when the
+        Pod is gone). Only an unreachable server, or a refusal, raises (SandboxUnavailable)."""
+        # the official client (the k8s extra) loads with the first call: rendering needs none of it
+        from kubernetes.aio import client
+
+        what = f"reading the log of pod {namespace}/{pod}"
+        try:
+            response = await client.CoreV1Api(self.client).read_namespaced_pod_log_without_preload_content(
+                pod, namespace, container=container, since_seconds=max(since_s, 1), limit_bytes=limit_bytes
+            )
+            try:
+                raw = await response.read()
+            finally:
+                response.release()
+        except (OSError, TimeoutError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API at {self.url} cannot be reached ({what}): {exc}") from exc
+        if response.status == 404:
+            return b""
+        if response.status >= 300:
+            raise SandboxUnavailable(f"the Kubernetes API refused {what} ({response.status})")
+        return bytes(raw)
+
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of a kind matching a label selector."""
         return (await self.list_versioned(kind, namespace, label_selector))[0]

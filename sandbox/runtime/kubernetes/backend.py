@@ -30,6 +30,7 @@ from sandbox.runtime.kubernetes import api as k8s_api
 from sandbox.runtime.kubernetes import provider
 from sandbox.runtime.kubernetes.agent_copy import agent_path
 from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
+from sandbox.runtime.kubernetes.egress_log import KubernetesEgressLogs
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import (
     MANAGED_BY,
@@ -79,6 +80,8 @@ class KubernetesBackend:
         self._namespace_of: dict[str, str] = {}  # pod name -> namespace, as made or listed
         self._pod_of: dict[str, str] = {}  # a session's sandbox name -> the pool Pod it claimed
         self.proxies = ProxyEdges(self.api)
+        self._egress_logs = KubernetesEgressLogs(self)
+        self._exec_protocols: dict[str, str] = {}  # pod -> the subprotocol noted on it
         self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
@@ -133,6 +136,19 @@ class KubernetesBackend:
         tenants = {t.id for t in self._config.tenants}
         tenants |= {effective_agent(self._config, a).tenant for a in agent_ids(self._config)}
         return sorted({namespace_for(self.cfg, t) for t in tenants})
+
+    async def note_exec_protocol(self, pod: str, protocol: str) -> None:
+        """Write on the Pod the subprotocol its agent's link agreed (what `explain` shows), when it
+        is new to this process: one patch per Pod and protocol. A failure only loses the note."""
+        if self._exec_protocols.get(pod) == protocol:
+            return
+        self._exec_protocols[pod] = protocol
+        try:
+            namespace = self.namespace_of(pod)
+            patch = {"metadata": {"annotations": {K8sAnnotations.EXEC_PROTOCOL: protocol}}}
+            await (await self.api()).patch("pods", namespace, pod, patch)
+        except Exception as exc:
+            logger.bind(pod=pod, error=str(exc)).debug("k8s_exec_protocol_not_noted")
 
     def namespace_of(self, name: str) -> str:
         """The namespace of a Pod this backend made or listed (SandboxUnavailable if unknown)."""
@@ -326,12 +342,13 @@ class KubernetesBackend:
         agent-sandbox provider, whose SandboxWarmPool keeps its own."""
         return KubernetesWarmPool(manager, self) if self.cfg.provider == "pods" else None
 
-    # Optional capabilities this backend does not have yet (issue 26: browsers, egress logs)
+    def egress(self) -> EgressLogs | None:
+        """The proxies' request lines, attributed by the sandbox Pods' addresses (kubernetes/egress_log.py)."""
+        return self._egress_logs
+
+    # Optional capabilities this backend does not have yet (issue 26: browsers)
 
     def browsers(self, instance: str) -> Browsers | None:
-        return None
-
-    def egress(self) -> EgressLogs | None:
         return None
 
 
@@ -345,7 +362,9 @@ class _LazyStarter:
         return await (await self._backend.starter()).image_labels(image)
 
     async def start(self, container_id: str, argv: builtins.list[str], user: str | None) -> Any:
-        return await (await self._backend.starter()).start(container_id, argv, user)
+        transport = await (await self._backend.starter()).start(container_id, argv, user)
+        await self._backend.note_exec_protocol(container_id, transport.protocol)
+        return transport
 
     async def kill(self, container_id: str, transport: Any) -> None:
         await (await self._backend.starter()).kill(container_id, transport)

@@ -49,6 +49,9 @@ class K8sAnnotations:
     CREATED_AT = f"{K8S_PREFIX}/created-at"
     # the sandbox name of the session a claimed pool Pod serves (a Pod cannot be renamed)
     SANDBOX_NAME = f"{K8S_PREFIX}/sandbox-name"
+    # the websocket subprotocol the agent's link agreed (v5 or v4), written when a link opens:
+    # what `explain` shows of a live Pod
+    EXEC_PROTOCOL = f"{K8S_PREFIX}/exec-protocol"
 
 
 def label_value(text: str) -> str:

@@ -150,6 +150,8 @@ def access_objects(
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"], "resourceNames": sorted(proxies)},
         ]
+    if proxies:  # the proxies' request lines, attributed to sandboxes (kubernetes/egress_log.py)
+        rules.append({"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]})
     if cas:  # a CA another replica made is read back, by name (kubernetes/proxy_ca.py)
         rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": sorted(cas)})
     if provider == "agent-sandbox":
