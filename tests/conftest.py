@@ -42,7 +42,7 @@ os.environ["XDG_STATE_HOME"] = _STATE_HOME
 atexit.register(shutil.rmtree, _STATE_HOME, ignore_errors=True)
 # the egress test lab (servers on a test network) is a fixture plugin shared by several modules
 # and so is the private PostgreSQL server (tests/pg_server.py) the `postgres`-marked tests use
-pytest_plugins = ["tests.egress_lab", "tests.pg_server"]
+pytest_plugins = ["tests.egress_lab", "tests.k8s_egress_lab", "tests.pg_server"]
 RUN_ID = f"t{secrets.token_hex(3)}"  # instance id of every orchestrator in this test run
 TEST_LABEL = "io.agent-sandbox.test-run"
 

@@ -31,6 +31,7 @@ from aiohttp import web
 from tests import k8s_fake_agent_sandbox as fake_agent_sandbox
 from tests import k8s_fake_changes as fake_changes
 from tests import k8s_fake_init as fake_init
+from tests import k8s_fake_portforward as fake_portforward
 from tests.k8s_exec_server import ExecServer
 from tests.k8s_fake_changes import status, string_data
 
@@ -69,6 +70,7 @@ class FakeCluster(ExecServer):
     # the CNI: Pods join this Docker network when set (none by default: deny-all), and their
     # hostAliases go into their hosts file, as a kubelet writes them
     pod_network: str | None = None
+    portforward_fault: str | None = None  # tests/k8s_fake_portforward.py
     hold_patches: int = 0  # the first N patches wait until N have arrived (a claim race, made sure)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -78,6 +80,10 @@ class FakeCluster(ExecServer):
 
     def __post_init__(self) -> None:
         self.command_for = self._in_container
+
+    def forward_command(self, namespace: str, pod: str, port: int) -> list[str]:
+        """What relays a forwarded connection to `port` inside the Pod (its container's socat)."""
+        return ["docker", "exec", "-i", self.container_name(namespace, pod), "socat", "-", f"TCP:127.0.0.1:{port}"]
 
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig of this fake (its address and the good token), for what connects by itself (the CLI)."""
@@ -114,6 +120,7 @@ class FakeCluster(ExecServer):
         app.router.add_get(base, self._list)
         app.router.add_get(base + "/{name}", self._read)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/portforward", self._portforward)
         app.router.add_delete(base + "/{name}", self._delete)
         app.router.add_patch(base + "/{name}", self._patch)
         custom = "/apis/{group}/{version}/namespaces/{ns}/{kind}"
@@ -256,6 +263,9 @@ class FakeCluster(ExecServer):
         except docker.errors.NotFound:
             return status(404, "NotFound", f'pods "{name}" has no container')
         return web.Response(body=raw, content_type="text/plain")
+
+    async def _portforward(self, request: web.Request) -> web.StreamResponse:
+        return await fake_portforward.portforward(self, request)
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         if (refused := self._check(request)) is not None:

@@ -9,11 +9,6 @@ bundle step wrote into its read-only bundle. Without that bundle the same reques
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,43 +20,18 @@ from sandbox.cli import main as cli_main
 from sandbox.config import load_config
 from sandbox.config.merge import effective_agent
 from sandbox.engine.orchestrator import Orchestrator
-from sandbox.runtime.docker import subnets
 from sandbox.runtime.kubernetes.backend import KubernetesBackend
 from sandbox.runtime.kubernetes.names import namespace_for, policy_hash
-from sandbox.runtime.kubernetes.proxy_ca import CERT_FILE, KEY_FILE, PROXY_CA_MOUNT
-from sandbox.runtime.kubernetes.tenant import Orchestrator as RoleSubject
-from sandbox.runtime.kubernetes.tenant import tenant_objects
+from sandbox.runtime.kubernetes.proxy_ca import CERT_FILE, KEY_FILE
 from sandbox.runtime.spec import egress_policy
 from tests.conftest import RUN_ID, TEST_LABEL
 from tests.egress_lab import Lab
+from tests.k8s_egress_lab import secret_files, start_proxy
 from tests.k8s_fake_cluster import FakeCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 VALUE = "k8s-s3cret-value-0123456789"
 CURL = 'curl -sS -m 20 -H "Authorization: Bearer $API_TOKEN" https://allowed.test:8443/headers'
-
-
-@pytest.fixture
-def pod_network(docker_client: Any) -> Iterator[tuple[str, str]]:
-    """An internal network (no way out) for the Pods and the proxy: (its name, the proxy's address)."""
-    name = f"sbx-{RUN_ID}-k8s-pods"
-
-    def make(ipam: Any) -> Any:
-        return docker_client.networks.create(name, internal=True, ipam=ipam, labels={TEST_LABEL: RUN_ID})
-
-    network = subnets.create_network(docker_client, subnets.DEFAULT_POOL, make)
-    network.reload()
-    subnet = network.attrs["IPAM"]["Config"][0]["Subnet"]
-    import ipaddress
-
-    proxy_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])
-    try:
-        yield name, proxy_ip
-    finally:
-        network.reload()
-        for container_id in network.attrs.get("Containers") or {}:
-            docker_client.api.remove_container(container_id, force=True)
-        network.remove()
 
 
 def _config(tmp_path: Path, lab: Lab, kubeconfig: Path) -> Path:
@@ -92,72 +62,6 @@ agents:
     return path
 
 
-def _secret_files(cluster: FakeCluster, namespace: str, name: str) -> dict[str, bytes]:
-    found = cluster.objects[("secrets", namespace, name)]
-    return {key: base64.b64decode(value) for key, value in found["data"].items()}
-
-
-def _start_proxy(
-    docker_client: Any, cluster: FakeCluster, config: Any, lab: Lab, network: str, proxy_ip: str, tmp_path: Path
-) -> Any:
-    """The proxy as its rendered Deployment runs it: its Secrets are the ones the backend wrote."""
-    namespace = namespace_for(config.runtime.kubernetes, "acme")
-    digest = policy_hash(egress_policy(effective_agent(config, "main")))
-    deployment = next(o for o in tenant_objects(config, config.tenants[0], RoleSubject()) if o["kind"] == "Deployment")
-    template = deployment["spec"]["template"]["spec"]
-    container = template["containers"][0]
-    env = {}
-    for item in container["env"]:
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        else:
-            ref = item["valueFrom"]["secretKeyRef"]
-            env[item["name"]] = _secret_files(cluster, namespace, ref["name"])[ref["key"]].decode()
-    # the CA Secret's volume, as the kubelet lays it out: root's files, the proxy's group (fsGroup), 0440
-    (ca_volume,) = [v for v in template["volumes"] if "secret" in v]
-    ca_dir = tmp_path / "proxy-ca"
-    ca_dir.mkdir()
-    for key, content in _secret_files(cluster, namespace, ca_volume["secret"]["secretName"]).items():
-        path = ca_dir / key
-        path.write_bytes(content)
-        os.chown(path, 0, int(template["securityContext"]["fsGroup"]))
-        os.chmod(path, ca_volume["secret"]["defaultMode"])
-    security = template["securityContext"]
-    # the proxy is a Pod of the fake too (a Deployment's, by its labels), so its log can be read
-    pod_name = f"proxy-{digest}-5d8f9-x2k4q"
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    cluster.objects[("pods", namespace, pod_name)] = {
-        "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "uid": f"uid-{pod_name}"},
-        "status": {"phase": "Running"},
-    }
-    proxy = docker_client.containers.create(
-        container["image"],
-        entrypoint=container["command"],
-        name=cluster.container_name(namespace, pod_name),
-        user=f"{security['runAsUser']}:{security['runAsGroup']}",
-        group_add=[str(security["fsGroup"])],
-        environment=env,
-        read_only=True,
-        cap_drop=["ALL"],
-        security_opt=["no-new-privileges:true"],
-        tmpfs={"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"},
-        volumes={str(ca_dir): {"bind": PROXY_CA_MOUNT, "mode": "ro"}},
-        network=lab.network,  # its way out (on a cluster: the NetworkPolicy's egress rule)
-        labels={TEST_LABEL: RUN_ID},
-    )
-    docker_client.api.connect_container_to_network(proxy.id, network, ipv4_address=proxy_ip)
-    proxy.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for line in proxy.logs(stdout=True, stderr=False).splitlines():
-            if line.startswith(b'{"egress": 0'):
-                return proxy, json.loads(line)
-        proxy.reload()
-        assert proxy.status in ("created", "running"), proxy.logs().decode(errors="replace")[-800:]
-        time.sleep(0.1)
-    raise AssertionError(f"the proxy did not start: {proxy.logs().decode(errors='replace')[-800:]}")
-
-
 async def test_a_pods_secret_reaches_its_host_through_the_rendered_proxy_with_the_shared_ca(
     tmp_path: Path,
     lab: Lab,
@@ -181,8 +85,8 @@ async def test_a_pods_secret_reaches_its_host_through_the_rendered_proxy_with_th
             placeholder = await session.call("exec", {"command": "printenv API_TOKEN"})
             assert placeholder.ok, placeholder.error
             assert placeholder.output["output"].strip() not in ("", VALUE)
-            _, ready = _start_proxy(docker_client, cluster, config, lab, network, proxy_ip, tmp_path)
-            stored = _secret_files(cluster, namespace, f"proxy-{digest}-ca")
+            _, ready = start_proxy(docker_client, cluster, config, lab, network, proxy_ip, tmp_path, digest)
+            stored = secret_files(cluster, namespace, f"proxy-{digest}-ca")
             # the proxy serves with the CA the backend made (its ready line carries the certificate)
             assert ready["ready"] is True and ready["ca"].strip() == stored[CERT_FILE].decode().strip()
             assert stored[KEY_FILE].startswith(b"-----BEGIN RSA PRIVATE KEY-----")

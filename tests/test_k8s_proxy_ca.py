@@ -256,6 +256,7 @@ def test_the_proxy_loads_its_ca_from_the_secret_and_stays_restricted(tmp_path: P
     script = proxy["command"][4]
     assert f"{PROXY_CA_MOUNT}/{KEY_FILE}" in script and script.rstrip().endswith('exec "$@"')
     assert proxy["command"][6] == "mitmdump"
+    assert proxy["imagePullPolicy"] == config.runtime.kubernetes.image_pull_policy  # a `kind load`ed image starts
     plain = tenant_objects(_config(tmp_path, secrets=False), config.tenants[0], Orchestrator())
     plain_proxy = next(o for o in plain if o["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert [v["name"] for v in plain_proxy["volumes"]] == ["tmp"]  # nothing to decrypt: no CA

@@ -137,7 +137,7 @@ class Orchestrator:
         if browsers is None:
             raise SandboxError(
                 ErrorCode.SANDBOX_UNAVAILABLE,
-                f"the browser sandbox needs the docker backend (runtime.backend is {self.backend.name!r})",
+                f"the {self.backend.name!r} backend has no browser sandboxes (docker and kubernetes have them)",
             )
         return browsers
 

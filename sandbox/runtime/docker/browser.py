@@ -22,8 +22,9 @@ import docker.errors
 
 from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
-from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
+from sandbox.runtime.browser_rules import browser_egress_policy, require_browser
 from sandbox.runtime.docker import egress, egress_make, hostfirewall, subnets
 from sandbox.runtime.egress_proxy import PROXY_PORT
 from sandbox.runtime.naming import (
@@ -36,7 +37,6 @@ from sandbox.runtime.naming import (
     short_hash,
 )
 from sandbox.runtime.protocol import BrowserEndpoint
-from sandbox.runtime.spec import EGRESS_NETWORK, egress_policy
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend  # backend.py imports this module
@@ -162,18 +162,10 @@ class BrowserManager:
                 SANDBOX_UNAVAILABLE when it does not come up (the container is then removed).
         """
         cfg = agent.sandbox.browser
-        if not browser_allowed:
-            raise SandboxError(ErrorCode.PERMISSION_DENIED, "the browser tool is not allowed for this session")
-        if not cfg.enabled:
-            raise SandboxError(
-                ErrorCode.PERMISSION_DENIED,
-                f"the browser sandbox is disabled; set {agent.key_path}.sandbox.browser.enabled: true",
-            )
+        require_browser(agent, browser_allowed)
         key = scope_key(agent.sandbox.scope, agent.id, session)
         name = container_name(self.instance, "browser", key, tenant=agent.tenant)
-        # the browser's proxy gets the allowlist, never the secrets: the browser does not trust a
-        # decrypting proxy, and a second copy of a value is one more place it could leak from
-        policy = {**egress_policy(agent), "secrets": []} if agent.sandbox.docker.network == EGRESS_NETWORK else None
+        policy = browser_egress_policy(agent)
         wanted = short_hash(json.dumps(policy, sort_keys=True), 16) if policy is not None else ""
         async with self._lock:
             attrs = await self.backend.find(name)

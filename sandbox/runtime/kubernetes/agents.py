@@ -17,6 +17,7 @@ import anyio
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.agent.transport import AgentTransport
 from sandbox.runtime.kubernetes.exec_ws import ExecTransport, exec_url, open_exec
+from sandbox.runtime.kubernetes.portforward import open_forward, portforward_url
 
 
 class PodExecStarter:
@@ -66,6 +67,14 @@ class PodExecStarter:
         url = exec_url(self._api, namespace, container_id, argv)
         headers = self._headers if isinstance(self._headers, Mapping) else await self._headers()
         return await open_exec(self._session, url, headers=headers, heartbeat_s=self._heartbeat, ssl=self._ssl)
+
+    async def forward(self, pod: str, port: int) -> aiohttp.ClientWebSocketResponse:
+        """One `pods/portforward` websocket to `port` of `pod` (kubernetes/portforward.py), with
+        this starter's address, TLS and credentials."""
+        namespace = self._namespace if isinstance(self._namespace, str) else self._namespace(pod)
+        headers = self._headers if isinstance(self._headers, Mapping) else await self._headers()
+        url = portforward_url(self._api, namespace, pod, port)
+        return await open_forward(self._session, url, port, headers=headers, ssl=self._ssl)
 
     async def exec_once(self, container_id: str, argv: list[str], timeout_s: float) -> tuple[int | None, bytes]:
         """Run `argv` in the Pod on a `pods/exec` stream of its own, without the agent (what a

@@ -30,6 +30,7 @@ from sandbox.runtime.kubernetes import api as k8s_api
 from sandbox.runtime.kubernetes import provider
 from sandbox.runtime.kubernetes.agent_copy import agent_path
 from sandbox.runtime.kubernetes.agents import PodExecStarter, keep_alive
+from sandbox.runtime.kubernetes.browser import KubernetesBrowsers
 from sandbox.runtime.kubernetes.egress_log import KubernetesEgressLogs
 from sandbox.runtime.kubernetes.exec_ws import closed_streams
 from sandbox.runtime.kubernetes.names import (
@@ -82,6 +83,7 @@ class KubernetesBackend:
         self.proxies = ProxyEdges(self.api)
         self._egress_logs = KubernetesEgressLogs(self)
         self._exec_protocols: dict[str, str] = {}  # pod -> the subprotocol noted on it
+        self._browsers: KubernetesBrowsers | None = None
         self._heartbeats: dict[int, asyncio.Task[None]] = {}  # id(link) -> its pinger
         self.agents = ResidentAgents(_LazyStarter(self))
 
@@ -318,7 +320,9 @@ class KubernetesBackend:
                 await api.delete("pods", namespace, name)
 
     async def aclose(self) -> None:
-        """Close the agents' streams and the API connection."""
+        """Close the agents' streams, the browsers' forwards and the API connection."""
+        if self._browsers is not None:
+            await self._browsers.aclose()
         for task in list(self._heartbeats.values()):
             task.cancel()
         self.agents.close_all()
@@ -346,10 +350,11 @@ class KubernetesBackend:
         """The proxies' request lines, attributed by the sandbox Pods' addresses (kubernetes/egress_log.py)."""
         return self._egress_logs
 
-    # Optional capabilities this backend does not have yet (issue 26: browsers)
-
     def browsers(self, instance: str) -> Browsers | None:
-        return None
+        """Browser Pods, their DevTools through the API server's port forwarding (kubernetes/browser.py)."""
+        if self._browsers is None or self._browsers.instance != instance:
+            self._browsers = KubernetesBrowsers(self, instance)
+        return self._browsers
 
 
 class _LazyStarter:

@@ -281,7 +281,7 @@ def _labels(spec: SandboxSpec) -> dict[str, str]:
     return labels
 
 
-def _placement(cfg: KubernetesSection) -> dict[str, Any]:
+def placement(cfg: KubernetesSection) -> dict[str, Any]:
     """Where the Pod may run and how its image is pulled (only what the config sets)."""
     found: dict[str, Any] = {}
     if cfg.runtime_class_name:
@@ -350,7 +350,7 @@ def sandbox_pod(
         "securityContext": _pod_security(spec, cfg),
         "containers": [container],
         "volumes": volumes,
-        **_placement(cfg),
+        **placement(cfg),
     }
     init: list[dict[str, Any]] = []
     if spec.egress is not None:

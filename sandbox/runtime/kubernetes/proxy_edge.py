@@ -40,7 +40,7 @@ class ProxyEdges:
         it decrypts for secrets."""
         assert spec.egress is not None
         ca = await self.ca(namespace, spec.tenant, spec.egress) if decrypts(spec.egress) else ""
-        return ProxyRef(await self._address(namespace, spec), ca)
+        return ProxyRef(await self.address(namespace, spec.tenant, spec.egress), ca)
 
     async def write_secret(self, namespace: str, tenant: str, policy: dict[str, Any]) -> None:
         """The Secret of the namespace's proxy for `policy` (its values read now), written once per
@@ -87,14 +87,18 @@ class ProxyEdges:
         self._cas[(namespace, digest)] = cert
         return cert
 
-    async def _address(self, namespace: str, spec: SandboxSpec) -> str:
-        assert spec.egress is not None
-        name = secret_name(policy_hash(spec.egress))
+    async def address(self, namespace: str, tenant: str, policy: dict[str, Any]) -> str:
+        """The ClusterIP of the namespace's proxy Service for `policy`.
+
+        Raises:
+            SandboxUnavailable: there is none (the tenant's objects were not applied).
+        """
+        name = secret_name(policy_hash(policy))
         service = await (await self._api()).get("services", namespace, name)
         address = ((service or {}).get("spec") or {}).get("clusterIP")
         if not address or address == "None":
             raise SandboxUnavailable(
                 f"the egress proxy Service {namespace}/{name} is missing: apply what "
-                f"`sandbox k8s render --tenant {spec.tenant}` prints"
+                f"`sandbox k8s render --tenant {tenant}` prints"
             )
         return str(address)

@@ -25,6 +25,7 @@ from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config, TenantConfig
 from sandbox.errors import ConfigError
 from sandbox.fs.quota import parse_size
+from sandbox.runtime.browser_rules import browser_egress_policy
 from sandbox.runtime.egress_proxy import PROXY_MEMORY, PROXY_PORT, proxy_command
 from sandbox.runtime.kubernetes.agent_sandbox import ROLE_RULES
 from sandbox.runtime.kubernetes.names import (
@@ -129,6 +130,7 @@ def access_objects(
     provider: str = "pods",
     proxies: list[str] | None = None,
     cas: list[str] | None = None,
+    browsers: bool = False,
 ) -> list[dict[str, Any]]:
     """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
     (with the agent-sandbox objects' rules under `provider: agent-sandbox`, the writing of the
@@ -150,6 +152,8 @@ def access_objects(
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"], "resourceNames": sorted(proxies)},
         ]
+    if browsers:  # a browser's DevTools port, reached through the API server (kubernetes/portforward.py)
+        rules.append({"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["get", "create"]})
     if proxies:  # the proxies' request lines, attributed to sandboxes (kubernetes/egress_log.py)
         rules.append({"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]})
     if cas:  # a CA another replica made is read back, by name (kubernetes/proxy_ca.py)
@@ -180,12 +184,15 @@ def access_objects(
 
 
 def egress_policies(agents: list[EffectiveAgent]) -> dict[str, dict[str, Any]]:
-    """hash -> egress policy, for each distinct policy of these agents' `network: egress`."""
+    """hash -> egress policy, for each distinct policy of these agents' `network: egress`, and of
+    their browsers (the same allowlist without the secrets: a proxy of its own)."""
     found: dict[str, dict[str, Any]] = {}
     for agent in agents:
         if agent.sandbox.docker.network == EGRESS_NETWORK:
             policy = egress_policy(agent)
             found[policy_hash(policy)] = policy
+            if agent.sandbox.browser.enabled and (browser := browser_egress_policy(agent)) is not None:
+                found[policy_hash(browser)] = browser
     return found
 
 
@@ -254,7 +261,9 @@ def network_objects(tenant: str, namespace: str, policies: dict[str, dict[str, A
     return objects
 
 
-def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, Any]) -> list[dict[str, Any]]:
+def proxy_objects(
+    tenant: str, namespace: str, digest: str, policy: dict[str, Any], pull_policy: str = "IfNotPresent"
+) -> list[dict[str, Any]]:
     """One egress proxy: a restricted Deployment and its Service. Its resolved policy (with the
     secrets' values) is the Secret `proxy-<hash>`, key policy.json, which only this Deployment
     reads; the orchestrator writes it (kubernetes/proxy_secret.py)."""
@@ -276,6 +285,9 @@ def proxy_objects(tenant: str, namespace: str, digest: str, policy: dict[str, An
                 {
                     "name": "proxy",
                     "image": policy["image"],
+                    # as the sandboxes' (runtime.kubernetes.image_pull_policy): an image only loaded
+                    # on the nodes (kind load) would never start under `:latest`'s default, Always
+                    "imagePullPolicy": pull_policy,
                     "command": ["/usr/bin/tini", "--", *proxy_command(policy)],
                     "env": [
                         {"name": "HOME", "value": "/tmp"},
@@ -335,9 +347,11 @@ def tenant_objects(config: Config, tenant: TenantConfig, orchestrator: Orchestra
     policies = egress_policies(tenant_agents(config, tenant.id))
     objects = [namespace_object(k8s, tenant.id)]
     cas = [ca_secret_name(d) for d, p in policies.items() if decrypts(p)]
-    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, [secret_name(d) for d in policies], cas)
+    browsers = any(a.sandbox.browser.enabled for a in tenant_agents(config, tenant.id))
+    proxies = [secret_name(d) for d in policies]
+    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, proxies, cas, browsers)
     objects += quota_objects(config, tenant, namespace)
     objects += network_objects(tenant.id, namespace, policies)
     for digest, policy in sorted(policies.items()):
-        objects += proxy_objects(tenant.id, namespace, digest, policy)
+        objects += proxy_objects(tenant.id, namespace, digest, policy, k8s.image_pull_policy)
     return objects
