@@ -201,6 +201,8 @@ async def test_the_browser_tool_runs_in_a_browser_pod_reached_by_port_forwarding
             browser = orch.browsers().name_for(effective_agent(config, "main"), session.key)
             pods = sorted(k[2] for k in cluster.objects if k[0] == "pods")
             assert browser in pods and len(pods) == 2  # the browser's Pod and the sandbox's
+            listed = {i.name: i.kind for i in await orch.manager.list()}
+            assert listed[browser] == "browser"  # listed, so prune and `recreate --browser` see it
             forwards = [p for m, p in cluster.requests if p.endswith("/portforward")]
             assert forwards  # DevTools came through the API server, not the Pod's network
             await session.close()

@@ -51,6 +51,8 @@ def browser_pod(
     }
     labels = {
         MANAGED_BY[0]: MANAGED_BY[1],
+        # listed with the sandboxes (kind browser), so `sandbox list`, prune and recreate see it
+        K8sLabels.SANDBOX: "true",
         K8sLabels.INSTANCE: instance,
         K8sLabels.KIND: "browser",
         K8sLabels.TENANT: label_value(agent.tenant),
