@@ -144,7 +144,7 @@ async def test_a_secret_that_cannot_be_read_stops_before_anything_is_written(
             await backend.ensure(_spec(config, "agent:web:s1"))
     finally:
         await backend.aclose()
-    assert [k for k in cluster.objects if k[0] == "pods" or k[0] == "secrets" and not k[2].endswith("-ca")] == []
+    assert [k for k in cluster.objects if k[0] == "pods" or (k[0] == "secrets" and not k[2].endswith("-ca"))] == []
 
 
 @pytest.mark.parametrize("version", ["1.33", "1.37"])
