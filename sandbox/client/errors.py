@@ -103,8 +103,15 @@ def error_for(response: httpx.Response, body: bytes) -> ServiceError:
             code = ErrorCode(data["code"])
     if code is None:
         code = _CODE_OF_STATUS.get(status, ErrorCode.INTERNAL if status >= 500 else ErrorCode.INVALID_ARGUMENTS)
-    # FastAPI's 422 is a list of problems: keep them as details, say it in words
-    message = detail if isinstance(detail, str) else f"HTTP {status} from {response.request.url.path}"
+    # FastAPI's 422 is a list of problems: keep them as details, say the first in words
+    first = detail[0] if isinstance(detail, list) and detail and isinstance(detail[0], dict) else {}
+    message = (
+        detail
+        if isinstance(detail, str)
+        else str(first["msg"])
+        if isinstance(first.get("msg"), str)
+        else f"HTTP {status} from {response.request.url.path}"
+    )
     extra: dict[str, Any] = {"problems": detail} if isinstance(detail, list) else {}
     kind = {401: AuthenticationError, 404: NotFoundError, 429: RateLimitedError}.get(status, ServiceError)
     return kind(code, message, status=status, retry_after_s=retry_after(response.headers.get("retry-after")), **extra)

@@ -17,8 +17,9 @@ class ToolSession(Protocol):
         """The session key."""
         ...
 
-    async def call(self, name: str, arguments: Any = None) -> ToolResult:
-        """One tool call; a tool's failure is the ToolResult's `error`."""
+    async def call(self, name: str, arguments: Any = None, *, idempotency_key: str | None = None) -> ToolResult:
+        """One tool call; a tool's failure is the ToolResult's `error`. With `idempotency_key` it
+        runs once for the key: a repeat gets the first call's result (docs/calls.md)."""
         ...
 
     async def call_many(

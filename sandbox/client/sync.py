@@ -187,14 +187,20 @@ class ClientSession:
         """The session key."""
         return self._key
 
-    def call(self, name: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
+    def call(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> ToolResult:
         """Run one tool call; a tool's failure is the ToolResult's `error`, not an exception.
+        With `idempotency_key` it runs once for the key (a repeat, after a lost answer, gets the
+        first call's result).
 
         Raises:
-            ServiceError: the service refused the request (auth, tenancy, quota, stopping).
+            ServiceError: the service refused the request (auth, tenancy, quota, stopping; the
+                key used for another call: INVALID_ARGUMENTS).
         """
         body = wire.call_body(name, arguments, self._agent)
-        response = self._client.request("POST", wire.session_path(self._key, "calls"), json=body)
+        path = wire.session_path(self._key, "calls")
+        response = self._client.request("POST", path, json=body, headers=wire.key_headers(idempotency_key))
         return wire.tool_result(response)
 
     def call_many(self, calls: Iterable[BatchCall], *, mode: BatchMode = "parallel") -> BatchResult:

@@ -78,6 +78,11 @@ def checked(response: httpx.Response) -> httpx.Response:
     raise error_for(response, response.content)
 
 
+def key_headers(idempotency_key: str | None) -> dict[str, str]:
+    """The `Idempotency-Key` header of a call (none without a key)."""
+    return {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+
+
 def call_body(tool: str, arguments: Mapping[str, Any] | None, agent: str | None) -> dict[str, Any]:
     """The body of `POST /v1/sessions/{key}/calls`."""
     return params(agent=agent) | {"tool": tool, "args": dict(arguments or {})}

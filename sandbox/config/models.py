@@ -517,6 +517,13 @@ def _journal_age(value: object) -> object:
     return text
 
 
+def _idempotency_age(value: object) -> object:
+    text = _journal_age(value)
+    if text == "0":
+        raise ValueError("an age such as 24h or 7d: keys must expire, so the call records stay bounded (got 0)")
+    return text
+
+
 class RetentionConfig(StrictModel):
     """`journal.retention`: how much history the journal keeps (`0` disables a bound).
 
@@ -535,6 +542,9 @@ class JournalSection(StrictModel):
     """`journal:`: the SQLite journal of every call in the state dir."""
 
     retention: RetentionConfig = RetentionConfig()
+    # how long a call's record and its idempotency key are kept (a repeat within it returns the
+    # same call; after it, the key runs a new one): an age such as 24h or 7d (docs/calls.md)
+    idempotency_ttl: Annotated[str, BeforeValidator(_idempotency_age)] = "24h"
 
 
 class Config(StrictModel):

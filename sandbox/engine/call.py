@@ -131,6 +131,11 @@ class Call:
         return self.failed(refusal.error)
 
 
+def new_call_id() -> str:
+    """A fresh call id (also a call handle's, engine/once.py)."""
+    return ctxvars.new_id("c").replace("-", "_")
+
+
 def tool_name(name: object) -> str:
     """The tool a model asked for: trimmed, lower-cased, aliases resolved, cut when absurdly long."""
     tool = name.strip().lower() if isinstance(name, str) else type(name).__name__
@@ -148,13 +153,14 @@ def open_call(
     tenant: str,
     sender: str | None,
     trace_id: str | None,
+    call_id: str | None = None,
 ) -> Call:
     """Stage 1, context: the call's ids and who is asking (DESIGN.md, "The path of one tool call")."""
     started = time.perf_counter()
     tool = tool_name(name)
     task = ctxvars.TaskContext(
         trace_id=trace_id or ctxvars.new_id("t"),
-        call_id=ctxvars.new_id("c").replace("-", "_"),
+        call_id=call_id or new_call_id(),
         tenant=tenant,
         agent=policy.agent.id,
         session=policy.session.raw,

@@ -23,6 +23,7 @@ from sandbox.engine.loops import LoopDetector
 from sandbox.engine.progress import ProgressBus
 from sandbox.engine.session import Session
 from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
+from sandbox.journal.calls import JournalCalls
 from sandbox.journal.store import Approval, Journal
 from sandbox.policy.resolver import Identity, PolicyResolver
 from sandbox.policy.sessions import agent_of
@@ -30,7 +31,7 @@ from sandbox.runtime.backends import backend_for
 from sandbox.runtime.manager import SandboxManager
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
-from sandbox.state.protocol import ApprovalStore
+from sandbox.state.protocol import ApprovalStore, CallStore
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.registry import ToolRegistry
@@ -71,6 +72,8 @@ class Orchestrator:
         self._backend = backend
         self._manager: SandboxManager | None = None
         self._browsers: Browsers | None = None
+        self._shared_calls: CallStore | None = None
+        self._journal_calls: JournalCalls | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
             registry, self.skill_problems = build_registry(config)
@@ -189,6 +192,22 @@ class Orchestrator:
         """Fill the warm pools once (and remove stale pool containers); how many were made."""
         pool = self.manager.pool
         return await pool.fill_once() if pool is not None else 0
+
+    @property
+    def call_store(self) -> CallStore | None:
+        """Where call records (idempotency keys) live: the shared store while the service holds
+        one, else the journal; None without a journal."""
+        if self._shared_calls is not None:
+            return self._shared_calls
+        if self.journal is None:
+            return None
+        if self._journal_calls is None:
+            self._journal_calls = JournalCalls(self.journal)
+        return self._journal_calls
+
+    def share_calls(self, store: CallStore | None) -> None:
+        """Keep call records in the shared `store` from now on (None: in the journal again)."""
+        self._shared_calls = store
 
     @property
     def approval_store(self) -> ApprovalStore | None:

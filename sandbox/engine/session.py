@@ -13,12 +13,15 @@ from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.config.merge import EffectiveAgent
 from sandbox.engine import spill
 from sandbox.engine.batch import BatchCall, BatchResult, run_batch
+from sandbox.engine.call import new_call_id, tool_name
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
+from sandbox.engine.once import call_once
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
+from sandbox.journal.retention import parse_age
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime.backends import agent_files, host_shell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
@@ -29,7 +32,7 @@ from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
 from sandbox.tools.availability import offered
 from sandbox.tools.context import ToolContext
-from sandbox.tools.spec import ToolResult, ToolSpec
+from sandbox.tools.spec import ErrorInfo, ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
     from sandbox.engine.orchestrator import Orchestrator
@@ -87,9 +90,39 @@ class Session:
         """name, description and JSON schema of each tool in :meth:`tools`."""
         return [{"name": s.name, "description": s.description, "parameters": s.json_schema()} for s in self.tools()]
 
-    async def call(self, name: str, arguments: Any = None, *, trace_id: str | None = None) -> ToolResult:
-        """Run one tool call; every failure comes back as a ToolResult with an error code."""
-        return await self._execute(name, arguments, trace_id=trace_id)
+    async def call(
+        self, name: str, arguments: Any = None, *, trace_id: str | None = None, idempotency_key: str | None = None
+    ) -> ToolResult:
+        """Run one tool call; every failure comes back as a ToolResult with an error code.
+
+        With `idempotency_key`, the call runs once for that key (in this tenant, for
+        `journal.idempotency_ttl`): a repeat returns the first call's result (engine/once.py).
+        """
+        if idempotency_key is None:
+            return await self._execute(name, arguments, trace_id=trace_id)
+        return await self._call_once(name, arguments, idempotency_key, trace_id)
+
+    async def _call_once(self, name: str, arguments: Any, key: str, trace_id: str | None) -> ToolResult:
+        call_id = new_call_id()
+        store = self._orch.call_store
+        if store is None:
+            message = "idempotency keys need the journal (this orchestrator runs without one)"
+            return ToolResult(
+                ok=False, tool=tool_name(name), call_id=call_id, trace_id="",
+                error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS.value, message=message),
+            )  # fmt: skip
+        return await call_once(
+            store,
+            key=key,
+            tool=tool_name(name),
+            arguments=arguments,
+            tenant=self.agent.tenant,
+            agent=self.agent.id,
+            session=self.key,
+            keep_s=parse_age(self._orch.config.journal.idempotency_ttl) or 86400.0,
+            call_id=call_id,
+            run=lambda cid: self._execute(name, arguments, trace_id=trace_id, call_id=cid),
+        )
 
     async def call_many(
         self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
@@ -102,7 +135,13 @@ class Session:
         return await self._execute(name, arguments, refused=error)
 
     async def _execute(
-        self, name: str, arguments: Any, *, trace_id: str | None = None, refused: SandboxError | None = None
+        self,
+        name: str,
+        arguments: Any,
+        *,
+        trace_id: str | None = None,
+        refused: SandboxError | None = None,
+        call_id: str | None = None,
     ) -> ToolResult:
         result = await execute(
             self._orch.engine,
@@ -115,6 +154,7 @@ class Session:
             sender=self.sender,
             trace_id=trace_id,
             refused=refused,
+            call_id=call_id,
         )
         egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
         registry = self._orch.registry

@@ -17,8 +17,9 @@ from sandbox.errors import ErrorCode, SandboxError
 # creates the file: SQLite takes it only before the first page is written); 3: (tenant, session)
 # and (tenant, trace_id), so a tenant's page of one session or trace walks only that tenant's
 # rows of it, never a neighbour's same-named session (SQLite appends the row id to every index
-# entry, so each is in id order within a tenant's session: `ORDER BY id DESC` needs no sort)
-SCHEMA_VERSION = 3
+# entry, so each is in id order within a tenant's session: `ORDER BY id DESC` needs no sort);
+# 4: call records (call handles and idempotency keys, journal/calls.py)
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -81,8 +82,24 @@ CREATE TABLE IF NOT EXISTS owners (
     owner TEXT PRIMARY KEY,
     lease_until REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS calls (
+    call_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    idem_key TEXT,
+    fingerprint TEXT NOT NULL,
+    state TEXT NOT NULL,
+    result TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    ended REAL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS calls_key ON calls(tenant, idem_key) WHERE idem_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS calls_created ON calls(created);
 """
-TABLES = frozenset({"events", "approvals", "loop_calls", "loop_sessions", "open_calls", "owners"})
+TABLES = frozenset({"events", "approvals", "loop_calls", "loop_sessions", "open_calls", "owners", "calls"})
 # a call leaves open_calls with its last stage; these end what recovery has to look at
 # (a re-attached background process stays open: later recoveries report when it exits)
 SETTLED = frozenset({"process_exited", "process_gone"})

@@ -19,10 +19,11 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.approvals import Approval, ApprovalStore
+from sandbox.journal.calls import CallRecord, CallRecords, State
 from sandbox.journal.files import private_files
 from sandbox.journal.loops import LoopHistory
 from sandbox.journal.notes import NotesMixin
@@ -64,9 +65,10 @@ def check_journal(path: Path) -> None:
 class Journal(ReadsMixin, NotesMixin):
     """SQLite journal in the state dir (WAL mode; one connection, serialized).
 
-    One facade over three stores: the event store (this class: appends, commits, prune; with
+    One facade over four stores: the event store (this class: appends, commits, prune; with
     its reads, reads.py, and notes, notes.py), the approval store (`approval_store`,
-    approvals.py) and the loop-history store (`loop_history`, loops.py). Their methods are the
+    approvals.py), the loop-history store (`loop_history`, loops.py) and the call records
+    (`call_records`, calls.py: call handles and idempotency keys). Their methods are the
     journal's own too, so callers name the journal only.
 
     Args:
@@ -78,6 +80,7 @@ class Journal(ReadsMixin, NotesMixin):
         self.path = path
         self.approval_store = ApprovalStore(self)
         self.loop_history = LoopHistory(self)
+        self.call_records = CallRecords(self)
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._ping_lock = threading.Lock()  # pings wait only for each other (microseconds)
@@ -151,6 +154,24 @@ class Journal(ReadsMixin, NotesMixin):
     def approvals(self, status: str | None = "pending", *, raw: bool = False) -> list[Approval]:
         """Approvals (pending by default), oldest first (:meth:`ApprovalStore.approvals`)."""
         return self.approval_store.approvals(status, raw=raw)
+
+    def claim_call(self, record: CallRecord, *, keep_s: float) -> CallRecord:
+        """Record a call handle, or find its key's holder (:meth:`CallRecords.claim`)."""
+        return self.call_records.claim(record, keep_s=keep_s)
+
+    def call_record(self, call_id: str) -> CallRecord | None:
+        """A call handle's record (:meth:`CallRecords.call_record`)."""
+        return self.call_records.call_record(call_id)
+
+    def set_call_state(self, call_id: str, state: State) -> None:
+        """A call handle's new state (:meth:`CallRecords.set_state`)."""
+        self.call_records.set_state(call_id, state)
+
+    def end_call(
+        self, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str = ""
+    ) -> None:
+        """A call handle's outcome (:meth:`CallRecords.end`)."""
+        self.call_records.end(call_id, state, result, reason)
 
     def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
         """Remember one finished call of a session (:meth:`LoopHistory.loop_add`)."""

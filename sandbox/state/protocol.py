@@ -16,8 +16,19 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from sandbox.journal.approvals import Approval
+from sandbox.journal.calls import CallRecord, State
 
-__all__ = ["Approval", "ApprovalStore", "QuotaLimits", "QuotaStore", "Refused", "Reservation", "StateStore"]
+__all__ = [
+    "Approval",
+    "ApprovalStore",
+    "CallRecord",
+    "CallStore",
+    "QuotaLimits",
+    "QuotaStore",
+    "Refused",
+    "Reservation",
+    "StateStore",
+]
 
 
 @dataclass(frozen=True)
@@ -122,4 +133,33 @@ class StateStore(QuotaStore, ApprovalStore, Protocol):
         Raises:
             SandboxError: SERVICE_UNAVAILABLE when the store does not answer.
         """
+        ...
+
+
+class CallStore(Protocol):
+    """Call records: a call's idempotency key, its state while it runs, and its ToolResult once it
+    ended, so a repeat of the key gets the same call (docs/calls.md). The journal holds them by
+    default (journal/calls.py: JournalCalls)."""
+
+    async def claim_call(self, record: CallRecord, *, keep_s: float) -> CallRecord:
+        """Record `record`; for a keyed one whose key a live record of its tenant holds (younger
+        than `keep_s`), that record instead, unchanged. The one returned is `record` when it won."""
+        ...
+
+    async def set_call_state(self, call_id: str, state: State) -> None:
+        """A running call's new state (never over an ended one)."""
+        ...
+
+    async def end_call(
+        self, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str = ""
+    ) -> None:
+        """The call's outcome: its ToolResult as JSON when finished, the reason when abandoned."""
+        ...
+
+    async def call_record(self, call_id: str) -> CallRecord | None:
+        """The record of `call_id` (None: none); the caller checks its tenant."""
+        ...
+
+    async def wait_call(self, call_id: str, timeout_s: float) -> CallRecord | None:
+        """The record once the call ended, or as it is when `timeout_s` runs out."""
         ...

@@ -1,0 +1,146 @@
+"""Idempotency keys: a call that carries one runs once, however often it is asked for.
+
+A client that retries after a timeout or a dropped connection cannot know whether its first
+attempt ran; with a key, it does not need to. The first call with a key records it (a
+CallStore: the journal by default, the shared store across replicas) before anything runs, and
+its ToolResult when it ends. A repeat of the key within its lifetime (`journal.idempotency_ttl`,
+24 h by default) never runs the tool again: it waits for the first call if it still runs and
+returns that call's result. Keys are scoped to the tenant. A repeat that asks for another call
+(another tool, other arguments, another session or agent) is refused, naming the key: the key
+is the client's promise that it is the same call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from sandbox.errors import ErrorCode
+from sandbox.journal.calls import CallRecord
+from sandbox.state.protocol import CallStore
+from sandbox.tools.spec import ErrorInfo, ToolResult
+
+MAX_KEY = 200
+# a repeat waits this long at most for the first call to end, then says it still runs (retryable)
+REPEAT_WAIT_S = 24 * 3600.0
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot be an idempotency key (None: it can)."""
+    if not key or len(key) > MAX_KEY:
+        return f"an idempotency key has 1 to {MAX_KEY} characters (this one has {len(key)})"
+    if not all("!" <= ch <= "~" for ch in key):
+        return "an idempotency key holds visible ASCII characters only (no spaces or control characters)"
+    return None
+
+
+def fingerprint(tool: str, arguments: Any, agent: str, session: str) -> str:
+    """What makes two calls the same call: the tool, the arguments (canonical JSON), who asks."""
+    canonical = json.dumps(
+        {"tool": tool, "arguments": arguments, "agent": agent, "session": session},
+        sort_keys=True,
+        ensure_ascii=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _refusal(tool: str, call_id: str, code: ErrorCode, message: str, **details: Any) -> ToolResult:
+    return ToolResult(
+        ok=False,
+        tool=tool,
+        call_id=call_id,
+        trace_id="",
+        error=ErrorInfo(code=code.value, message=message, retryable=False, details=details),
+    )
+
+
+async def call_once(
+    store: CallStore,
+    *,
+    key: str,
+    tool: str,
+    arguments: Any,
+    tenant: str,
+    agent: str,
+    session: str,
+    keep_s: float,
+    call_id: str,
+    run: Callable[[str], Awaitable[ToolResult]],
+) -> ToolResult:
+    """Run `run(call_id)` once for `key`, or return the result of the call that holds the key.
+
+    Every outcome is a ToolResult: a malformed key or a key used for another call is
+    INVALID_ARGUMENTS; a key whose first call was abandoned (its process died, it was cancelled)
+    is CONFLICT, since whether it ran is unknown: a new key runs it again.
+    """
+    if (problem := key_problem(key)) is not None:
+        return _refusal(tool, call_id, ErrorCode.INVALID_ARGUMENTS, problem, idempotency_key=key[:MAX_KEY])
+    mine = CallRecord(
+        call_id=call_id,
+        tenant=tenant,
+        session=session,
+        agent=agent,
+        tool=tool,
+        idempotency_key=key,
+        fingerprint=fingerprint(tool, arguments, agent, session),
+        state="running",
+        result=None,
+        reason="",
+        created=time.time(),
+        ended=None,
+    )
+    held = await store.claim_call(mine, keep_s=keep_s)
+    if held.call_id != call_id:
+        return await _repeat(store, held, mine)
+    try:
+        result = await run(call_id)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await store.end_call(call_id, "abandoned", None, "cancelled before it finished")
+        raise
+    await store.end_call(call_id, "finished", result.model_dump_json())
+    return result
+
+
+async def _repeat(store: CallStore, held: CallRecord, mine: CallRecord) -> ToolResult:
+    """The result a repeat of a key gets: the first call's, once it ended."""
+    if held.fingerprint != mine.fingerprint:
+        return _refusal(
+            mine.tool,
+            mine.call_id,
+            ErrorCode.INVALID_ARGUMENTS,
+            f"idempotency key {mine.idempotency_key!r} was used for another call ({held.call_id}, tool "
+            f"{held.tool}): the tool, its arguments or the session differ; use a new key for a new call",
+            idempotency_key=mine.idempotency_key,
+            first_call=held.call_id,
+        )
+    ended = await store.wait_call(held.call_id, REPEAT_WAIT_S)
+    if ended is not None and ended.state == "finished" and ended.result is not None:
+        result = ToolResult.model_validate_json(ended.result)
+        note = f"idempotency key {mine.idempotency_key!r}: the result of call {held.call_id}, not a new run"
+        return result.model_copy(update={"warnings": [*result.warnings, note]})
+    if ended is not None and ended.state == "abandoned":
+        return _refusal(
+            mine.tool,
+            mine.call_id,
+            ErrorCode.CONFLICT,
+            f"the call with idempotency key {mine.idempotency_key!r} ({held.call_id}) was abandoned "
+            f"({ended.reason or 'its process went away'}): whether it ran is unknown; a new key runs it again",
+            idempotency_key=mine.idempotency_key,
+            first_call=held.call_id,
+        )
+    return _refusal(
+        mine.tool,
+        mine.call_id,
+        ErrorCode.CONFLICT,
+        f"the call with idempotency key {mine.idempotency_key!r} ({held.call_id}) is still running",
+        idempotency_key=mine.idempotency_key,
+        first_call=held.call_id,
+    )

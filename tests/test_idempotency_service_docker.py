@@ -1,0 +1,93 @@
+"""`Idempotency-Key` through a real `sandbox serve` process, calls in real sandboxes: a client that
+drops its connection mid-call and retries with the key gets the first run's result (a counter
+file the command appends to shows one run); twenty concurrent retries of one key run once; the
+same key for another call is 422 naming the key; another tenant's key of the same name is its own."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbox.client import Client, ServiceError
+from sandbox.errors import ErrorCode
+from tests.service_helpers import TOKEN_A, TOKEN_B, serve_process, sha
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
+A = {"Authorization": f"Bearer {TOKEN_A}"}
+B = {"Authorization": f"Bearer {TOKEN_B}"}
+
+
+def _config_file(tmp_path: Path, instance: str) -> Path:
+    path = tmp_path / "sandbox.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path / "state"}
+instance: {instance}
+tenants:
+  - {{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}
+  - {{id: globex, tokens: [{{name: ci, sha256: {sha(TOKEN_B)}}}]}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session}}}}
+  list:
+    - {{id: alpha, tenant: acme, default: true}}
+    - {{id: beta, tenant: globex}}
+""")
+    return path
+
+
+def _post(url: str, headers: dict[str, str], command: str, key: str | None, timeout: float = 120) -> httpx.Response:
+    extra = {"Idempotency-Key": key} if key is not None else {}
+    return httpx.post(
+        f"{url}/v1/sessions/work/calls",
+        headers={**headers, **extra},
+        json={"tool": "exec", "args": {"command": command, "timeout_s": 60}},
+        timeout=timeout,
+    )
+
+
+def _output(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert body["ok"], body
+    return str(body["output"]["output"]).strip()
+
+
+def test_a_dropped_client_retries_with_its_key_and_the_command_ran_once(tmp_path: Path, instance: str) -> None:
+    with serve_process(_config_file(tmp_path, instance)) as (url, _):
+        slow = "sleep 3; echo ran >> count.txt; wc -l < count.txt"
+        with pytest.raises(httpx.ReadTimeout):
+            _post(url, A, slow, "drop-1", timeout=1.0)  # the client gives up and goes away
+        assert _output(_post(url, A, slow, "drop-1")) == "1"  # the first run's result, waited for
+        assert _output(_post(url, A, slow, "drop-1")) == "1"
+        assert _output(_post(url, A, "wc -l < count.txt", None)) == "1"  # it ran once, to its end
+
+        many = "sleep 1; echo ran >> many.txt; wc -l < many.txt"
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(lambda _: _post(url, A, many, "many-1"), range(20)))
+        assert {_output(r) for r in answers} == {"1"}
+        assert len({r.json()["call_id"] for r in answers}) == 1
+        assert _output(_post(url, A, "wc -l < many.txt", None)) == "1"
+
+        other = _post(url, A, "echo something else", "drop-1")
+        assert other.status_code == 422 and other.json()["idempotency_key"] == "drop-1", other.text
+        (problem,) = other.json()["detail"]  # FastAPI's validation shape: the header is the bad input
+        assert problem["loc"] == ["header", "Idempotency-Key"] and "another call" in problem["msg"]
+        bad = _post(url, A, slow, "has space")
+        assert bad.status_code == 422 and "idempotency key" in bad.json()["detail"][0]["msg"]
+
+        # globex's key of the same name is its own call, in its own sandbox
+        assert _output(_post(url, B, "echo ran >> count.txt; wc -l < count.txt", "drop-1")) == "1"
+
+        # the typed client sends the key the same way
+        with Client(url, TOKEN_A) as client:
+            session = client.session("work")
+            once = session.call("exec", {"command": "echo ran >> c.txt; wc -l < c.txt"}, idempotency_key="c-1")
+            twice = session.call("exec", {"command": "echo ran >> c.txt; wc -l < c.txt"}, idempotency_key="c-1")
+            assert once.ok and twice.call_id == once.call_id and twice.output == once.output
+            with pytest.raises(ServiceError) as refused:
+                session.call("exec", {"command": "true"}, idempotency_key="c-1")
+            assert refused.value.code == ErrorCode.INVALID_ARGUMENTS and refused.value.status == 422
+            assert "'c-1'" in refused.value.message and "another call" in refused.value.message
