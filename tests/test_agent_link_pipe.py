@@ -191,8 +191,9 @@ async def test_the_signal_frame_reaches_the_process_group_of_a_tagged_command(li
         while True:
             try:
                 os.kill(pid, 0)
+                # reaped between the two looks: its /proc entry is gone too (ProcessLookupError)
+                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                    break  # dead, not yet reaped by the agent
             except ProcessLookupError:
                 break
-            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                break  # dead, not yet reaped by the agent
             await anyio.sleep(0.05)

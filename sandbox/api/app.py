@@ -22,6 +22,7 @@ from sandbox._log import logger
 from sandbox.api.auth import current_caller, resolve_session
 from sandbox.api.bodies import BodyLimit
 from sandbox.api.call_routes import add_call_routes
+from sandbox.api.handle_routes import add_handle_routes
 from sandbox.api.limits import TenantLimits
 from sandbox.api.mcp_server import http_server
 from sandbox.api.metrics import Metrics
@@ -74,6 +75,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
 
     add_read_routes(app, tenants, limits, metrics, session_for)
     add_call_routes(app, limits, metrics, admission, watch, session_for)
+    add_handle_routes(app)
     return app
 
 

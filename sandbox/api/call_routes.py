@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sandbox.api.auth import CallerDep, current_caller
+from sandbox.api.handle_routes import submitted_call
 from sandbox.api.limits import TenantLimits
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
@@ -32,15 +33,23 @@ from sandbox.errors import SandboxError
 IDEMPOTENCY_DOC: dict[str, Any] = {
     "parameters": [
         {
+            "name": "Prefer",
+            "in": "header",
+            "required": False,
+            "description": "respond-async: answer 202 at once with Location /v1/calls/{call_id} (RFC 7240).",
+            "schema": {"type": "string", "maxLength": 200},
+        },
+        {
             "name": "Idempotency-Key",
             "in": "header",
             "required": False,
             "description": "Run the call once for this key (tenant-scoped, kept journal.idempotency_ttl); "
             "a repeat returns the first call's result.",
             "schema": {"type": "string", "pattern": "^[!-~]{1,200}$", "maxLength": 200},
-        }
+        },
     ],
     "responses": {
+        "202": {"description": "Prefer: respond-async: the call runs; Location is its handle."},
         "409": {"description": "The key's first call was abandoned (whether it ran is unknown)."},
         "499": {"description": "The client went away; a keyed call goes on."},
     },
@@ -72,53 +81,19 @@ def add_call_routes(
         async with limits.body_slot(who):  # a tenant's trickled bodies hold its own slots
             body = await read_body(request, CallRequest)
         session = session_for(request, who, key, body.agent)
-        if (idempotency_key := request.headers.get("idempotency-key")) is not None:
-            return await _keyed_call(request, who, session, body, idempotency_key)
+        idempotency_key = request.headers.get("idempotency-key")
+        respond_async = "respond-async" in request.headers.get("prefer", "").lower()
+        if idempotency_key is not None or respond_async:  # runs in the orchestrator's task (api/handle_routes.py)
+            return await submitted_call(
+                request, who, session, body, key=idempotency_key, respond_async=respond_async,
+                admission=admission, metrics=metrics, watch=watch,
+            )  # fmt: skip
         async with admission.admit(orch(request), who, session):
             result = await _unless_gone(request, watch, session.call(body.tool, body.args))
         if result is None:
             return _stopped(request, "call")
         metrics.record(who.tenant.id, result)
         # serialized once by pydantic, not walked again by FastAPI's encoder (a hot path)
-        return Response(result.model_dump_json(), media_type="application/json")
-
-    async def _keyed_call(request: Request, who: Caller, session: Session, body: CallRequest, key: str) -> Any:
-        """A call with an `Idempotency-Key` runs in the service's own task group: a client that
-        goes away no longer stops it, and its retry with the key gets its result (engine/once.py)."""
-        done = anyio.Event()
-        outcome: list[Any] = []
-
-        async def run() -> None:
-            try:
-                async with admission.admit(orch(request), who, session):
-                    outcome.append(await session.call(body.tool, body.args, idempotency_key=key))
-            except SandboxError as exc:  # refused before it ran (a quota): the request answers it
-                outcome.append(exc)
-            finally:
-                done.set()
-
-        async def finished() -> bool:
-            await done.wait()
-            return True
-
-        request.app.state.spawn(run)
-        if await _unless_gone(request, watch, finished()) is None:
-            # the wait stopped, not the call: it goes on, and a repeat with its key gets its result
-            status = 503 if past_drain_deadline(request.app.state) else 499
-            detail = (
-                f"stopped waiting; the call with idempotency key {key!r} goes on: repeat the request to get its result"
-            )
-            return JSONResponse({"detail": detail}, status_code=status, headers={"Retry-After": "5"})
-        if isinstance(outcome[0], SandboxError):
-            raise outcome[0]
-        result = outcome[0]
-        metrics.record(who.tenant.id, result)
-        error = result.error
-        if error is not None and "idempotency_key" in error.details:  # the key's refusal, not the tool's
-            if error.code == "INVALID_ARGUMENTS":  # the header is the bad input: FastAPI's 422 shape
-                problem = {"loc": ["header", "Idempotency-Key"], "msg": error.message, "type": "idempotency_key"}
-                return JSONResponse({"detail": [problem], "code": error.code, **error.details}, status_code=422)
-            return JSONResponse({"detail": error.message, "code": error.code, **error.details}, status_code=409)
         return Response(result.model_dump_json(), media_type="application/json")
 
     # read by hand too: FastAPI reads a body parameter before it checks the token

@@ -16,10 +16,12 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from sandbox.engine.call import new_call_id
 from sandbox.errors import ErrorCode
 from sandbox.journal.calls import CallRecord
 from sandbox.state.protocol import CallStore
@@ -61,86 +63,106 @@ def _refusal(tool: str, call_id: str, code: ErrorCode, message: str, **details: 
     )
 
 
-async def call_once(
-    store: CallStore,
-    *,
-    key: str,
-    tool: str,
-    arguments: Any,
-    tenant: str,
-    agent: str,
-    session: str,
-    keep_s: float,
-    call_id: str,
-    run: Callable[[str], Awaitable[ToolResult]],
-) -> ToolResult:
-    """Run `run(call_id)` once for `key`, or return the result of the call that holds the key.
+@dataclass(frozen=True)
+class Ask:
+    """One call as asked for: what its record is made of."""
 
-    Every outcome is a ToolResult: a malformed key or a key used for another call is
-    INVALID_ARGUMENTS; a key whose first call was abandoned (its process died, it was cancelled)
-    is CONFLICT, since whether it ran is unknown: a new key runs it again.
-    """
-    if (problem := key_problem(key)) is not None:
-        return _refusal(tool, call_id, ErrorCode.INVALID_ARGUMENTS, problem, idempotency_key=key[:MAX_KEY])
+    tool: str
+    arguments: Any
+    tenant: str
+    agent: str
+    session: str
+    keep_s: float
+    key: str | None = None
+
+
+async def claim(store: CallStore, ask: Ask, call_id: str) -> CallRecord | ToolResult:
+    """Record the call before it runs: the record that holds its key (`call_id`'s own when it
+    won, another call's for a repeat), or the refusal of a malformed key. Unkeyed calls always win."""
+    if ask.key is not None and (problem := key_problem(ask.key)) is not None:
+        return _refusal(ask.tool, call_id, ErrorCode.INVALID_ARGUMENTS, problem, idempotency_key=ask.key[:MAX_KEY])
     mine = CallRecord(
         call_id=call_id,
-        tenant=tenant,
-        session=session,
-        agent=agent,
-        tool=tool,
-        idempotency_key=key,
-        fingerprint=fingerprint(tool, arguments, agent, session),
+        tenant=ask.tenant,
+        session=ask.session,
+        agent=ask.agent,
+        tool=ask.tool,
+        idempotency_key=ask.key,
+        fingerprint=fingerprint(ask.tool, ask.arguments, ask.agent, ask.session),
         state="running",
         result=None,
         reason="",
         created=time.time(),
         ended=None,
     )
-    held = await store.claim_call(mine, keep_s=keep_s)
-    if held.call_id != call_id:
-        return await _repeat(store, held, mine)
+    return await store.claim_call(mine, keep_s=ask.keep_s)
+
+
+async def run_claimed(
+    store: CallStore,
+    call_id: str,
+    run: Callable[[str], Awaitable[ToolResult]],
+    why_cancelled: Callable[[], str] = lambda: "cancelled before it finished",
+) -> ToolResult:
+    """Run a claimed call and record how it ended (abandoned, with the reason, when cancelled)."""
     try:
         result = await run(call_id)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await store.end_call(call_id, "abandoned", None, "cancelled before it finished")
+            await store.end_call(call_id, "abandoned", None, why_cancelled())
         raise
     await store.end_call(call_id, "finished", result.model_dump_json())
     return result
 
 
-async def _repeat(store: CallStore, held: CallRecord, mine: CallRecord) -> ToolResult:
-    """The result a repeat of a key gets: the first call's, once it ended."""
-    if held.fingerprint != mine.fingerprint:
-        return _refusal(
-            mine.tool,
-            mine.call_id,
-            ErrorCode.INVALID_ARGUMENTS,
-            f"idempotency key {mine.idempotency_key!r} was used for another call ({held.call_id}, tool "
-            f"{held.tool}): the tool, its arguments or the session differ; use a new key for a new call",
-            idempotency_key=mine.idempotency_key,
-            first_call=held.call_id,
-        )
+async def call_once(store: CallStore | None, ask: Ask, execute: Callable[..., Awaitable[ToolResult]]) -> ToolResult:
+    """Run `execute(call_id=...)` once for `ask.key`, or return the result of the call that holds the key.
+
+    Every outcome is a ToolResult: a malformed key or a key used for another call is
+    INVALID_ARGUMENTS; a key whose first call was abandoned (its process died, it was cancelled)
+    is CONFLICT, since whether it ran is unknown: a new key runs it again.
+    """
+    call_id = new_call_id()
+    if store is None:
+        message = "idempotency keys need the journal (this orchestrator runs without one)"
+        return _refusal(ask.tool, call_id, ErrorCode.INVALID_ARGUMENTS, message)
+    held = await claim(store, ask, call_id)
+    if isinstance(held, ToolResult):
+        return held
+    if held.call_id != call_id:
+        return await repeat(store, held, ask, call_id)
+    return await run_claimed(store, call_id, lambda cid: execute(call_id=cid))
+
+
+def mismatch(held: CallRecord, ask: Ask, call_id: str) -> ToolResult | None:
+    """The refusal of a repeat that asks for another call than the key's first (None: the same)."""
+    if held.fingerprint == fingerprint(ask.tool, ask.arguments, ask.agent, ask.session):
+        return None
+    return _refusal(
+        ask.tool,
+        call_id,
+        ErrorCode.INVALID_ARGUMENTS,
+        f"idempotency key {ask.key!r} was used for another call ({held.call_id}, tool "
+        f"{held.tool}): the tool, its arguments or the session differ; use a new key for a new call",
+        idempotency_key=ask.key,
+        first_call=held.call_id,
+    )
+
+
+async def repeat(store: CallStore, held: CallRecord, ask: Ask, call_id: str) -> ToolResult:
+    """The result a repeat of a key gets: the first call's, once it ended (`call_id`: the repeat's own)."""
+    if (refused := mismatch(held, ask, call_id)) is not None:
+        return refused
     ended = await store.wait_call(held.call_id, REPEAT_WAIT_S)
     if ended is not None and ended.state == "finished" and ended.result is not None:
         result = ToolResult.model_validate_json(ended.result)
-        note = f"idempotency key {mine.idempotency_key!r}: the result of call {held.call_id}, not a new run"
+        note = f"idempotency key {ask.key!r}: the result of call {held.call_id}, not a new run"
         return result.model_copy(update={"warnings": [*result.warnings, note]})
     if ended is not None and ended.state == "abandoned":
-        return _refusal(
-            mine.tool,
-            mine.call_id,
-            ErrorCode.CONFLICT,
-            f"the call with idempotency key {mine.idempotency_key!r} ({held.call_id}) was abandoned "
-            f"({ended.reason or 'its process went away'}): whether it ran is unknown; a new key runs it again",
-            idempotency_key=mine.idempotency_key,
-            first_call=held.call_id,
+        message = (
+            f"the call with idempotency key {ask.key!r} ({held.call_id}) was abandoned "
+            f"({ended.reason or 'its process went away'}): whether it ran is unknown; a new key runs it again"
         )
-    return _refusal(
-        mine.tool,
-        mine.call_id,
-        ErrorCode.CONFLICT,
-        f"the call with idempotency key {mine.idempotency_key!r} ({held.call_id}) is still running",
-        idempotency_key=mine.idempotency_key,
-        first_call=held.call_id,
-    )
+    else:
+        message = f"the call with idempotency key {ask.key!r} ({held.call_id}) is still running"
+    return _refusal(ask.tool, call_id, ErrorCode.CONFLICT, message, idempotency_key=ask.key, first_call=held.call_id)

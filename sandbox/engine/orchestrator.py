@@ -17,6 +17,7 @@ from sandbox.engine import recovery
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES as MAX_ARGUMENT_BYTES
 from sandbox.engine.executor import Engine
+from sandbox.engine.handles import CallHandle, Calls
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
@@ -87,6 +88,7 @@ class Orchestrator:
         for spec in (self.registry.get(n) for n in self.registry.names()):
             self.limiter.declare_tool(spec.name, spec.max_concurrency)
         self.progress = progress or ProgressBus()
+        self.calls = Calls(lambda: self.call_store, self.progress)  # submitted calls (engine/handles.py)
         # spawned sessions: lineage, inboxes, cascades (its database is made on the first spawn)
         self.sessions = SessionsService(self)
         # Session handles by identity: a session's file states and host shell are made once, not
@@ -169,8 +171,15 @@ class Orchestrator:
     ) -> None:
         await self.aclose()
 
+    def call(self, call_id: str) -> CallHandle:
+        """The handle of a submitted (or keyed) call, by id: its status says whether it exists and
+        whose it is (check its tenant before showing it to anyone)."""
+        return self.calls.handle(call_id)
+
     async def aclose(self) -> None:
-        """Release engine connections (sandboxes stay: the engine is the inventory)."""
+        """Stop submitted calls still running (recorded abandoned); release engine connections
+        (sandboxes stay: the engine is the inventory)."""
+        await self.calls.aclose()
         browser_tool = sys.modules.get("sandbox.tools.handlers.browser")
         if browser_tool is not None:  # its CDP driver, when the browser tool ran in this loop
             await browser_tool.close_drivers()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -13,10 +14,11 @@ from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.config.merge import EffectiveAgent
 from sandbox.engine import spill
 from sandbox.engine.batch import BatchCall, BatchResult, run_batch
-from sandbox.engine.call import new_call_id, tool_name
+from sandbox.engine.call import tool_name
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
-from sandbox.engine.once import call_once
+from sandbox.engine.handles import CallHandle, submit_call
+from sandbox.engine.once import Ask, call_once
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
@@ -32,7 +34,7 @@ from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
 from sandbox.tools.availability import offered
 from sandbox.tools.context import ToolContext
-from sandbox.tools.spec import ErrorInfo, ToolResult, ToolSpec
+from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
     from sandbox.engine.orchestrator import Orchestrator
@@ -100,28 +102,39 @@ class Session:
         """
         if idempotency_key is None:
             return await self._execute(name, arguments, trace_id=trace_id)
-        return await self._call_once(name, arguments, idempotency_key, trace_id)
+        run = partial(self._execute, name, arguments, trace_id=trace_id)
+        return await call_once(self._orch.call_store, self.ask(name, arguments, idempotency_key), run)
 
-    async def _call_once(self, name: str, arguments: Any, key: str, trace_id: str | None) -> ToolResult:
-        call_id = new_call_id()
-        store = self._orch.call_store
-        if store is None:
-            message = "idempotency keys need the journal (this orchestrator runs without one)"
-            return ToolResult(
-                ok=False, tool=tool_name(name), call_id=call_id, trace_id="",
-                error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS.value, message=message),
-            )  # fmt: skip
-        return await call_once(
-            store,
-            key=key,
+    async def submit(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        trace_id: str | None = None,
+        guard: AbstractAsyncContextManager[Any] | None = None,
+    ) -> CallHandle:
+        """Start a call that runs on its own (engine/handles.py): its handle, at once. With a key
+        already held by the same call, that call's handle; nothing new runs. `guard` is held
+        while the call runs (the service's admission).
+
+        Raises:
+            SandboxError: INVALID_ARGUMENTS for a malformed key, a key used for another call, or
+                an orchestrator without a journal.
+        """
+        run = partial(self._execute, name, arguments, trace_id=trace_id)
+        return await submit_call(self._orch.calls, self.ask(name, arguments, idempotency_key), run, guard)
+
+    def ask(self, name: str, arguments: Any, key: str | None) -> Ask:
+        """What a call record of this session is made of (engine/once.py)."""
+        return Ask(
             tool=tool_name(name),
             arguments=arguments,
             tenant=self.agent.tenant,
             agent=self.agent.id,
             session=self.key,
             keep_s=parse_age(self._orch.config.journal.idempotency_ttl) or 86400.0,
-            call_id=call_id,
-            run=lambda cid: self._execute(name, arguments, trace_id=trace_id, call_id=cid),
+            key=key,
         )
 
     async def call_many(
