@@ -188,3 +188,56 @@ async def test_the_cli_lists_and_decides_approvals_in_the_shared_store(pg_url: s
         assert decided.returncode == 0 and "a-cli: approved (ok)" in decided.stdout
         woken = await store.wait_decided("a-cli", 60)
         assert woken is not None and woken.status == "approved"
+
+
+@pytest.mark.anyio
+async def test_an_idempotency_key_is_one_call_across_replicas(make_config: Any, pg_url: str, tmp_path: Path) -> None:
+    """A keyed call held on replica A; the same key through replica B waits for it (woken by
+    NOTIFY) instead of running again, and both get A's result; B reads the handle of A's call;
+    the same key for another call is 422 through either; nothing is in the replicas' journals."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    gate = Gate()
+    runs: list[str] = []
+
+    async def counted(call: FakeCall) -> Any:
+        runs.append(call.command or "")
+        return await gate.handle(call)
+
+    config_a = _config(make_config, pg_url, tmp_path / "a")
+    config_b = _config(make_config, pg_url, tmp_path / "b")
+    answers: dict[str, httpx.Response] = {}
+    body = {"tool": "exec", "args": {"command": HOLD}}
+    keyed = {"Idempotency-Key": "across-1"}
+    async with (
+        Orchestrator(config_a, backend=FakeBackend(counted)) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(counted)) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+
+        async def post(name: str, url: str) -> None:
+            answers[name] = await client.post(f"{url}/v1/sessions/agent:a:s1/calls", json=body, headers=keyed)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post, "a", url_a)
+            with anyio.fail_after(30):
+                while gate.running == 0:
+                    await anyio.sleep(0.02)
+            tg.start_soon(post, "b", url_b)
+            await anyio.sleep(0.5)
+            assert "b" not in answers  # B waits for A's call, it does not run it
+            other = await client.post(
+                f"{url_b}/v1/sessions/agent:a:s1/calls",
+                json={"tool": "exec", "args": {"command": "true"}},
+                headers=keyed,
+            )
+            assert other.status_code == 422 and other.json()["idempotency_key"] == "across-1", other.text
+            gate.go.set()
+        first, repeat = answers["a"], answers["b"]
+        assert first.status_code == repeat.status_code == 200, (first.text, repeat.text)
+        assert repeat.json()["call_id"] == first.json()["call_id"] and repeat.json()["output"] == first.json()["output"]
+        assert [r for r in runs if HOLD in r] == [HOLD]  # one run, on A
+        seen = (await client.get(f"{url_b}/v1/calls/{first.json()['call_id']}")).json()
+        assert seen["state"] == "finished" and seen["result"]["call_id"] == first.json()["call_id"]
+        assert orch_a.journal is not None and orch_a.journal.call_record(first.json()["call_id"]) is None

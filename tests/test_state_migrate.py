@@ -22,6 +22,8 @@ from sandbox.state.sqlite.store import FILE_NAME
 from tests.cli_helpers import run_cli
 from tests.pg_server import PgServer
 
+LATEST = len(steps("postgresql"))  # this code's schema version (the same steps for both dialects)
+
 pytestmark = pytest.mark.anyio
 
 FAR_LEASE = time.time() + 3600
@@ -56,7 +58,7 @@ async def test_pg_from_empty_to_head(pg_url: str, tmp_path: Path) -> None:
     url = parse_state_url(pg_url)
     first = await migrate_store(url, tmp_path)
     assert (first.before, first.after) == (0, head("postgresql"))
-    assert first.applied == ("0001_quotas", "0002_approvals")
+    assert first.applied == ("0001_quotas", "0002_approvals", "0003_calls")
     again = await migrate_store(url, tmp_path)
     assert (again.before, again.after, again.applied) == (head("postgresql"),) * 2 + ((),)
     status = await store_status(url, tmp_path)
@@ -79,7 +81,7 @@ async def test_pg_from_the_previous_version_keeps_its_data(pg_url: str, tmp_path
             pass
     assert behind.value.code == ErrorCode.SERVICE_UNAVAILABLE and "schema version 1" in behind.value.message
     upgraded = await migrate_store(url, tmp_path)
-    assert (upgraded.before, upgraded.after, upgraded.applied) == (1, 2, ("0002_approvals",))
+    assert (upgraded.before, upgraded.after, upgraded.applied) == (1, 3, ("0002_approvals", "0003_calls"))
     async with open_store(url, tmp_path, owner="new@elsewhere|b|1|1") as store:
         assert await store.in_flight("t1") == 1
         refused = await store.reserve("t1", QuotaLimits(max_concurrent_calls=1))
@@ -96,7 +98,7 @@ async def test_pg_newer_than_the_code_is_refused(pg_url: str, tmp_path: Path) ->
         conn.execute("INSERT INTO sbx_schema VALUES (99, 'future', now()::text)")
     with pytest.raises(SandboxError) as migrated:
         await migrate_store(url, tmp_path)
-    assert "schema version 99, newer than this code's 2" in migrated.value.message
+    assert f"schema version 99, newer than this code's {LATEST}" in migrated.value.message
     assert (await store_status(url, tmp_path)).version == 99
     with pytest.raises(SandboxError) as opened:
         async with open_store(url, tmp_path):
@@ -116,9 +118,9 @@ async def test_pg_two_migrations_at_once_apply_each_step_once(pg_url: str, tmp_p
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
         tg.start_soon(run)
-    assert sorted(len(r.applied) for r in reports) == [0, 2]
+    assert sorted(len(r.applied) for r in reports) == [0, LATEST]
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT count(*) FROM sbx_schema").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM sbx_schema").fetchone() == (LATEST,)
 
 
 @pytest.mark.postgres
@@ -148,9 +150,9 @@ def test_cli_migrate_and_status(pg_url: str, tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     assert "schema 0 -> 1 (0001_quotas)" in first.stdout
     status = run_cli("state", "status", config=config)
-    assert "schema 1 (this code: 2; run `sandbox state migrate`)" in status.stdout
+    assert f"schema 1 (this code: {LATEST}; run `sandbox state migrate`)" in status.stdout
     second = run_cli("state", "migrate", "--json", config=config)
-    assert second.returncode == 0 and '"after": 2' in second.stdout
+    assert second.returncode == 0 and f'"after": {LATEST}' in second.stdout
     assert "password" not in status.stdout and pg_url.split(":")[2].split("@")[0] not in status.stdout
 
 
@@ -215,7 +217,7 @@ async def test_sqlite_newer_than_the_code_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SandboxError) as info:
         async with open_store(url, tmp_path):
             pass
-    assert "schema version 7, newer than this code's 2" in info.value.message
+    assert f"schema version 7, newer than this code's {LATEST}" in info.value.message
 
 
 def test_cli_sqlite_status_before_and_after(tmp_path: Path) -> None:
@@ -223,10 +225,10 @@ def test_cli_sqlite_status_before_and_after(tmp_path: Path) -> None:
     config = tmp_path / "sandbox.yaml"
     config.write_text(f"state_dir: {tmp_path / 'state'}\n")
     before = run_cli("state", "status", config=config)
-    assert before.returncode == 0 and "schema 0 (this code: 2" in before.stdout
+    assert before.returncode == 0 and f"schema 0 (this code: {LATEST}" in before.stdout
     assert run_cli("state", "migrate", config=config).returncode == 0
     after = run_cli("state", "status", config=config)
-    assert f"sqlite store at {tmp_path / 'state' / FILE_NAME}: schema 2 (this code: 2; current)" in after.stdout
+    assert f"sqlite store at {tmp_path / 'state' / FILE_NAME}: schema {LATEST} (this code: {LATEST}; current)" in after.stdout
 
 
 @pytest.mark.postgres
@@ -238,7 +240,7 @@ async def test_doctor_says_where_the_store_stands(pg_url: str, pg_server: PgServ
     before = await doctor_verdict(url, tmp_path)
     assert before[0] == "fail" and before[2] == "sandbox state migrate"
     await migrate_store(url, tmp_path)
-    assert (await doctor_verdict(url, tmp_path))[:2] == ("ok", f"postgresql store at {url.shown}: schema 2 (current)")
+    assert (await doctor_verdict(url, tmp_path))[:2] == ("ok", f"postgresql store at {url.shown}: schema {LATEST} (current)")
     refused = await doctor_verdict(parse_state_url(pg_server.url("postgres", password="nope")), tmp_path)
     assert refused[0] == "fail" and "password authentication failed" in refused[1] and "nope" not in refused[1]
     lite = await doctor_verdict(parse_state_url("sqlite:"), tmp_path)

@@ -100,6 +100,7 @@ def _lifespan(
                 mcp_sessions.run(),
             ):
                 orchestrator.share_approvals(store)
+                orchestrator.share_calls(store)
                 app.state.spawn = tg.start_soon
                 tg.start_soon(watch.run)
                 yield
@@ -112,6 +113,7 @@ def _lifespan(
             mcp_sessions.run(),
         ):
             orch.share_approvals(store)
+            orch.share_calls(store)
             app.state.spawn = tg.start_soon  # background work of requests (readiness probes)
             tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's

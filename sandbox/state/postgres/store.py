@@ -14,8 +14,9 @@ from loguru import logger
 
 from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.calls import CallRecord, State
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, quotas
+from sandbox.state.postgres import approvals, calls, quotas
 from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
@@ -144,6 +145,48 @@ class PostgresStore:
                 finally:
                     self.wakeups.unwatch(approval_id, event)
         return None
+
+    async def claim_call(self, record: CallRecord, *, keep_s: float) -> CallRecord:
+        """See :class:`~sandbox.state.protocol.CallStore`."""
+        async with self._conn() as conn:
+            return await calls.claim(conn, record, keep_s)
+
+    async def set_call_state(self, call_id: str, state: State) -> None:
+        """See :class:`~sandbox.state.protocol.CallStore`."""
+        async with self._conn() as conn:
+            await calls.set_state(conn, call_id, state)
+
+    async def end_call(
+        self, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str = ""
+    ) -> None:
+        """See :class:`~sandbox.state.protocol.CallStore`."""
+        async with self._conn() as conn:
+            await calls.end(conn, call_id, state, result, reason)
+
+    async def call_record(self, call_id: str) -> CallRecord | None:
+        """See :class:`~sandbox.state.protocol.CallStore`."""
+        async with self._conn() as conn:
+            return await calls.one(conn, call_id)
+
+    async def wait_call(self, call_id: str, timeout_s: float) -> CallRecord | None:
+        """See :class:`~sandbox.state.protocol.CallStore`: woken by NOTIFY, never polling."""
+        found: CallRecord | None = None
+        with anyio.move_on_after(timeout_s):
+            while True:
+                event = self.wakeups.watch(call_id)  # before the read: a NOTIFY after it still wakes
+                try:
+                    try:
+                        found = await self.call_record(call_id)
+                    except SandboxError:  # an outage: read again soon, only while reads fail
+                        with anyio.move_on_after(READ_AGAIN_S):
+                            await event.wait()
+                        continue
+                    if found is None or found.state in ("finished", "abandoned"):
+                        return found
+                    await event.wait()
+                finally:
+                    self.wakeups.unwatch(call_id, event)
+        return found if found is not None else await self.call_record(call_id)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""

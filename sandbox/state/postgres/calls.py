@@ -1,0 +1,98 @@
+"""Call records on PostgreSQL (the CallStore of sandbox/state/protocol.py): a key is claimed by
+one INSERT against the partial unique index, so of any number of replicas asking at once one
+wins and the others read its record; a call's end sends NOTIFY (the store's wake-up channel,
+the call id as payload) in the same transaction, so a waiter on any replica wakes when it commits."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from sandbox.journal.calls import CallRecord, State
+from sandbox.state.postgres.approvals import CHANNEL
+
+COLUMNS = "call_id, tenant, session, agent, tool, idem_key, fingerprint, state, result, reason, created, ended"
+NOW = "extract(epoch from clock_timestamp())"
+
+
+def _record(row: tuple[Any, ...]) -> CallRecord:
+    return CallRecord(
+        call_id=row[0],
+        tenant=row[1],
+        session=row[2],
+        agent=row[3],
+        tool=row[4],
+        idempotency_key=row[5],
+        fingerprint=row[6],
+        state=row[7],
+        result=row[8],
+        reason=row[9],
+        created=float(row[10]),
+        ended=None if row[11] is None else float(row[11]),
+    )
+
+
+async def claim(conn: Any, record: CallRecord, keep_s: float) -> CallRecord:
+    """Record `record`, or return the live record that holds its key (see the module docstring).
+    What the key's lifetime no longer keeps goes first: ended records, and an expired holder."""
+    async with conn.transaction():
+        await conn.execute(
+            f"DELETE FROM calls WHERE state IN ('finished', 'abandoned') AND created < {NOW} - %s",  # noqa: S608 - constant
+            (keep_s,),
+        )
+        if record.idempotency_key is not None:
+            await conn.execute(
+                f"DELETE FROM calls WHERE tenant = %s AND idem_key = %s AND created < {NOW} - %s",  # noqa: S608 - constant
+                (record.tenant, record.idempotency_key, keep_s),
+            )
+        cur = await conn.execute(
+            f"INSERT INTO calls ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {NOW}, NULL) "  # noqa: S608
+            f"ON CONFLICT (tenant, idem_key) WHERE idem_key IS NOT NULL DO NOTHING RETURNING {COLUMNS}",
+            (
+                record.call_id,
+                record.tenant,
+                record.session,
+                record.agent,
+                record.tool,
+                record.idempotency_key,
+                record.fingerprint,
+                record.state,
+                record.result,
+                record.reason,
+            ),
+        )
+        mine = await cur.fetchone()
+        if mine is not None:
+            return _record(mine)
+        cur = await conn.execute(  # the holder (read committed: its row is visible now)
+            f"SELECT {COLUMNS} FROM calls WHERE tenant = %s AND idem_key = %s",  # noqa: S608 - constant columns
+            (record.tenant, record.idempotency_key),
+        )
+        held = await cur.fetchone()
+    assert held is not None  # the conflict was with this row
+    return _record(held)
+
+
+async def set_state(conn: Any, call_id: str, state: State) -> None:
+    """A running call's new state (never over an ended one)."""
+    await conn.execute(
+        "UPDATE calls SET state = %s WHERE call_id = %s AND state NOT IN ('finished', 'abandoned')", (state, call_id)
+    )
+
+
+async def end(
+    conn: Any, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str
+) -> None:
+    """The call's outcome, and the wake-up of its waiters everywhere."""
+    async with conn.transaction():
+        await conn.execute(
+            f"UPDATE calls SET state = %s, result = %s, reason = %s, ended = {NOW} WHERE call_id = %s",  # noqa: S608
+            (state, result, reason, call_id),
+        )
+        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
+
+
+async def one(conn: Any, call_id: str) -> CallRecord | None:
+    """The record of `call_id`, or None."""
+    cur = await conn.execute(f"SELECT {COLUMNS} FROM calls WHERE call_id = %s", (call_id,))  # noqa: S608 - constant columns
+    row = await cur.fetchone()
+    return None if row is None else _record(row)

@@ -1,0 +1,123 @@
+"""One contract over call records (the CallStore of sandbox/state/protocol.py), run against the
+journal (the embedded default) and PostgreSQL (the store several replicas share): a key is
+claimed once, however many ask at once through however many instances; its holder is kept while
+the key lives and replaced after; a record's end wakes a waiter on another instance at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sandbox.config.state import parse_state_url
+from sandbox.journal.calls import CallRecord, JournalCalls
+from sandbox.journal.store import Journal
+from sandbox.state import open_store
+from sandbox.state.admin import migrate_store
+from sandbox.state.protocol import CallStore
+
+pytestmark = pytest.mark.anyio
+KINDS = ["journal", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=KINDS)
+async def two(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[CallStore, CallStore]]:
+    """Two instances on one backing, as two processes (or replicas) hold them."""
+    async with AsyncExitStack() as stack:
+        if request.param == "journal":
+            path = tmp_path / "journal.sqlite3"
+            journals = [Journal(path), Journal(path)]
+            for journal in journals:
+                stack.callback(journal.close)
+            yield JournalCalls(journals[0]), JournalCalls(journals[1])
+            return
+        url = parse_state_url(request.getfixturevalue("pg_url"))
+        await migrate_store(url, tmp_path)
+        a = await stack.enter_async_context(open_store(url, tmp_path, owner="a@elsewhere|boot|1|1"))
+        b = await stack.enter_async_context(open_store(url, tmp_path, owner="b@elsewhere|boot|1|1"))
+        yield a, b  # type: ignore[misc]  # PostgresStore is a CallStore
+
+
+def _record(call_id: str, key: str | None = "k", tenant: str = "acme", fingerprint: str = "f1") -> CallRecord:
+    return CallRecord(
+        call_id=call_id,
+        tenant=tenant,
+        session="agent:main:s1",
+        agent="main",
+        tool="exec",
+        idempotency_key=key,
+        fingerprint=fingerprint,
+        state="running",
+        result=None,
+        reason="",
+        created=time.time(),
+        ended=None,
+    )
+
+
+async def test_of_many_claims_of_one_key_through_two_instances_one_wins(two: tuple[CallStore, CallStore]) -> None:
+    won: list[str] = []
+
+    async def claim(store: CallStore, n: int) -> None:
+        held = await store.claim_call(_record(f"c_{n}"), keep_s=3600)
+        won.append(held.call_id)
+
+    async with anyio.create_task_group() as group:
+        for n in range(12):
+            group.start_soon(claim, two[n % 2], n)
+    assert len(set(won)) == 1 and len(won) == 12
+
+
+async def test_a_key_is_per_tenant_and_an_unkeyed_call_always_wins(two: tuple[CallStore, CallStore]) -> None:
+    a, b = two
+    assert (await a.claim_call(_record("c_a", tenant="acme"), keep_s=3600)).call_id == "c_a"
+    assert (await b.claim_call(_record("c_b", tenant="globex"), keep_s=3600)).call_id == "c_b"
+    assert (await b.claim_call(_record("c_c", tenant="acme"), keep_s=3600)).call_id == "c_a"
+    for n in range(3):
+        assert (await a.claim_call(_record(f"c_u{n}", key=None), keep_s=3600)).call_id == f"c_u{n}"
+
+
+async def test_the_end_is_recorded_and_wakes_a_waiter_on_the_other_instance(two: tuple[CallStore, CallStore]) -> None:
+    a, b = two
+    await a.claim_call(_record("c_w"), keep_s=3600)
+    waited: list[Any] = []
+
+    async def wait() -> None:
+        started = time.monotonic()
+        waited.append(await b.wait_call("c_w", 30))
+        waited.append(time.monotonic() - started)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(wait)
+        await anyio.sleep(0.3)
+        await a.set_call_state("c_w", "awaiting_approval")
+        await a.end_call("c_w", "finished", '{"ok": true}')
+    found, took = waited
+    assert found.state == "finished" and found.result == '{"ok": true}' and found.ended is not None
+    assert took < 5  # woken, not timed out
+    await a.set_call_state("c_w", "running")  # never over an ended call
+    assert (await b.call_record("c_w")).state == "finished"
+    assert await b.call_record("c_none") is None
+    assert (await b.wait_call("c_none", 0.1)) is None
+
+
+async def test_an_expired_key_is_claimed_anew_and_a_live_one_is_kept(two: tuple[CallStore, CallStore]) -> None:
+    a, b = two
+    await a.claim_call(_record("c_old"), keep_s=3600)
+    await a.end_call("c_old", "abandoned", None, "cancelled by the test")
+    assert (await b.claim_call(_record("c_new"), keep_s=3600)).call_id == "c_old"  # still kept
+    await anyio.sleep(1.1)
+    assert (await b.claim_call(_record("c_new"), keep_s=1)).call_id == "c_new"  # its lifetime is over
+    assert await a.call_record("c_old") is None  # gone with its key
+
+
+async def test_a_waiter_that_times_out_gets_the_record_as_it_is(two: tuple[CallStore, CallStore]) -> None:
+    a, b = two
+    await a.claim_call(_record("c_slow"), keep_s=3600)
+    found = await b.wait_call("c_slow", 0.3)
+    assert found is not None and found.state == "running"
