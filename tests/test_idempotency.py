@@ -136,3 +136,21 @@ async def test_without_a_journal_a_key_is_refused(tmp_path: Path) -> None:
         )
     assert not refused.ok and "journal" in refused.error.message
     assert _runs(tmp_path) == 0
+
+
+async def test_a_keyed_batch_repeated_runs_nothing_again(tmp_path: Path) -> None:
+    """Each call of a batch runs once under `key#n`; a repeat gets the same results."""
+    from sandbox.engine.batch import BatchCall
+    from sandbox.errors import SandboxError
+
+    batch = [BatchCall("exec", {"command": COUNT}, "one"), BatchCall("exec", {"command": COUNT}, "two", ("one",))]
+    async with Orchestrator(_config(tmp_path)) as orch:
+        session = orch.session(agent="a", key="agent:a:b1")
+        first = await session.call_many(batch, idempotency_key="batch-1")
+        again = await session.call_many(batch, idempotency_key="batch-1")
+        assert first.status == again.status == "SUCCESS"
+        assert [r.call_id for r in again.results] == [r.call_id for r in first.results]
+        assert [r.output["output"].strip() for r in again.results] == ["1", "2"]
+        with pytest.raises(SandboxError, match="1 to 190 characters"):
+            await session.call_many(batch, idempotency_key="x" * 191)
+    assert _runs(tmp_path) == 2

@@ -81,6 +81,25 @@ def test_a_dropped_client_retries_with_its_key_and_the_command_ran_once(tmp_path
         # globex's key of the same name is its own call, in its own sandbox
         assert _output(_post(url, B, "echo ran >> count.txt; wc -l < count.txt", "drop-1")) == "1"
 
+        # a batch with a key: each call once; a repeat gets the same results
+        batch = {
+            "mode": "sequential",
+            "calls": [{"tool": "exec", "args": {"command": "echo ran >> b.txt; wc -l < b.txt"}} for _ in range(2)],
+        }
+        answers = [
+            httpx.post(
+                f"{url}/v1/sessions/work/batches", headers={**A, "Idempotency-Key": "batch-1"}, json=batch, timeout=120
+            )
+            for _ in range(2)
+        ]
+        assert [a.status_code for a in answers] == [200, 200], answers[0].text
+        outputs = [[r["output"]["output"].strip() for r in a.json()["results"]] for a in answers]
+        assert outputs == [["1", "2"], ["1", "2"]]
+        too_long = httpx.post(
+            f"{url}/v1/sessions/work/batches", headers={**A, "Idempotency-Key": "k" * 195}, json=batch, timeout=30
+        )
+        assert too_long.status_code == 422 and "190" in too_long.json()["detail"][0]["msg"]
+
         # the typed client sends the key the same way
         with Client(url, TOKEN_A) as client:
             session = client.session("work")

@@ -38,3 +38,32 @@ async def test_list_and_call_over_stdio(tmp_path: Path) -> None:
         assert not ok.is_error and body["ok"] and "hi from the workspace" in body["output"]["content"]
         refused = await client.call_tool("exec", {"command": "id"})
         assert refused.is_error and json.loads(refused.content[0].text)["error"]["code"] == "TOOL_NOT_FOUND"
+
+
+@pytest.mark.slow
+async def test_a_tools_call_with_an_idempotency_key_in_meta_runs_once(tmp_path: Path) -> None:
+    """`_meta: {"agent-sandbox.io/idempotency-key": K}` on tools/call: a repeat gets the first result."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    (tmp_path / "ws").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path / 'state'}\ntools: {{profile: coding}}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{tmp_path / 'ws'}'}}]}}\n"
+    )
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "sandbox", "--config", str(cfg), "mcp", "--agent", "a"]
+    )
+    command = {"command": "echo ran >> count.txt; wc -l < count.txt"}
+    from mcp.types import RequestParamsMeta
+
+    meta: RequestParamsMeta = {"agent-sandbox.io/idempotency-key": "mcp-1"}  # type: ignore[typeddict-unknown-key]
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        bodies = [json.loads((await client.call_tool("exec", command, meta=meta)).content[0].text) for _ in range(2)]
+        fresh = json.loads((await client.call_tool("exec", command)).content[0].text)
+    assert [b["output"]["output"].strip() for b in bodies] == ["1", "1"] and bodies[0]["call_id"] == bodies[1][
+        "call_id"
+    ]
+    assert fresh["output"]["output"].strip() == "2"

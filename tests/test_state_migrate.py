@@ -228,7 +228,10 @@ def test_cli_sqlite_status_before_and_after(tmp_path: Path) -> None:
     assert before.returncode == 0 and f"schema 0 (this code: {LATEST}" in before.stdout
     assert run_cli("state", "migrate", config=config).returncode == 0
     after = run_cli("state", "status", config=config)
-    assert f"sqlite store at {tmp_path / 'state' / FILE_NAME}: schema {LATEST} (this code: {LATEST}; current)" in after.stdout
+    assert (
+        f"sqlite store at {tmp_path / 'state' / FILE_NAME}: schema {LATEST} (this code: {LATEST}; current)"
+        in after.stdout
+    )
 
 
 @pytest.mark.postgres
@@ -240,7 +243,10 @@ async def test_doctor_says_where_the_store_stands(pg_url: str, pg_server: PgServ
     before = await doctor_verdict(url, tmp_path)
     assert before[0] == "fail" and before[2] == "sandbox state migrate"
     await migrate_store(url, tmp_path)
-    assert (await doctor_verdict(url, tmp_path))[:2] == ("ok", f"postgresql store at {url.shown}: schema {LATEST} (current)")
+    assert (await doctor_verdict(url, tmp_path))[:2] == (
+        "ok",
+        f"postgresql store at {url.shown}: schema {LATEST} (current)",
+    )
     refused = await doctor_verdict(parse_state_url(pg_server.url("postgres", password="nope")), tmp_path)
     assert refused[0] == "fail" and "password authentication failed" in refused[1] and "nope" not in refused[1]
     lite = await doctor_verdict(parse_state_url("sqlite:"), tmp_path)

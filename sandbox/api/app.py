@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 from fastapi import FastAPI, Request
@@ -35,7 +35,8 @@ from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
-from sandbox.state import StateStore, open_store
+from sandbox.state import open_store
+from sandbox.state.protocol import SharedStore
 
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
@@ -134,10 +135,10 @@ def _lifespan(
 
 
 @asynccontextmanager
-async def shared_store(config: Config, admission: Admission) -> AsyncIterator[StateStore | None]:
-    """With `state.url: postgresql://...`, the shared store holds the call quotas and the
-    approvals while the service runs (docs/state.md); with SQLite (the default) nothing changes
-    (yields None)."""
+async def shared_store(config: Config, admission: Admission) -> AsyncIterator[SharedStore | None]:
+    """With `state.url: postgresql://...`, the shared store holds the call quotas, the approvals
+    and the call records while the service runs (docs/state.md); with SQLite (the default)
+    nothing changes (yields None)."""
     url = config.state.parsed()
     if url.kind != "postgresql":
         yield None
@@ -145,7 +146,7 @@ async def shared_store(config: Config, admission: Admission) -> AsyncIterator[St
     async with open_store(url, config.state_dir) as store:
         admission.store = store
         try:
-            yield store
+            yield cast("SharedStore", store)  # a PostgreSQL store is the shared one (postgres/store.py)
         finally:
             admission.store = None
 

@@ -18,14 +18,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sandbox.api.auth import CallerDep, current_caller
-from sandbox.api.handle_routes import submitted_call
+from sandbox.api.handle_routes import keyed_batch, submitted_call
 from sandbox.api.limits import TenantLimits
 from sandbox.api.metrics import Metrics
 from sandbox.api.quotas import Admission
 from sandbox.api.requests import BatchRequest, CallRequest, json_body, read_body
 from sandbox.api.serving import StopWatch, past_drain_deadline
 from sandbox.api.tenants import Caller
-from sandbox.engine.batch import BatchCall, plan
+from sandbox.engine.batch import BatchCall, BatchResult, plan
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 
@@ -97,7 +97,10 @@ def add_call_routes(
         return Response(result.model_dump_json(), media_type="application/json")
 
     # read by hand too: FastAPI reads a body parameter before it checks the token
-    @app.post("/v1/sessions/{key}/batches", openapi_extra=json_body(BatchRequest))
+    @app.post(
+        "/v1/sessions/{key}/batches",
+        openapi_extra={**json_body(BatchRequest), "parameters": [IDEMPOTENCY_DOC["parameters"][1]]},
+    )
     async def batch(request: Request, key: str) -> Any:
         who = await current_caller(request)
         admission.precheck(who)
@@ -109,8 +112,17 @@ def add_call_routes(
             width = max(len(wave) for wave in plan(calls, body.mode))
         except SandboxError:
             width = 1  # a bad batch: the engine refuses it before any call runs
-        async with admission.admit(orch(request), who, session, calls=len(calls), slots=width):
-            outcome = await _unless_gone(request, watch, session.call_many(calls, mode=body.mode))
+        if (idempotency_key := request.headers.get("idempotency-key")) is not None:
+            found = await keyed_batch(
+                request, who, session, calls, body.mode, key=idempotency_key, slots=width,
+                admission=admission, watch=watch,
+            )  # fmt: skip
+            if not isinstance(found, BatchResult):
+                return found  # the key's refusal, or the client went away
+            outcome: BatchResult | None = found
+        else:
+            async with admission.admit(orch(request), who, session, calls=len(calls), slots=width):
+                outcome = await _unless_gone(request, watch, session.call_many(calls, mode=body.mode))
         if outcome is None:
             return _stopped(request, "batch")
         for result in outcome.results:

@@ -13,8 +13,9 @@ Another tenant's call id is 404, as an id that never existed.
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, Literal
 
+import anyio
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -24,6 +25,7 @@ from sandbox.api.quotas import Admission
 from sandbox.api.requests import CallRequest
 from sandbox.api.serving import StopWatch, past_drain_deadline
 from sandbox.api.tenants import Caller
+from sandbox.engine.batch import BatchCall, BatchResult
 from sandbox.engine.handles import CallHandle, CallStatus
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
@@ -100,6 +102,59 @@ async def submitted_call(
         )
     metrics.record(who.tenant.id, found.result)
     return Response(found.result.model_dump_json(), media_type="application/json")
+
+
+async def keyed_batch(
+    request: Request,
+    who: Caller,
+    session: Session,
+    calls: list[BatchCall],
+    mode: Literal["parallel", "sequential"],
+    *,
+    key: str,
+    slots: int,
+    admission: Admission,
+    watch: StopWatch,
+) -> Any:
+    """A batch with `Idempotency-Key`: each call runs once under `key#n` (Session.call_many), in
+    the service's task group, so a client that goes away does not stop it; a repeat gets the same
+    results."""
+    orch: Orchestrator = request.app.state.orch
+    guard = AsyncExitStack()
+    await guard.enter_async_context(admission.admit(orch, who, session, calls=len(calls), slots=slots))
+    done = anyio.Event()
+    outcome: list[BatchResult | BaseException] = []
+
+    async def run() -> None:
+        try:
+            async with guard:
+                outcome.append(await session.call_many(calls, mode=mode, idempotency_key=key))
+        except Exception as exc:  # a refusal of the batch (its key, its spec): the request answers it
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    async def finished() -> bool:
+        await done.wait()
+        return True
+
+    request.app.state.spawn(run)
+
+    async def stop() -> bool:
+        return past_drain_deadline(request.app.state) or await request.is_disconnected()
+
+    if await watch.until_stopped(stop, finished()) is None:
+        detail = (
+            f"stopped waiting; the batch with idempotency key {key!r} goes on: repeat the request to get its results"
+        )
+        status = 503 if past_drain_deadline(request.app.state) else 499
+        return JSONResponse({"detail": detail}, status_code=status, headers={"Retry-After": "5"})
+    result = outcome[0]
+    if isinstance(result, SandboxError) and "idempotency_key" in result.details:
+        return key_refusal(result)
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 async def _waited(request: Request, watch: StopWatch, handle: CallHandle) -> CallStatus | None:

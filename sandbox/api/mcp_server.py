@@ -44,9 +44,14 @@ def tools_of(session: Session) -> types.ListToolsResult:
     )
 
 
+IDEMPOTENCY_META = "agent-sandbox.io/idempotency-key"  # `_meta` of a tools/call (docs/calls.md)
+
+
 async def call_in(session: Session, params: types.CallToolRequestParams) -> types.CallToolResult:
-    """`tools/call` through the engine: the ToolResult as text and structured content."""
-    result = await session.call(params.name, params.arguments or {})
+    """`tools/call` through the engine: the ToolResult as text and structured content. A key in
+    `_meta` (IDEMPOTENCY_META) runs the call once for it, as the HTTP header does."""
+    key = (params.meta or {}).get(IDEMPOTENCY_META)
+    result = await session.call(params.name, params.arguments or {}, idempotency_key=None if key is None else str(key))
     body = result.model_dump(mode="json")
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(body))], structured_content=body, is_error=not result.ok

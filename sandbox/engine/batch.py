@@ -120,6 +120,7 @@ async def run_batch(
     *,
     refuse: Refuse,
     mode: Literal["parallel", "sequential"] = "parallel",
+    keyed: Callable[[str, Any, int], Awaitable[ToolResult]] | None = None,
 ) -> BatchResult:
     """Run `calls`. The spec is checked before anything runs; a call whose dependency failed is
     not run (BLOCKED); a call whose arguments function fails is INVALID_ARGUMENTS. Parallel calls
@@ -155,7 +156,8 @@ async def run_batch(
                 return
         else:
             arguments = spec.arguments
-        done[ids[i]] = await call(spec.name, arguments)
+        # with a batch's idempotency key, each call runs under its own (engine/once.py)
+        done[ids[i]] = await (call(spec.name, arguments) if keyed is None else keyed(spec.name, arguments, i))
 
     for wave in waves:
         async with anyio.create_task_group() as tg:

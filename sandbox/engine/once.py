@@ -28,14 +28,15 @@ from sandbox.state.protocol import CallStore
 from sandbox.tools.spec import ErrorInfo, ToolResult
 
 MAX_KEY = 200
+MAX_BATCH_KEY = 190  # a batch's n-th call runs under `key#n`
 # a repeat waits this long at most for the first call to end, then says it still runs (retryable)
 REPEAT_WAIT_S = 24 * 3600.0
 
 
-def key_problem(key: str) -> str | None:
-    """Why `key` cannot be an idempotency key (None: it can)."""
-    if not key or len(key) > MAX_KEY:
-        return f"an idempotency key has 1 to {MAX_KEY} characters (this one has {len(key)})"
+def key_problem(key: str, room: int = MAX_KEY) -> str | None:
+    """Why `key` cannot be an idempotency key of at most `room` characters (None: it can)."""
+    if not key or len(key) > room:
+        return f"an idempotency key has 1 to {room} characters (this one has {len(key)})"
     if not all("!" <= ch <= "~" for ch in key):
         return "an idempotency key holds visible ASCII characters only (no spaces or control characters)"
     return None

@@ -18,7 +18,7 @@ from sandbox.engine.call import tool_name
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
 from sandbox.engine.handles import CallHandle, submit_call
-from sandbox.engine.once import Ask, call_once
+from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, key_problem
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
@@ -138,10 +138,28 @@ class Session:
         )
 
     async def call_many(
-        self, calls: list[BatchCall], *, mode: Literal["parallel", "sequential"] = "parallel"
+        self,
+        calls: list[BatchCall],
+        *,
+        mode: Literal["parallel", "sequential"] = "parallel",
+        idempotency_key: str | None = None,
     ) -> BatchResult:
-        """Run several calls; see :func:`sandbox.engine.batch.run_batch`."""
-        return await run_batch(self.call, calls, mode=mode, refuse=self._refuse)
+        """Run several calls; see :func:`sandbox.engine.batch.run_batch`. With `idempotency_key`
+        (at most 190 characters) the n-th call runs once under `key#n`: a repeat of the batch runs
+        nothing that ran and gets the same results.
+
+        Raises:
+            SandboxError: INVALID_ARGUMENTS for a bad batch or a malformed key.
+        """
+        if idempotency_key is None:
+            return await run_batch(self.call, calls, mode=mode, refuse=self._refuse)
+        if (problem := key_problem(idempotency_key, room=MAX_BATCH_KEY)) is not None:
+            raise SandboxError(ErrorCode.INVALID_ARGUMENTS, problem, idempotency_key=idempotency_key[:MAX_BATCH_KEY])
+
+        async def keyed(name: str, arguments: Any, index: int) -> ToolResult:
+            return await self.call(name, arguments, idempotency_key=f"{idempotency_key}#{index}")
+
+        return await run_batch(self.call, calls, mode=mode, refuse=self._refuse, keyed=keyed)
 
     async def _refuse(self, name: str, arguments: Any, error: SandboxError) -> ToolResult:
         """Journal a call that is not run (skipped or refused in a batch) and return its result."""

@@ -27,6 +27,7 @@ __all__ = [
     "QuotaStore",
     "Refused",
     "Reservation",
+    "SharedStore",
     "StateStore",
 ]
 
@@ -163,3 +164,8 @@ class CallStore(Protocol):
     async def wait_call(self, call_id: str, timeout_s: float) -> CallRecord | None:
         """The record once the call ended, or as it is when `timeout_s` runs out."""
         ...
+
+
+class SharedStore(StateStore, CallStore, Protocol):
+    """The store several replicas share (PostgreSQL): the whole store and the call records,
+    which the embedded default keeps in the journal instead."""
