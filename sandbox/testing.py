@@ -215,6 +215,9 @@ class FakeBackend:
         """No warm pool here."""
         del manager
 
+    def freezer(self) -> None:
+        """No pausing here."""
+
     async def facts(self, name_or_id: str) -> None:
         """No container to describe."""
         del name_or_id

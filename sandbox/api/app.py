@@ -120,6 +120,7 @@ def _lifespan(
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
             tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
+            tg.start_soon(orch.keep_idle_paused)  # sandbox.idle_pause_s
             tg.start_soon(keep_journal_bounded, orch.journal, config.journal.retention)  # journal.retention
             metrics.know_tools(orch.registry.names())
             app.state.orch = orch

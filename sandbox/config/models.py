@@ -342,6 +342,12 @@ class SandboxConfig(StrictModel):
     egress: EgressConfig = EgressConfig()
     prune: PruneConfig = PruneConfig()
     pool: PoolConfig = PoolConfig()
+    # seconds a sandbox nobody used stays running before the service pauses it (the cgroup
+    # freezer: it costs no CPU; the next call thaws it); 0 never pauses. Docker only
+    idle_pause_s: float = Field(0.0, ge=0)
+    # not paused while it runs anything besides its keep-alive and resident agent (a background
+    # process the session started); off: such processes are frozen with it
+    idle_pause_keeps_processes: bool = False
 
 
 class AgentConfig(StrictModel):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from sandbox._log import logger
-from sandbox.config.merge import default_agent_id
+from sandbox.config.merge import agent_ids, default_agent_id, effective_agent
 from sandbox.config.models import Config
 from sandbox.engine import recovery
 from sandbox.engine.approvals import ApprovalGate
@@ -29,6 +29,7 @@ from sandbox.journal.store import Approval, Journal
 from sandbox.policy.resolver import Identity, PolicyResolver
 from sandbox.policy.sessions import agent_of
 from sandbox.runtime.backends import backend_for
+from sandbox.runtime.lifecycle import pause_idle
 from sandbox.runtime.manager import SandboxManager
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
@@ -196,6 +197,25 @@ class Orchestrator:
         pool = self.manager.pool
         if pool is not None and pool.pooled_agents():
             await pool.keep_filled()
+
+    async def keep_idle_paused(self) -> None:
+        """Pause sandboxes idle past their agent's `sandbox.idle_pause_s` until cancelled (the
+        service runs it; runtime/lifecycle.py: pause_idle). Returns at once when no agent pauses,
+        or the backend cannot (a cluster)."""
+        every = [
+            s.idle_pause_s
+            for a in agent_ids(self.config)
+            if (s := effective_agent(self.config, a).sandbox).idle_pause_s
+        ]
+        if not every or self.backend.freezer() is None:
+            return
+        interval = max(0.5, min(30.0, min(every) / 3))  # a sandbox is paused within a third of its time
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await pause_idle(self.manager)
+            except SandboxError as exc:  # the engine hiccuped: the next round tries again
+                logger.bind(code=exc.code.value, error=exc.message[:200]).warning("idle_pause_failed")
 
     async def fill_pools(self) -> int:
         """Fill the warm pools once (and remove stale pool containers); how many were made."""

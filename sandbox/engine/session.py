@@ -165,16 +165,10 @@ class Session:
         """Journal a call that is not run (skipped or refused in a batch) and return its result."""
         return await self._execute(name, arguments, refused=error)
 
-    async def _execute(
-        self,
-        name: str,
-        arguments: Any,
-        *,
-        trace_id: str | None = None,
-        refused: SandboxError | None = None,
-        call_id: str | None = None,
+    async def _run(
+        self, name: str, arguments: Any, trace_id: str | None, refused: SandboxError | None, call_id: str | None
     ) -> ToolResult:
-        result = await execute(
+        return await execute(
             self._orch.engine,
             name=name,
             arguments=arguments,
@@ -187,6 +181,30 @@ class Session:
             refused=refused,
             call_id=call_id,
         )
+
+    def _in_use(self) -> contextlib.AbstractContextManager[None]:
+        """Mark the session's sandbox used while a call runs (nothing for an unsandboxed one)."""
+        if not self.sandboxed:
+            return contextlib.nullcontext()
+        try:
+            manager = self._orch.manager
+            name = manager.spec_for(self.agent, self.key).name
+        except SandboxError:  # no backend to be had: the call itself says why, as its result
+            return contextlib.nullcontext()
+        return manager.using(name)
+
+    async def _execute(
+        self,
+        name: str,
+        arguments: Any,
+        *,
+        trace_id: str | None = None,
+        refused: SandboxError | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        # a sandbox a call uses is never paused under it (sandbox.idle_pause_s)
+        with self._in_use():
+            result = await self._run(name, arguments, trace_id, refused, call_id)
         egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
         registry = self._orch.registry
         ran_inside = result.tool in registry and registry.get(result.tool).category not in HOST_SIDE_CATEGORIES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -182,4 +183,38 @@ async def prune(manager: SandboxManager, *, dry_run: bool = False) -> list[tuple
             out.append((row.info.name, reason))
     if not dry_run:  # what a crash or an outside removal left: edges, networks, half-made containers
         out += [(name, "orphan: its container is gone") for name in await manager.cleanup_orphans()]
+    return out
+
+
+async def pause_idle(manager: SandboxManager) -> list[tuple[str, str]]:
+    """Pause the sandboxes nobody used for their agent's `sandbox.idle_pause_s` (the service does
+    it periodically); (name, why) of each paused. Never one a call of this process uses, a free
+    pool member (the pool hands out running ones only), a browser, or, with
+    `idle_pause_keeps_processes`, one that runs a background process."""
+    freezer = manager.backend.freezer()
+    if freezer is None:
+        return []
+    config = manager.config
+    now = time.monotonic()
+    out = []
+    for row in await rows(manager):
+        info = row.info
+        if info.status != "running" or info.kind != "exec" or unclaimed(info) or info.name in manager.in_use:
+            continue
+        agent_id = info.agent if info.agent in agent_ids(config) else _shared_agent(manager, info)
+        if agent_id is None:
+            continue
+        cfg = effective_agent(config, agent_id).sandbox
+        if not cfg.idle_pause_s:
+            continue
+        # this process's own record of its last use is exact; another's is the state dir's (coarser)
+        used = manager.used_at.get(info.name)
+        idle = now - used if used is not None else row.idle_s
+        if idle < cfg.idle_pause_s:
+            continue
+        if cfg.idle_pause_keeps_processes and await freezer.busy(info.name):
+            continue
+        if await freezer.pause(info.name):
+            manager.paused.add(info.name)
+            out.append((info.name, f"idle {idle:.0f} s >= {cfg.idle_pause_s:g} s"))
     return out

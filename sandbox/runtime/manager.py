@@ -8,8 +8,8 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
@@ -67,6 +67,11 @@ class SandboxManager:
         self._names: OrderedDict[str, str] = OrderedDict()  # container name -> the identity it was handed to
         self._last_used_path = config.state_dir / "last-used.json"
         self._last_used_written: OrderedDict[str, float] = OrderedDict()
+        # pausing idle sandboxes (lifecycle.pause_idle): what this process paused, when it last
+        # handed each sandbox out, and the calls using each one now (never paused under a call)
+        self.paused: set[str] = set()
+        self.used_at: OrderedDict[str, float] = OrderedDict()
+        self.in_use: dict[str, int] = {}
         # where egress proxies' request lines go (set by the orchestrator that owns a journal)
         self.journal: Journal | None = None
         self.pool: WarmPool | None = backend.warm_pool(self)
@@ -104,6 +109,9 @@ class SandboxManager:
         ident = spec.identity
         entry = self._entries.get(ident)
         now = time.monotonic()
+        _remember(self.used_at, spec.name, now)
+        if spec.name in self.paused:
+            await self._thaw(spec)
         if entry is not None and not entry.sandbox.gone and now - entry.checked_at < REVALIDATE_AFTER_S:
             self._entries.move_to_end(ident)
             self._touch(spec.name, now)
@@ -129,6 +137,29 @@ class SandboxManager:
             _remember(self._entries, ident, _Entry(sandbox, time.monotonic()))
             self._touch(spec.name, time.monotonic(), force=True)
             return sandbox
+
+    async def _thaw(self, spec: SandboxSpec) -> None:
+        """Thaw a sandbox this process paused (once, under its identity's lock)."""
+        async with self._locked(spec.identity):
+            if spec.name in self.paused:
+                freezer = self.backend.freezer()
+                if freezer is not None:
+                    await freezer.thaw(spec.name)
+                self.paused.discard(spec.name)
+
+    @contextmanager
+    def using(self, name: str) -> Iterator[None]:
+        """A call uses sandbox `name` while the block runs: it is not paused meanwhile."""
+        self.in_use[name] = self.in_use.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            left = self.in_use[name] - 1
+            if left:
+                self.in_use[name] = left
+            else:
+                del self.in_use[name]
+            _remember(self.used_at, name, time.monotonic())
 
     def pool_size(self, spec: SandboxSpec) -> int:
         """The warm pool size of the agent whose sandbox `spec` is (0: none)."""

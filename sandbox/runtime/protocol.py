@@ -287,6 +287,22 @@ class EgressLogs(Protocol):
         ...
 
 
+class Freezer(Protocol):
+    """Pausing idle sandboxes and thawing them (the cgroup freezer; a capability: `Backend.freezer`)."""
+
+    async def pause(self, name_or_id: str) -> bool:
+        """Freeze every process of the sandbox; False when it is not running (gone, or paused)."""
+        ...
+
+    async def thaw(self, name_or_id: str) -> bool:
+        """Let it run again; False when it was not paused."""
+        ...
+
+    async def busy(self, name_or_id: str) -> bool:
+        """Whether it runs anything besides its keep-alive, its init and its resident agents."""
+        ...
+
+
 class WarmPool(Protocol):
     """Started sandboxes kept per agent for sessions to claim (a capability: `Backend.warm_pool`)."""
 
@@ -396,6 +412,10 @@ class Backend(Protocol):
 
     def warm_pool(self, manager: SandboxManager) -> WarmPool | None:
         """The warm pool of the sandboxes `manager` hands out (made once, by the manager)."""
+        ...
+
+    def freezer(self) -> Freezer | None:
+        """Pausing idle sandboxes (`sandbox.idle_pause_s`)."""
         ...
 
     async def facts(self, name_or_id: str) -> SandboxFacts | None:

@@ -29,6 +29,7 @@ from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.docker.egress_log import DockerEgressLogs
 from sandbox.runtime.docker.errors import mapped
+from sandbox.runtime.docker.freeze import DockerFreezer
 from sandbox.runtime.docker.inspected import facts_from_container, info_from_container
 from sandbox.runtime.docker.pool import PoolClaims, WarmPool
 from sandbox.runtime.docker.reuse import CONFIG_KEYS_LABEL, bridge_guarded, key_hashes, reusable
@@ -348,6 +349,10 @@ class DockerBackend:
     def browsers(self, instance: str) -> Browsers:
         """Browser sandboxes on this engine (runtime/docker/browser.py)."""
         return BrowserManager(self, instance)
+
+    def freezer(self) -> DockerFreezer:
+        """Pausing idle sandboxes with the engine's pause (docker/freeze.py)."""
+        return DockerFreezer(self)
 
     def warm_pool(self, manager: SandboxManager) -> WarmPool:
         """The warm pool on this engine; its claims tell `find` a handed-over member's session."""

@@ -82,7 +82,10 @@ async def reusable(backend: DockerBackend, attrs: Mapping[str, Any], spec: Sandb
             f"not to tenant {spec.tenant!r}, scope key {spec.scope_key!r}; it is left alone",
             container=spec.name,
         )
-    running = await _working(backend, attrs["State"].get("Status") == "running", labels, spec)
+    status = attrs["State"].get("Status")
+    if status == "paused":  # paused while idle (sandbox.idle_pause_s): thawed, then checked as any
+        status = "running" if await backend.freezer().thaw(spec.name) else status
+    running = await _working(backend, status == "running", labels, spec)
     if config_hash == spec.config_hash and running:
         return True
     if config_hash != spec.config_hash:

@@ -163,6 +163,9 @@ class HostBackend:
         """No warm pool here."""
         del manager
 
+    def freezer(self) -> None:
+        """No pausing here."""
+
     async def facts(self, name_or_id: str) -> None:
         """No container to describe: a host sandbox is a folder and this process's shells."""
         del name_or_id

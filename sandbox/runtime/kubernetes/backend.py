@@ -350,6 +350,9 @@ class KubernetesBackend:
         """The proxies' request lines, attributed by the sandbox Pods' addresses (kubernetes/egress_log.py)."""
         return self._egress_logs
 
+    def freezer(self) -> None:
+        """No pausing on a cluster: a Pod cannot be frozen through the API (its sandboxes keep running)."""
+
     def browsers(self, instance: str) -> Browsers | None:
         """Browser Pods, their DevTools through the API server's port forwarding (kubernetes/browser.py)."""
         if self._browsers is None or self._browsers.instance != instance:
