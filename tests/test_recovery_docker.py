@@ -24,7 +24,8 @@ from sandbox import Orchestrator, load_config
 async def main():
     async with Orchestrator(load_config(sys.argv[1])) as orch:
         sess = orch.session("agent:a:crash")
-        r = await sess.call(sys.argv[2], json.loads(sys.argv[3]))
+        key = sys.argv[4] if len(sys.argv) > 4 else None
+        r = await sess.call(sys.argv[2], json.loads(sys.argv[3]), idempotency_key=key)
         print(r.model_dump_json(), flush=True)
         await anyio.sleep(3600)
 anyio.run(main)
@@ -43,9 +44,9 @@ def config_file(tmp_path: Path, instance: str, extra: str = "") -> Path:
     return cfg
 
 
-def start(cfg: Path, tool: str, args: dict[str, object]) -> subprocess.Popen[str]:
+def start(cfg: Path, tool: str, args: dict[str, object], key: str | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(cfg), tool, json.dumps(args)],
+        [sys.executable, "-c", SCRIPT, str(cfg), tool, json.dumps(args), *([key] if key else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -147,3 +148,30 @@ def test_call_cut_by_the_crash_is_abandoned_and_its_process_killed(tmp_path: Pat
 
     assert "sleep 977" not in anyio.run(ps)
     assert began.read_text() == "began\n"
+
+
+def test_a_keyed_call_cut_by_a_crash_is_abandoned_and_its_key_never_runs_it_again(
+    tmp_path: Path, instance: str
+) -> None:
+    """kill -9 during a keyed call: recovery ends its record, so a repeat of the key answers at
+    once that it was abandoned (CONFLICT) instead of waiting for a run that is gone, and the
+    command ran once."""
+    cfg = config_file(tmp_path, instance)
+    proc = start(cfg, "exec", {"command": "echo start >> starts.log; sleep 60"}, key="crash-1")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ws" / "starts.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kill(proc)
+    outcomes, _ = anyio.run(recover, cfg)
+    assert [o["now"] for o in outcomes] == ["abandoned"]
+
+    async def repeat() -> object:
+        async with Orchestrator(load_config(cfg)) as orch:
+            with anyio.fail_after(30):
+                return await orch.session("agent:a:crash").call(
+                    "exec", {"command": "echo start >> starts.log; sleep 60"}, idempotency_key="crash-1"
+                )
+
+    again = anyio.run(repeat)
+    assert again.error is not None and again.error.code == "CONFLICT" and "abandoned" in again.error.message  # type: ignore[attr-defined]
+    assert (tmp_path / "ws" / "starts.log").read_text() == "start\n"

@@ -37,10 +37,21 @@ async def recover(orch: Orchestrator) -> list[dict[str, Any]]:
             continue
         last = events[-1]
         outcome = await _settle(orch, last, owner)
+        if outcome == "abandoned":
+            await _end_record(orch, call_id)
         outcomes.append(
             {"call_id": last.call_id, "tool": last.tool, "session": last.session, "was": last.stage, "now": outcome}
         )
     return outcomes
+
+
+async def _end_record(orch: Orchestrator, call_id: str) -> None:
+    """A keyed or submitted call settled here ends its record too: a repeat of its key, or its
+    handle, then says abandoned instead of waiting for a run that is gone."""
+    store = orch.call_store
+    record = await store.call_record(call_id) if store is not None else None
+    if store is not None and record is not None and record.state not in ("finished", "abandoned"):
+        await store.end_call(call_id, "abandoned", None, "its orchestrator process was found gone; not re-run")
 
 
 def _note(orch: Orchestrator, last: Event, owner: str, stage: str, **data: Any) -> None:
