@@ -47,6 +47,22 @@ class CallRecord:
     ended: float | None
 
 
+def values(record: CallRecord) -> tuple[object, ...]:
+    """A record's columns up to `reason`, in table order (each store adds its times)."""
+    return (
+        record.call_id,
+        record.tenant,
+        record.session,
+        record.agent,
+        record.tool,
+        record.idempotency_key,
+        record.fingerprint,
+        record.state,
+        record.result,
+        record.reason,
+    )
+
+
 def _record(row: tuple[object, ...]) -> CallRecord:
     (call_id, tenant, session, agent, tool, key, fingerprint, state, result, reason, created, ended) = row
     return CallRecord(
@@ -106,20 +122,7 @@ class CallRecords:
                         return _record(row)
                 db.execute(
                     f"INSERT INTO calls({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",  # noqa: S608 - constant columns
-                    (
-                        record.call_id,
-                        record.tenant,
-                        record.session,
-                        record.agent,
-                        record.tool,
-                        record.idempotency_key,
-                        record.fingerprint,
-                        record.state,
-                        record.result,
-                        record.reason,
-                        record.created,
-                        record.ended,
-                    ),
+                    (*values(record), record.created, record.ended),
                 )
                 db.execute("COMMIT")
                 return record

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sandbox.journal.calls import CallRecord, State
+from sandbox.journal.calls import CallRecord, State, values
 from sandbox.state.postgres.approvals import CHANNEL
 
 COLUMNS = "call_id, tenant, session, agent, tool, idem_key, fingerprint, state, result, reason, created, ended"
@@ -47,18 +47,7 @@ async def claim(conn: Any, record: CallRecord, keep_s: float) -> CallRecord:
         cur = await conn.execute(
             f"INSERT INTO calls ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {NOW}, NULL) "  # noqa: S608
             f"ON CONFLICT (tenant, idem_key) WHERE idem_key IS NOT NULL DO NOTHING RETURNING {COLUMNS}",
-            (
-                record.call_id,
-                record.tenant,
-                record.session,
-                record.agent,
-                record.tool,
-                record.idempotency_key,
-                record.fingerprint,
-                record.state,
-                record.result,
-                record.reason,
-            ),
+            values(record),
         )
         mine = await cur.fetchone()
         if mine is not None:
