@@ -121,3 +121,20 @@ async def test_a_waiter_that_times_out_gets_the_record_as_it_is(two: tuple[CallS
     await a.claim_call(_record("c_slow"), keep_s=3600)
     found = await b.wait_call("c_slow", 0.3)
     assert found is not None and found.state == "running"
+
+
+@pytest.mark.postgres
+async def test_a_call_whose_replica_is_gone_is_abandoned_not_waited_for(pg_url: str, tmp_path: Path) -> None:
+    """A replica records a keyed call and goes away without ending it (its lease dropped, as a
+    crash lets it lapse): a repeat of the key through another replica finds it abandoned, and a
+    waiter returns at once, instead of waiting for a run that is gone."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="gone@elsewhere|boot|1|1") as gone:
+        assert (await gone.claim_call(_record("c_orphan"), keep_s=3600)).call_id == "c_orphan"  # type: ignore[attr-defined]
+    async with open_store(url, tmp_path, owner="alive@elsewhere|boot|1|1") as alive:
+        held = await alive.claim_call(_record("c_retry"), keep_s=3600)  # type: ignore[attr-defined]
+        assert held.call_id == "c_orphan" and held.state == "abandoned" and "went away" in held.reason
+        started = time.monotonic()
+        found = await alive.wait_call("c_orphan", 30)  # type: ignore[attr-defined]
+        assert found.state == "abandoned" and time.monotonic() - started < 5

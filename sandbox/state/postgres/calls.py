@@ -8,10 +8,17 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from sandbox.journal.calls import CallRecord, State, values
+from sandbox.state.postgres import quotas
 from sandbox.state.postgres.approvals import CHANNEL
 
 COLUMNS = "call_id, tenant, session, agent, tool, idem_key, fingerprint, state, result, reason, created, ended"
 NOW = "extract(epoch from clock_timestamp())"
+# a running call whose replica's lease ran out (or that stopped and dropped its lease) is over
+GONE = (
+    "state NOT IN ('finished', 'abandoned') AND NOT EXISTS "
+    "(SELECT 1 FROM owners o WHERE o.owner = calls.owner AND o.lease_until >= extract(epoch from clock_timestamp()))"
+)
+GONE_REASON = "its replica went away (its lease ran out) before it finished; not re-run"
 
 
 def _record(row: tuple[Any, ...]) -> CallRecord:
@@ -31,10 +38,12 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
     )
 
 
-async def claim(conn: Any, record: CallRecord, keep_s: float) -> CallRecord:
-    """Record `record`, or return the live record that holds its key (see the module docstring).
-    What the key's lifetime no longer keeps goes first: ended records, and an expired holder."""
+async def claim(conn: Any, record: CallRecord, keep_s: float, owner: str, lease_s: float) -> CallRecord:
+    """Record `record` as `owner`'s, or return the live record that holds its key (see the
+    module docstring). What the key's lifetime no longer keeps goes first: ended records, and an
+    expired holder; a holder whose replica is gone is ended as abandoned."""
     async with conn.transaction():
+        await quotas.renew(conn, owner, lease_s)  # this owner's lease: the record's liveness
         await conn.execute(
             f"DELETE FROM calls WHERE state IN ('finished', 'abandoned') AND created < {NOW} - %s",  # noqa: S608 - constant
             (keep_s,),
@@ -45,13 +54,14 @@ async def claim(conn: Any, record: CallRecord, keep_s: float) -> CallRecord:
                 (record.tenant, record.idempotency_key, keep_s),
             )
         cur = await conn.execute(
-            f"INSERT INTO calls ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {NOW}, NULL) "  # noqa: S608
+            f"INSERT INTO calls ({COLUMNS}, owner) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {NOW}, NULL, %s) "  # noqa: S608
             f"ON CONFLICT (tenant, idem_key) WHERE idem_key IS NOT NULL DO NOTHING RETURNING {COLUMNS}",
-            values(record),
+            (*values(record), owner),
         )
         mine = await cur.fetchone()
         if mine is not None:
             return _record(mine)
+        await _end_gone(conn, "tenant = %s AND idem_key = %s", (record.tenant, record.idempotency_key))
         cur = await conn.execute(  # the holder (read committed: its row is visible now)
             f"SELECT {COLUMNS} FROM calls WHERE tenant = %s AND idem_key = %s",  # noqa: S608 - constant columns
             (record.tenant, record.idempotency_key),
@@ -78,6 +88,23 @@ async def end(
             (state, result, reason, call_id),
         )
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
+
+
+async def _end_gone(conn: Any, where: str, args: tuple[Any, ...]) -> None:
+    """End as abandoned the running records (matching `where`) whose replica is gone, waking their waiters."""
+    cur = await conn.execute(
+        f"UPDATE calls SET state = 'abandoned', result = NULL, reason = %s, ended = {NOW} "  # noqa: S608 - constant
+        f"WHERE {where} AND {GONE} RETURNING call_id",
+        (GONE_REASON, *args),
+    )
+    for (call_id,) in await cur.fetchall():
+        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
+
+
+async def settle_gone(conn: Any, call_id: str) -> None:
+    """End `call_id` as abandoned when it still runs on a replica that is gone."""
+    async with conn.transaction():
+        await _end_gone(conn, "call_id = %s", (call_id,))
 
 
 async def one(conn: Any, call_id: str) -> CallRecord | None:

@@ -149,7 +149,7 @@ class PostgresStore:
     async def claim_call(self, record: CallRecord, *, keep_s: float) -> CallRecord:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:
-            return await calls.claim(conn, record, keep_s)
+            return await calls.claim(conn, record, keep_s, self.owner, self.lease_s)
 
     async def set_call_state(self, call_id: str, state: State) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
@@ -169,21 +169,25 @@ class PostgresStore:
             return await calls.one(conn, call_id)
 
     async def wait_call(self, call_id: str, timeout_s: float) -> CallRecord | None:
-        """See :class:`~sandbox.state.protocol.CallStore`: woken by NOTIFY, never polling."""
+        """See :class:`~sandbox.state.protocol.CallStore`: woken by NOTIFY; besides, every half
+        lease it looks whether the replica running the call is gone (nothing would NOTIFY then)."""
         found: CallRecord | None = None
         with anyio.move_on_after(timeout_s):
             while True:
                 event = self.wakeups.watch(call_id)  # before the read: a NOTIFY after it still wakes
                 try:
                     try:
-                        found = await self.call_record(call_id)
+                        async with self._conn() as conn:
+                            await calls.settle_gone(conn, call_id)
+                            found = await calls.one(conn, call_id)
                     except SandboxError:  # an outage: read again soon, only while reads fail
                         with anyio.move_on_after(READ_AGAIN_S):
                             await event.wait()
                         continue
                     if found is None or found.state in ("finished", "abandoned"):
                         return found
-                    await event.wait()
+                    with anyio.move_on_after(self.lease_s / 2):
+                        await event.wait()
                 finally:
                     self.wakeups.unwatch(call_id, event)
         return found if found is not None else await self.call_record(call_id)

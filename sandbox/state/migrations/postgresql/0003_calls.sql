@@ -14,7 +14,10 @@ CREATE TABLE calls (
     result TEXT,
     reason TEXT NOT NULL DEFAULT '',
     created DOUBLE PRECISION NOT NULL,
-    ended DOUBLE PRECISION
+    ended DOUBLE PRECISION,
+    -- the store instance (replica) running it: when its lease in `owners` runs out, a call still
+    -- `running` is abandoned by whoever looks (a repeat, a waiter), never waited for in vain
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX calls_key ON calls (tenant, idem_key) WHERE idem_key IS NOT NULL;
 CREATE INDEX calls_created ON calls (created);
