@@ -154,3 +154,31 @@ async def test_a_keyed_batch_repeated_runs_nothing_again(tmp_path: Path) -> None
         with pytest.raises(SandboxError, match="1 to 190 characters"):
             await session.call_many(batch, idempotency_key="x" * 191)
     assert _runs(tmp_path) == 2
+
+
+async def test_a_repeat_of_a_key_whose_process_died_is_a_conflict_not_a_long_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record left `running` by a process that died before its call's first stage (no open
+    call in the journal): a repeat ends it as abandoned and answers CONFLICT, never a second run."""
+    import dataclasses
+    import time as clock
+
+    from sandbox.engine.once import fingerprint
+    from sandbox.journal.calls import CallRecord, JournalCalls
+
+    monkeypatch.setattr(JournalCalls, "GONE_CHECK_S", 0.0)
+    async with Orchestrator(_config(tmp_path)) as orch:
+        session = orch.session(agent="a", key="agent:a:dead")
+        store = orch.call_store
+        assert store is not None
+        orphan = CallRecord(
+            call_id="c_orphan", tenant="acme", session=session.key, agent="a", tool="exec",
+            idempotency_key="k-dead", fingerprint=fingerprint("exec", {"command": COUNT}, "a", session.key),
+            state="running", result=None, reason="", created=clock.time() - 100, ended=None,
+        )  # fmt: skip
+        assert (await store.claim_call(dataclasses.replace(orphan), keep_s=3600)).call_id == "c_orphan"
+        with anyio.fail_after(10):
+            repeat = await session.call("exec", {"command": COUNT}, idempotency_key="k-dead")
+    assert not repeat.ok and repeat.error.code == "CONFLICT" and "went away" in repeat.error.message
+    assert _runs(tmp_path) == 0

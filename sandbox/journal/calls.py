@@ -167,6 +167,10 @@ class JournalCalls:
     ends is seen within POLL_S (the file is shared, not its events)."""
 
     POLL_S = 0.1
+    GONE_CHECK_S = 5.0  # how often a waiter asks whether the call's process still runs
+    # a record with no open call in the journal this long after its claim is nobody's (its
+    # process died between the claim and the call's first stage, or the journal was pruned)
+    UNOPENED_GRACE_S = 30.0
 
     def __init__(self, journal: Any) -> None:
         self._journal = journal
@@ -194,11 +198,22 @@ class JournalCalls:
         return self._journal.call_record(call_id)  # type: ignore[no-any-return]
 
     async def wait_call(self, call_id: str, timeout_s: float) -> CallRecord | None:
-        """The record once the call ended, or as it is when `timeout_s` runs out (None: no such call)."""
+        """The record once the call ended, or as it is when `timeout_s` runs out (None: no such
+        call). A call whose process is gone (killed, and nobody recovered it yet) is ended as
+        abandoned here: nobody waits for a run that is gone."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
+        checked = time.monotonic()
         while True:
             event = self._ended.setdefault(call_id, anyio.Event())
             found = await self.call_record(call_id)
+            if found is not None and found.state not in ENDED and time.monotonic() - checked >= self.GONE_CHECK_S:
+                checked = time.monotonic()
+                alive = self._journal.call_alive(call_id)
+                if alive is False or (alive is None and time.time() - found.created > self.UNOPENED_GRACE_S):
+                    await self.end_call(
+                        call_id, "abandoned", None, "its process went away before it finished; not re-run"
+                    )
+                    found = await self.call_record(call_id)
             left = deadline - time.monotonic()
             if found is None or found.state in ENDED or left <= 0:
                 return found

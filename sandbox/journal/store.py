@@ -189,6 +189,15 @@ class Journal(ReadsMixin, NotesMixin):
         """Forget a session's loop history and reset its breaker (:meth:`LoopHistory.loop_reset`)."""
         self.loop_history.loop_reset(tenant, session)
 
+    def call_alive(self, call_id: str) -> bool | None:
+        """Whether the orchestrator running `call_id` still runs (None: the journal holds it open for nobody)."""
+        rows = self._read(
+            "SELECT o.owner, w.lease_until FROM open_calls o LEFT JOIN owners w ON w.owner = o.owner "
+            "WHERE o.call_id = ?",
+            (call_id,),
+        )
+        return owner_alive(rows[0][0], rows[0][1], time.time()) if rows else None
+
     def open_calls(self) -> list[tuple[str, str, str, bool]]:
         """(call id, owner, last stage, owner alive) of every call that has not ended."""
         rows = self._read(
