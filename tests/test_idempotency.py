@@ -182,3 +182,21 @@ async def test_a_repeat_of_a_key_whose_process_died_is_a_conflict_not_a_long_wai
             repeat = await session.call("exec", {"command": COUNT}, idempotency_key="k-dead")
     assert not repeat.ok and repeat.error.code == "CONFLICT" and "went away" in repeat.error.message
     assert _runs(tmp_path) == 0
+
+
+async def test_a_key_never_expires_while_its_call_runs(tmp_path: Path) -> None:
+    """A call longer than the key's lifetime: a repeat during it waits for it, it does not run it
+    again (the lifetime counts from the end of the call)."""
+    results: list[Any] = []
+    async with Orchestrator(_config(tmp_path, "journal: {idempotency_ttl: 1s}")) as orch:
+        session = orch.session(agent="a", key="agent:a:long")
+
+        async def first() -> None:
+            results.append(await session.call("exec", {"command": f"{COUNT}; sleep 2.5"}, idempotency_key="k-long"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await anyio.sleep(1.5)  # past the key's 1 s lifetime, the first call still runs
+            results.append(await session.call("exec", {"command": f"{COUNT}; sleep 2.5"}, idempotency_key="k-long"))
+    assert _runs(tmp_path) == 1
+    assert len({r.call_id for r in results}) == 1 and all(r.ok for r in results)

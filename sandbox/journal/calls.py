@@ -24,6 +24,9 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.core import JournalCore
 
 State = Literal["queued", "awaiting_approval", "running", "finished", "abandoned"]
+# a record still `running` this long after its claim is gone whatever its state says (its process
+# died where nobody saw it): deleted with the claims' clean-up, so the table stays bounded
+STALE_S = 7 * 24 * 3600.0
 ENDED: frozenset[str] = frozenset({"finished", "abandoned"})
 
 _COLUMNS = "call_id, tenant, session, agent, tool, idem_key, fingerprint, state, result, reason, created, ended"
@@ -94,25 +97,24 @@ class CallRecords:
     def claim(self, record: CallRecord, *, keep_s: float) -> CallRecord:
         """Record `record`; for a keyed one, return the live row of its key when another holds it.
 
-        A row of the same tenant and key older than `keep_s` is expired: it is replaced, so the
-        key runs a new call; ended rows older than that go too. The returned row is `record`
-        itself when this claim won.
+        A row whose call ended more than `keep_s` ago is expired: it goes, so its key runs a new
+        call; a running call's row never expires (its key would run it twice). The returned row
+        is `record` itself when this claim won.
         """
         expired_before = time.time() - keep_s
 
         def step(db: sqlite3.Connection) -> CallRecord:
             db.execute("BEGIN IMMEDIATE")  # the read and the write are one claim, against other processes too
             try:
-                # what the key's lifetime no longer keeps goes with each claim: the table stays
-                # bounded by one lifetime's calls (an index on created makes this a range delete)
+                # what the key's lifetime no longer keeps goes with each claim, so the table stays
+                # bounded by one lifetime's calls: a key is kept `keep_s` after its call ended; a
+                # running call's is never freed (it would run twice), except one left running past
+                # STALE_S, whose process died unseen
                 db.execute(
-                    "DELETE FROM calls WHERE state IN ('finished', 'abandoned') AND created < ?", (expired_before,)
+                    "DELETE FROM calls WHERE (state IN ('finished', 'abandoned') AND ended < ?) OR created < ?",
+                    (expired_before, time.time() - max(keep_s, STALE_S)),
                 )
                 if record.idempotency_key is not None:
-                    db.execute(
-                        "DELETE FROM calls WHERE tenant = ? AND idem_key = ? AND created < ?",
-                        (record.tenant, record.idempotency_key, expired_before),
-                    )
                     row = db.execute(
                         f"SELECT {_COLUMNS} FROM calls WHERE tenant = ? AND idem_key = ?",  # noqa: S608 - constant columns
                         (record.tenant, record.idempotency_key),
@@ -216,6 +218,7 @@ class JournalCalls:
                     found = await self.call_record(call_id)
             left = deadline - time.monotonic()
             if found is None or found.state in ENDED or left <= 0:
+                self._ended.pop(call_id, None)  # never kept for ids nobody waits on any more
                 return found
             with anyio.move_on_after(min(self.POLL_S, left)):
                 await event.wait()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from sandbox.journal.calls import CallRecord, State, values
+from sandbox.journal.calls import STALE_S, CallRecord, State, values
 from sandbox.state.postgres import quotas
 from sandbox.state.postgres.approvals import CHANNEL
 
@@ -44,15 +44,14 @@ async def claim(conn: Any, record: CallRecord, keep_s: float, owner: str, lease_
     expired holder; a holder whose replica is gone is ended as abandoned."""
     async with conn.transaction():
         await quotas.renew(conn, owner, lease_s)  # this owner's lease: the record's liveness
+        # a key is kept `keep_s` after its call ENDED; a running call's is never freed (it would
+        # run twice), except one left running past STALE_S (its replica died unseen)
         await conn.execute(
-            f"DELETE FROM calls WHERE state IN ('finished', 'abandoned') AND created < {NOW} - %s",  # noqa: S608 - constant
-            (keep_s,),
+            "DELETE FROM calls WHERE (state IN ('finished', 'abandoned') "
+            "AND ended < extract(epoch from clock_timestamp()) - %s) "
+            "OR created < extract(epoch from clock_timestamp()) - %s",
+            (keep_s, max(keep_s, STALE_S)),
         )
-        if record.idempotency_key is not None:
-            await conn.execute(
-                f"DELETE FROM calls WHERE tenant = %s AND idem_key = %s AND created < {NOW} - %s",  # noqa: S608 - constant
-                (record.tenant, record.idempotency_key, keep_s),
-            )
         cur = await conn.execute(
             f"INSERT INTO calls ({COLUMNS}, owner) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {NOW}, NULL, %s) "  # noqa: S608
             f"ON CONFLICT (tenant, idem_key) WHERE idem_key IS NOT NULL DO NOTHING RETURNING {COLUMNS}",
