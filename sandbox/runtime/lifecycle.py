@@ -212,9 +212,8 @@ async def pause_idle(manager: SandboxManager) -> list[tuple[str, str]]:
         idle = now - used if used is not None else row.idle_s
         if idle < cfg.idle_pause_s:
             continue
-        if cfg.idle_pause_keeps_processes and await freezer.busy(info.name):
-            continue
-        if await freezer.pause(info.name):
-            manager.paused.add(info.name)
-            out.append((info.name, f"idle {idle:.0f} s >= {cfg.idle_pause_s:g} s"))
+        name = info.name
+        busy = (lambda n=name: freezer.busy(n)) if cfg.idle_pause_keeps_processes else None
+        if await manager.pause_if_idle(name, busy):
+            out.append((name, f"idle {idle:.0f} s >= {cfg.idle_pause_s:g} s"))
     return out

@@ -8,7 +8,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -72,6 +72,7 @@ class SandboxManager:
         self.paused: set[str] = set()
         self.used_at: OrderedDict[str, float] = OrderedDict()
         self.in_use: dict[str, int] = {}
+        self._freeze_locks: dict[str, anyio.Lock] = {}  # a pause and a thaw of one sandbox take turns
         # where egress proxies' request lines go (set by the orchestrator that owns a journal)
         self.journal: Journal | None = None
         self.pool: WarmPool | None = backend.warm_pool(self)
@@ -139,13 +140,43 @@ class SandboxManager:
             return sandbox
 
     async def _thaw(self, spec: SandboxSpec) -> None:
-        """Thaw a sandbox this process paused (once, under its identity's lock)."""
-        async with self._locked(spec.identity):
+        """Thaw a sandbox this process paused (once; after a pause under way has ended)."""
+        async with self._freezing(spec.name):
             if spec.name in self.paused:
                 freezer = self.backend.freezer()
                 if freezer is not None:
                     await freezer.thaw(spec.name)
                 self.paused.discard(spec.name)
+
+    async def pause_if_idle(self, name: str, busy: Callable[[], Awaitable[bool]] | None) -> bool:
+        """Pause sandbox `name` unless a call of this process uses it (or `busy()` says it works);
+        whether it was paused. Marked paused before the engine is asked, under the name's lock, so a
+        call starting meanwhile thaws it once the pause is done, never runs frozen."""
+        freezer = self.backend.freezer()
+        if freezer is None:
+            return False
+        async with self._freezing(name):
+            if name in self.in_use:
+                return False
+            self.paused.add(name)
+            try:
+                if (busy is not None and await busy()) or not await freezer.pause(name):
+                    self.paused.discard(name)
+                    return False
+            except BaseException:
+                self.paused.discard(name)
+                raise
+            if name in self.in_use:  # a call began during the pause: let it run
+                await freezer.thaw(name)
+                self.paused.discard(name)
+                return False
+            return True
+
+    @asynccontextmanager
+    async def _freezing(self, name: str) -> AsyncIterator[None]:
+        lock = self._freeze_locks.setdefault(name, anyio.Lock())
+        async with lock:
+            yield
 
     @contextmanager
     def using(self, name: str) -> Iterator[None]:

@@ -13,12 +13,25 @@ from sandbox._log import logger
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
 
-# what an idle sandbox runs: its init (tini), the keep-alive and the resident agents (one per user)
-BASELINE = ("/usr/bin/tini", "tini", "sleep infinity", "agent.py", "sandbox_agent.py")
+# what an idle sandbox runs, by exact command line: its inits (the engine's, the image's tini) with the keep-alive, the
+# keep-alive, and the resident agents (one per user; where the image carries it, or its copy)
+BASELINE = frozenset(
+    {
+        "/sbin/docker-init -- /usr/bin/tini -- sleep infinity",  # docker.init: the engine's init first
+        "/sbin/docker-init -- sleep infinity",
+        "/usr/bin/tini -- sleep infinity",
+        "sleep infinity",
+    }
+)
+AGENTS = ("/usr/local/lib/sandbox-agent/agent.py", "/opt/sandbox-agent/agent.py")
 
 
 def _idle_process(args: str) -> bool:
-    return any(mark in args for mark in BASELINE)
+    """Whether a command line is one an idle sandbox runs. A process inside may name itself so
+    (exec -a): it then only keeps its own sandbox from being left running (the harm is its own)."""
+    words = args.split()
+    agent = len(words) >= 2 and words[0].rsplit("/", 1)[-1].startswith("python3") and any(a in words for a in AGENTS)
+    return args.strip() in BASELINE or agent
 
 
 class DockerFreezer:

@@ -84,7 +84,11 @@ async def reusable(backend: DockerBackend, attrs: Mapping[str, Any], spec: Sandb
         )
     status = attrs["State"].get("Status")
     if status == "paused":  # paused while idle (sandbox.idle_pause_s): thawed, then checked as any
-        status = "running" if await backend.freezer().thaw(spec.name) else status
+        if not await backend.freezer().thaw(spec.name):  # another process thawed it first: look again
+            fresh = await backend.find(spec.name)
+            status = ((fresh or {}).get("State") or {}).get("Status", status)
+        else:
+            status = "running"
     running = await _working(backend, status == "running", labels, spec)
     if config_hash == spec.config_hash and running:
         return True
