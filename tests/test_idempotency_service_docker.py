@@ -6,6 +6,7 @@ same key for another call is 422 naming the key; another tenant's key of the sam
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,29 @@ def test_a_dropped_client_retries_with_its_key_and_the_command_ran_once(tmp_path
                 session.call("exec", {"command": "true"}, idempotency_key="c-1")
             assert refused.value.code == ErrorCode.INVALID_ARGUMENTS and refused.value.status == 422
             assert "'c-1'" in refused.value.message and "another call" in refused.value.message
+
+
+def test_a_repeat_of_a_running_keyed_batch_waits_for_it_without_taking_quota(tmp_path: Path, instance: str) -> None:
+    """Under max_concurrent_calls: 1, a keyed batch runs; its repeat (a client retrying) waits for
+    that run instead of asking for a slot (which would be 429), and gets the same results."""
+    path = tmp_path / "sandbox.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path / "state"}
+instance: {instance}
+tenants:
+  - {{id: acme, quotas: {{max_concurrent_calls: 1}}, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session}}}}
+  list:
+    - {{id: alpha, tenant: acme, default: true}}
+""")
+    batch = {"calls": [{"tool": "exec", "args": {"command": "sleep 2; echo ran >> q.txt; wc -l < q.txt"}}]}
+    headers = {**A, "Idempotency-Key": "slow-batch"}
+    with serve_process(path) as (url, _), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(httpx.post, f"{url}/v1/sessions/work/batches", headers=headers, json=batch, timeout=120)
+        time.sleep(1.0)  # the first holds the tenant's one slot now
+        repeat = httpx.post(f"{url}/v1/sessions/work/batches", headers=headers, json=batch, timeout=120)
+        original = first.result()
+        assert original.status_code == repeat.status_code == 200, (original.text, repeat.text)
+        assert repeat.json()["results"] == original.json()["results"]
+        assert _output(_post(url, A, "wc -l < q.txt", None)) == "1"

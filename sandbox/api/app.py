@@ -60,6 +60,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     # running at the deadline are stopped
     app.state.stopping = False
     app.state.drain_deadline = None
+    app.state.keyed_batches = {}  # (tenant, key and batch) -> its run in this process (api/handle_routes.py)
     admission = Admission(app.state, metrics)
     admission_of.append(admission)
     app.state.config = config

@@ -12,6 +12,8 @@ Another tenant's call id is 404, as an id that never existed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from contextlib import AsyncExitStack
 from typing import Any, Literal
 
@@ -25,7 +27,7 @@ from sandbox.api.quotas import Admission
 from sandbox.api.requests import CallRequest
 from sandbox.api.serving import StopWatch, past_drain_deadline
 from sandbox.api.tenants import Caller
-from sandbox.engine.batch import BatchCall, BatchResult
+from sandbox.engine.batch import BatchCall
 from sandbox.engine.handles import CallHandle, CallStatus
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
@@ -120,25 +122,39 @@ async def keyed_batch(
     the service's task group, so a client that goes away does not stop it; a repeat gets the same
     results."""
     orch: Orchestrator = request.app.state.orch
-    guard = AsyncExitStack()
-    await guard.enter_async_context(admission.admit(orch, who, session, calls=len(calls), slots=slots))
-    done = anyio.Event()
-    outcome: list[BatchResult | BaseException] = []
+    # a repeat while this process still runs the batch waits for that run, holding no quota: a
+    # client retrying a long batch does not stack runs that each hold the batch's slots
+    running: dict[tuple[str, str], tuple[anyio.Event, list[Any]]] = request.app.state.keyed_batches
+    # the same batch only (session, mode, calls): another under the key goes through the keys' own check
+    asked = json.dumps([session.key, mode, [(c.name, c.arguments, c.id, c.depends_on) for c in calls]], default=str)
+    mine = (who.tenant.id, f"{key}|{hashlib.sha256(asked.encode()).hexdigest()}")
+    if mine in running:
+        done, outcome = running[mine]
+    else:
+        guard = AsyncExitStack()
+        await guard.enter_async_context(admission.admit(orch, who, session, calls=len(calls), slots=slots))
+        done, outcome = running[mine] = (anyio.Event(), [])
 
-    async def run() -> None:
+        async def run() -> None:
+            try:
+                async with guard:
+                    outcome.append(await session.call_many(calls, mode=mode, idempotency_key=key))
+            except Exception as exc:  # a refusal of the batch (its key, its spec): the request answers it
+                outcome.append(exc)
+            finally:
+                running.pop(mine, None)
+                done.set()
+
         try:
-            async with guard:
-                outcome.append(await session.call_many(calls, mode=mode, idempotency_key=key))
-        except Exception as exc:  # a refusal of the batch (its key, its spec): the request answers it
-            outcome.append(exc)
-        finally:
-            done.set()
+            request.app.state.spawn(run)
+        except BaseException:  # the service is stopping: nothing runs, the slots go back
+            running.pop(mine, None)
+            await guard.aclose()
+            raise
 
     async def finished() -> bool:
         await done.wait()
         return True
-
-    request.app.state.spawn(run)
 
     async def stop() -> bool:
         return past_drain_deadline(request.app.state) or await request.is_disconnected()
@@ -175,8 +191,11 @@ def add_handle_routes(app: FastAPI) -> None:
 
     async def own(request: Request, who: Caller, call_id: str, wait_s: float = 0.0) -> CallStatus | None:
         orch: Orchestrator = request.app.state.orch
-        found = await orch.call(call_id).status(wait_s=wait_s)
-        return found if found is not None and found.tenant == who.tenant.id else None
+        handle = orch.call(call_id)
+        found = await handle.status()  # whose it is first: another tenant's id answers as fast as no id
+        if found is None or found.tenant != who.tenant.id:
+            return None
+        return await handle.status(wait_s=wait_s) if wait_s > 0 and found.result is None else found
 
     def missing(call_id: str) -> JSONResponse:
         return JSONResponse({"detail": f"no call {call_id!r}", "code": "FILE_NOT_FOUND"}, status_code=404)

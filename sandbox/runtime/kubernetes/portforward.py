@@ -29,6 +29,7 @@ from sandbox.runtime.kubernetes.exec_ws import V4, ExecRefused
 
 DATA, ERROR = 0, 1
 MAX_MESSAGE_BYTES = 1024 * 1024
+HANDSHAKE_S = 15.0
 READ_CHUNK = 64 * 1024
 
 
@@ -70,14 +71,18 @@ async def open_forward(
             raise ExecRefused(0, f"the port forward agreed to {ws.protocol or 'no subprotocol'}, not {V4}")
         seen: set[int] = set()
         expected = bytes([port & 0xFF, port >> 8])
-        while seen != {DATA, ERROR}:
-            first = await ws.receive()
-            if first.type != aiohttp.WSMsgType.BINARY:
-                raise ExecRefused(0, f"the port forward ended before it started ({first.type.name})")
-            data = bytes(first.data)
-            if len(data) != 3 or data[0] not in (DATA, ERROR) or data[1:] != expected:
-                raise ExecRefused(0, "the port forward's first frames did not name the port asked for")
-            seen.add(data[0])
+        with anyio.fail_after(HANDSHAKE_S):  # a server that never sends them holds nothing for long
+            while seen != {DATA, ERROR}:
+                first = await ws.receive()
+                if first.type != aiohttp.WSMsgType.BINARY:
+                    raise ExecRefused(0, f"the port forward ended before it started ({first.type.name})")
+                data = bytes(first.data)
+                if len(data) != 3 or data[0] not in (DATA, ERROR) or data[1:] != expected:
+                    raise ExecRefused(0, "the port forward's first frames did not name the port asked for")
+                seen.add(data[0])
+    except TimeoutError as exc:
+        await ws.close()
+        raise ExecRefused(0, f"the port forward sent no port frames within {HANDSHAKE_S:g}s") from exc
     except BaseException:
         await ws.close()
         raise
