@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -246,7 +247,8 @@ class FakeCluster(ExecServer):
         return web.json_response(found)
 
     async def _log(self, request: web.Request) -> web.Response:
-        """A Pod's log: its container's stdout (the kubelet's part), all of it (the caller filters)."""
+        """A Pod's log: its container's stdout (the kubelet's part), from `sinceSeconds` ago (whole
+        seconds, as the kubelet counts them), the first `limitBytes` of it (the oldest)."""
         import docker.errors
 
         self.requests.append((request.method, request.path))
@@ -259,9 +261,14 @@ class FakeCluster(ExecServer):
             return status(404, "NotFound", f'pods "{name}" not found')
         try:
             container = self.docker_client.containers.get(self.container_name(namespace, name))
-            raw = await asyncio.to_thread(container.logs, stdout=True, stderr=False)
+            since = request.query.get("sinceSeconds")
+            since_at = int(time.time()) - int(since) if since and since.isdigit() else None
+            raw = await asyncio.to_thread(container.logs, stdout=True, stderr=False, since=since_at)
         except docker.errors.NotFound:
             return status(404, "NotFound", f'pods "{name}" has no container')
+        limit = request.query.get("limitBytes")
+        if limit and limit.isdigit():
+            raw = raw[: int(limit)]
         return web.Response(body=raw, content_type="text/plain")
 
     async def _portforward(self, request: web.Request) -> web.StreamResponse:

@@ -20,6 +20,7 @@ from sandbox.cli import main as cli_main
 from sandbox.config import load_config
 from sandbox.config.merge import effective_agent
 from sandbox.engine.orchestrator import Orchestrator
+from sandbox.runtime.kubernetes import egress_log
 from sandbox.runtime.kubernetes.backend import KubernetesBackend
 from sandbox.runtime.kubernetes.names import namespace_for, policy_hash
 from sandbox.runtime.kubernetes.proxy_ca import CERT_FILE, KEY_FILE
@@ -70,6 +71,9 @@ async def test_a_pods_secret_reaches_its_host_through_the_rendered_proxy_with_th
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("SBX_TEST_K8S_SECRET", VALUE)
+    # a first read cut at 1 KiB (a few lines) is read again, larger: every line reaches the journal
+    monkeypatch.setattr(egress_log, "LOG_LIMIT_BYTES", 1024)
+    monkeypatch.setattr(egress_log, "GROWTH", 1024)
     network, proxy_ip = pod_network
     async with FakeCluster(docker_client=docker_client, run_label=(TEST_LABEL, RUN_ID), pod_network=network) as cluster:
         config_file = _config(tmp_path, lab, cluster.kubeconfig(tmp_path / "kubeconfig"))

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from sandbox.runtime.kubernetes.backend import KubernetesBackend
 
 PROXY_CONTAINER = "proxy"  # the container's name in the proxy Deployment (tenant.py)
-LOG_LIMIT_BYTES = 8 * 1024 * 1024  # one read of one proxy's log; the next collection goes on from there
+LOG_LIMIT_BYTES = 8 * 1024 * 1024  # one read of one proxy's log; a cut read is read again, larger
+GROWTH = 4
+MAX_READS = 3  # 8, 32, then 128 MiB at most; past that the lines are noted lost, never skipped silently
 OVERLAP_S = 2  # each read starts a little before the last line seen (numbers drop what repeats)
 
 
@@ -92,17 +94,30 @@ class KubernetesEgressLogs:
             if not clients:
                 continue
             since = min(c.since for c in clients)
+            name = str((proxy.get("metadata") or {}).get("name"))
             read_at = time.time()
-            raw = await api.log(
-                namespace,
-                str((proxy.get("metadata") or {}).get("name")),
-                PROXY_CONTAINER,
-                since_s=int(time.time() - since) + 1,
-                limit_bytes=LOG_LIMIT_BYTES,
-            )
+            limit = LOG_LIMIT_BYTES
+            for _ in range(MAX_READS):  # the API pages logs by whole seconds only: a cut read is read again, larger
+                raw = await api.log(
+                    namespace, name, PROXY_CONTAINER, since_s=int(read_at - since) + 1, limit_bytes=limit
+                )
+                if len(raw) < limit:
+                    break
+                limit *= GROWTH
             for client in clients:
                 total += self._journal(journal, raw, client)
-                self._read_at[client.pair] = read_at
+            position = read_at
+            if len(raw) >= limit:  # still cut: what came after is not read; said, never silent
+                position = max((float(line.get("ts", 0.0)) for line in parse_lines(raw, 0)), default=read_at)
+                logger.bind(proxy=name, namespace=namespace, read=len(raw)).warning("egress_log_cut")
+                why = f"the proxy's log after {position:.0f} was too large to read at once; lines may be missing"
+                for client in clients:  # numbered below zero: never a line's own number
+                    journal.append_note(
+                        ts=time.time(), call_id=client.call_id, tool="egress", seq=-int(position), **client.owner,
+                        data={"verdict": "lost", "reason": why},
+                    )  # fmt: skip
+            for client in clients:
+                self._read_at[client.pair] = max(position, client.started)
         return total
 
     def _client(self, journal: Journal, proxy: dict[str, Any], pod: dict[str, Any]) -> _Client | None:
