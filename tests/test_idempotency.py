@@ -200,3 +200,28 @@ async def test_a_key_never_expires_while_its_call_runs(tmp_path: Path) -> None:
             results.append(await session.call("exec", {"command": f"{COUNT}; sleep 2.5"}, idempotency_key="k-long"))
     assert _runs(tmp_path) == 1
     assert len({r.call_id for r in results}) == 1 and all(r.ok for r in results)
+
+
+async def test_the_end_of_a_call_is_recorded_through_a_short_store_outage(tmp_path: Path) -> None:
+    """The store fails the first two attempts to record a call's end (an outage): the end is
+    retried and lands, so a repeat gets the result instead of waiting on a `running` record."""
+    from sandbox.errors import ErrorCode, SandboxError
+
+    async with Orchestrator(_config(tmp_path)) as orch:
+        store = orch.call_store
+        assert store is not None
+        failures = [2]
+        real_end = store.end_call
+
+        async def flaky_end(*args: Any, **kwargs: Any) -> None:
+            if failures[0]:
+                failures[0] -= 1
+                raise SandboxError(ErrorCode.SERVICE_UNAVAILABLE, "the store is down for a moment")
+            await real_end(*args, **kwargs)
+
+        store.end_call = flaky_end  # type: ignore[method-assign]
+        session = orch.session(agent="a", key="agent:a:outage")
+        first = await session.call("exec", {"command": COUNT}, idempotency_key="k-out")
+        again = await session.call("exec", {"command": COUNT}, idempotency_key="k-out")
+    assert failures == [0] and first.ok and again.call_id == first.call_id
+    assert _runs(tmp_path) == 1

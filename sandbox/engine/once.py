@@ -17,16 +17,18 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
+from sandbox._log import logger
 from sandbox.engine.call import new_call_id
-from sandbox.errors import ErrorCode
+from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.calls import CallRecord
 from sandbox.state.protocol import CallStore
 from sandbox.tools.spec import ErrorInfo, ToolResult
 
+END_TRIES = 4  # ~3.5 s of a store outage is ridden out when a call's end is recorded
 MAX_KEY = 200
 MAX_BATCH_KEY = 190  # a batch's n-th call runs under `key#n`
 # a repeat waits this long at most for the first call to end, then says it still runs (retryable)
@@ -110,10 +112,28 @@ async def run_claimed(
         result = await run(call_id)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await store.end_call(call_id, "abandoned", None, why_cancelled())
+            await _ended(store, call_id, "abandoned", None, why_cancelled())
         raise
-    await store.end_call(call_id, "finished", result.model_dump_json())
+    await _ended(store, call_id, "finished", result.model_dump_json(), "")
     return result
+
+
+async def _ended(
+    store: CallStore, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str
+) -> None:
+    """Record the end, retried through a short outage of the store (a record left `running` makes
+    every repeat wait until its owner is seen gone); what still fails is logged."""
+    for attempt in range(END_TRIES):
+        try:
+            await store.end_call(call_id, state, result, reason)
+            return
+        except SandboxError as exc:
+            if attempt == END_TRIES - 1:
+                logger.bind(call_id=call_id, code=exc.code.value, error=exc.message[:200]).error(
+                    "call_end_not_recorded"
+                )
+                return
+            await anyio.sleep(0.5 * 2**attempt)
 
 
 async def call_once(store: CallStore | None, ask: Ask, execute: Callable[..., Awaitable[ToolResult]]) -> ToolResult:
