@@ -59,6 +59,9 @@ POLL_S = 0.2
 STUCK = frozenset({"ErrImageNeverPull", "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError"})
 
 
+REMEMBERED_PODS = 4096  # per-Pod notes kept in memory (a forgotten one costs one more API write)
+
+
 class KubernetesBackend:
     """Sandboxes as Pods. See the module docstring.
 
@@ -145,6 +148,8 @@ class KubernetesBackend:
         if self._exec_protocols.get(pod) == protocol:
             return
         self._exec_protocols[pod] = protocol
+        while len(self._exec_protocols) > REMEMBERED_PODS:  # the oldest first: Pods come and go
+            del self._exec_protocols[next(iter(self._exec_protocols))]
         try:
             namespace = self.namespace_of(pod)
             patch = {"metadata": {"annotations": {K8sAnnotations.EXEC_PROTOCOL: protocol}}}

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 PROXY_CONTAINER = "proxy"  # the container's name in the proxy Deployment (tenant.py)
 LOG_LIMIT_BYTES = 8 * 1024 * 1024  # one read of one proxy's log; a cut read is read again, larger
 GROWTH = 4
+REMEMBERED_PAIRS = 4096
 MAX_READS = 3  # 8, 32, then 128 MiB at most; past that the lines are noted lost, never skipped silently
 OVERLAP_S = 2  # each read starts a little before the last line seen (numbers drop what repeats)
 
@@ -117,7 +118,10 @@ class KubernetesEgressLogs:
                         data={"verdict": "lost", "reason": why},
                     )  # fmt: skip
             for client in clients:
+                self._read_at.pop(client.pair, None)  # re-inserted last: the oldest pairs go first
                 self._read_at[client.pair] = max(position, client.started)
+            while len(self._read_at) > REMEMBERED_PAIRS:  # Pods come and go; a forgotten pair reads from its start
+                del self._read_at[next(iter(self._read_at))]
         return total
 
     def _client(self, journal: Journal, proxy: dict[str, Any], pod: dict[str, Any]) -> _Client | None:
