@@ -94,3 +94,11 @@ def test_the_e2e_script_skips_cleanly_without_a_cluster() -> None:
     done = subprocess.run([str(ROOT / "scripts/k8s-e2e")], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0
     assert done.stdout.count("\n") == 1 and "skipped" in done.stdout
+
+
+def test_the_state_url_comes_from_a_secret_when_there_is_one() -> None:
+    """state.url (and its password) from the Secret agent-sandbox-state, optional: SQLite without it."""
+    container = by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["SANDBOX_STATE_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "agent-sandbox-state", "key": "url", "optional": True}
