@@ -164,8 +164,9 @@ def test_the_egress_proxy_path_works_and_refuses_what_is_not_allowed(tmp_path: P
         assert allowed.returncode == 0 and allowed.stdout == "e2e-web-ok", (allowed, proxy_log)
         heard = cluster.heard(namespace, "e2e-web")
         assert heard and sandbox_ip not in heard, heard  # it came from the proxy, not the sandbox
-        # a host off the list: the proxy's own refusal, not a failure on the way
-        refused = curl("-i", "--max-time", "20", f"http://example.com:{WEB_PORT}/")
+        # a host off the list: the proxy's own refusal, not a failure on the way (a .invalid name:
+        # refused before any lookup, and no server anywhere could ever answer it)
+        refused = curl("-i", "--max-time", "20", f"http://off-the-list.invalid:{WEB_PORT}/")
         head = refused.stdout.replace("\r\n", "\n").split("\n\n", 1)[0].lower().splitlines()
         assert refused.returncode == 0 and head and head[0].split()[1:2] == ["403"], refused
         assert "x-egress-verdict: refused" in head and "not on the egress allowlist" in refused.stdout, refused
