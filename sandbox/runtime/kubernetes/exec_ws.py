@@ -78,6 +78,49 @@ def exit_code_of(status: Mapping[str, Any]) -> int | None:
     return None
 
 
+async def upgrade(
+    session: aiohttp.ClientSession,
+    url: str,
+    what: str,
+    resource: str,
+    *,
+    protocols: Sequence[str],
+    headers: Mapping[str, str] | None,
+    ssl: Any,
+    heartbeat_s: float | None,
+    max_message_bytes: int,
+) -> aiohttp.ClientWebSocketResponse:
+    """A websocket of the API server's (`what`: exec, port forward; `resource`: what the Role must
+    grant for it), its refusal as ExecRefused naming the fix.
+
+    Raises:
+        ExecRefused: the server answered the upgrade with an error status (403: the orchestrator
+            may not `get` and `create` `resource` in that namespace; 404: no such Pod).
+        OSError / aiohttp.ClientError: the server could not be reached.
+    """
+    try:
+        return await session.ws_connect(
+            url,
+            protocols=tuple(protocols),
+            headers=dict(headers or {}),
+            heartbeat=heartbeat_s,
+            max_msg_size=max_message_bytes,
+            autoclose=False,
+            ssl=ssl if ssl is not None else True,
+        )
+    except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 403:
+            message = (
+                f"the API server refused the {what} (403): the orchestrator's service account needs "
+                f"`get` and `create` on `{resource}` in the sandbox's namespace (sandbox k8s render prints the Role)"
+            )
+        elif exc.status == 404:
+            message = f"the API server has no such Pod or container to {what} (404)"
+        else:
+            message = f"the API server refused the {what} websocket ({exc.status} {exc.message})"
+        raise ExecRefused(exc.status, message) from exc
+
+
 async def open_exec(
     session: aiohttp.ClientSession,
     url: str,
@@ -95,27 +138,17 @@ async def open_exec(
             may not `get` and `create` `pods/exec` in that namespace; 404: no such Pod).
         OSError / aiohttp.ClientError: the server could not be reached.
     """
-    try:
-        ws = await session.ws_connect(
-            url,
-            protocols=tuple(protocols),
-            headers=dict(headers or {}),
-            heartbeat=heartbeat_s,
-            max_msg_size=max_message_bytes,
-            autoclose=False,
-            ssl=ssl if ssl is not None else True,
-        )
-    except aiohttp.WSServerHandshakeError as exc:
-        if exc.status == 403:
-            message = (
-                "the API server refused the exec (403): the orchestrator's service account needs "
-                "`get` and `create` on `pods/exec` in the sandbox's namespace (sandbox k8s render prints the Role)"
-            )
-        elif exc.status == 404:
-            message = "the API server has no such Pod or container to exec in (404)"
-        else:
-            message = f"the API server refused the exec websocket ({exc.status} {exc.message})"
-        raise ExecRefused(exc.status, message) from exc
+    ws = await upgrade(
+        session,
+        url,
+        "exec",
+        "pods/exec",
+        protocols=protocols,
+        headers=headers,
+        ssl=ssl,
+        heartbeat_s=heartbeat_s,
+        max_message_bytes=max_message_bytes,
+    )
     if ws.protocol not in (V5, V4):  # none agreed, or one not offered: its framing is unknown
         await ws.close()
         raise ExecRefused(0, f"the exec websocket agreed to {ws.protocol or 'no subprotocol'}, not {V5} or {V4}")

@@ -25,7 +25,7 @@ import anyio
 import anyio.abc
 
 from sandbox._log import logger
-from sandbox.runtime.kubernetes.exec_ws import V4, ExecRefused
+from sandbox.runtime.kubernetes.exec_ws import V4, ExecRefused, upgrade
 
 DATA, ERROR = 0, 1
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -48,24 +48,17 @@ async def open_forward(
         ExecRefused: the upgrade was refused (403: the orchestrator may not `create` on
             `pods/portforward`; 404: no such Pod), or the server's first frames were not this port's.
     """
-    try:
-        ws = await session.ws_connect(
-            url,
-            protocols=(V4,),
-            headers=dict(headers or {}),
-            max_msg_size=MAX_MESSAGE_BYTES,
-            autoclose=False,
-            ssl=ssl if ssl is not None else True,
-        )
-    except aiohttp.WSServerHandshakeError as exc:
-        if exc.status == 403:
-            message = (
-                "the API server refused the port forward (403): the orchestrator's service account needs "
-                "`get` and `create` on `pods/portforward` in the namespace (sandbox k8s render prints the Role)"
-            )
-        else:
-            message = f"the API server refused the port forward websocket ({exc.status} {exc.message})"
-        raise ExecRefused(exc.status, message) from exc
+    ws = await upgrade(
+        session,
+        url,
+        "port forward",
+        "pods/portforward",
+        protocols=(V4,),
+        headers=headers,
+        ssl=ssl,
+        heartbeat_s=None,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+    )
     try:
         if ws.protocol != V4:
             raise ExecRefused(0, f"the port forward agreed to {ws.protocol or 'no subprotocol'}, not {V4}")
