@@ -241,3 +241,50 @@ async def test_an_idempotency_key_is_one_call_across_replicas(make_config: Any, 
         seen = (await client.get(f"{url_b}/v1/calls/{first.json()['call_id']}")).json()
         assert seen["state"] == "finished" and seen["result"]["call_id"] == first.json()["call_id"]
         assert orch_a.journal is not None and orch_a.journal.call_record(first.json()["call_id"]) is None
+
+
+@pytest.mark.anyio
+async def test_a_burst_of_one_key_split_across_two_replicas_runs_once(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """8 requests with one Idempotency-Key at once, 4 to each replica, under max_concurrent_calls 2:
+    the tool runs once across both replicas, and every admitted request answers that one call. A
+    request that finds the key held gives its slot back at once (it runs nothing), so more than
+    two may be admitted; the others are 429 naming the quota, counted in the shared store."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    gate = Gate()
+    runs: list[str] = []
+
+    async def counted(call: FakeCall) -> Any:
+        runs.append(call.command or "")
+        return await gate.handle(call)
+
+    config_a = _config(make_config, pg_url, tmp_path / "a")
+    config_b = _config(make_config, pg_url, tmp_path / "b")
+    answers: list[httpx.Response] = []
+    async with (
+        Orchestrator(config_a, backend=FakeBackend(counted)) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(counted)) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers={**HEADERS, "Idempotency-Key": "burst-1"}, timeout=60) as client,
+    ):
+
+        async def one(url: str) -> None:
+            body = {"tool": "exec", "args": {"command": HOLD}}
+            answers.append(await client.post(f"{url}/v1/sessions/agent:a:s1/calls", json=body))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, url_a if i % 2 else url_b)
+            with anyio.fail_after(30):  # the run is held; the refused and the repeats are settled meanwhile
+                while gate.running == 0:
+                    await anyio.sleep(0.02)
+            await anyio.sleep(1.0)
+            gate.go.set()
+    assert len(answers) == 8 and {a.status_code for a in answers} <= {200, 429}, [a.text for a in answers]
+    admitted = [a.json() for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(admitted) >= 2 and all(r.json()["detail"].endswith("counted across replicas)") for r in refused)
+    assert len({a["call_id"] for a in admitted}) == 1 and all(a["ok"] for a in admitted)
+    assert [r for r in runs if HOLD in r] == [HOLD]  # one run across both replicas
