@@ -6,10 +6,10 @@ selectors, delete, merge patch with a resourceVersion precondition, watch), the 
 websocket of tests/k8s_exec_server.py with each command run in the Pod's container by
 `docker exec -i`, and a kubelet that makes each Pod a container from
 its spec (image, command, user, read-only root, dropped capabilities, no new privileges, no
-network, memory and cpu limits, memory emptyDirs as tmpfs, env, working directory). What it
-does not do, and a real cluster must prove (scripts/k8s-e2e): admission, NetworkPolicy, claims
-backed by storage, subPath mounts, init containers on a claim, scheduling (init containers on
-emptyDirs run: tests/k8s_fake_init.py).
+network, memory and cpu limits, memory emptyDirs as tmpfs, env, working directory, claims and
+configMap volumes as host folders, subPath mounts: tests/k8s_fake_init.py). What it does not
+do, and a real cluster must prove (scripts/k8s-e2e): admission, NetworkPolicy, claims backed by
+storage, scheduling (nodeName, affinity), activeDeadlineSeconds.
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ from tests import k8s_fake_portforward as fake_portforward
 from tests.k8s_exec_server import ExecServer
 from tests.k8s_fake_changes import status, string_data
 
-KINDS = ("pods", "persistentvolumeclaims", "services", "secrets", *fake_agent_sandbox.KINDS)
+KINDS = ("pods", "persistentvolumeclaims", "services", "secrets", "configmaps", *fake_agent_sandbox.KINDS)
 VERBS = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
 _QUANTITY = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+
+
+def _waiting(reason: str, message: str) -> dict[str, Any]:
+    """A container status that waits for `reason` (the kubelet cannot start it)."""
+    return {"name": "sandbox", "ready": False, "state": {"waiting": {"reason": reason, "message": message}}}
 
 
 def _bytes(quantity: str) -> int:
@@ -332,10 +337,22 @@ class FakeCluster(ExecServer):
         security = spec.get("securityContext") or {}
         limits = (container.get("resources") or {}).get("limits") or {}
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
-        dirs = fake_init.shared_dirs(pod, self._dirs)
+
+        def config_map(name: str) -> dict[str, Any] | None:
+            return self.objects.get(("configmaps", namespace, name))
+
+        try:
+            dirs = fake_init.shared_dirs(pod, self._dirs, config_map)
+            bound = fake_init.binds(container, dirs)
+        except fake_init.VolumeError as exc:  # the kubelet cannot set the volumes up: the container waits
+            pod["status"] = {
+                "phase": "Pending",
+                "containerStatuses": [_waiting("CreateContainerConfigError", str(exc))],
+            }
+            return
         failed = fake_init.run_init(self.docker_client, pod, dirs, self.run_label)
         if failed is not None:  # restartPolicy Never: the Pod fails
-            pod["status"] = {"phase": "Failed", "reason": "Init:Error", "message": failed}
+            pod["status"] = {"phase": "Failed", "initContainerStatuses": [failed]}
             return
         tmpfs: dict[str, str] = {}
         for mount in container.get("volumeMounts") or []:
@@ -358,7 +375,7 @@ class FakeCluster(ExecServer):
                 network_mode=self.pod_network or "none",
                 extra_hosts={h: a["ip"] for a in spec.get("hostAliases") or [] for h in a["hostnames"]} or None,
                 tmpfs=tmpfs,
-                volumes=fake_init.binds(container, dirs),
+                volumes=bound,
                 mem_limit=_bytes(limits.get("memory", "1Gi")),
                 nano_cpus=int(float(str(limits.get("cpu", "1000m")).rstrip("m")) * 1_000_000),
                 pids_limit=256,
@@ -372,16 +389,7 @@ class FakeCluster(ExecServer):
                 made.exec_run(["chmod", "1777", path], user="0")
         except docker.errors.DockerException as exc:
             reason = "ErrImageNeverPull" if isinstance(exc, docker.errors.ImageNotFound) else "CreateContainerError"
-            pod["status"] = {
-                "phase": "Pending",
-                "containerStatuses": [
-                    {
-                        "name": "sandbox",
-                        "ready": False,
-                        "state": {"waiting": {"reason": reason, "message": str(exc)[:200]}},
-                    }
-                ],
-            }
+            pod["status"] = {"phase": "Pending", "containerStatuses": [_waiting(reason, str(exc)[:200])]}
             return
         pod["status"] = {
             "phase": "Running",

@@ -145,3 +145,27 @@ async def test_a_used_up_quota_is_a_quota_error(tmp_path: Path, cluster: FakeClu
         second = await orch.session(agent="main", key="agent:main:q2").call("exec", {"command": "true"})
         assert not second.ok and second.error.code == "QUOTA_EXCEEDED", second.error
         assert "ResourceQuota" in second.error.message
+
+
+async def test_the_setup_command_runs_before_the_sandbox_serves(tmp_path: Path, cluster: FakeCluster) -> None:
+    """What `setup_command` writes to the workspace and to a tmpfs (an emptyDir) is there for the
+    first call; a setup that fails is the error, with its output, and leaves no Pod."""
+    setup = "echo ready > /workspace/setup.txt && echo cached > /tmp/cache.txt && id -u > /tmp/who"
+    extra = (
+        f"    - {{id: prepared, tenant: acme, workspace: {tmp_path / 'ws3'}, "
+        f"sandbox: {{docker: {{setup_command: '{setup}'}}}}}}\n"
+        f"    - {{id: failing, tenant: acme, workspace: {tmp_path / 'ws4'}, "
+        "sandbox: {docker: {setup_command: 'echo no such mirror >&2; exit 3'}}}"
+    )
+    config = k8s_config(tmp_path, extra)
+    async with Orchestrator(config, backend_on(cluster, config), journal=False) as orch:
+        ran = await orch.session(agent="prepared", key="agent:prepared:k6").call(
+            "exec", {"command": "cat /workspace/setup.txt /tmp/cache.txt /tmp/who"}
+        )
+        assert ran.ok, ran.error
+        assert ran.output["output"].split() == ["ready", "cached", "1000"]
+        failed = await orch.session(agent="failing", key="agent:failing:k7").call("exec", {"command": "true"})
+        assert not failed.ok and failed.error.code == "SANDBOX_UNAVAILABLE"
+        assert "no such mirror" in failed.error.message and "setup" in failed.error.message
+        names = [k[2] for k in cluster.objects if k[0] == "pods"]
+        assert len(names) == 1  # the prepared session's; the failed one is not left half made

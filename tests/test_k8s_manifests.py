@@ -193,7 +193,7 @@ def test_quotas_follow_the_tenant(tmp_path: Path) -> None:
         ("{user: '1000:0'}", "sandbox.docker.user"),
         ("{runtime: runsc}", "sandbox.docker.runtime"),
         ("{ulimits: {nofile: {soft: 10, hard: 10}}}", "sandbox.docker.ulimits"),
-        ("{setup_command: 'true'}", "sandbox.docker.setup_command"),
+        ("{setup_command: 'true', setup_as_root: true}", "sandbox.docker.setup_as_root"),
     ],
 )
 @pytest.mark.slow
@@ -376,3 +376,23 @@ def test_explain_shows_the_pod_and_the_exec_path(tmp_path: Path) -> None:
     assert "workspace  claim ws-coder-" in done.stdout
     assert "v5.channel.k8s.io offered first" in done.stdout and "v4.channel.k8s.io" in done.stdout
     assert "container " not in done.stdout  # no Docker container is described on a cluster
+
+
+@pytest.mark.slow
+def test_the_setup_command_is_the_last_init_step_with_the_sandboxs_view(tmp_path: Path) -> None:
+    """`setup_command` runs before the sandbox serves anything, as its user, on its volumes (what
+    it writes to the workspace and to the tmpfs emptyDirs is there when the sandbox starts)."""
+    full = k8s_config(tmp_path).model_dump(mode="json")
+    coder = next(a for a in full["agents"]["list"] if a["id"] == "coder")
+    coder["sandbox"]["docker"] = {"setup_command": "pip install --target /tmp/deps rich && git init -q"}
+    config = load_config_text(yaml.safe_dump(full), base_dir=tmp_path)
+    pod = sandbox_pod(spec_of(config, "coder"), config.runtime.kubernetes, "ns")
+    setup = pod["spec"]["initContainers"][-1]
+    container = pod["spec"]["containers"][0]
+    assert setup["name"] == "setup" and setup["command"][-1].startswith("pip install")
+    assert setup["volumeMounts"] == container["volumeMounts"] and setup["env"] == container["env"]
+    assert setup["securityContext"] == container["securityContext"]
+    assert setup["terminationMessagePolicy"] == "FallbackToLogsOnError"  # its output is the reason it failed
+    assert violations(pod, "restricted", "v1.33") == []
+    for version in VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)

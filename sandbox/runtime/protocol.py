@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from sandbox.config.merge import EffectiveAgent
     from sandbox.journal.store import Journal
     from sandbox.runtime.manager import SandboxManager
+    from sandbox.runtime.skill_spec import SkillCall
 
 
 @dataclass(frozen=True)
@@ -196,10 +197,14 @@ class AgentChannel(Protocol):
 
 
 class OneShot(Protocol):
-    """Sandboxes made for one command and removed after it (a capability: `Sandbox.one_shot`)."""
+    """Sandboxes made for one skill call and removed after it (a capability: `Sandbox.one_shot`)."""
 
-    async def run(self, spec: SandboxSpec, argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> ExecResult:
-        """Make a sandbox from `spec`, run `argv` in it (no shell), remove it whatever happens."""
+    async def run(
+        self, session: SandboxSpec, call: SkillCall, argv: Sequence[str], env: Mapping[str, str], timeout_s: float
+    ) -> ExecResult:
+        """Make a sandbox for `call` with `session`'s hardening that holds the skill's folder
+        read-only at /opt/skill and only the paths the skill declares (runtime/skill_spec.py), run
+        `argv` in it (no shell), and remove it whatever happens."""
         ...
 
 

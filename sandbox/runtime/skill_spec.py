@@ -75,6 +75,33 @@ def _no_links_below(root: str, path: str) -> bool:
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class SkillCall:
+    """One skill call, as any backend's one-shot sandbox needs it: the skill's folder (on the
+    orchestrator's host), the paths it declares, whether it declares a network, and the call."""
+
+    skill: str
+    folder: Path
+    read: tuple[str, ...]
+    write: tuple[str, ...]
+    network: bool
+    call_id: str
+
+
+def declared_dirs(read: Sequence[str], write: Sequence[str]) -> dict[str, bool]:
+    """Each directory a skill's declared globs grant (see :func:`fixed_dir`) -> writable, without
+    a path inside another granted one that gives at least as much."""
+    wanted: dict[str, bool] = {}
+    for pattern, writable in [*((p, False) for p in read), *((p, True) for p in write)]:
+        target = fixed_dir(pattern)
+        wanted[target] = wanted.get(target, False) or writable
+    return {
+        t: w
+        for t, w in wanted.items()
+        if not any(o != t and _within(t, o) and (wo or not w) for o, wo in wanted.items())
+    }
+
+
 def skill_mounts(
     session: SandboxSpec, skill_folder: Path, read: Sequence[str], write: Sequence[str]
 ) -> tuple[Mount, ...]:
@@ -84,16 +111,7 @@ def skill_mounts(
     protected paths (`.git/hooks`, ...) stay read-only inside a writable one. Declared paths that
     do not exist, or that pass through a link, are not mounted.
     """
-    wanted: dict[str, bool] = {}
-    for pattern, writable in [*((p, False) for p in read), *((p, True) for p in write)]:
-        target = fixed_dir(pattern)
-        wanted[target] = wanted.get(target, False) or writable
-    # a path inside another declared one that gives at least as much adds nothing
-    wanted = {
-        t: w
-        for t, w in wanted.items()
-        if not any(o != t and _within(t, o) and (wo or not w) for o, wo in wanted.items())
-    }
+    wanted = declared_dirs(read, write)
     mounts = [Mount(os.path.realpath(skill_folder), SKILL_HOME, True, "the skill's folder")]
     for target, writable in sorted(wanted.items(), key=lambda kv: kv[0].count("/")):
         found = _host_path(session, target)
@@ -120,6 +138,8 @@ def skill_spec_for(
     docker = session.docker.model_copy(
         update={"network": session.docker.network if network else "none", "setup_command": None, "binds": []}
     )
+    # no network declared: no proxy either (a backend that reads `egress` would route it)
+    egress = session.egress if network else None
     key = f"{session.scope_key}|skill:{skill}|{call_id}|{uuid.uuid4().hex[:8]}"
     return dataclasses.replace(
         session,
@@ -128,6 +148,7 @@ def skill_spec_for(
         scope_key=key,
         mounts=mounts,
         docker=docker,
+        egress=egress,
         protected=(),
         for_engine=True,
         hashed={**session.hashed, "mounts": [[m.source, m.target, m.read_only] for m in mounts]},

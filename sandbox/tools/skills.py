@@ -198,19 +198,17 @@ def skill_handler(skill: Skill) -> Any:
     async def handler(ctx: Any, args: ToolArgs) -> Any:
         env = {"SKILL_ARGS": json.dumps(args.model_dump(mode="json")), "SKILL_NAME": m.name}
         if ctx.sandboxed:
-            session = ctx.shell.spec
-            fs = m.permissions.filesystem
-            runner = ctx.shell.one_shot()  # the skill's container goes on the session's engine
+            runner = ctx.shell.one_shot()  # the skill's sandbox goes on the session's engine
             if runner is None:
                 raise SandboxError(
-                    ErrorCode.SANDBOX_UNAVAILABLE, "skills in a sandboxed session need the Docker backend to run in"
+                    ErrorCode.SANDBOX_UNAVAILABLE, "this session's backend cannot make a sandbox for a skill call"
                 )
-            mounts = skill_spec.skill_mounts(session, skill.folder, fs.read, fs.write)
-            spec = skill_spec.skill_spec_for(
-                session, m.name, mounts, network=bool(m.permissions.network), call_id=ctx.call_id
+            fs = m.permissions.filesystem
+            call = skill_spec.SkillCall(
+                m.name, skill.folder, tuple(fs.read), tuple(fs.write), bool(m.permissions.network), ctx.call_id
             )
             argv = ["python3", f"{skill_spec.SKILL_HOME}/handler.py"]
-            result = await runner.run(spec, argv, {"LANG": "C.UTF-8", **env}, m.timeout)
+            result = await runner.run(ctx.shell.spec, call, argv, {"LANG": "C.UTF-8", **env}, m.timeout)
         else:
             python = shutil.which("python3", path=skill_spec.HOST_PATH) or "python3"
             argv = [python, str(skill.folder / "handler.py")]

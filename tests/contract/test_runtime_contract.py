@@ -37,7 +37,33 @@ class Target:
     remove_behind: Callable[[str], Any]  # remove a sandbox without telling the backend
 
 
+# a skill that reports what its sandbox lets it see and write (test_a_skill_call_gets_only_what_it_declares)
+PEEK = """import json, os, pathlib
+out = {"listing": sorted(os.listdir("/workspace")), "home": sorted(os.listdir("/opt/skill"))}
+for name in ("/workspace/secret.txt", "/workspace/public/note.txt", "/workspace/public/up/secret.txt"):
+    try:
+        out[name] = pathlib.Path(name).read_text()
+    except OSError as exc:
+        out[name] = type(exc).__name__
+try:
+    pathlib.Path("/workspace/public/planted.txt").write_text("x")
+    out["planted"] = "wrote"
+except OSError as exc:
+    out["planted"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
 def _config(tmp_path: Path, kind: str) -> Config:
+    peek = tmp_path / "skills" / "peek"
+    peek.mkdir(parents=True)
+    (peek / "SKILL.md").write_text(
+        "---\nname: peek\ndescription: what a skill sees\n"
+        "permissions: {filesystem: {read: ['/workspace/public/**']}}\n---\n"
+    )
+    (peek / "handler.py").write_text(PEEK)
+    (tmp_path / "ws-skill").mkdir()
+    os.chown(tmp_path / "ws-skill", 1000, 1000)  # Docker's rw workspace: the sandbox user's folder
     return load_config_text(
         f"""
 state_dir: {tmp_path / "state"}
@@ -45,6 +71,8 @@ instance: {RUN_ID}c{kind[0]}
 runtime:
   backend: {kind}
   kubernetes: {{pod_ready_timeout_s: 60, seccomp: "Localhost:agent-sandbox/strict.json"}}
+skills: {{dirs: ['{tmp_path / "skills"}']}}
+tools: {{also_allow: [peek], sandbox: {{tools: {{also_allow: [peek]}}}}}}
 tenants:
   - id: acme
 agents:
@@ -52,6 +80,7 @@ agents:
     sandbox: {{mode: all, scope: session, workspace_access: none, workspace_root: {tmp_path / "scratch"}}}
   list:
     - {{id: main, tenant: acme, default: true, workspace: {tmp_path / "ws"}}}
+    - {{id: skilled, tenant: acme, workspace: {tmp_path / "ws-skill"}, sandbox: {{workspace_access: rw}}}}
 """,
         base_dir=tmp_path,
     )
@@ -233,3 +262,30 @@ async def test_a_new_process_adopts_the_running_sandbox(target: Target) -> None:
         await second.remove(adopted.id)
     finally:
         await second.aclose()
+
+
+async def test_a_skill_call_gets_only_what_it_declares(target: Target) -> None:
+    """A skill call runs in a sandbox of its own (a container, a Pod) that holds its folder and
+    only the declared path, read-only; a link the session planted inside that path leads nowhere
+    (Docker: not followed out of the bind; a cluster: the kubelet's subPath is the folder only),
+    and nothing of the call's sandbox is left."""
+    async with Orchestrator(target.config, target.new_backend(), journal=False) as orch:
+        session = orch.session(agent="skilled", key="agent:skilled:c8")
+        made = await session.call(
+            "exec",
+            {
+                "command": "mkdir -p public && printf hello > public/note.txt && echo TOP > secret.txt && ln -s .. public/up"
+            },
+        )
+        assert made.ok, made.error
+        ran = await session.call("peek", {})
+        assert ran.ok, ran.error
+        out = ran.output
+        assert out["listing"] == ["public"] and out["home"] == ["SKILL.md", "handler.py"]
+        assert out["/workspace/public/note.txt"] == "hello"
+        assert out["/workspace/secret.txt"] == "FileNotFoundError"
+        assert out["/workspace/public/up/secret.txt"] == "FileNotFoundError"  # `..` is the skill's own /workspace
+        assert out["planted"] in ("OSError", "PermissionError")
+        kinds = [info.kind for info in await orch.backend.list(instance=target.config.instance)]
+        assert "skill" not in kinds
+        await session.close()

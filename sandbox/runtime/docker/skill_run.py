@@ -15,7 +15,7 @@ from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.docker.exec import exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
-from sandbox.runtime.skill_spec import MAX_OUTPUT
+from sandbox.runtime.skill_spec import MAX_OUTPUT, SkillCall, skill_mounts, skill_spec_for
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -71,6 +71,11 @@ class DockerOneShot:
     def __init__(self, backend: DockerBackend) -> None:
         self._backend = backend
 
-    async def run(self, spec: SandboxSpec, argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> ExecResult:
-        """:func:`run_in_container` on this backend."""
+    async def run(
+        self, session: SandboxSpec, call: SkillCall, argv: Sequence[str], env: Mapping[str, str], timeout_s: float
+    ) -> ExecResult:
+        """The call's container (its folder and declared paths bind-mounted: skill_spec.skill_mounts),
+        by :func:`run_in_container` on this backend."""
+        mounts = skill_mounts(session, call.folder, call.read, call.write)
+        spec = skill_spec_for(session, call.skill, mounts, network=call.network, call_id=call.call_id)
         return await run_in_container(self._backend, spec, argv, env, timeout_s)

@@ -17,6 +17,8 @@ from sandbox.runtime import proc_kill, shellwrap
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, argv_options
 
+KILL_CONFIRM_S = 5.0  # how long a cancelled call waits for its killed processes to be gone
+
 
 class HostShell:
     """Runs commands on the host in the agent's workspace, killable like the sandboxed ones.
@@ -57,7 +59,7 @@ class HostShell:
             )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self.kill(call_id, "KILL")
+                await self._kill_confirmed(call_id)
             raise
         if result.timed_out or result.overflowed:
             with anyio.CancelScope(shield=True):
@@ -85,6 +87,19 @@ class HostShell:
             proc_kill.signal_members(members, signal)
 
         await anyio.to_thread.run_sync(kill_now)
+
+    async def _kill_confirmed(self, call_id: str) -> None:
+        """KILL everything `call_id` started and wait (bounded) until none of it is left: a killed
+        process takes a moment to exit, and whoever cancelled the call reads "killed" as "gone"."""
+        deadline = time.monotonic() + KILL_CONFIRM_S
+        while True:
+            await self.kill(call_id, "KILL")
+            left = await anyio.to_thread.run_sync(
+                lambda: proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True)
+            )
+            if not left.pids or time.monotonic() > deadline:
+                return
+            await anyio.sleep(0.01)
 
     async def _exec(
         self,

@@ -24,6 +24,7 @@ _KINDS = {
     "persistentvolumeclaims": ("V1PersistentVolumeClaim", "persistent_volume_claim"),
     "services": ("V1Service", "service"),
     "secrets": ("V1Secret", "secret"),  # written only (the proxy's, kubernetes/proxy_secret.py)
+    "configmaps": ("V1ConfigMap", "config_map"),  # created only (skills' folders, kubernetes/skill_pod.py)
 }
 
 

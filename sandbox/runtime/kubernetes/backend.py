@@ -170,6 +170,13 @@ class KubernetesBackend:
         """The reference itself: the cluster's nodes resolve and pull images, not this process."""
         return ref
 
+    def placed(self, pod_name: str, namespace: str | None) -> None:
+        """Remember the namespace of a Pod made outside :meth:`ensure` (a skill call's), or forget it (None)."""
+        if namespace is None:
+            self._namespace_of.pop(pod_name, None)
+        else:
+            self._namespace_of[pod_name] = namespace
+
     def claimed(self, sandbox_name: str, pod_name: str, namespace: str) -> None:
         """Remember that `sandbox_name`'s session claimed the pool Pod `pod_name` (kubernetes/pool.py)."""
         self._pod_of[sandbox_name] = pod_name
@@ -186,7 +193,7 @@ class KubernetesBackend:
                 return pod
         return None
 
-    async def _found(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def found_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Pod serving sandbox `name`: its own, or a pool Pod claimed for it."""
         api = await self.api()
         own = await api.get("pods", namespace, self._pod_of.get(name, name))
@@ -207,7 +214,7 @@ class KubernetesBackend:
         api = await self.api()
         namespace = namespace_for(self.cfg, spec.tenant)
         self._namespace_of[spec.name] = namespace
-        found = await self._found(namespace, spec.name) if not spec.pool_member else None
+        found = await self.found_pod(namespace, spec.name) if not spec.pool_member else None
         proxy = await self.proxies.proxy(namespace, spec) if spec.egress is not None else None
         pod = sandbox_pod(spec, self.cfg, namespace, proxy=proxy, user_of=user_of)
         if found is not None and adoptable(found, spec, pod):
@@ -285,7 +292,7 @@ class KubernetesBackend:
             ):
                 self._namespace_of[name] = namespace
                 return True
-            if namespace and await self._found(namespace, name) is not None:
+            if namespace and await self.found_pod(namespace, name) is not None:
                 self._namespace_of[name] = namespace
                 return True
         return False
@@ -343,7 +350,7 @@ class KubernetesBackend:
         """What the API says the sandbox Pod is (None: no such Pod). No PID limit: Kubernetes has
         none per Pod yet (a node's podPidsLimit applies)."""
         namespace = self._namespace_of.get(name_or_id)
-        pod = await self._found(namespace, name_or_id) if namespace else None
+        pod = await self.found_pod(namespace, name_or_id) if namespace else None
         return facts_of(name_or_id, pod) if pod is not None else None
 
     def warm_pool(self, manager: SandboxManager) -> WarmPool | None:

@@ -81,7 +81,7 @@ class KubernetesEgressLogs:
         if namespace is None:
             return 0
         api = await backend.api()
-        pod = await backend._found(namespace, sandbox_name)
+        pod = await backend.found_pod(namespace, sandbox_name)
         if pod is None:
             return 0
         digest = ((pod.get("metadata") or {}).get("labels") or {}).get(K8sLabels.EGRESS)

@@ -26,7 +26,7 @@ class K8sLabels:
     """Label keys on every object this orchestrator makes on a cluster (values label-safe)."""
 
     INSTANCE = f"{K8S_PREFIX}/instance"
-    KIND = f"{K8S_PREFIX}/kind"  # exec | browser | egress-proxy
+    KIND = f"{K8S_PREFIX}/kind"  # exec | browser | egress-proxy | skill
     TENANT = f"{K8S_PREFIX}/tenant"
     AGENT = f"{K8S_PREFIX}/agent"
     SCOPE = f"{K8S_PREFIX}/scope"
@@ -52,6 +52,7 @@ class K8sAnnotations:
     # the websocket subprotocol the agent's link agreed (v5 or v4), written when a link opens:
     # what `explain` shows of a live Pod
     EXEC_PROTOCOL = f"{K8S_PREFIX}/exec-protocol"
+    SKILL = f"{K8S_PREFIX}/skill"  # the skill a one-shot Pod runs (kubernetes/skill_pod.py)
 
 
 def label_value(text: str) -> str:

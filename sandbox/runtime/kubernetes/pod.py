@@ -125,9 +125,9 @@ def refusals(spec: SandboxSpec, cfg: KubernetesSection) -> list[str]:
         )
     if d.ulimits:
         found.append("sandbox.docker.ulimits: a Pod has no per-container ulimits (refused rather than dropped)")
-    if d.setup_command:
-        found.append("sandbox.docker.setup_command: not run on kubernetes yet (refused rather than skipped)")
     for mount in spec.mounts[1:]:
+        if mount.origin.startswith("skills.dirs"):  # a skill's folder goes to its own Pod, as a ConfigMap
+            continue
         found.append(f"{mount.origin}: a host path cannot be mounted on kubernetes (no hostPath, ever)")
     if extra := sorted(set(d.cap_add) - RESTRICTED_ADDABLE):
         found.append(f"sandbox.docker.cap_add: {extra} are refused under restricted (only NET_BIND_SERVICE)")
@@ -265,6 +265,25 @@ def _protect_step(spec: SandboxSpec, cfg: KubernetesSection, resources: dict[str
     }
 
 
+def _setup_step(spec: SandboxSpec, cfg: KubernetesSection, container: dict[str, Any]) -> dict[str, Any]:
+    """`docker.setup_command` as the last init step: the sandbox container's image, user, limits,
+    environment and volumes, so what it writes to the workspace and to the Pod's emptyDirs (the
+    tmpfs mounts) is there when the sandbox starts. The Pod serves no command before it succeeds;
+    when it fails the Pod fails, with the tail of its output as the reason."""
+    return {
+        "name": "setup",
+        "image": spec.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["/bin/sh", "-lc", spec.docker.setup_command],
+        "workingDir": CONTAINER_WORKDIR,
+        "env": list(container["env"]),
+        "resources": dict(container["resources"]),
+        "securityContext": _container_security(spec),
+        "volumeMounts": list(container["volumeMounts"]),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def _labels(spec: SandboxSpec) -> dict[str, str]:
     labels = {
         MANAGED_BY[0]: MANAGED_BY[1],
@@ -381,6 +400,8 @@ def sandbox_pod(
         init.append(copy_step(cfg, resources, _container_security(spec)))
     if workspace_claim_name(spec) is not None and spec.protected:
         init.append(_protect_step(spec, cfg, resources))
+    if d.setup_command:  # last: the CA, the agent and the protected paths are in place
+        init.append(_setup_step(spec, cfg, container))
     if init:
         pod_spec["initContainers"] = init
     annotations = {

@@ -98,12 +98,15 @@ def why_not_running(pod: dict[str, Any] | None) -> str:
     if pod is None:
         return "it is gone"
     status = pod.get("status") or {}
-    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+    init = [(f"init step {c.get('name')}: ", c) for c in status.get("initContainerStatuses") or []]
+    for step, container in init + [("", c) for c in status.get("containerStatuses") or []]:
         state = container.get("state") or {}
         for key in ("waiting", "terminated"):
+            if key == "terminated" and (state.get(key) or {}).get("exitCode") == 0:
+                continue  # an init step that passed says nothing of why the Pod does not run
             if state.get(key):
                 detail = state[key]
-                return f"{detail.get('reason', key)}: {detail.get('message', '')}".rstrip(": ")
+                return f"{step}{detail.get('reason', key)}: {detail.get('message', '')}".rstrip(": ")
     return str(status.get("message") or status.get("reason") or status.get("phase") or "no status yet")
 
 

@@ -184,5 +184,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
         return None
 
     def one_shot(self) -> OneShot | None:
-        """None: skill calls in one-shot Pods are not built yet (issue 26)."""
-        return None
+        """One-shot Pods beside this one, for skill calls (kubernetes/skill_run.py)."""
+        from sandbox.runtime.kubernetes.skill_run import KubernetesOneShot
+
+        return KubernetesOneShot(self._backend, self)

@@ -131,6 +131,7 @@ def access_objects(
     proxies: list[str] | None = None,
     cas: list[str] | None = None,
     browsers: bool = False,
+    skills: bool = False,
 ) -> list[dict[str, Any]]:
     """The sandboxes' token-less service account, and the orchestrator's Role in this namespace
     (with the agent-sandbox objects' rules under `provider: agent-sandbox`, the writing of the
@@ -158,6 +159,8 @@ def access_objects(
         rules.append({"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]})
     if cas:  # a CA another replica made is read back, by name (kubernetes/proxy_ca.py)
         rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": sorted(cas)})
+    if skills:  # each skill's folder, as a ConfigMap named after its content, made once (kubernetes/skill_pod.py)
+        rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]})
     if provider == "agent-sandbox":
         rules += ROLE_RULES
     return [
@@ -349,7 +352,8 @@ def tenant_objects(config: Config, tenant: TenantConfig, orchestrator: Orchestra
     cas = [ca_secret_name(d) for d, p in policies.items() if decrypts(p)]
     browsers = any(a.sandbox.browser.enabled for a in tenant_agents(config, tenant.id))
     proxies = [secret_name(d) for d in policies]
-    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, proxies, cas, browsers)
+    skills = bool(config.skills.dirs)
+    objects += access_objects(tenant.id, namespace, orchestrator, k8s.provider, proxies, cas, browsers, skills)
     objects += quota_objects(config, tenant, namespace)
     objects += network_objects(tenant.id, namespace, policies)
     for digest, policy in sorted(policies.items()):
