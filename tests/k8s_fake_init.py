@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,14 @@ def _config_map_folder(folder: Path, volume: dict[str, Any], config_map: dict[st
     data = {k: base64.b64decode(v) for k, v in (config_map.get("binaryData") or {}).items()}
     data |= {k: v.encode() for k, v in (config_map.get("data") or {}).items()}
     items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+    # as a kubelet writes it (atomic_writer.go): the files in a timestamped folder, `..data` a link
+    # to it, and each top-level name a link through `..data`
+    (folder / "..2026_01_01_00_00_00.0").mkdir()
+    os.symlink("..2026_01_01_00_00_00.0", folder / "..data")
+    for top in sorted({Path(item["path"]).parts[0] for item in items}):
+        os.symlink(f"..data/{top}", folder / top)
     for item in items:
-        path = folder / item["path"]
+        path = folder / "..data" / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data[item["key"]])
         os.chmod(path, volume["configMap"].get("defaultMode", 0o644))
@@ -77,18 +82,18 @@ def shared_dirs(
 
 
 def _sub_path(folder: Path, sub_path: str) -> Path:
-    """`sub_path` of a volume's folder, made when missing; a link on the way is refused."""
-    here = folder
-    for part in Path(sub_path).parts:
-        if part in ("..", "/"):
-            raise VolumeError(f"subPath {sub_path!r} must stay inside its volume")
-        here = here / part
-        if here.is_symlink():
-            raise VolumeError(f"subPath {sub_path!r}: {part} is a symlink")
-    if not here.exists():
+    """`sub_path` of a volume's folder as a kubelet resolves it (pkg/volume/util/subpath): made
+    when missing, links followed, refused when what it resolves to is outside the volume."""
+    if Path(sub_path).is_absolute() or ".." in Path(sub_path).parts:
+        raise VolumeError(f"subPath {sub_path!r} must be a relative path inside its volume")
+    here = folder / sub_path
+    if not here.exists() and not here.is_symlink():
         here.mkdir(parents=True)
         os.chmod(here, 0o2777)
-    return here
+    resolved = here.resolve()
+    if resolved != folder.resolve() and folder.resolve() not in resolved.parents:
+        raise VolumeError(f"subpath {str(resolved)!r} not within volume path {str(folder)!r}")
+    return resolved
 
 
 def binds(container: dict[str, Any], dirs: dict[str, Path]) -> dict[str, dict[str, str]]:
@@ -102,8 +107,6 @@ def binds(container: dict[str, Any], dirs: dict[str, Path]) -> dict[str, dict[st
         if m["name"] not in dirs:
             continue
         source = _sub_path(dirs[m["name"]], m["subPath"]) if m.get("subPath") else dirs[m["name"]]
-        if stat.S_ISLNK(os.lstat(source).st_mode):
-            raise VolumeError(f"{source} is a symlink")
         found[str(source)] = {"bind": m["mountPath"], "mode": "ro" if m.get("readOnly") else "rw"}
     return found
 

@@ -196,3 +196,46 @@ async def test_socket_planted_after_creation_is_reported_by_the_live_audit(
         finally:
             server.close()
             await sess.close()
+
+
+async def test_a_link_swapped_in_after_the_check_is_refused_before_the_handler(
+    make_config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race: the declared folder is checked (no link on the way), then the session swaps it
+    for a link to a folder outside the workspace before the skill's container is made (a bind
+    mount follows links on the host). The container's check of its mounts, before the handler,
+    finds another folder than the one checked: the handler never runs, the target is untouched."""
+    from sandbox.runtime import skill_spec
+    from sandbox.runtime.docker import skill_run
+
+    ws, skills = tmp_path / "ws", tmp_path / "skills"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.chown(outside, 1000, 1000)
+    _skill(
+        skills,
+        "writer",
+        "name: writer\ndescription: x\npermissions: {filesystem: {read: ['/workspace/**'], write: ['/workspace/out/**']}}",
+        "import pathlib; pathlib.Path('/workspace/out/planted.txt').write_text('x'); print('\"wrote\"')\n",
+    )
+    config = _config(make_config, tmp_path, ws, skills, "writer")
+    (ws / "out").mkdir()
+    os.chown(ws / "out", 1000, 1000)
+    real = skill_spec.skill_mounts
+
+    def then_swap(*args: Any) -> Any:
+        mounts = real(*args)
+        (ws / "out").rename(ws / "o2")
+        (ws / "out").symlink_to(outside)
+        return mounts
+
+    monkeypatch.setattr(skill_run, "skill_mounts", then_swap)
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:a:s1")
+        try:
+            ran = await sess.call("writer", {})
+            assert not ran.ok and ran.error.code == "PERMISSION_DENIED", ran
+            assert "/workspace/out" in ran.error.message
+        finally:
+            await sess.close()
+    assert list(outside.iterdir()) == []  # the handler never ran

@@ -70,7 +70,7 @@ def test_the_folder_travels_as_a_content_named_immutable_config_map(tmp_path: Pa
     volume = skill_pod.folder_volume(made, files)
     back = {item["path"]: base64.b64decode(made["binaryData"][item["key"]]) for item in volume["configMap"]["items"]}
     assert back == files  # every file at its path, bytes as they are
-    assert volume["configMap"]["defaultMode"] == 0o444
+    assert volume["configMap"]["defaultMode"] == 0o555  # read-only; a helper script stays runnable
     # the same content is the same ConfigMap; a changed skill is another one
     assert (
         skill_pod.folder_config_map("sbx-acme", "acme", "tally", dict(files))["metadata"]["name"]
@@ -148,9 +148,28 @@ def test_a_skill_never_gets_more_than_its_session(tmp_path: Path) -> None:
         "subPath": ".git/hooks",
         "readOnly": True,
     }
+    # a grant of a protected path itself, or of a path inside one, is read-only
+    for declared in ("/workspace/.git/hooks/**", "/workspace/.git/hooks/sub/**", "/workspace/.git/config"):
+        inside = _mounts(_pod(tmp_path, "coder", _call(call.folder, write=(declared,))))
+        assert inside[declared.removesuffix("/**")]["readOnly"] is True, declared
     # paths outside the workspace are not on the claim: nothing is mounted for them
     outside = _pod(tmp_path, "coder", _call(call.folder, read=("/etc/**",)))
     assert not [v for v in outside["spec"]["volumes"] if "persistentVolumeClaim" in v]
+
+
+def test_the_grants_step_records_each_sub_path_where_the_sandbox_reads_it(tmp_path: Path) -> None:
+    """A skill Pod with sub-path grants records their identities in an init step that mounts the
+    claim read-only (no session or skill code runs there); the sandbox reads them read-only."""
+    pod = _pod(tmp_path, "coder", _call(_folder(tmp_path), read=("/workspace/src/**",), write=("/workspace/out/**",)))
+    step = next(c for c in pod["spec"]["initContainers"] if c["name"] == "grants")
+    assert step["command"][-2:] == ["out", "src"]
+    views = {m["mountPath"]: m for m in step["volumeMounts"]}
+    assert views[skill_pod.CLAIM_VIEW]["readOnly"] is True and "subPath" not in views[skill_pod.CLAIM_VIEW]
+    assert _mounts(pod)[skill_pod.GRANTS_DIR]["readOnly"] is True
+    assert skill_pod.CLAIM_VIEW not in _mounts(pod)  # the sandbox never sees the whole claim
+    # the whole claim granted: nothing to race, no step
+    whole = _pod(tmp_path, "coder", _call(_folder(tmp_path / "2"), read=("/workspace/**",)))
+    assert "grants" not in [c["name"] for c in whole["spec"].get("initContainers") or []]
 
 
 def test_no_network_declared_means_no_proxy_and_no_egress_label(tmp_path: Path) -> None:

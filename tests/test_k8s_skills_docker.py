@@ -21,7 +21,7 @@ from tests.k8s_fake_cluster import FakeCluster
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
 GREEDY = """import json, os, pathlib
-out = {"listing": sorted(os.listdir("/workspace")), "home": sorted(os.listdir("/opt/skill"))}
+out = {"listing": sorted(os.listdir("/workspace")), "home": sorted(n for n in os.listdir("/opt/skill") if not n.startswith(".."))}
 for name in ("/workspace/secret.txt", "/workspace/public/note.txt"):
     try:
         out[name] = pathlib.Path(name).read_text()
@@ -168,4 +168,39 @@ async def test_a_skill_that_times_out_leaves_no_pod(tmp_path: Path, cluster: Fak
             if c.name.startswith("fk8s-")
         ]
         assert len(left) == 1  # the session's own Pod only
+        await session.close()
+
+
+async def test_a_link_swapped_in_after_the_check_is_refused_before_the_handler(
+    tmp_path: Path, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race: the declared folder is a real one when the session's Pod checks it, and a link to
+    a protected folder of the same claim when the kubelet mounts it (a kubelet follows a link that
+    stays in the volume). The skill Pod's own record of the folder (its `grants` step) differs
+    from what got mounted, so the handler never runs and the protected folder is unchanged."""
+    from sandbox.runtime.kubernetes import skill_run
+
+    skills = tmp_path / "skills"
+    _skill(skills, "greedy", "{filesystem: {read: ['/workspace/**'], write: ['/workspace/out/**']}}", GREEDY)
+    config = _config(tmp_path, skills, "greedy")
+    checked = skill_run.KubernetesOneShot._link_free
+    holder: dict[str, Any] = {}
+
+    async def then_swap(self: Any, targets: list[str]) -> set[str]:
+        found = await checked(self, targets)
+        swapped = await holder["session"].call("exec", {"command": "mv out o2 && ln -s .git/hooks out"})
+        assert swapped.ok, swapped.error
+        return found
+
+    monkeypatch.setattr(skill_run.KubernetesOneShot, "_link_free", then_swap)
+    async with Orchestrator(config, _backend(cluster, config), journal=False) as orch:
+        session = holder["session"] = orch.session(agent="main", key="agent:main:sk4")
+        made = await session.call("exec", {"command": "mkdir -p out && ls -A .git/hooks | wc -l"})
+        assert made.ok and made.output["output"].strip() == "0", made
+        ran = await session.call("greedy", {})
+        assert not ran.ok and ran.error.code == "PERMISSION_DENIED", ran
+        assert "/workspace/out" in ran.error.message
+        hooks = await session.call("exec", {"command": "ls -A .git/hooks | wc -l"})
+        assert hooks.output["output"].strip() == "0"  # nothing was written there
+        assert _pods(cluster, "skill") == []
         await session.close()

@@ -207,5 +207,11 @@ def test_skill_mounts_hold_only_the_declared_paths(tmp_path: Path) -> None:
     pairs = [(m.target, m.read_only) for m in everything]
     assert pairs[:2] == [(SKILL_HOME, True), ("/workspace", False)]
     assert ("/workspace/.git/hooks", True) in pairs  # protected paths stay read-only in a writable grant
+    # a grant of a protected path itself, or of a path inside one, is read-only: never more than the session
+    (ws / ".git" / "hooks" / "sub").mkdir()
+    for declared in ("/workspace/.git/hooks/**", "/workspace/.git/hooks/sub/**"):
+        hooks = [(m.target, m.read_only) for m in skill_mounts(session, folder, [], [declared])]
+        assert hooks == [(SKILL_HOME, True), (declared.removesuffix("/**"), True)], hooks
+    assert all(m.identity is not None for m in mounts[1:])  # what the container checks before the handler
     assert fixed_dir("/workspace/**") == "/workspace" and fixed_dir("/workspace/src/*.py") == "/workspace/src"
     assert fixed_dir("/workspace/a.json") == "/workspace/a.json"

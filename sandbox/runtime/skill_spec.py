@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import posixpath
 import re
@@ -29,6 +30,8 @@ from typing import Any
 
 import anyio
 
+from sandbox.config.binds import CONTAINER_WORKDIR
+from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime.naming import container_name
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
@@ -102,6 +105,12 @@ def declared_dirs(read: Sequence[str], write: Sequence[str]) -> dict[str, bool]:
     }
 
 
+def under_protected(session: SandboxSpec, target: str) -> bool:
+    """Whether workspace path `target` is a read-only protected path or lies inside one (a skill
+    granted it gets it read-only, as the session has it)."""
+    return any(p.read_only and _within(target, posixpath.join(CONTAINER_WORKDIR, p.rel)) for p in session.protected)
+
+
 def skill_mounts(
     session: SandboxSpec, skill_folder: Path, read: Sequence[str], write: Sequence[str]
 ) -> tuple[Mount, ...]:
@@ -120,15 +129,69 @@ def skill_mounts(
         holder, host = found
         if not os.path.exists(host) or not _no_links_below(holder.source, host):
             continue
-        rw = writable and not holder.read_only
+        protected = holder is session.mounts[0] and under_protected(session, target)
+        rw = writable and not holder.read_only and not protected
         origin = f"skill permissions.filesystem.{'write' if rw else 'read'} {target}"
-        mounts.append(Mount(host, target, not rw, origin))
+        try:
+            seen = os.lstat(host)  # a link swapped in since the walk has its own inode: refused later
+        except OSError:
+            continue
+        mounts.append(Mount(host, target, not rw, origin, identity=(seen.st_dev, seen.st_ino)))
         if rw and holder is session.mounts[0]:
             for p in session.protected:
                 inner = posixpath.join(holder.target, p.rel)
                 if _within(inner, target) and os.path.lexists(posixpath.join(holder.source, p.rel)):
                     mounts.append(Mount(posixpath.join(holder.source, p.rel), inner, p.read_only, p.origin))
     return tuple(mounts)
+
+
+# run in a skill's sandbox before its handler (nothing of the skill runs there yet): each granted
+# path must show the very folder that was checked, by device and inode. The check and the mount
+# are apart in time, and a session that swaps a declared folder for a link in between would
+# otherwise get the link's target mounted. argv: the expected identities as JSON, or `-f FILE`.
+VERIFY_SCRIPT = """
+import json, os, sys
+want = json.load(open(sys.argv[2])) if sys.argv[1] == "-f" else json.loads(sys.argv[1])
+bad = []
+for target, ident in sorted(want.items()):
+    try:
+        st = os.stat(target)
+        ok = ident is not None and [st.st_dev, st.st_ino] == list(ident)
+    except OSError:
+        ok = False
+    if not ok:
+        bad.append(target)
+print(json.dumps(bad))
+"""
+
+
+def verify_argv(expected: Mapping[str, tuple[int, int] | None] | None = None, file: str | None = None) -> list[str]:
+    """The argv that checks the granted mounts (VERIFY_SCRIPT), from `expected` or a file of them."""
+    args = ["-f", file] if file is not None else [json.dumps(expected or {})]
+    return ["python3", "-I", "-S", "-c", VERIFY_SCRIPT, *args]
+
+
+def verified(result: ExecResult) -> None:
+    """Raise when the check found a granted path that is not the folder checked (or failed).
+
+    Raises:
+        SandboxError: PERMISSION_DENIED naming the paths; SANDBOX_UNAVAILABLE when it did not run.
+    """
+    try:
+        bad = json.loads(result.stdout) if result.exit_code == 0 else None
+    except ValueError:
+        bad = None
+    if bad is None:
+        raise SandboxUnavailable(
+            f"the skill's sandbox could not check its mounts (exit {result.exit_code}): "
+            f"{result.stderr.decode(errors='replace')[-300:]}"
+        )
+    if bad:
+        raise SandboxError(
+            ErrorCode.PERMISSION_DENIED,
+            f"declared path(s) {', '.join(bad)} changed while the skill's sandbox was made (a link or another "
+            "folder took their place), so the skill was not run; the workspace is as it was",
+        )
 
 
 def skill_spec_for(

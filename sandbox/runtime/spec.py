@@ -47,6 +47,9 @@ class Mount:
     read_only: bool
     origin: str
     volume: bool = False  # the engine mounts a volume (the workspace's, a `Volume`), not a host folder
+    # (st_dev, st_ino) of the source when it was checked: the mount must show that very folder
+    # (a skill's declared path, runtime/skill_spec.py: a link planted later would mount another)
+    identity: tuple[int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

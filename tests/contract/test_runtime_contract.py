@@ -39,7 +39,7 @@ class Target:
 
 # a skill that reports what its sandbox lets it see and write (test_a_skill_call_gets_only_what_it_declares)
 PEEK = """import json, os, pathlib
-out = {"listing": sorted(os.listdir("/workspace")), "home": sorted(os.listdir("/opt/skill"))}
+out = {"listing": sorted(os.listdir("/workspace")), "home": sorted(n for n in os.listdir("/opt/skill") if not n.startswith(".."))}
 for name in ("/workspace/secret.txt", "/workspace/public/note.txt", "/workspace/public/up/secret.txt"):
     try:
         out[name] = pathlib.Path(name).read_text()

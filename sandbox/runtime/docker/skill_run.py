@@ -15,12 +15,13 @@ from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.docker.exec import exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
-from sandbox.runtime.skill_spec import MAX_OUTPUT, SkillCall, skill_mounts, skill_spec_for
+from sandbox.runtime.skill_spec import MAX_OUTPUT, SkillCall, skill_mounts, skill_spec_for, verified, verify_argv
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
 
+VERIFY_TIMEOUT_S = 30.0
 LIFETIME_GRACE_S = 60  # the container's `sleep` outlives the call by this, then it exits by itself
 
 
@@ -50,6 +51,12 @@ async def run_in_container(
 
     container_id = await backend.call("create skill sandbox", create_and_start)
     try:
+        expected = {m.target: m.identity for m in spec.mounts if m.identity is not None}
+        if expected:  # before the handler: each declared path is the folder that was checked
+            check = await exec_stream(
+                backend, container_id, verify_argv(expected), user=spec.user, timeout_s=VERIFY_TIMEOUT_S
+            )
+            verified(check)
         return await exec_stream(
             backend,
             container_id,

@@ -205,7 +205,9 @@ class KubernetesBackend:
         (`uid:gid`, the group the sandbox's), on the same workspace claim, removed with it."""
         uid = user.partition(":")[0]
         name = f"{spec.name[:44]}-u{uid}-{short_hash(f'{spec.name}|{user}', 8)}"
-        own = dataclasses.replace(spec, name=name, user=user, session_users=False)
+        # setup_command ran in the sandbox's own Pod, on this same workspace: not again per session
+        docker = spec.docker.model_copy(update={"setup_command": None})
+        own = dataclasses.replace(spec, name=name, user=user, session_users=False, docker=docker)
         return await self.ensure(own, user_of=spec.name)
 
     async def ensure(self, spec: SandboxSpec, *, user_of: str | None = None) -> KubernetesSandbox:
@@ -221,7 +223,7 @@ class KubernetesBackend:
             return KubernetesSandbox(self, found["metadata"]["name"], spec)
         if found is not None:
             logger.bind(pod=found["metadata"]["name"], namespace=namespace).info("k8s_pod_replaced")
-            await self._delete_and_wait(namespace, found["metadata"]["name"])
+            await self.delete_and_wait(namespace, found["metadata"]["name"])
             self._pod_of.pop(spec.name, None)
         if spec.egress is not None:
             await self.proxies.write_secret(namespace, spec.tenant, spec.egress)
@@ -273,7 +275,8 @@ class KubernetesBackend:
                 )
             await anyio.sleep(POLL_S)
 
-    async def _delete_and_wait(self, namespace: str, name: str) -> None:
+    async def delete_and_wait(self, namespace: str, name: str) -> None:
+        """Delete a Pod and wait (up to 60 s) until it is gone, its processes with it."""
         api = await self.api()
         await api.delete("pods", namespace, name)
         for _ in range(int(60 / POLL_S)):  # a Pod deleted at once goes within seconds

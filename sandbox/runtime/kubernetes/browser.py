@@ -173,4 +173,4 @@ class KubernetesBrowsers:
         forward = self._forwards.pop(name, None)
         if forward is not None:
             await forward.aclose()
-        await self.backend._delete_and_wait(namespace, name)
+        await self.backend.delete_and_wait(namespace, name)

@@ -26,11 +26,12 @@ from sandbox.config.kubernetes import KubernetesSection
 from sandbox.errors import SandboxUnavailable
 from sandbox.runtime.kubernetes.names import MANAGED_BY, K8sAnnotations, K8sLabels, label_value
 from sandbox.runtime.kubernetes.pod import ProxyRef, sandbox_pod, workspace_claim_name
-from sandbox.runtime.skill_spec import SKILL_HOME, SkillCall, declared_dirs, skill_spec_for
+from sandbox.runtime.skill_spec import SKILL_HOME, SkillCall, declared_dirs, skill_spec_for, under_protected
 from sandbox.runtime.spec import SandboxSpec
 
 MAX_FOLDER_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB, names and encoding included
 MAX_FILES = 256
+FOLDER_LAYOUT = b"skill-folder/1: keys f000.. in path order, items map them back\0"
 LIFETIME_GRACE_S = 60  # the Pod outlives the call's timeout and its start by this, then ends itself
 SKILL_VOLUME = "skill"
 CLAIM_VOLUME = "claim"
@@ -54,6 +55,36 @@ for target in sys.argv[2:]:
         found.append(target)
 print(json.dumps(found))
 """
+
+
+# the `grants` init step of a skill Pod (no code of the session or the skill runs in it): the
+# device and inode of each declared path of the claim, walked without following a link, written
+# where the sandbox container reads them (read-only) to check its mounts before the handler runs
+# (skill_spec.VERIFY_SCRIPT). A path the session swaps for a link after this walk mounts another
+# folder, which that check refuses; one it swapped before is recorded as none, refused too.
+RECORD_SCRIPT = """
+import json, os, stat, sys
+root, out, found = sys.argv[1], sys.argv[2], {}
+for rel in sys.argv[3:]:
+    here, ident = root, None
+    for part in rel.split("/"):
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            st = None
+        if st is None or stat.S_ISLNK(st.st_mode):
+            ident = None
+            break
+        ident = [st.st_dev, st.st_ino]
+    found["/workspace/" + rel] = ident
+with open(out, "w") as f:
+    json.dump(found, f)
+"""
+GRANTS_VOLUME = "grants"
+GRANTS_DIR = "/run/skill-grants"  # in the grants step (written) and the sandbox (read-only)
+GRANTS_FILE = f"{GRANTS_DIR}/identities.json"
+CLAIM_VIEW = "/claim"  # the claim's root, read-only, in the grants step only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +135,7 @@ def folder_files(folder: Path) -> dict[str, bytes]:
 
 def folder_config_map(namespace: str, tenant: str, skill: str, files: dict[str, bytes]) -> dict[str, Any]:
     """The ConfigMap of a skill's folder, named after its content (a changed skill gets a new one)."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(FOLDER_LAYOUT)  # another layout of keys is another ConfigMap
     for rel, data in sorted(files.items()):
         digest.update(f"{rel}\0{len(data)}\0".encode())
         digest.update(data)
@@ -129,7 +160,8 @@ def folder_volume(config_map: dict[str, Any], files: dict[str, bytes]) -> dict[s
     items = [{"key": f"f{i:03d}", "path": rel} for i, rel in enumerate(sorted(files))]
     return {
         "name": SKILL_VOLUME,
-        "configMap": {"name": config_map["metadata"]["name"], "items": items, "defaultMode": 0o444},
+        # read-only, and what was executable stays runnable (a helper script the handler starts)
+        "configMap": {"name": config_map["metadata"]["name"], "items": items, "defaultMode": 0o555},
     }
 
 
@@ -140,7 +172,7 @@ def grants(session: SandboxSpec, call: SkillCall) -> list[Grant]:
         return []
     writable = session.workspace_access == "rw"
     return [
-        Grant(target, read_only=not (w and writable))
+        Grant(target, read_only=not (w and writable) or under_protected(session, target))
         for target, w in sorted(declared_dirs(call.read, call.write).items())
         if target == CONTAINER_WORKDIR or target.startswith(CONTAINER_WORKDIR + "/")
     ]
@@ -194,7 +226,29 @@ def skill_pod(
                     container["volumeMounts"].append(
                         {"name": CLAIM_VOLUME, "mountPath": inner, "subPath": p.rel, "readOnly": p.read_only}
                     )
+        if any(g.sub_path for g in granted):
+            _record_step(pod_spec, container, [g.sub_path for g in granted if g.sub_path])
         if node is not None and session.scope != "shared":  # ReadWriteOnce: the session's node only
             pod_spec["nodeName"] = node
     pod["metadata"]["annotations"][K8sAnnotations.SKILL] = call.skill
     return pod
+
+
+def _record_step(pod_spec: dict[str, Any], container: dict[str, Any], rels: list[str]) -> None:
+    """The `grants` init step (RECORD_SCRIPT) and its volume, mounted read-only in `container`."""
+    pod_spec["volumes"].append({"name": GRANTS_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+    container["volumeMounts"].append({"name": GRANTS_VOLUME, "mountPath": GRANTS_DIR, "readOnly": True})
+    step = {
+        "name": "grants",
+        "image": container["image"],
+        "imagePullPolicy": container["imagePullPolicy"],
+        "command": ["python3", "-I", "-S", "-c", RECORD_SCRIPT, CLAIM_VIEW, GRANTS_FILE, *rels],
+        "workingDir": "/",
+        "resources": dict(container["resources"]),
+        "securityContext": dict(container["securityContext"]),
+        "volumeMounts": [
+            {"name": CLAIM_VOLUME, "mountPath": CLAIM_VIEW, "readOnly": True},
+            {"name": GRANTS_VOLUME, "mountPath": GRANTS_DIR},
+        ],
+    }
+    pod_spec.setdefault("initContainers", []).append(step)

@@ -20,7 +20,7 @@ from sandbox.runtime.kubernetes import skill_pod
 from sandbox.runtime.kubernetes.names import namespace_for
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
-from sandbox.runtime.skill_spec import MAX_OUTPUT, SkillCall
+from sandbox.runtime.skill_spec import MAX_OUTPUT, SkillCall, verified, verify_argv
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -84,10 +84,13 @@ class KubernetesOneShot:
         name = pod["metadata"]["name"]
         spec_of_pod = _spec_of(session, call, name)
         backend.placed(name, namespace)
-        await api.create("pods", namespace, pod)
         try:
+            await api.create("pods", namespace, pod)
             await backend.wait_running(namespace, name)
             link = await KubernetesSandbox(backend, name, spec_of_pod).agent_link()
+            if any(g.sub_path for g in granted):  # before the handler: each mount is the folder recorded
+                check = await link.run(verify_argv(file=skill_pod.GRANTS_FILE), timeout_s=CHECK_TIMEOUT_S)
+                verified(check)
             return await link.run(
                 list(argv),
                 environment=dict(env),
@@ -98,8 +101,8 @@ class KubernetesOneShot:
         finally:
             with anyio.CancelScope(shield=True):
                 backend.agents.forget(name)
-                try:
-                    await api.delete("pods", namespace, name)
+                try:  # gone, not only deleted: nothing of the call outlives it
+                    await backend.delete_and_wait(namespace, name)
                 except Exception as exc:  # its activeDeadlineSeconds still ends it
                     logger.bind(pod=name, namespace=namespace).warning("k8s_skill_pod_not_deleted", error=str(exc))
                 backend.placed(name, None)
