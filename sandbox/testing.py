@@ -106,6 +106,11 @@ class FakeSandbox:
         """None: nothing runs."""
         return None
 
+    @property
+    def durable_processes(self) -> bool:
+        """False: every command goes to the handler, keyed and submitted calls' too."""
+        return False
+
     def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
         """Fake sandboxes never die."""
         del revive

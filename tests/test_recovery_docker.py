@@ -150,28 +150,34 @@ def test_call_cut_by_the_crash_is_abandoned_and_its_process_killed(tmp_path: Pat
     assert began.read_text() == "began\n"
 
 
-def test_a_keyed_call_cut_by_a_crash_is_abandoned_and_its_key_never_runs_it_again(
+def test_a_keyed_call_cut_by_a_crash_is_adopted_and_its_key_answers_the_true_result(
     tmp_path: Path, instance: str
 ) -> None:
-    """kill -9 during a keyed call: recovery ends its record, so a repeat of the key answers at
-    once that it was abandoned (CONFLICT) instead of waiting for a run that is gone, and the
-    command ran once."""
+    """kill -9 during a keyed call: its command (a durable process) runs on. A one-shot recovery
+    (the CLI's) leaves it for a process that stays; the next orchestrator that stays adopts it,
+    and a repeat of the key answers the command's true result. The command ran once."""
     cfg = config_file(tmp_path, instance)
-    proc = start(cfg, "exec", {"command": "echo start >> starts.log; sleep 60"}, key="crash-1")
+    command = {"command": "echo start >> starts.log; sleep 3; echo finished"}
+    proc = start(cfg, "exec", command, key="crash-1")
     deadline = time.monotonic() + 60
     while not (tmp_path / "ws" / "starts.log").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     kill(proc)
-    outcomes, _ = anyio.run(recover, cfg)
-    assert [o["now"] for o in outcomes] == ["abandoned"]
 
-    async def repeat() -> object:
+    async def one_shot() -> list[dict[str, object]]:
         async with Orchestrator(load_config(cfg)) as orch:
-            with anyio.fail_after(30):
-                return await orch.session("agent:a:crash").call(
-                    "exec", {"command": "echo start >> starts.log; sleep 60"}, idempotency_key="crash-1"
-                )
+            return await orch.recover(adopt=False)
 
-    again = anyio.run(repeat)
-    assert again.error is not None and again.error.code == "CONFLICT" and "abandoned" in again.error.message  # type: ignore[attr-defined]
+    assert anyio.run(one_shot) == []  # nothing settled, nothing killed
+
+    async def adopt_then_repeat() -> tuple[list[dict[str, object]], object]:
+        async with Orchestrator(load_config(cfg)) as orch:
+            outcomes = await orch.recover()
+            with anyio.fail_after(60):
+                again = await orch.session("agent:a:crash").call("exec", command, idempotency_key="crash-1")
+            return outcomes, again
+
+    outcomes, again = anyio.run(adopt_then_repeat)
+    assert [o["now"] for o in outcomes] == ["adopted"]
+    assert again.ok and again.output["output"] == "finished\n", again  # type: ignore[attr-defined]
     assert (tmp_path / "ws" / "starts.log").read_text() == "start\n"

@@ -107,7 +107,7 @@ def sessions_recover(state: State, as_json: bool) -> None:
 
     async def go() -> list[dict[str, Any]]:
         async with _orchestrator(state) as orch:
-            return await orch.recover()
+            return await orch.recover(adopt=False)  # durable calls: adopted by a process that stays
 
     outcomes = anyio.run(go)
     lines = [f"{escape(str(o.get('session', '')))}  {escape(str(o.get('now', '')))}" for o in outcomes]

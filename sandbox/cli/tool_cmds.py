@@ -78,7 +78,7 @@ def _run_call(
         bus.subscribe(Spinner())
         async with Orchestrator(state.config, registry=state.registry(), progress=bus) as orch:
             # calls a killed orchestrator left behind (its commands may still run): settled first
-            await orch.recover()
+            await orch.recover(adopt=False)  # a one-shot process: durable calls are the service's
             sess = orch.session(
                 session,
                 agent=agent or agent_of(session) or default_agent_id(state.config),

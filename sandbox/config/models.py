@@ -500,6 +500,9 @@ class ServiceSection(StrictModel):
     max_mcp_sessions_per_tenant: int = Field(16, ge=1)
     mcp_session_idle_s: float = Field(600.0, gt=0)
     read_requests_per_minute: int = Field(600, ge=1)
+    # on SIGTERM, durable calls still running are handed to the next orchestrator instead of
+    # killed (engine/handover.py); None: on when the state is shared (state.url postgresql://)
+    handover: bool | None = None
 
 
 def _journal_size(value: object) -> object:

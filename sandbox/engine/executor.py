@@ -16,6 +16,7 @@ from sandbox._log import logger
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES, MAX_DEPTH
 from sandbox.engine.call import Call, Refusal, bound, open_call
+from sandbox.engine.handover import Handover
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
@@ -50,6 +51,8 @@ class Engine:
     max_argument_bytes: int = MAX_BYTES
     # tools an application made possible by giving their provider (web_search)
     providers: frozenset[str] = frozenset()
+    # calls this process hands over when it stops (engine/handover.py): not journaled abandoned
+    handover: Handover | None = None
 
 
 async def execute(
@@ -83,7 +86,8 @@ async def execute(
             # the caller went away or the service is stopping: the runtime killed what the call
             # started; the journal says so now, so the call is never left open for a live owner
             logger.info("tool_call_cancelled")
-            call.journal("abandoned", reason=CANCELLED_REASON)  # synchronous: nothing to shield
+            if engine.handover is None or not engine.handover.kept(call.task.call_id):
+                call.journal("abandoned", reason=CANCELLED_REASON)  # synchronous: nothing to shield
             raise
         except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
             logger.bind(code=exc.code.value).error("tool_call_not_journaled")

@@ -138,6 +138,11 @@ class Calls:
         self._tasks[call_id] = asyncio.create_task(run())
         return CallHandle(self, call_id)
 
+    def cancelled_by_someone(self, call_id: str) -> bool:
+        """Whether a running call was cancelled on purpose (its handle's cancel), not by this
+        orchestrator closing."""
+        return call_id in self._cancelled_by
+
     def handle(self, call_id: str) -> CallHandle:
         """A handle of a call by id (whether it exists is for its status to say)."""
         return CallHandle(self, call_id)
@@ -206,6 +211,7 @@ async def submit_call(
     ask: Ask,
     execute: Callable[..., Awaitable[ToolResult]],
     guard: AbstractAsyncContextManager[Any] | None = None,
+    kept: Callable[[str], bool] = lambda _: False,
 ) -> CallHandle:
     """Record `ask` and start it (`execute(call_id=...)` runs it): its handle; for a key already
     held by the same call, that call's handle (nothing new runs). `guard` is held while it runs.
@@ -235,6 +241,6 @@ async def submit_call(
 
     async def work(why_cancelled: Callable[[], str]) -> None:
         async with guard or contextlib.nullcontext():
-            await run_claimed(store, call_id, lambda cid: execute(call_id=cid), why_cancelled)
+            await run_claimed(store, call_id, lambda cid: execute(call_id=cid), why_cancelled, kept)
 
     return calls.start(call_id, work)

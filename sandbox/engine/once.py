@@ -16,6 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,6 +34,8 @@ MAX_KEY = 200
 MAX_BATCH_KEY = 190  # a batch's n-th call runs under `key#n`
 # a repeat waits this long at most for the first call to end, then says it still runs (retryable)
 REPEAT_WAIT_S = 24 * 3600.0
+# the id of the recorded call running in this context (run_claimed): its tools may outlive the process
+recorded: ContextVar[str | None] = ContextVar("sandbox_recorded_call", default=None)
 
 
 def key_problem(key: str, room: int = MAX_KEY) -> str | None:
@@ -106,14 +109,23 @@ async def run_claimed(
     call_id: str,
     run: Callable[[str], Awaitable[ToolResult]],
     why_cancelled: Callable[[], str] = lambda: "cancelled before it finished",
+    kept: Callable[[str], bool] = lambda _: False,
 ) -> ToolResult:
-    """Run a claimed call and record how it ended (abandoned, with the reason, when cancelled)."""
+    """Run a claimed call and record how it ended (abandoned, with the reason, when cancelled;
+    left open when `kept(call_id)`: handed over to the next orchestrator, engine/handover.py).
+
+    While it runs, :data:`recorded` holds its id: the call is durable (tools/handlers/durable.py).
+    """
+    token = recorded.set(call_id)
     try:
         result = await run(call_id)
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            await _ended(store, call_id, "abandoned", None, why_cancelled())
+        if not kept(call_id):
+            with anyio.CancelScope(shield=True):
+                await _ended(store, call_id, "abandoned", None, why_cancelled())
         raise
+    finally:
+        recorded.reset(token)
     await _ended(store, call_id, "finished", result.model_dump_json(), "")
     return result
 
@@ -136,7 +148,12 @@ async def _ended(
             await anyio.sleep(0.5 * 2**attempt)
 
 
-async def call_once(store: CallStore | None, ask: Ask, execute: Callable[..., Awaitable[ToolResult]]) -> ToolResult:
+async def call_once(
+    store: CallStore | None,
+    ask: Ask,
+    execute: Callable[..., Awaitable[ToolResult]],
+    kept: Callable[[str], bool] = lambda _: False,
+) -> ToolResult:
     """Run `execute(call_id=...)` once for `ask.key`, or return the result of the call that holds the key.
 
     Every outcome is a ToolResult: a malformed key or a key used for another call is
@@ -152,7 +169,7 @@ async def call_once(store: CallStore | None, ask: Ask, execute: Callable[..., Aw
         return held
     if held.call_id != call_id:
         return await repeat(store, held, ask, call_id)
-    return await run_claimed(store, call_id, lambda cid: execute(call_id=cid))
+    return await run_claimed(store, call_id, lambda cid: execute(call_id=cid), kept=kept)
 
 
 def mismatch(held: CallRecord, ask: Ask, call_id: str) -> ToolResult | None:

@@ -18,6 +18,7 @@ from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES as MAX_ARGUMENT_BYTES
 from sandbox.engine.executor import Engine
 from sandbox.engine.handles import CallHandle, Calls
+from sandbox.engine.handover import Handover
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
@@ -90,6 +91,7 @@ class Orchestrator:
             self.limiter.declare_tool(spec.name, spec.max_concurrency)
         self.progress = progress or ProgressBus()
         self.calls = Calls(lambda: self.call_store, self.progress)  # submitted calls (engine/handles.py)
+        self.handover = Handover()  # calls handed to the next orchestrator when this one stops (engine/handover.py)
         # spawned sessions: lineage, inboxes, cascades (its database is made on the first spawn)
         self.sessions = SessionsService(self)
         # Session handles by identity: a session's file states and host shell are made once, not
@@ -120,6 +122,7 @@ class Orchestrator:
             # room for one write of tools.fs.max_write_bytes, JSON-escaped
             max_argument_bytes=max(MAX_ARGUMENT_BYTES, 2 * config.tools.fs.max_write_bytes + 64 * 1024),
             providers=self.providers(),
+            handover=self.handover,
         )
 
     @property
@@ -277,9 +280,13 @@ class Orchestrator:
             )
         return self.journal
 
-    async def recover(self) -> list[dict[str, Any]]:
-        """After a restart: settle every call the journal shows unfinished (see engine/recovery.py)."""
-        outcomes = await recovery.recover(self)
+    async def recover(self, *, adopt: bool = True) -> list[dict[str, Any]]:
+        """After a restart: settle every call the journal shows unfinished (see engine/recovery.py).
+
+        `adopt`: take over durable calls whose owner is gone and wait for them here (a process
+        that lives on: the service, an application); False in a one-shot process, which leaves
+        them to the next that does (closing, it would only hand them over again)."""
+        outcomes = await recovery.recover(self, adopt=adopt)
         for key in await self.sessions.finish_cascades():
             outcomes.append({"session": key, "now": "closed (a cascade the last orchestrator began)"})
         return outcomes

@@ -7,6 +7,9 @@ a service) is left alone: each call records its owner (journal/owners.py).
 - process_started (a background exec): its process is polled where it runs -> still running:
   `process_reattached`; exited: `process_exited` with its code; container or process gone:
   `process_gone`.
+- a durable call (its command runs as a process of its own: tools/handlers/durable.py), handed
+  over or left by a process that died: adopted (engine/handover.py), its true outcome recorded
+  once its command ends; `abandoned` when its sandbox or process is gone.
 - any other stage (the orchestrator died mid-call): whatever the call started in its sandbox is
   killed, and the call is `abandoned` with that reason.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sandbox.engine import handover
 from sandbox.errors import SandboxError
 from sandbox.journal.store import Event
 from sandbox.runtime import shellwrap
@@ -23,8 +27,9 @@ if TYPE_CHECKING:
     from sandbox.engine.orchestrator import Orchestrator
 
 
-async def recover(orch: Orchestrator) -> list[dict[str, Any]]:
-    """Settle unfinished calls; return what was decided for each."""
+async def recover(orch: Orchestrator, *, adopt: bool = True) -> list[dict[str, Any]]:
+    """Settle unfinished calls; return what was decided for each (durable calls are adopted, or
+    with `adopt=False` left running for an orchestrator that adopts them)."""
     journal = orch.journal
     if journal is None:
         return []
@@ -36,7 +41,15 @@ async def recover(orch: Orchestrator) -> list[dict[str, Any]]:
         if not events:
             continue
         last = events[-1]
-        outcome = await _settle(orch, last, owner)
+        started = handover.durable_start(events)
+        if started is not None and last.stage != "awaiting_approval":
+            if not adopt:
+                continue  # its command runs on: the next orchestrator that stays adopts it
+            outcome = await handover.adopt(orch, last, owner, started)  # its command runs on: wait for it
+            if not outcome:
+                continue  # another process adopted it first
+        else:
+            outcome = await _settle(orch, last, owner)
         if outcome == "abandoned":
             await _end_record(orch, call_id)
         outcomes.append(

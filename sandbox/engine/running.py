@@ -4,6 +4,7 @@ in the executor), shape, journal `finished` or `failed`."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -51,9 +52,17 @@ async def run_once(call: Call, checked: Checked, make_context: MakeContext) -> R
         call.event("started", waited_s=waited_s)
         logger.bind(waited_s=waited_s).debug("tool_call_started")
         tool_ctx = await make_context(call.task)
+        tool_ctx.note = partial(_note, call)
         if engine.progress.has_subscribers:
             tool_ctx.emit = call.event
         return Ran(tool_ctx, await run_handler(call, checked, tool_ctx))
+
+
+async def _note(call: Call, stage: str, **data: Any) -> None:
+    """A stage a handler records, on disk when this returns (a durable exec's process id)."""
+    call.journal(stage, **data)
+    if call.engine.journal is not None:
+        await call.engine.journal.commit(call.task.call_id)
 
 
 async def run_handler(call: Call, checked: Checked, tool_ctx: ToolContext) -> Any:

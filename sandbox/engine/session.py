@@ -18,7 +18,7 @@ from sandbox.engine.call import tool_name
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
 from sandbox.engine.handles import CallHandle, submit_call
-from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, key_problem
+from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, key_problem, recorded
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
@@ -103,7 +103,8 @@ class Session:
         if idempotency_key is None:
             return await self._execute(name, arguments, trace_id=trace_id)
         run = partial(self._execute, name, arguments, trace_id=trace_id)
-        return await call_once(self._orch.call_store, self.ask(name, arguments, idempotency_key), run)
+        ask = self.ask(name, arguments, idempotency_key)
+        return await call_once(self._orch.call_store, ask, run, kept=self._orch.handover.kept)
 
     async def submit(
         self,
@@ -123,7 +124,8 @@ class Session:
                 an orchestrator without a journal.
         """
         run = partial(self._execute, name, arguments, trace_id=trace_id)
-        return await submit_call(self._orch.calls, self.ask(name, arguments, idempotency_key), run, guard)
+        ask = self.ask(name, arguments, idempotency_key)
+        return await submit_call(self._orch.calls, ask, run, guard, kept=self._orch.handover.kept)
 
     def ask(self, name: str, arguments: Any, key: str | None) -> Ask:
         """What a call record of this session is made of (engine/once.py)."""
@@ -304,6 +306,10 @@ class Session:
             self.agent, self.key, browser_allowed="browser" in self.policy.allowed
         )
 
+    async def tool_context(self, task: TaskContext) -> ToolContext:
+        """What a tool handler of `task` gets in this session (its sandbox made when missing)."""
+        return await self._context(task)
+
     async def _context(self, task: TaskContext) -> ToolContext:
         if self._orch.journal is not None:
             # the handler runs next: the call's stages must be durable first (INTERNAL if not)
@@ -364,6 +370,8 @@ class Session:
             state_dir=self.state_dir,
         )
         tool_ctx.publish = partial(self._spill, tool_ctx)
+        tool_ctx.durable = recorded.get() == task.call_id
+        tool_ctx.handed_over = partial(self._orch.handover.kept, task.call_id)
         if self._orch.journal is not None:
             tool_ctx.sessions = BoundSessions(self._orch.sessions, self, task.call_id)
         if self.sandboxed:

@@ -195,6 +195,12 @@ class JournalCalls:
         if event is not None:
             event.set()
 
+    async def adopt_call(self, call_id: str) -> bool:
+        """Whether the record still runs (the journal's open call says who owns it: its
+        `take_over` moved it already)."""
+        found = await self.call_record(call_id)
+        return found is not None and found.state not in ENDED
+
     async def call_record(self, call_id: str) -> CallRecord | None:
         """:meth:`CallRecords.call_record`."""
         return self._journal.call_record(call_id)  # type: ignore[no-any-return]

@@ -198,6 +198,31 @@ class Journal(ReadsMixin, NotesMixin):
         )
         return owner_alive(rows[0][0], rows[0][1], time.time()) if rows else None
 
+    def owned_here(self, call_id: str) -> bool:
+        """Whether `call_id` is open in the journal and this process owns it."""
+        rows = self._read("SELECT owner FROM open_calls WHERE call_id = ?", (call_id,))
+        return bool(rows) and rows[0][0] == current_owner()
+
+    def take_over(self, call_id: str, from_owner: str) -> bool:
+        """Make this process the owner of an open call that `from_owner` held, in one statement:
+        of several processes trying at once, one wins (engine/handover.py adopts by it)."""
+        mine, now = current_owner(), time.time()
+        try:
+            with self._lock:
+                self._writer.drain_locked()
+                took = self._db.execute(
+                    "UPDATE open_calls SET owner = ?, ts = ? WHERE call_id = ? AND owner = ?",
+                    (mine, now, call_id, from_owner),
+                ).rowcount
+                if took == 1:
+                    self._db.execute(UPSERT_LEASE, (mine, now + LEASE_S))
+        except sqlite3.Error as exc:
+            raise SandboxError(ErrorCode.INTERNAL, f"the journal at {self.path} cannot be written ({exc})") from exc
+        if took == 1:
+            self._mine.add(call_id)
+            self._start_heartbeat()
+        return took == 1
+
     def open_calls(self) -> list[tuple[str, str, str, bool]]:
         """(call id, owner, last stage, owner alive) of every call that has not ended."""
         rows = self._read(

@@ -162,6 +162,13 @@ class Shell(Protocol):
         lets the tools choose a per-session path."""
         ...
 
+    @property
+    def durable_processes(self) -> bool:
+        """Whether a command started detached (the process tool's, shellwrap's background start)
+        runs on when this process goes, and can be found again by its id: a durable exec then
+        runs as one (tools/handlers/durable.py); else as a plain command."""
+        ...
+
     async def run(self, request: RunRequest) -> ExecResult:
         """Run `request.command` with /bin/sh -lc; on timeout (or cancellation) kill its whole
         process group. What each field asks is said on :class:`RunRequest`."""

@@ -159,6 +159,11 @@ class SessionShell:
         return f"{self.pid_dir}/tmp"
 
     @property
+    def durable_processes(self) -> bool:
+        """The sandbox's answer."""
+        return self.sandbox.durable_processes
+
+    @property
     def spec(self) -> SandboxSpec:
         """The sandbox's spec."""
         return self.sandbox.spec

@@ -261,6 +261,11 @@ class InSandbox:
         return self._spec
 
     @property
+    def durable_processes(self) -> bool:
+        """True: a background process lives in the sandbox, not in this orchestrator."""
+        return True
+
+    @property
     def pid_dir(self) -> str:
         """Where pid files and background output live (a tmpfs in the sandbox)."""
         return PID_DIR

@@ -157,6 +157,11 @@ class CallStore(Protocol):
         """The call's outcome: its ToolResult as JSON when finished, the reason when abandoned."""
         ...
 
+    async def adopt_call(self, call_id: str) -> bool:
+        """Make this process the owner of a running record whose owner went away (the next
+        orchestrator adopts its command: engine/handover.py); False when it ended meanwhile."""
+        ...
+
     async def call_record(self, call_id: str) -> CallRecord | None:
         """The record of `call_id` (None: none); the caller checks its tenant."""
         ...

@@ -18,6 +18,14 @@ def _no_progress(kind: str, **detail: object) -> None:
     del kind, detail
 
 
+async def _no_note(stage: str, **data: object) -> None:
+    del stage, data
+
+
+def _never() -> bool:
+    return False
+
+
 async def _no_publish(host_file: Path) -> str | None:
     return str(host_file)
 
@@ -77,3 +85,10 @@ class ToolContext:
     browser: BrowserPort | None = None
     # the application's search provider (web_search); None when it gave none
     search: SearchProvider | None = None
+    # await note(stage, **data): a stage of this call, on disk in the journal (a durable exec's process id)
+    note: Callable[..., Awaitable[None]] = _no_note
+    # the call has a record (an idempotency key, or submitted): its command outlives this process
+    durable: bool = False
+    # whether this call was handed over to the next orchestrator (engine/handover.py): its
+    # command, cancelled here, is then left running, not killed
+    handed_over: Callable[[], bool] = _never

@@ -60,6 +60,11 @@ class HostSandbox:
         """None: the session's TMPDIR is the tools' choice."""
         return None
 
+    @property
+    def durable_processes(self) -> bool:
+        """The host shell's answer."""
+        return self._shell.durable_processes
+
     def set_reviver(self, revive: Callable[[], Awaitable[str]]) -> None:
         """Nothing to revive: a host directory does not die."""
         del revive

@@ -44,6 +44,11 @@ class HostShell:
         """None: on the host the session's TMPDIR is the tools' choice."""
         return None
 
+    @property
+    def durable_processes(self) -> bool:
+        """True: a background process is in its own session, not a child that dies with this one."""
+        return True
+
     async def run(self, request: RunRequest) -> ExecResult:
         """Run `request.command` with /bin/sh -lc; on timeout, overflow or cancellation kill its
         whole process group.

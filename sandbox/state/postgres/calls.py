@@ -89,6 +89,18 @@ async def end(
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
 
 
+async def adopt(conn: Any, call_id: str, owner: str, lease_s: float) -> bool:
+    """Make `owner` (this replica) the owner of a running record (its lease renewed first, so
+    the record is never seen gone in between); False when it ended meanwhile."""
+    async with conn.transaction():
+        await quotas.renew(conn, owner, lease_s)
+        cur = await conn.execute(
+            "UPDATE calls SET owner = %s WHERE call_id = %s AND state NOT IN ('finished', 'abandoned') RETURNING 1",
+            (owner, call_id),
+        )
+        return await cur.fetchone() is not None
+
+
 async def _end_gone(conn: Any, where: str, args: tuple[Any, ...]) -> None:
     """End as abandoned the running records (matching `where`) whose replica is gone, waking their waiters."""
     cur = await conn.execute(

@@ -151,6 +151,11 @@ class PostgresStore:
         async with self._conn() as conn:
             return await calls.claim(conn, record, keep_s, self.owner, self.lease_s)
 
+    async def adopt_call(self, call_id: str) -> bool:
+        """See :class:`~sandbox.state.protocol.CallStore`."""
+        async with self._conn() as conn:
+            return await calls.adopt(conn, call_id, self.owner, self.lease_s)
+
     async def set_call_state(self, call_id: str, state: State) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:

@@ -18,7 +18,8 @@ from sandbox.runtime.output import describe_cut
 from sandbox.runtime.protocol import ExecResult, RunRequest
 from sandbox.tools.builtin import ExecArgs
 from sandbox.tools.context import ToolContext
-from sandbox.tools.handlers import processes
+from sandbox.tools.handlers import durable, processes
+from sandbox.tools.handlers.killed import KILLED_EXITS, killed_error
 
 
 def resolve_workdir(ctx: ToolContext, workdir: str | None) -> str:
@@ -150,6 +151,9 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
             "hint": "still running; use the process tool to poll",
         }
 
+    if ctx.durable and ctx.shell.durable_processes:  # a call with a record: it outlives this process
+        return await durable.run_durable(ctx, args, workdir, timeout)
+
     capture = await spill.new_capture(ctx)
 
     async def run() -> ExecResult:
@@ -210,24 +214,3 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
     if result.exit_code in KILLED_EXITS:
         raise killed_error(ctx, body)
     return body
-
-
-# a command ended by SIGKILL: 128 + 9 from a shell (in a sandbox); -9 from a process group run
-# directly on the host (Python reports the signal as a negative code)
-KILLED_EXITS = frozenset({128 + 9, -9})
-
-
-def killed_error(ctx: ToolContext, body: dict[str, Any]) -> SandboxError:
-    """A command ended by SIGKILL that its own timeout did not send was killed from outside: the
-    out-of-memory killer at the sandbox's memory limit, far more often than not, or another
-    orchestrator process (recovery, a session closed elsewhere). Never `ok`: what it printed and
-    its exit code ride along as the failed result's output."""
-    memory = ctx.agent.sandbox.docker.memory if ctx.sandboxed else None
-    limit = f" ({ctx.agent.key_path}.sandbox.docker.memory is {memory})" if memory else ""
-    return SandboxError(
-        ErrorCode.KILLED,
-        f"the command was killed from outside (SIGKILL, exit {body['exit_code']}) before it finished: most often it "
-        f"used more memory than the sandbox has{limit}; use less (smaller inputs, streaming) or "
-        "ask for a larger limit. What it printed and its exit code are in the output",
-        output=body,
-    )

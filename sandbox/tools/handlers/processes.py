@@ -82,14 +82,25 @@ def _foreign(ctx: ToolContext) -> str:
     )
 
 
+def new_process_id() -> str:
+    """A fresh process id (a call id too: its processes are tagged with it)."""
+    return new_id("p").replace("-", "_")
+
+
 async def start(
-    ctx: ToolContext, command: str, *, workdir: str, env: dict[str, str], timeout_s: float | None = None
+    ctx: ToolContext,
+    command: str,
+    *,
+    workdir: str,
+    env: dict[str, str],
+    timeout_s: float | None = None,
+    proc_id: str | None = None,
 ) -> str:
-    """Start `command` detached and record it; return its process id.
+    """Start `command` detached and record it; return its process id (`proc_id`, or a new one).
 
     With `timeout_s` it is killed at that deadline even when nobody polls it any more.
     """
-    proc_id = new_id("p").replace("-", "_")
+    proc_id = proc_id or new_process_id()
     argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s)
     # the start helper runs with the tag so that the detached process inherits it; values go
     # through the exec's environment (argv would show them to every `ps` in the sandbox)
@@ -120,7 +131,7 @@ async def start(
     return proc_id
 
 
-async def _poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> tuple[str, int, bytes]:
+async def poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> tuple[str, int, bytes]:
     result = await ctx.shell.run_argv(shellwrap.poll_argv(proc_id, offset, limit, ctx.shell.pid_dir))
     head, _, rest = result.stdout.partition(b"\n")
     size_line, _, data = rest.partition(b"\n")
@@ -129,7 +140,7 @@ async def _poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> 
     return status, size, data
 
 
-def _status(raw: str) -> dict[str, Any]:
+def status_of(raw: str) -> dict[str, Any]:
     if raw.startswith("exited"):
         code = raw.split()[1] if len(raw.split()) > 1 else ""
         return {"status": "exited", "exit_code": int(code) if code.lstrip("-").isdigit() else None}
@@ -149,18 +160,18 @@ def _status(raw: str) -> dict[str, Any]:
 async def peek(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
     """Status only."""
     _entry(ctx, proc_id)
-    raw, _, _ = await _poll_raw(ctx, proc_id, 0, 0)
-    return _status(raw)
+    raw, _, _ = await poll_raw(ctx, proc_id, 0, 0)
+    return status_of(raw)
 
 
 async def poll(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
     """New output since the last poll, and the exit status once done."""
     entry = _entry(ctx, proc_id)
-    raw, size, data = await _poll_raw(ctx, proc_id, int(entry["offset"]), POLL_CHUNK)
+    raw, size, data = await poll_raw(ctx, proc_id, int(entry["offset"]), POLL_CHUNK)
     table = _load(ctx)
     table[proc_id]["offset"] = int(entry["offset"]) + len(data)
     _save(ctx, table)
-    return {**_status(raw), "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
+    return {**status_of(raw), "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
 
 
 async def write_stdin(ctx: ToolContext, proc_id: str, data: str) -> dict[str, Any]:
@@ -175,7 +186,7 @@ async def write_stdin(ctx: ToolContext, proc_id: str, data: str) -> dict[str, An
             size=size,
             limit=cap,
         )
-    raw, _, _ = await _poll_raw(ctx, proc_id, 0, 0)
+    raw, _, _ = await poll_raw(ctx, proc_id, 0, 0)
     if raw != "running":
         raise SandboxError(ErrorCode.CONFLICT, f"process {proc_id} is not running ({raw})")
     argv = shellwrap.write_stdin_argv(proc_id, data, ctx.shell.pid_dir, STDIN_TIMEOUT_S)
@@ -201,12 +212,12 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
     if args.action == "list":
         out = []
         for proc_id, entry in _load(ctx).items():
-            raw, size, _ = await _poll_raw(ctx, proc_id, 0, 0)
+            raw, size, _ = await poll_raw(ctx, proc_id, 0, 0)
             out.append(
                 {
                     "id": proc_id,
                     "command": entry["command"],
-                    **_status(raw),
+                    **status_of(raw),
                     "total_bytes": size,
                     "age_s": round(time.time() - float(entry["started_at"]), 1),
                 }
@@ -218,9 +229,9 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
     proc_id = args.id or ""
     if args.action == "log":
         limit = args.limit or POLL_CHUNK
-        raw, size, data = await _poll_raw(ctx, proc_id, args.offset, limit)
+        raw, size, data = await poll_raw(ctx, proc_id, args.offset, limit)
         return {
-            **_status(raw),
+            **status_of(raw),
             "offset": args.offset,
             "output": data.decode("utf-8", errors="replace"),
             "total_bytes": size,

@@ -1,0 +1,194 @@
+"""Calls that outlive their orchestrator process: handed over when it stops (SIGTERM with
+`service.handover`), adopted by the next one (or by recovery after kill -9).
+
+A durable call (one with a record: an idempotency key, or submitted as a handle) runs its
+command as a background process of its session (tools/handlers/durable.py), which journals
+`durable_started` with the process id. When the process stops with handover, each such call is
+journaled `handed_over` and left running: its command is not killed and its record stays open.
+The next orchestrator's recovery takes each over (the journal's open-call row moves to it in one
+statement, so two processes never both adopt one call), journals `adopted` naming the owner that
+went, waits for the command where it runs, and records its true outcome (`finished` or
+`failed`, and the call record's ToolResult). A call whose sandbox or process is gone is
+`abandoned` with that reason; nothing is ever run twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox._log import logger
+from sandbox.engine.context import TaskContext
+from sandbox.engine.results import shape
+from sandbox.errors import SandboxError
+from sandbox.journal.store import Event
+from sandbox.tools.handlers.durable import STARTED_STAGE, outcome, stop
+from sandbox.tools.spec import ErrorInfo, ToolResult
+
+if TYPE_CHECKING:
+    from sandbox.engine.orchestrator import Orchestrator
+
+HANDED_OVER = "handed_over"
+ADOPTED = "adopted"
+DURABLE_STAGES = frozenset({STARTED_STAGE, HANDED_OVER, ADOPTED})
+
+
+@dataclass
+class Handover:
+    """This process's part: whether it is handing its calls over, and which it handed."""
+
+    active: bool = False
+    calls: set[str] = field(default_factory=set)
+
+    def kept(self, call_id: str) -> bool:
+        """Whether `call_id` was handed over (its end is the next orchestrator's to record)."""
+        return call_id in self.calls
+
+
+def durable_start(events: list[Event]) -> Event | None:
+    """The `durable_started` event of a call's events, if its command runs as a durable process."""
+    return next((e for e in reversed(events) if e.stage == STARTED_STAGE), None)
+
+
+def hand_over(orch: Orchestrator) -> list[str]:
+    """Mark this process as handing over, and journal `handed_over` for each of its durable
+    calls still running; their ids (the service then stops: the rest of its calls are
+    cancelled and killed as always)."""
+    orch.handover.active = True
+    journal = orch.journal
+    if journal is None:
+        return []
+    handed: list[str] = []
+    for call_id, _owner, _stage, _alive in journal.open_calls():
+        if not journal.owned_here(call_id):
+            continue
+        events = journal.events(call_id=call_id)
+        started = durable_start(events)
+        if started is None:
+            continue
+        last = events[-1]
+        journal.append(
+            trace_id=last.trace_id,
+            call_id=call_id,
+            session=last.session,
+            tenant=last.tenant,
+            agent=last.agent,
+            tool=last.tool,
+            stage=HANDED_OVER,
+            data={"process_id": started.data.get("process_id")},
+        )
+        orch.handover.calls.add(call_id)
+        handed.append(call_id)
+    if handed:
+        journal.flush()
+        logger.bind(calls=len(handed)).info("calls_handed_over")
+    return handed
+
+
+async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> str:
+    """Take over a durable call whose owner is gone: `adopted`, and a task that records its
+    outcome; `abandoned` (with the reason) when its record, sandbox or process is gone, or
+    another process adopted it first ("" then: not this one's to report)."""
+    journal = orch.journal
+    assert journal is not None
+    if not journal.take_over(last.call_id, owner):
+        return ""  # another orchestrator took it first
+    proc_id = str(started.data.get("process_id", ""))
+    timeout_s = float(started.data.get("timeout_s") or orch.config.tools.exec.max_timeout_s)
+    note = {"process_id": proc_id, "from_owner_gone": True}
+    _append(orch, last, ADOPTED, note)
+    store = orch.call_store
+    if store is not None and not await store.adopt_call(last.call_id):
+        reason = "its record was settled while nobody ran it; the command was stopped"
+        return await _abandon(orch, last, proc_id, reason)
+    try:
+        session = orch.session(last.session, agent=last.agent)
+        found = await session.shell(create=False)
+    except SandboxError as exc:
+        found, session = None, None
+        logger.bind(call_id=last.call_id, reason=exc.message).warning("adopt_without_session")
+    if found is None or session is None:
+        return await _abandon(orch, last, None, "its sandbox is gone; the command and its output went with it")
+    task = TaskContext(last.trace_id, last.call_id, last.tenant, last.agent, last.session, last.tool)
+    ctx = await session.tool_context(task)
+
+    async def work(why_cancelled: Any) -> None:
+        began = started.ts
+        try:
+            body = await outcome(ctx, proc_id, timeout_s, started=began)
+            result = ToolResult(
+                ok=True, tool=last.tool, call_id=last.call_id, trace_id=last.trace_id, duration_ms=_ms(began)
+            )
+            shaped = shape(body, orch.config.results.max_chars, None)
+            result.output, result.truncated = shaped.output, shaped.truncated
+            _append(orch, last, "finished", {"output": result.output, "adopted": True})
+        except SandboxError as exc:
+            partial = exc.details.get("output")
+            details = {k: v for k, v in exc.details.items() if k != "output"}
+            error = ErrorInfo(code=exc.code.value, message=exc.message, retryable=exc.retryable, details=details)
+            result = ToolResult(
+                ok=False,
+                tool=last.tool,
+                call_id=last.call_id,
+                trace_id=last.trace_id,
+                output=shape(partial, orch.config.results.max_chars, None).output if partial is not None else None,
+                error=error,
+                duration_ms=_ms(began),
+            )
+            _append(orch, last, "failed", {"code": exc.code.value, "message": exc.message, "adopted": True})
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if orch.calls.cancelled_by_someone(last.call_id):  # its handle's cancel: it stops
+                    await stop(ctx, proc_id)
+                    _append(orch, last, "abandoned", {"reason": why_cancelled()})
+                    if store is not None:
+                        await store.end_call(last.call_id, "abandoned", None, why_cancelled())
+                elif not orch.handover.kept(last.call_id):  # this orchestrator closes: the next one adopts it
+                    orch.handover.calls.add(last.call_id)
+                    _append(orch, last, HANDED_OVER, {"process_id": proc_id})
+                    journal.flush()
+            raise
+        if store is not None:
+            await store.end_call(last.call_id, "finished", result.model_dump_json(), "")
+
+    orch.calls.start(last.call_id, work)
+    return ADOPTED
+
+
+async def _abandon(orch: Orchestrator, last: Event, proc_id: str | None, reason: str) -> str:
+    _append(orch, last, "abandoned", {"reason": reason})
+    if proc_id:
+        try:
+            session = orch.session(last.session, agent=last.agent)
+            shell = await session.shell(create=False)
+            if shell is not None:
+                await shell.kill(proc_id, "KILL")
+        except SandboxError:
+            pass
+    store = orch.call_store
+    if store is not None:
+        record = await store.call_record(last.call_id)
+        if record is not None and record.state not in ("finished", "abandoned"):
+            await store.end_call(last.call_id, "abandoned", None, reason)
+    return "abandoned"
+
+
+def _append(orch: Orchestrator, last: Event, stage: str, data: dict[str, Any]) -> None:
+    assert orch.journal is not None
+    orch.journal.append(
+        trace_id=last.trace_id,
+        call_id=last.call_id,
+        session=last.session,
+        tenant=last.tenant,
+        agent=last.agent,
+        tool=last.tool,
+        stage=stage,
+        data=data,
+    )
+
+
+def _ms(began: float) -> float:
+    return round((time.time() - began) * 1000, 1)
