@@ -48,6 +48,21 @@ def test_an_overlap_refused_by_the_engine_moves_on() -> None:
     assert subnets.create_network(engine, "10.213.0.0/16", engine.create) == "10.213.0.16/29"
 
 
+def test_a_subnet_the_host_routes_is_refused_and_the_next_taken() -> None:
+    """The engine refuses a subnet no network holds (a route of the host's own, which no listing
+    shows): it is not chosen again, and the next free one is taken."""
+    engine = Engine()
+    routed = {"10.213.0.0/29", "10.213.0.8/29"}
+
+    def create(ipam: Any) -> str:
+        subnet = ipam["Config"][0]["Subnet"]
+        if subnet in routed:
+            raise docker.errors.APIError("networks have overlapping IPv4")
+        return engine.create(ipam)
+
+    assert subnets.create_network(engine, "10.213.0.0/16", create) == "10.213.0.16/29"
+
+
 def test_an_exhausted_pool_is_a_clear_error_and_low() -> None:
     """Nothing free: SANDBOX_UNAVAILABLE naming the pool and the key; usage says low."""
     engine = Engine("10.213.255.0/25")

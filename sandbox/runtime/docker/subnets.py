@@ -100,9 +100,10 @@ def create_network(client: Any, pool_text: str, make: Callable[[Any], T]) -> T:
     Raises:
         SandboxUnavailable: the pool is exhausted (the message says how to widen it).
     """
+    refused: list[Any] = []  # overlap refusals: a network made meanwhile, or a route of the host's own
     with _LOCK:
         for _ in range(MAX_TRIES):
-            subnet = next(_free(pool_text, engine_subnets(client)), None)
+            subnet = next(_free(pool_text, engine_subnets(client) + refused), None)
             if subnet is None:
                 raise SandboxUnavailable(
                     f"the address pool for sandbox networks {pool_text} is exhausted (every /{PREFIX} in it is "
@@ -115,7 +116,10 @@ def create_network(client: Any, pool_text: str, make: Callable[[Any], T]) -> T:
             except docker.errors.APIError as exc:
                 if "overlap" not in str(exc).lower():
                     raise
-                continue  # another process took it between the listing and the create
+                # another process took it between the listing and the create, or the host routes
+                # it (the engine checks routes too, which no network listing shows): the next one
+                refused.append(subnet)
+                continue
             use = usage(client, pool_text)
             if use.low:  # said before it runs out (audit reports it too: SBX-N005)
                 logger.bind(pool=pool_text, free=use.free, total=use.total).warning("subnet_pool_low")
