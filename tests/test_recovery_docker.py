@@ -157,7 +157,7 @@ def test_a_keyed_call_cut_by_a_crash_is_adopted_and_its_key_answers_the_true_res
     (the CLI's) leaves it for a process that stays; the next orchestrator that stays adopts it,
     and a repeat of the key answers the command's true result. The command ran once."""
     cfg = config_file(tmp_path, instance)
-    command = {"command": "echo start >> starts.log; sleep 3; echo finished"}
+    command: dict[str, object] = {"command": "echo start >> starts.log; sleep 3; echo finished"}
     proc = start(cfg, "exec", command, key="crash-1")
     deadline = time.monotonic() + 60
     while not (tmp_path / "ws" / "starts.log").exists() and time.monotonic() < deadline:

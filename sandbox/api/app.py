@@ -32,7 +32,7 @@ from sandbox.api.requests import ERROR_RESPONSES
 from sandbox.api.serving import StopWatch
 from sandbox.api.tenants import Caller, Tenants
 from sandbox.config.models import Config
-from sandbox.engine.handover import hand_over
+from sandbox.engine.handover import hand_over, handover_on, keep_records
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
@@ -129,10 +129,12 @@ def _lifespan(
             yield
             # durable calls still running go on for the next orchestrator to adopt (service.handover)
             handed = hand_over(orch) if handover_on(config) else []
+            await keep_records(orch, handed)
+            held = len([c for c in handed if c not in orch.handover.adopted])  # adopted ones hold no slot
             # uvicorn cancelled what outlived the grace period; their clean-up (killing what
             # they started, journaling them abandoned) finishes before the orchestrator closes
             with anyio.move_on_after(CLEANUP_WAIT_S):
-                while admission_of[0].in_flight() > len(handed):  # noqa: ASYNC110 - a counter, no event
+                while admission_of[0].in_flight() > held:  # noqa: ASYNC110 - a counter, no event
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
 
@@ -154,13 +156,6 @@ async def shared_store(config: Config, admission: Admission) -> AsyncIterator[Sh
             yield cast("SharedStore", store)  # a PostgreSQL store is the shared one (postgres/store.py)
         finally:
             admission.store = None
-
-
-def handover_on(config: Config) -> bool:
-    """Whether a stopping service hands its durable calls over: `service.handover`, else on
-    exactly when the state is shared (another replica, or the next start, adopts them)."""
-    chosen = config.service.handover
-    return chosen if chosen is not None else config.state.parsed().kind == "postgresql"
 
 
 async def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:

@@ -75,7 +75,7 @@ def build_server(session: Session) -> Server[Any]:
 async def serve_stdio(orch: Orchestrator, session: Session) -> None:
     """Serve `session` over this process's stdin/stdout until the client closes."""
     server = build_server(session)
-    await orch.recover()
+    await orch.recover(adopt=False)  # a stdio server lives as long as its client: durable calls are the service's
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 

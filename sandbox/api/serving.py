@@ -40,6 +40,10 @@ class DrainingServer(uvicorn.Server):
         if not state.stopping:
             state.drain_deadline = time.monotonic() + self._grace_s
             state.stopping = True
+            orch = getattr(state, "orch", None)
+            if orch is not None and orch.config.service.handover:
+                # from now on a durable call that is stopped is left running for the next start
+                orch.handover.active = True
         super().handle_exit(sig, frame)
 
 

@@ -501,8 +501,8 @@ class ServiceSection(StrictModel):
     mcp_session_idle_s: float = Field(600.0, gt=0)
     read_requests_per_minute: int = Field(600, ge=1)
     # on SIGTERM, durable calls still running are handed to the next orchestrator instead of
-    # killed (engine/handover.py); None: on when the state is shared (state.url postgresql://)
-    handover: bool | None = None
+    # killed (engine/handover.py): only where the next start shares this state dir (docs/calls.md)
+    handover: bool = False
 
 
 def _journal_size(value: object) -> object:

@@ -14,6 +14,7 @@ went, waits for the command where it runs, and records its true outcome (`finish
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,28 +25,51 @@ from sandbox._log import logger
 from sandbox.engine.context import TaskContext
 from sandbox.engine.results import shape
 from sandbox.errors import SandboxError
+from sandbox.journal.schema import ADOPT_GRACE_S, DURABLE_STAGES, TERMINAL
 from sandbox.journal.store import Event
 from sandbox.tools.handlers.durable import STARTED_STAGE, outcome, stop
 from sandbox.tools.spec import ErrorInfo, ToolResult
 
 if TYPE_CHECKING:
+    from sandbox.config.models import Config
     from sandbox.engine.orchestrator import Orchestrator
 
 HANDED_OVER = "handed_over"
 ADOPTED = "adopted"
-DURABLE_STAGES = frozenset({STARTED_STAGE, HANDED_OVER, ADOPTED})
+assert {STARTED_STAGE, HANDED_OVER, ADOPTED} == DURABLE_STAGES
 
 
 @dataclass
 class Handover:
-    """This process's part: whether it is handing its calls over, and which it handed."""
+    """This process's durable calls, and whether it hands them over as it stops.
+
+    `active` is set the moment the service is told to stop with `service.handover` on (from the
+    signal handler: a plain attribute), so a durable call stopped at any point after that (an
+    MCP call at the drain deadline, the task group's cancellation) is left running, not killed.
+    """
 
     active: bool = False
-    calls: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)  # durable calls whose command runs, here
+    adopted: set[str] = field(default_factory=set)  # of which adopted (they hold no admission slot)
+    calls: set[str] = field(default_factory=set)  # handed over: the next orchestrator records their end
 
     def kept(self, call_id: str) -> bool:
-        """Whether `call_id` was handed over (its end is the next orchestrator's to record)."""
-        return call_id in self.calls
+        """Whether `call_id` is (or is being) handed over: its end is not this process's to record."""
+        return call_id in self.calls or (self.active and call_id in self.running)
+
+    def track(self, call_id: str, running: bool) -> None:
+        """A durable call's command started (True) or its outcome is known (False) here."""
+        if running:
+            self.running.add(call_id)
+        elif not self.kept(call_id):
+            self.running.discard(call_id)
+            self.adopted.discard(call_id)
+
+
+def handover_on(config: Config) -> bool:
+    """Whether a stopping service hands its durable calls over (`service.handover`, off unless
+    set: the next start must share this state dir, see docs/calls.md)."""
+    return bool(config.service.handover)
 
 
 def durable_start(events: list[Event]) -> Event | None:
@@ -54,38 +78,38 @@ def durable_start(events: list[Event]) -> Event | None:
 
 
 def hand_over(orch: Orchestrator) -> list[str]:
-    """Mark this process as handing over, and journal `handed_over` for each of its durable
-    calls still running; their ids (the service then stops: the rest of its calls are
-    cancelled and killed as always)."""
+    """Journal `handed_over` for each durable call whose command still runs here (and hand
+    their records to a lease that outlasts this process, in a shared store); their ids. The
+    service then stops: the rest of its calls are cancelled and killed as always."""
     orch.handover.active = True
     journal = orch.journal
     if journal is None:
         return []
     handed: list[str] = []
-    for call_id, _owner, _stage, _alive in journal.open_calls():
-        if not journal.owned_here(call_id):
-            continue
+    for call_id in sorted(orch.handover.running):
         events = journal.events(call_id=call_id)
         started = durable_start(events)
-        if started is None:
+        if started is None or events[-1].stage in TERMINAL:
             continue
-        last = events[-1]
-        journal.append(
-            trace_id=last.trace_id,
-            call_id=call_id,
-            session=last.session,
-            tenant=last.tenant,
-            agent=last.agent,
-            tool=last.tool,
-            stage=HANDED_OVER,
-            data={"process_id": started.data.get("process_id")},
-        )
+        _append(orch, events[-1], HANDED_OVER, {"process_id": started.data.get("process_id")})
         orch.handover.calls.add(call_id)
         handed.append(call_id)
     if handed:
         journal.flush()
         logger.bind(calls=len(handed)).info("calls_handed_over")
     return handed
+
+
+async def keep_records(orch: Orchestrator, handed: list[str]) -> None:
+    """The handed calls' records outlive this process's lease (PostgreSQL: a lease of their own,
+    ADOPT_GRACE_S), so no waiter elsewhere ends them before the next start adopts them."""
+    store = orch.call_store
+    for call_id in handed:
+        if store is not None:
+            try:
+                await store.hand_over_call(call_id, ADOPT_GRACE_S)
+            except SandboxError as exc:
+                logger.bind(call_id=call_id, reason=exc.message).warning("call_record_not_handed_over")
 
 
 async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> str:
@@ -139,23 +163,41 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
                 duration_ms=_ms(began),
             )
             _append(orch, last, "failed", {"code": exc.code.value, "message": exc.message, "adopted": True})
+        except Exception as exc:  # never left running unobserved: it stops, and says why
+            with anyio.CancelScope(shield=True):
+                reason = f"its adoption failed ({type(exc).__name__}: {exc}); the command was stopped"
+                with contextlib.suppress(SandboxError):
+                    await stop(ctx, proc_id)
+                await _end(orch, last, reason)
+            raise
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if orch.calls.cancelled_by_someone(last.call_id):  # its handle's cancel: it stops
-                    await stop(ctx, proc_id)
-                    _append(orch, last, "abandoned", {"reason": why_cancelled()})
-                    if store is not None:
-                        await store.end_call(last.call_id, "abandoned", None, why_cancelled())
+                    with contextlib.suppress(SandboxError):
+                        await stop(ctx, proc_id)
+                    await _end(orch, last, why_cancelled())
                 elif not orch.handover.kept(last.call_id):  # this orchestrator closes: the next one adopts it
                     orch.handover.calls.add(last.call_id)
                     _append(orch, last, HANDED_OVER, {"process_id": proc_id})
                     journal.flush()
+                    await keep_records(orch, [last.call_id])
             raise
+        orch.handover.track(last.call_id, False)
         if store is not None:
             await store.end_call(last.call_id, "finished", result.model_dump_json(), "")
 
+    orch.handover.track(last.call_id, True)
+    orch.handover.adopted.add(last.call_id)
     orch.calls.start(last.call_id, work)
     return ADOPTED
+
+
+async def _end(orch: Orchestrator, last: Event, reason: str) -> None:
+    """Journal `abandoned` with `reason` and end the record so."""
+    orch.handover.track(last.call_id, False)
+    _append(orch, last, "abandoned", {"reason": reason})
+    if orch.call_store is not None:
+        await orch.call_store.end_call(last.call_id, "abandoned", None, reason)
 
 
 async def _abandon(orch: Orchestrator, last: Event, proc_id: str | None, reason: str) -> str:

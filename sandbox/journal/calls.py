@@ -195,6 +195,11 @@ class JournalCalls:
         if event is not None:
             event.set()
 
+    async def hand_over_call(self, call_id: str, grace_s: float) -> None:
+        """Nothing to write: a waiter here asks the journal whether the call awaits adoption
+        (its durable stages, its owner gone less than ADOPT_GRACE_S ago)."""
+        del call_id, grace_s
+
     async def adopt_call(self, call_id: str) -> bool:
         """Whether the record still runs (the journal's open call says who owns it: its
         `take_over` moved it already)."""
@@ -217,7 +222,9 @@ class JournalCalls:
             if found is not None and found.state not in ENDED and time.monotonic() - checked >= self.GONE_CHECK_S:
                 checked = time.monotonic()
                 alive = self._journal.call_alive(call_id)
-                if alive is False or (alive is None and time.time() - found.created > self.UNOPENED_GRACE_S):
+                if alive is False and self._journal.awaiting_adoption(call_id):
+                    pass  # its command runs on: the next orchestrator adopts it (engine/handover.py)
+                elif alive is False or (alive is None and time.time() - found.created > self.UNOPENED_GRACE_S):
                     await self.end_call(
                         call_id, "abandoned", None, "its process went away before it finished; not re-run"
                     )

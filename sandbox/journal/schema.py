@@ -103,6 +103,10 @@ TABLES = frozenset({"events", "approvals", "loop_calls", "loop_sessions", "open_
 # a call leaves open_calls with its last stage; these end what recovery has to look at
 # (a re-attached background process stays open: later recoveries report when it exits)
 SETTLED = frozenset({"process_exited", "process_gone"})
+# a durable call's stages (engine/handover.py): its command runs as a process of its own, which
+# outlives its orchestrator; a gone owner's durable call waits for adoption, ADOPT_GRACE_S at most
+DURABLE_STAGES = frozenset({"durable_started", "handed_over", "adopted"})
+ADOPT_GRACE_S = 600.0
 TERMINAL = frozenset({"finished", "failed", "blocked", "denied", "invalid", "not_found", "abandoned"})
 UPSERT_OPEN = (
     "INSERT INTO open_calls(call_id, owner, stage, ts) VALUES (?,?,?,?) "

@@ -33,7 +33,9 @@ from sandbox.journal.reads import ReadsMixin, damaged, damaged_message
 from sandbox.journal.redact import redact
 from sandbox.journal.retention import PruneReport, PruneStopped, Retention, prune
 from sandbox.journal.schema import (
+    ADOPT_GRACE_S,
     DELETE_OPEN,
+    DURABLE_STAGES,
     INSERT_EVENT,
     SETTLED,
     TERMINAL,
@@ -197,6 +199,22 @@ class Journal(ReadsMixin, NotesMixin):
             (call_id,),
         )
         return owner_alive(rows[0][0], rows[0][1], time.time()) if rows else None
+
+    def awaiting_adoption(self, call_id: str) -> bool:
+        """Whether an open call is durable (its command runs on without its owner) and its owner
+        went less than ADOPT_GRACE_S ago: the next orchestrator adopts it; nobody ends it meanwhile."""
+        rows = self._read(
+            "SELECT w.lease_until FROM open_calls o LEFT JOIN owners w ON w.owner = o.owner WHERE o.call_id = ?",
+            (call_id,),
+        )
+        if not rows:
+            return False
+        marks = ",".join("?" * len(DURABLE_STAGES))
+        durable = self._read(
+            f"SELECT 1 FROM events WHERE call_id = ? AND stage IN ({marks}) LIMIT 1",  # noqa: S608 - placeholders
+            (call_id, *sorted(DURABLE_STAGES)),
+        )
+        return bool(durable) and time.time() - float(rows[0][0] or 0) < ADOPT_GRACE_S
 
     def owned_here(self, call_id: str) -> bool:
         """Whether `call_id` is open in the journal and this process owns it."""

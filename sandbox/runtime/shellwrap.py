@@ -94,7 +94,7 @@ true
 _START_BG = (
     _OWN_DIR
     + f"""
-id="$1"; cmd="$2"; d="$3"; limit="$4"; watchdog="$5"; private="$6"
+id="$1"; cmd="$2"; d="$3"; limit="$4"; watchdog="$5"; private="$6"; stdin="${{7:-fifo}}"
 [ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"
 own_dir "$d" "$private"
 rm -f "$d/$id.rc" "$d/$id".exit-* "$d/$id".pid-* "$d/$id.in" "$d/$id.timeout" || exit 97
@@ -109,11 +109,11 @@ setsid sh -c '
   [ -z "$SBX_TMPDIR" ] || {{ [ -d "$SBX_TMPDIR" ] || mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null;
     [ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }}
   unset SBX_TMPDIR SBX_UMASK
-  exec 3<>"$0/$1.in"
+  if [ "$5" = null ]; then exec 3</dev/null; else exec 3<>"$0/$1.in"; fi
   /bin/sh -lc "$2" <&3 >>"$0/$1.out" 2>&1
   : > "$0/$1.exit-$?"
   [ -n "$w" ] && kill "$w" 2>/dev/null
-' "$d" "$id" "$cmd" "$limit" "$watchdog" </dev/null >/dev/null 2>&1 &
+' "$d" "$id" "$cmd" "$limit" "$watchdog" "$stdin" </dev/null >/dev/null 2>&1 &
 # report `started` only once the process has recorded its pid: a poll right after must not
 # mistake a process that has not written it yet for one that died
 for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
@@ -210,16 +210,19 @@ def alive_argv(call_id: str) -> list[str]:
 
 
 def start_background_argv(
-    command: str, call_id: str, pid_dir: str = PID_DIR, timeout_s: float | None = None
+    command: str, call_id: str, pid_dir: str = PID_DIR, timeout_s: float | None = None, *, stdin: bool = True
 ) -> list[str]:
-    """argv that starts `command` detached, output to a file, stdin from a fifo; prints `started`.
+    """argv that starts `command` detached, output to a file, stdin from a fifo (or, without
+    `stdin`, at its end at once, as a plain exec's); prints `started`.
 
     With `timeout_s`, a watchdog kills it (and everything it started) at the deadline, whether
     or not anybody is still waiting for it.
     """
     limit = str(max(1, round(timeout_s))) if timeout_s else "0"
     private = "1" if is_private(pid_dir) else "0"
-    return ["/bin/sh", "-c", _START_BG, "sbx", check_call_id(call_id), command, pid_dir, limit, _WATCHDOG, private]
+    feed = "fifo" if stdin else "null"
+    argv = [check_call_id(call_id), command, pid_dir, limit, _WATCHDOG, private, feed]
+    return ["/bin/sh", "-c", _START_BG, "sbx", *argv]
 
 
 def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> list[str]:

@@ -162,6 +162,11 @@ class CallStore(Protocol):
         orchestrator adopts its command: engine/handover.py); False when it ended meanwhile."""
         ...
 
+    async def hand_over_call(self, call_id: str, grace_s: float) -> None:
+        """Keep a running record alive for `grace_s` after this process goes (its durable command
+        runs on, for the next orchestrator to adopt): no waiter ends it as gone meanwhile."""
+        ...
+
     async def call_record(self, call_id: str) -> CallRecord | None:
         """The record of `call_id` (None: none); the caller checks its tenant."""
         ...

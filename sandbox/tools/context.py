@@ -26,6 +26,10 @@ def _never() -> bool:
     return False
 
 
+def _ignore(running: bool) -> None:
+    del running
+
+
 async def _no_publish(host_file: Path) -> str | None:
     return str(host_file)
 
@@ -92,3 +96,5 @@ class ToolContext:
     # whether this call was handed over to the next orchestrator (engine/handover.py): its
     # command, cancelled here, is then left running, not killed
     handed_over: Callable[[], bool] = _never
+    # durable_running(True/False): this call's durable command started, or its outcome is known
+    durable_running: Callable[[bool], None] = _ignore

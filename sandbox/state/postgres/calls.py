@@ -89,6 +89,18 @@ async def end(
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
 
 
+async def hand_over(conn: Any, call_id: str, grace_s: float) -> None:
+    """Give a running record an owner of its own whose lease lasts `grace_s` (its replica stops;
+    the next one adopts it): waiters on other replicas do not end it as gone meanwhile."""
+    async with conn.transaction():
+        owner = f"handover:{call_id}"
+        await quotas.renew(conn, owner, grace_s)
+        await conn.execute(
+            "UPDATE calls SET owner = %s WHERE call_id = %s AND state NOT IN ('finished', 'abandoned')",
+            (owner, call_id),
+        )
+
+
 async def adopt(conn: Any, call_id: str, owner: str, lease_s: float) -> bool:
     """Make `owner` (this replica) the owner of a running record (its lease renewed first, so
     the record is never seen gone in between); False when it ended meanwhile."""

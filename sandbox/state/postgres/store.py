@@ -151,6 +151,11 @@ class PostgresStore:
         async with self._conn() as conn:
             return await calls.claim(conn, record, keep_s, self.owner, self.lease_s)
 
+    async def hand_over_call(self, call_id: str, grace_s: float) -> None:
+        """See :class:`~sandbox.state.protocol.CallStore`."""
+        async with self._conn() as conn:
+            await calls.hand_over(conn, call_id, grace_s)
+
     async def adopt_call(self, call_id: str) -> bool:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:

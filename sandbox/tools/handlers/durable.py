@@ -26,6 +26,7 @@ STARTED_STAGE = "durable_started"  # journaled with the process id: what recover
 FIRST_POLL_S = 0.02
 LAST_POLL_S = 0.5
 KILL_GRACE_S = 2.0
+POLL_TRIES = 5  # polls failing in a row (about 15 s) before the command is stopped and the call fails
 MERGED_NOTE = "stdout and stderr come as one stream, in order (a durable call's output is kept in the sandbox)"
 
 
@@ -36,14 +37,19 @@ async def run_durable(ctx: ToolContext, args: ExecArgs, workdir: str, timeout_s:
     # cancelled start is killed by it too)
     proc_id = processes.new_process_id()
     await ctx.note(STARTED_STAGE, process_id=proc_id, timeout_s=timeout_s)
+    ctx.durable_running(True)
     try:
-        await processes.start(ctx, args.command, workdir=workdir, env=args.env, timeout_s=timeout_s, proc_id=proc_id)
+        await processes.start(
+            ctx, args.command, workdir=workdir, env=args.env, timeout_s=timeout_s, proc_id=proc_id, stdin=False
+        )
         return await outcome(ctx, proc_id, timeout_s, merged=args.merge_output, started=time.time())
     except anyio.get_cancelled_exc_class():
         if not ctx.handed_over():
             with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
                 await stop(ctx, proc_id)
         raise
+    finally:
+        ctx.durable_running(False)  # a handed-over one stays counted: the handover journals it
 
 
 async def stop(ctx: ToolContext, proc_id: str) -> None:
@@ -61,12 +67,35 @@ async def outcome(
     """Wait until the process ended (its own deadline kills it at `timeout_s`), streaming its
     output as progress; the exec tool's body, or its error (TIMEOUT, KILLED, SANDBOX_UNAVAILABLE)
     with the body as output."""
-    offset, wait = 0, FIRST_POLL_S
+    offset, wait, failures = 0, FIRST_POLL_S, 0
+    cap = ctx.config.tools.exec.max_output_bytes
     while True:
-        raw, size, data = await processes.poll_raw(ctx, proc_id, offset, processes.POLL_CHUNK)
+        try:
+            raw, size, data = await processes.poll_raw(ctx, proc_id, offset, processes.POLL_CHUNK)
+        except SandboxError:
+            failures += 1  # an engine hiccup is ridden out; a sandbox that stays away is not
+            if failures >= POLL_TRIES:
+                with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+                    await stop(ctx, proc_id)  # nothing runs on unobserved
+                raise
+            await anyio.sleep(min(0.5 * 2**failures, 5.0))
+            continue
+        failures = 0
         if data:
             offset += len(data)
             ctx.emit("output", chunk=data.decode("utf-8", errors="replace"))
+        if size > cap:  # as a plain exec: printing past tools.exec.max_output_bytes is refused
+            ended = raw != "running"
+            if not ended:
+                with anyio.CancelScope(shield=True):
+                    await stop(ctx, proc_id)
+            what = "it had ended" if ended else "it was stopped and every process it started was killed"
+            raise SandboxError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"the command printed more than {cap:,} bytes (tools.exec.max_output_bytes): {what}; "
+                "redirect large output to a file in the workspace",
+                output={"exit_code": None, "output": await _output(ctx, proc_id, size), "process_id": proc_id},
+            )
         if raw != "running":
             break
         await anyio.sleep(wait)

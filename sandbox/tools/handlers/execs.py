@@ -6,7 +6,7 @@ import contextlib
 import posixpath
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -37,6 +37,7 @@ def effective_timeout(ctx: ToolContext, requested: float | None) -> float:
     return min(requested or cfg.default_timeout_s, cfg.max_timeout_s)
 
 
+T = TypeVar("T")
 QUOTA_WATCH_S = 1.0  # how often a running command's workspace is measured
 
 
@@ -76,14 +77,14 @@ async def publish_output(ctx: ToolContext, result: ExecResult, notes: list[str])
 
 
 async def run_within_quota(
-    quota: WorkspaceQuota | None, run: Callable[[], Awaitable[ExecResult]]
-) -> tuple[ExecResult | None, tuple[WorkspaceQuota, int] | None]:
+    quota: WorkspaceQuota | None, run: Callable[[], Awaitable[T]]
+) -> tuple[T | None, tuple[WorkspaceQuota, int] | None]:
     """Run a command while measuring its workspace (and its tenant's); stop it (killed, like a
     timeout) once it has grown either past its limit. Returns (result, None) or (None, (the
     quota passed, bytes used))."""
     if quota is None or not quota.enabled:
         return await run(), None
-    result: ExecResult | None = None
+    result: T | None = None
     over: tuple[WorkspaceQuota, int] | None = None
     failure: Exception | None = None
     # measured before the command starts: measured beside it, a command that writes fast (the
@@ -114,6 +115,16 @@ async def run_within_quota(
     if failure is not None:
         raise failure
     return result, over
+
+
+async def _durable_within_quota(ctx: ToolContext, args: ExecArgs, workdir: str, limit_s: float) -> dict[str, Any]:
+    """A durable exec (handlers/durable.py) under the same workspace quota watch as a plain one."""
+    body, over = await run_within_quota(ctx.files.quota, lambda: durable.run_durable(ctx, args, workdir, limit_s))
+    if body is None:
+        assert over is not None  # no body means stopped for the quota
+        passed, used = over
+        raise passed.exceeded(used, "the command kept writing past it, so it was stopped")
+    return body
 
 
 async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
@@ -152,7 +163,7 @@ async def exec_tool(ctx: ToolContext, args: ExecArgs) -> dict[str, Any]:
         }
 
     if ctx.durable and ctx.shell.durable_processes:  # a call with a record: it outlives this process
-        return await durable.run_durable(ctx, args, workdir, timeout)
+        return await _durable_within_quota(ctx, args, workdir, timeout)
 
     capture = await spill.new_capture(ctx)
 

@@ -95,13 +95,15 @@ async def start(
     env: dict[str, str],
     timeout_s: float | None = None,
     proc_id: str | None = None,
+    stdin: bool = True,
 ) -> str:
     """Start `command` detached and record it; return its process id (`proc_id`, or a new one).
 
-    With `timeout_s` it is killed at that deadline even when nobody polls it any more.
+    With `timeout_s` it is killed at that deadline even when nobody polls it any more. Without
+    `stdin` its input is at its end at once (nobody writes to it).
     """
     proc_id = proc_id or new_process_id()
-    argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s)
+    argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s, stdin=stdin)
     # the start helper runs with the tag so that the detached process inherits it; values go
     # through the exec's environment (argv would show them to every `ps` in the sandbox)
     environment = {**session_env(ctx), **env, shellwrap.TAG_VAR: proc_id}
