@@ -84,6 +84,7 @@ async def test_concurrent_calls_are_multiplexed_by_request_id(link: AgentLink) -
     assert link.dead is None
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_command_past_its_time_is_a_timeout_and_the_link_lives_on(link: AgentLink) -> None:
     result = await link.run(["sleep", "30"], timeout_s=0.3)
     assert result.timed_out and result.exit_code is None
@@ -165,6 +166,7 @@ async def test_a_hostile_or_broken_agent_ends_only_its_link(tmp_path: Path, body
         agents.reap()
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_an_agent_that_never_greets_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_link, "HELLO_TIMEOUT_S", 0.5)
     script = tmp_path / "mute.py"
@@ -178,6 +180,7 @@ async def test_an_agent_that_never_greets_is_refused(tmp_path: Path, monkeypatch
     assert sys.executable  # the host's python stood in for the sandbox's
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_the_signal_frame_reaches_the_process_group_of_a_tagged_command(link: AgentLink, tmp_path: Path) -> None:
     """A command run with a tag and outliving its wait is killed by the signal frame alone (the
     first step of a kill on a cluster); an unknown tag sends nothing."""

@@ -42,6 +42,7 @@ def _running(marker: str) -> list[int]:
     return [pid for pid in found if pid != os.getpid()]
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_submitted_call_runs_on_its_own_and_its_handle_gets_the_result(tmp_path: Path) -> None:
     async with Orchestrator(_config(tmp_path)) as orch:
         session = orch.session(agent="a", key="agent:a:h1")
@@ -104,6 +105,7 @@ async def test_a_call_waiting_for_approval_says_so_and_runs_once_approved(tmp_pa
         assert result.ok and result.output["output"].strip() == "approved"
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_closing_the_orchestrator_abandons_what_still_runs(tmp_path: Path) -> None:
     config = _config(tmp_path)
     async with Orchestrator(config) as orch:

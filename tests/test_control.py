@@ -75,6 +75,7 @@ async def test_after_hook_redacts_result(make_config: Any, ws: Path) -> None:
     assert r.output["output"] == "password=[redacted]\n"
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_approval_approve_deny_timeout(make_config: Any, ws: Path) -> None:
     """A call needing approval waits; approve runs it, deny returns the reason, silence times out."""
     config = host(make_config, ws, "tools: {approvals: {require: [exec], timeout_s: 0.4}}")

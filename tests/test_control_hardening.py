@@ -192,6 +192,7 @@ async def test_a_locked_journal_at_expiry_runs_nothing(make_config: Any, ws: Pat
 
 
 @anyio_mark
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_closed_journal_while_waiting_runs_nothing(make_config: Any, ws: Path) -> None:
     """The journal closed under a waiting call (cannot be read back): the call does not run."""
     config = host(make_config, ws, "tools: {approvals: {require: [write], timeout_s: 0.5}}")
@@ -230,6 +231,7 @@ def test_approvals_without_a_journal_are_a_startup_error(make_config: Any, ws: P
 
 
 @anyio_mark
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_require_write_covers_edit_and_apply_patch(make_config: Any, ws: Path) -> None:
     """`require: [write]` gates edit and apply_patch too; nothing changes without a decision."""
     (ws / "f.txt").write_text("old\n")
@@ -294,6 +296,7 @@ async def test_process_write_to_an_approved_interpreter_needs_approval(make_conf
 
 
 @anyio_mark
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_exec_denied_by_a_later_provider_closes_the_process_channel(make_config: Any, ws: Path) -> None:
     """A shell started while exec was allowed cannot be fed commands by a provider that denies exec."""
     config = host(make_config, ws, "tools: {by_provider: {acme: {deny: [exec]}}}")

@@ -210,6 +210,7 @@ async def test_progress_events(config: Any) -> None:
     assert chunks == "one\ntwo\n" and {e.call_id for e in events} == {r.call_id, echoed.call_id}
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     """A tool's timeout is clamped to limits.timeouts; every log line carries the call context."""
     from loguru import logger

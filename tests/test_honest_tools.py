@@ -88,6 +88,7 @@ class ListProvider:
 
 
 @pytest.mark.anyio
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_web_search_exists_only_with_a_provider(make_config: Any) -> None:
     """No provider: not offered, and explain says why. With one: offered, results marked untrusted."""
     config = make_config('tools: {also_allow: [web_search]}\nagents: {defaults: {sandbox: {mode: "off"}}}')

@@ -52,6 +52,7 @@ async def test_a_repeat_returns_the_first_result_and_runs_nothing(tmp_path: Path
     assert _runs(tmp_path) == 2
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_twenty_concurrent_repeats_of_one_key_run_once(tmp_path: Path) -> None:
     results: list[Any] = []
     async with Orchestrator(_config(tmp_path)) as orch:
@@ -93,6 +94,7 @@ async def test_a_malformed_key_is_refused_and_nothing_runs(tmp_path: Path, key: 
     assert _runs(tmp_path) == 0
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_an_expired_key_runs_a_new_call(tmp_path: Path) -> None:
     async with Orchestrator(_config(tmp_path, "journal: {idempotency_ttl: 1s}")) as orch:
         session = orch.session(agent="a", key="agent:a:s6")
@@ -103,6 +105,7 @@ async def test_an_expired_key_runs_a_new_call(tmp_path: Path) -> None:
     assert _runs(tmp_path) == 2
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_cancelled_first_call_makes_its_key_a_conflict_not_a_second_run(tmp_path: Path) -> None:
     async with Orchestrator(_config(tmp_path)) as orch:
         session = orch.session(agent="a", key="agent:a:s7")
@@ -184,6 +187,7 @@ async def test_a_repeat_of_a_key_whose_process_died_is_a_conflict_not_a_long_wai
     assert _runs(tmp_path) == 0
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_key_never_expires_while_its_call_runs(tmp_path: Path) -> None:
     """A call longer than the key's lifetime: a repeat during it waits for it, it does not run it
     again (the lifetime counts from the end of the call)."""
@@ -202,6 +206,7 @@ async def test_a_key_never_expires_while_its_call_runs(tmp_path: Path) -> None:
     assert len({r.call_id for r in results}) == 1 and all(r.ok for r in results)
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_the_end_of_a_call_is_recorded_through_a_short_store_outage(tmp_path: Path) -> None:
     """The store fails the first two attempts to record a call's end (an outage): the end is
     retried and lands, so a repeat gets the result instead of waiting on a `running` record."""

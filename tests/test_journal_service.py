@@ -6,6 +6,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from sandbox.config import load_config_text
 from sandbox.journal.store import Journal
 from tests.service_helpers import TOKEN_A, serve, sha
@@ -13,6 +15,7 @@ from tests.service_helpers import TOKEN_A, serve, sha
 DAY = 86400.0
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_the_service_prunes_events_past_max_age_and_keeps_open_calls(tmp_path: Path) -> None:
     """Events two days old go within seconds of start under max_age 1d; today's, and an open call's old ones, stay."""
     state = tmp_path / "state"

@@ -33,6 +33,7 @@ def _agent_steps(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("version", ["1.33", "1.37"])
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_pods_with_the_copy_step_pass_the_strict_schemas_and_restricted(tmp_path: Path, version: str) -> None:
     """Every Pod (and template) rendered with the copy step validates strictly and is restricted."""
     objects = every_object(k8s_config(tmp_path, COPY))

@@ -60,6 +60,7 @@ async def test_each_missing_piece_is_a_failure_with_its_fix(tmp_path: Path) -> N
     assert checks["runtime class"].status == "fail" and "kata" in checks["runtime class"].detail
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_missing_namespace_is_named(tmp_path: Path) -> None:
     async with FakeCluster() as cluster:
         api = _api(cluster)

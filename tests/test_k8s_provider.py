@@ -88,6 +88,7 @@ async def test_a_claim_bound_to_a_pod_that_is_not_ours_is_refused_and_deleted(
         assert "sandboxclaims" not in _kinds(cluster) and "pods" not in _kinds(cluster)
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_without_the_controller_the_claim_times_out_saying_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

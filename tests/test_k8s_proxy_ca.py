@@ -263,6 +263,7 @@ def test_the_proxy_loads_its_ca_from_the_secret_and_stays_restricted(tmp_path: P
 
 
 @pytest.mark.parametrize("version", ["1.33", "1.37"])
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_the_sandbox_pod_with_its_bundle_step_passes_the_schemas_and_restricted(
     tmp_path: Path, cluster: FakeCluster, version: str
 ) -> None:

@@ -15,6 +15,7 @@ from tests.call_helpers import killed_mid_call
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_host_command_killed_from_outside_is_killed_not_ok(make_config: Any, tmp_path: Any) -> None:
     config = make_config(f"agents: {{defaults: {{workspace: {tmp_path / 'ws'}, sandbox: {{mode: 'off'}}}}}}")
     async with Orchestrator(config) as orch:

@@ -6,6 +6,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandbox.config import effective_agent, load_config_text
 from sandbox.runtime.docker.pool import PoolClaims
 from sandbox.runtime.spec import spec_from_config
@@ -50,6 +52,7 @@ def _race(root: str, container_id: str, who: int, results: Any) -> None:
     results.put((who, claims.take(container_id, spec(Path(root), f"s{who}"))))
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_of_many_processes_claiming_one_container_exactly_one_wins(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")  # quick; the children only make a file
     results = ctx.Queue()

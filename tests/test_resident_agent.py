@@ -165,6 +165,7 @@ def test_signals_reach_the_whole_group_and_are_reported(agent: LocalAgent) -> No
         pytest.fail(f"process group {started.pid} still has live members: {live_members(started.pid)}")
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_a_background_child_holding_the_output_keeps_the_command_open(agent: LocalAgent) -> None:
     """As docker exec: the command ends when it exited and its output ended."""
     start = time.monotonic()
@@ -179,6 +180,7 @@ def test_large_output_arrives_whole_and_in_bounded_frames(agent: LocalAgent) -> 
     assert done.code == 0 and out[1] == b"x" * 3_000_000
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_concurrent_commands_are_multiplexed(agent: LocalAgent) -> None:
     for rid, delay in ((1, "0.4"), (2, "0")):
         agent.send({"t": "run", "id": rid, "argv": ["sh", "-c", f"sleep {delay}; echo {rid}"], "env": {}, "cwd": None})

@@ -115,6 +115,7 @@ def open_stream(url: str, headers: dict[str, str], key: str) -> tuple[socket.soc
     return s, s.recv(4096).decode(errors="replace")
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_event_streams_are_bounded_per_tenant(bounded: str) -> None:
     """A tenant's third event stream is 429 (each held a subscription and a buffer, unbounded);
     another tenant still gets one; a closed stream gives its place back."""

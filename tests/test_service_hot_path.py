@@ -108,6 +108,7 @@ def test_the_tenant_directory_keeps_tenants_apart(tmp_path: Path) -> None:
     assert tenants.default_agent("nobody") is None
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_one_watcher_stops_only_the_calls_it_is_told_to(monkeypatch: pytest.MonkeyPatch) -> None:
     """A call whose condition says stop is cancelled (None); the others finish with their value;
     a condition that raises is logged and does not end the watch; errors of the work propagate."""

@@ -96,8 +96,8 @@ def test_scripts_are_told_whether_their_directory_is_private() -> None:
     shared = shellwrap.wrapped_argv("true", "c1")
     private = shellwrap.wrapped_argv("true", "c1", "/tmp/.sbx-20001-ab")
     assert shared[-1] == "1777" and private[-1] == "700"
-    assert shellwrap.start_background_argv("x", "p1", "/tmp/.sbx-20001-ab")[-1] == "1"
-    assert shellwrap.start_background_argv("x", "p1")[-1] == "0"
+    assert shellwrap.start_background_argv("x", "p1", "/tmp/.sbx-20001-ab")[-2:] == ["1", "fifo"]
+    assert shellwrap.start_background_argv("x", "p1", stdin=False)[-2:] == ["0", "null"]  # a durable exec's
     assert shellwrap.poll_argv("p1", 0, 10, "/tmp/.sbx-20001-ab")[-1] == "1"
     assert shellwrap.write_stdin_argv("p1", "hi", "/tmp/.sbx-20001-ab")[7] == "1"
     assert shellwrap.kill_argv("p1", "KILL", "/tmp/.sbx-20001-ab")[-1] == "1"

@@ -50,6 +50,7 @@ def test_no_url_reaches_curl_as_an_option_or_with_whitespace(text: str) -> None:
     assert not any(ch.isspace() or ord(ch) < 32 for ch in url)
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_html_becomes_readable_text_and_scripts_do_not() -> None:
     html = (
         b"<html><head><title>t</title><script>steal()</script><style>p{}</style></head>"

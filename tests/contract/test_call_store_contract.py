@@ -82,6 +82,7 @@ async def test_a_key_is_per_tenant_and_an_unkeyed_call_always_wins(two: tuple[Ca
         assert (await a.claim_call(_record(f"c_u{n}", key=None), keep_s=3600)).call_id == f"c_u{n}"
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_the_end_is_recorded_and_wakes_a_waiter_on_the_other_instance(two: tuple[CallStore, CallStore]) -> None:
     a, b = two
     await a.claim_call(_record("c_w"), keep_s=3600)
@@ -106,6 +107,7 @@ async def test_the_end_is_recorded_and_wakes_a_waiter_on_the_other_instance(two:
     assert (await b.wait_call("c_none", 0.1)) is None
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_an_expired_key_is_claimed_anew_and_a_live_one_is_kept(two: tuple[CallStore, CallStore]) -> None:
     a, b = two
     await a.claim_call(_record("c_old"), keep_s=3600)
@@ -116,6 +118,7 @@ async def test_an_expired_key_is_claimed_anew_and_a_live_one_is_kept(two: tuple[
     assert await a.call_record("c_old") is None  # gone with its key
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_waiter_that_times_out_gets_the_record_as_it_is(two: tuple[CallStore, CallStore]) -> None:
     a, b = two
     await a.claim_call(_record("c_slow"), keep_s=3600)

@@ -307,6 +307,7 @@ async def test_concurrent_decisions_through_two_instances_have_one_winner(backin
         assert final is not None and f"won:{final.status}" == winners[0]
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_decision_through_one_instance_wakes_a_waiter_on_another(backing: Backing) -> None:
     """A waits for the approval; B approves it; A's wait returns the decision (PostgreSQL: by NOTIFY)."""
     got: list[Approval | None] = []
@@ -323,6 +324,7 @@ async def test_a_decision_through_one_instance_wakes_a_waiter_on_another(backing
         assert len(got) == 1 and got[0] is not None and got[0].status == "approved"
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_waiting_on_an_undecided_approval_times_out(backing: Backing) -> None:
     """Nobody decides: the wait returns None and the approval is still pending."""
     async with backing.open("r") as store:
