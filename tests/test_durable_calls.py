@@ -6,6 +6,7 @@ tests/test_durable_restart_docker.py."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,13 @@ async def test_a_durable_commands_input_is_at_its_end_at_once(tmp_path: Path) ->
         handle = await session.submit("exec", {"command": "cat; read x || echo ended", "timeout_s": 20})
         result = await handle.result(timeout_s=15)
         assert result.ok, result.error
-        assert result.output["output"] == "ended\n" and "process_id" in result.output
+        assert result.output["output"] == "ended\n"
         assert "one stream" in result.output["note"]  # the merged output is said
+    # its outcome is in the record: the log, status and pid files are gone, and the table entry
+    left = [p.name for p in (tmp_path / "state").rglob("p_*") if p.is_file()]
+    assert left == [], left
+    tables = [json.loads(p.read_text()) for p in (tmp_path / "state").rglob("processes.json")]
+    assert tables and all(t == {} for t in tables)
 
 
 async def test_printing_past_the_output_limit_stops_a_durable_command(tmp_path: Path) -> None:

@@ -225,6 +225,18 @@ def start_background_argv(
     return ["/bin/sh", "-c", _START_BG, "sbx", *argv]
 
 
+# A background command's records, once its outcome is known and kept elsewhere (a durable exec's):
+# its log, status and pid files go, so the sandbox's temporary space is not filled call by call.
+_FORGET = 'id="$1"; d="$2"; [ "$3" != 1 ] || { [ ! -L "$d" ] && [ -O "$d" ]; } || exit 96; ' + (
+    'rm -f "$d/$id.out" "$d/$id.rc" "$d/$id".exit-* "$d/$id.pid" "$d/$id".pid-* "$d/$id.in" "$d/$id.timeout"'
+)
+
+
+def forget_argv(call_id: str, pid_dir: str = PID_DIR) -> list[str]:
+    """argv that removes a finished background command's records (its log included)."""
+    return ["/bin/sh", "-c", _FORGET, "sbx", check_call_id(call_id), pid_dir, "1" if is_private(pid_dir) else "0"]
+
+
 def poll_argv(call_id: str, offset: int, limit: int, pid_dir: str = PID_DIR) -> list[str]:
     """argv that prints status line, total size line, then output from `offset`."""
     return [

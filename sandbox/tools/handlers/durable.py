@@ -27,7 +27,9 @@ FIRST_POLL_S = 0.02
 LAST_POLL_S = 0.5
 KILL_GRACE_S = 2.0
 POLL_TRIES = 5  # polls failing in a row (about 15 s) before the command is stopped and the call fails
-MERGED_NOTE = "stdout and stderr come as one stream, in order (a durable call's output is kept in the sandbox)"
+MERGED_NOTE = (
+    "stdout and stderr come as one stream, in order (a durable call's output is kept in the sandbox while it runs)"
+)
 
 
 async def run_durable(ctx: ToolContext, args: ExecArgs, workdir: str, timeout_s: float) -> dict[str, Any]:
@@ -90,11 +92,14 @@ async def outcome(
                 with anyio.CancelScope(shield=True):
                     await stop(ctx, proc_id)
             what = "it had ended" if ended else "it was stopped and every process it started was killed"
+            text = await _output(ctx, proc_id, size)
+            with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+                await processes.forget(ctx, proc_id)
             raise SandboxError(
                 ErrorCode.QUOTA_EXCEEDED,
                 f"the command printed more than {cap:,} bytes (tools.exec.max_output_bytes): {what}; "
                 "redirect large output to a file in the workspace",
-                output={"exit_code": None, "output": await _output(ctx, proc_id, size), "process_id": proc_id},
+                output={"exit_code": None, "output": text},
             )
         if raw != "running":
             break
@@ -106,12 +111,13 @@ async def outcome(
         "duration_ms": round((time.time() - started) * 1000, 1),
     }
     text = await _output(ctx, proc_id, size)
+    with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+        await processes.forget(ctx, proc_id)  # its outcome is here now: the sandbox keeps no log of it
     notes = [MERGED_NOTE]
     if merged:
         body["output"] = text
     else:
         body["stdout"], body["stderr"] = text, ""
-    body["process_id"] = proc_id  # its whole log stays readable with the process tool
     body["note"] = "; ".join(notes)
     if status["status"] == "gone":
         raise SandboxError(
@@ -142,6 +148,5 @@ async def _output(ctx: ToolContext, proc_id: str, size: int) -> str:
     head_bytes, tail_bytes = int(limit * 0.6), int(limit * 0.3)
     _, _, head = await processes.poll_raw(ctx, proc_id, 0, head_bytes)
     _, _, tail = await processes.poll_raw(ctx, proc_id, size - tail_bytes, tail_bytes)
-    where = f"the process log ({proc_id}: `process log`)"
-    cut = size - len(head) - len(tail)
-    return head.decode(errors="replace") + describe_cut(cut, size, where) + tail.decode(errors="replace")
+    cut = size - len(head) - len(tail)  # not kept: redirect long output to a file in the workspace
+    return head.decode(errors="replace") + describe_cut(cut, size, None) + tail.decode(errors="replace")

@@ -142,6 +142,14 @@ async def poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> t
     return status, size, data
 
 
+async def forget(ctx: ToolContext, proc_id: str) -> None:
+    """Remove an ended process's records in the sandbox (its log too) and its table entry."""
+    await ctx.shell.run_argv(shellwrap.forget_argv(proc_id, ctx.shell.pid_dir))
+    table = _load(ctx)
+    if table.pop(proc_id, None) is not None:
+        _save(ctx, table)
+
+
 def status_of(raw: str) -> dict[str, Any]:
     if raw.startswith("exited"):
         code = raw.split()[1] if len(raw.split()) > 1 else ""
