@@ -223,3 +223,31 @@ async def test_files_added_by_a_patch_are_shared_like_written_ones(make_config: 
         assert (await alice.call("write", {"path": "written.txt", "content": "from alice\n"})).ok
         changed = await bob.call("exec", {"command": "echo bob >> added.txt && stat -c %a added.txt written.txt"})
         assert changed.ok and changed.output["output"] == "664\n664\n", changed
+
+
+async def test_another_session_cannot_forge_or_read_a_durable_calls_outcome(make_config: Any) -> None:
+    """A durable exec (submitted) keeps its records in the session's private folder while it runs:
+    Bob, in the same sandbox, can neither inject output, forge an exit file, nor read the log, and
+    Alice's handle gets her command's true outcome."""
+    async with Orchestrator(agent_config(make_config)) as orch:
+        alice, bob = orch.session("agent:main:alice"), orch.session("agent:main:bob")
+        handle = await alice.submit("exec", {"command": f"sleep 3; echo {SECRET}; exit 3"})
+        with anyio.fail_after(20):  # her durable process is on its way: its records exist
+            while not [e for e in orch.journal.events(call_id=handle.call_id) if e.stage == "durable_started"]:
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)
+        attack = await bob.call(
+            "exec",
+            {
+                "command": 'for d in /tmp/.sbx-*; do [ -O "$d" ] && continue; '
+                'for f in "$d"/p_*.out; do cat "$f" 2>/dev/null; echo INJECTED >> "$f" 2>/dev/null && echo WROTE; done; '
+                'for f in "$d"/p_*.pid; do id=$(basename "$f" .pid); touch "$d/$id.exit-0" 2>/dev/null && echo FORGED; done; '
+                "done; echo done"
+            },
+        )
+        assert attack.ok and attack.output["output"].strip().endswith("done"), attack
+        assert "WROTE" not in attack.output["output"] and "FORGED" not in attack.output["output"]
+        assert SECRET not in attack.output["output"]
+        result = await handle.result(timeout_s=30)
+        assert result.output is not None and result.output["exit_code"] == 3, result
+        assert result.output["output"] == f"{SECRET}\n"  # her own output, nothing injected
