@@ -58,7 +58,7 @@ async def test_pg_from_empty_to_head(pg_url: str, tmp_path: Path) -> None:
     url = parse_state_url(pg_url)
     first = await migrate_store(url, tmp_path)
     assert (first.before, first.after) == (0, head("postgresql"))
-    assert first.applied == ("0001_quotas", "0002_approvals", "0003_calls")
+    assert first.applied == ("0001_quotas", "0002_approvals", "0003_calls", "0004_call_durable")
     again = await migrate_store(url, tmp_path)
     assert (again.before, again.after, again.applied) == (head("postgresql"),) * 2 + ((),)
     status = await store_status(url, tmp_path)
@@ -81,12 +81,34 @@ async def test_pg_from_the_previous_version_keeps_its_data(pg_url: str, tmp_path
             pass
     assert behind.value.code == ErrorCode.SERVICE_UNAVAILABLE and "schema version 1" in behind.value.message
     upgraded = await migrate_store(url, tmp_path)
-    assert (upgraded.before, upgraded.after, upgraded.applied) == (1, 3, ("0002_approvals", "0003_calls"))
+    assert (upgraded.before, upgraded.after, upgraded.applied) == (
+        1,
+        4,
+        ("0002_approvals", "0003_calls", "0004_call_durable"),
+    )
     async with open_store(url, tmp_path, owner="new@elsewhere|b|1|1") as store:
         assert await store.in_flight("t1") == 1
         refused = await store.reserve("t1", QuotaLimits(max_concurrent_calls=1))
         assert not isinstance(refused, Reservation)
         assert await store.approvals() == []
+
+
+@pytest.mark.postgres
+async def test_pg_from_the_last_release_keeps_its_running_calls(pg_url: str, tmp_path: Path) -> None:
+    """The previous release's schema (3) with a running call: upgraded, the call is there, with
+    no durable note (it is settled as before, not adopted)."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path, target=3)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO calls (call_id, tenant, session, agent, tool, idem_key, fingerprint, state, created, owner) "
+            "VALUES ('c_old', 't1', 's', 'a', 'exec', 'k', 'f', 'running', %s, 'old|b|1|1')",
+            (time.time(),),
+        )
+    upgraded = await migrate_store(url, tmp_path)
+    assert (upgraded.before, upgraded.after, upgraded.applied) == (3, 4, ("0004_call_durable",))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT state, durable FROM calls WHERE call_id = 'c_old'").fetchone() == ("running", None)
 
 
 @pytest.mark.postgres

@@ -32,7 +32,7 @@ from sandbox.api.requests import ERROR_RESPONSES
 from sandbox.api.serving import StopWatch
 from sandbox.api.tenants import Caller, Tenants
 from sandbox.config.models import Config
-from sandbox.engine.handover import hand_over, handover_on, keep_records
+from sandbox.engine.handover import adopt_orphans, hand_over, handover_on
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
@@ -121,6 +121,8 @@ def _lifespan(
             tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
             tg.start_soon(_recover_periodically, orch)
+            if store is not None:  # another replica's running calls, once it is gone: within a quarter lease
+                tg.start_soon(_adopt_orphans_periodically, orch, max(config.state.lease_s / 4, 1.0))
             tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
             tg.start_soon(orch.keep_idle_paused)  # sandbox.idle_pause_s
             tg.start_soon(keep_journal_bounded, orch.journal, config.journal.retention)  # journal.retention
@@ -129,7 +131,6 @@ def _lifespan(
             yield
             # durable calls still running go on for the next orchestrator to adopt (service.handover)
             handed = hand_over(orch) if handover_on(config) else []
-            await keep_records(orch, handed)
             held = len([c for c in handed if c not in orch.handover.adopted])  # adopted ones hold no slot
             # uvicorn cancelled what outlived the grace period; their clean-up (killing what
             # they started, journaling them abandoned) finishes before the orchestrator closes
@@ -150,7 +151,7 @@ async def shared_store(config: Config, admission: Admission) -> AsyncIterator[Sh
     if url.kind != "postgresql":
         yield None
         return
-    async with open_store(url, config.state_dir) as store:
+    async with open_store(url, config.state_dir, lease_s=config.state.lease_s) as store:
         admission.store = store
         try:
             yield cast("SharedStore", store)  # a PostgreSQL store is the shared one (postgres/store.py)
@@ -164,6 +165,16 @@ async def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
     if status == 422:  # 422 is FastAPI's documented validation shape; a refusal is a plain 400
         status = 400
     return JSONResponse({"detail": exc.message, "code": exc.code.value}, status_code=status)
+
+
+async def _adopt_orphans_periodically(orch: Orchestrator, every_s: float) -> None:
+    """Adopt or settle, in the shared store, the running calls of replicas that are gone."""
+    while True:
+        await anyio.sleep(every_s)
+        try:
+            await adopt_orphans(orch)
+        except SandboxError as exc:  # the store or the engine away for a while: next time
+            logger.bind(reason=exc.message).warning("service_orphans_not_settled")
 
 
 async def _recover_periodically(orch: Orchestrator) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import SplitResult, urlsplit
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 
 from sandbox.config.base import StrictModel
 
@@ -93,6 +93,9 @@ class StateSection(StrictModel):
 
     # absent/`sqlite:` = the files in state_dir; `postgresql://...` = the shared store of several replicas
     url: Annotated[str, BeforeValidator(_check)] | None = None
+    # a replica is gone when it has not renewed its lease for this long (PostgreSQL): its quota
+    # reservations go back, its running calls are adopted or settled by another replica
+    lease_s: float = Field(60.0, ge=5, le=3600)
 
     def parsed(self) -> StateUrl:
         """The URL in force: `SANDBOX_STATE_URL` when set, else `state.url`, else `sqlite:`.

@@ -25,7 +25,7 @@ from sandbox._log import logger
 from sandbox.engine.context import TaskContext
 from sandbox.engine.results import shape
 from sandbox.errors import SandboxError
-from sandbox.journal.schema import ADOPT_GRACE_S, DURABLE_STAGES, TERMINAL
+from sandbox.journal.schema import DURABLE_STAGES, TERMINAL
 from sandbox.journal.store import Event
 from sandbox.tools.handlers.durable import STARTED_STAGE, outcome, stop
 from sandbox.tools.spec import ErrorInfo, ToolResult
@@ -100,18 +100,6 @@ def hand_over(orch: Orchestrator) -> list[str]:
     return handed
 
 
-async def keep_records(orch: Orchestrator, handed: list[str]) -> None:
-    """The handed calls' records outlive this process's lease (PostgreSQL: a lease of their own,
-    ADOPT_GRACE_S), so no waiter elsewhere ends them before the next start adopts them."""
-    store = orch.call_store
-    for call_id in handed:
-        if store is not None:
-            try:
-                await store.hand_over_call(call_id, ADOPT_GRACE_S)
-            except SandboxError as exc:
-                logger.bind(call_id=call_id, reason=exc.message).warning("call_record_not_handed_over")
-
-
 async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> str:
     """Take over a durable call whose owner is gone: `adopted`, and a task that records its
     outcome; `abandoned` (with the reason) when its record, sandbox or process is gone, or
@@ -128,6 +116,44 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
     if store is not None and not await store.adopt_call(last.call_id):
         reason = "its record was settled while nobody ran it; the command was stopped"
         return await _abandon(orch, last, proc_id, reason)
+    return await _watch(orch, last, proc_id, timeout_s, started.ts)
+
+
+async def adopt_orphans(orch: Orchestrator) -> list[dict[str, Any]]:
+    """Settle the running records of processes that are gone, found in the shared store (another
+    replica's, killed: its journal is not this one's). A durable exec is adopted as after a
+    restart (its note in the record says where its command runs); any other call is ended as
+    abandoned and what it started in its sandbox is killed. One replica wins each record."""
+    store = orch.call_store
+    if store is None or orch.journal is None:
+        return []
+    outcomes = []
+    for record, durable in await store.orphans():
+        if not await store.adopt_call(record.call_id):
+            continue  # another replica took it, or it ended meanwhile
+        note = durable or {}
+        last = Event(
+            0, time.time(), str(note.get("trace_id") or f"t-{record.call_id}"), record.call_id,
+            record.session, record.tenant, record.agent, record.tool, "running", None, {},
+        )  # fmt: skip
+        proc_id = str(note.get("process_id") or "")
+        if record.tool == "exec" and proc_id:
+            _append(orch, last, ADOPTED, {"process_id": proc_id, "from_replica_gone": True})
+            timeout_s = float(note.get("timeout_s") or orch.config.tools.exec.max_timeout_s)
+            now = await _watch(orch, last, proc_id, timeout_s, float(note.get("started") or record.created))
+        else:
+            now = await _abandon(
+                orch, last, record.call_id, "its replica went away before it finished; what it started was stopped"
+            )
+        outcomes.append({"call_id": record.call_id, "tool": record.tool, "session": record.session, "now": now})
+    return outcomes
+
+
+async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float, began: float) -> str:
+    """Wait, in a task of its own, for an adopted durable command and record its outcome."""
+    journal = orch.journal
+    assert journal is not None
+    store = orch.call_store
     try:
         session = orch.session(last.session, agent=last.agent)
         found = await session.shell(create=False)
@@ -140,7 +166,6 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
     ctx = await session.tool_context(task)
 
     async def work(why_cancelled: Any) -> None:
-        began = started.ts
         try:
             body = await outcome(ctx, proc_id, timeout_s, started=began)
             result = ToolResult(
@@ -180,7 +205,6 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
                     orch.handover.calls.add(last.call_id)
                     _append(orch, last, HANDED_OVER, {"process_id": proc_id})
                     journal.flush()
-                    await keep_records(orch, [last.call_id])
             raise
         orch.handover.track(last.call_id, False)
         if store is not None:

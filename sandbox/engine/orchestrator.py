@@ -13,12 +13,11 @@ import anyio.to_thread
 from sandbox._log import logger
 from sandbox.config.merge import agent_ids, default_agent_id, effective_agent
 from sandbox.config.models import Config
-from sandbox.engine import recovery
+from sandbox.engine import handover, recovery
 from sandbox.engine.approvals import ApprovalGate
 from sandbox.engine.arguments import MAX_BYTES as MAX_ARGUMENT_BYTES
 from sandbox.engine.executor import Engine
 from sandbox.engine.handles import CallHandle, Calls
-from sandbox.engine.handover import Handover
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
 from sandbox.engine.loops import LoopDetector
@@ -91,7 +90,9 @@ class Orchestrator:
             self.limiter.declare_tool(spec.name, spec.max_concurrency)
         self.progress = progress or ProgressBus()
         self.calls = Calls(lambda: self.call_store, self.progress)  # submitted calls (engine/handles.py)
-        self.handover = Handover()  # calls handed to the next orchestrator when this one stops (engine/handover.py)
+        self.handover = (
+            handover.Handover()
+        )  # calls handed to the next orchestrator when this one stops (engine/handover.py)
         # spawned sessions: lineage, inboxes, cascades (its database is made on the first spawn)
         self.sessions = SessionsService(self)
         # Session handles by identity: a session's file states and host shell are made once, not
@@ -280,6 +281,11 @@ class Orchestrator:
             )
         return self.journal
 
+    async def note_durable(self, call_id: str, note: dict[str, Any]) -> None:
+        """Where a durable call's command runs, in its record (engine/handover.py)."""
+        if self.call_store is not None:
+            await self.call_store.note_durable(call_id, note)
+
     async def recover(self, *, adopt: bool = True) -> list[dict[str, Any]]:
         """After a restart: settle every call the journal shows unfinished (see engine/recovery.py).
 
@@ -287,6 +293,8 @@ class Orchestrator:
         that lives on: the service, an application); False in a one-shot process, which leaves
         them to the next that does (closing, it would only hand them over again)."""
         outcomes = await recovery.recover(self, adopt=adopt)
+        if adopt:  # a shared store: the running records of replicas that are gone
+            outcomes += await handover.adopt_orphans(self)
         for key in await self.sessions.finish_cascades():
             outcomes.append({"session": key, "now": "closed (a cascade the last orchestrator began)"})
         return outcomes

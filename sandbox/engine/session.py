@@ -373,6 +373,7 @@ class Session:
         tool_ctx.durable = recorded.get() == task.call_id
         tool_ctx.handed_over = partial(self._orch.handover.kept, task.call_id)
         tool_ctx.durable_running = partial(self._orch.handover.track, task.call_id)
+        tool_ctx.record_durable = partial(self._orch.note_durable, task.call_id)
         if self._orch.journal is not None:
             tool_ctx.sessions = BoundSessions(self._orch.sessions, self, task.call_id)
         if self.sandboxed:

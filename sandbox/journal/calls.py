@@ -195,10 +195,13 @@ class JournalCalls:
         if event is not None:
             event.set()
 
-    async def hand_over_call(self, call_id: str, grace_s: float) -> None:
-        """Nothing to write: a waiter here asks the journal whether the call awaits adoption
-        (its durable stages, its owner gone less than ADOPT_GRACE_S ago)."""
-        del call_id, grace_s
+    async def note_durable(self, call_id: str, data: dict[str, Any]) -> None:
+        """Nothing to write: the journal's `durable_started` event carries it."""
+        del call_id, data
+
+    async def orphans(self) -> list[tuple[CallRecord, dict[str, Any] | None]]:
+        """None: the journal's recovery finds this state dir's open calls."""
+        return []
 
     async def adopt_call(self, call_id: str) -> bool:
         """Whether the record still runs (the journal's open call says who owns it: its

@@ -13,7 +13,7 @@ registry follow (docs/state.md, "What is in the store").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from sandbox.journal.approvals import Approval
 from sandbox.journal.calls import CallRecord, State
@@ -158,13 +158,20 @@ class CallStore(Protocol):
         ...
 
     async def adopt_call(self, call_id: str) -> bool:
-        """Make this process the owner of a running record whose owner went away (the next
-        orchestrator adopts its command: engine/handover.py); False when it ended meanwhile."""
+        """Make this process the owner of a running record whose owner is gone (its command is
+        adopted: engine/handover.py), in one step: False when it ended meanwhile, its owner
+        lives, or another process adopted it first."""
         ...
 
-    async def hand_over_call(self, call_id: str, grace_s: float) -> None:
-        """Keep a running record alive for `grace_s` after this process goes (its durable command
-        runs on, for the next orchestrator to adopt): no waiter ends it as gone meanwhile."""
+    async def note_durable(self, call_id: str, data: dict[str, Any]) -> None:
+        """What another process needs to adopt the call's durable command (engine/handover.py):
+        its process id, timeout, trace and start."""
+        ...
+
+    async def orphans(self) -> list[tuple[CallRecord, dict[str, Any] | None]]:
+        """Running records whose owner is gone, each with its durable note (None: none), for
+        this process to adopt or settle. The embedded default answers none: its journal's
+        recovery finds them."""
         ...
 
     async def call_record(self, call_id: str) -> CallRecord | None:

@@ -30,6 +30,10 @@ def _ignore(running: bool) -> None:
     del running
 
 
+async def _no_record(note: dict[str, Any]) -> None:
+    del note
+
+
 async def _no_publish(host_file: Path) -> str | None:
     return str(host_file)
 
@@ -98,3 +102,6 @@ class ToolContext:
     handed_over: Callable[[], bool] = _never
     # durable_running(True/False): this call's durable command started, or its outcome is known
     durable_running: Callable[[bool], None] = _ignore
+    # await record_durable(note): where its durable command runs, in the call's record (a shared
+    # store's other replicas adopt it from there when this process is gone)
+    record_durable: Callable[[dict[str, Any]], Awaitable[None]] = _no_record

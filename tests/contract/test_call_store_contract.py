@@ -141,3 +141,30 @@ async def test_a_call_whose_replica_is_gone_is_abandoned_not_waited_for(pg_url: 
         started = time.monotonic()
         found = await alive.wait_call("c_orphan", 30)  # type: ignore[attr-defined]
         assert found.state == "abandoned" and time.monotonic() - started < 5
+
+
+@pytest.mark.postgres
+async def test_a_gone_replicas_durable_record_is_an_orphan_one_replica_adopts(pg_url: str, tmp_path: Path) -> None:
+    """A replica whose lease ran out leaves its running records: a durable one is neither ended
+    by a waiter nor by a repeat of its key; it is listed as an orphan, with its note, and of two
+    replicas adopting it at once exactly one gets it."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="gone@elsewhere|boot|1|1", lease_s=1) as gone:
+        await gone.claim_call(_record("c_durable", key="d"), keep_s=3600)  # type: ignore[attr-defined]
+        await gone.claim_call(_record("c_plain", key="p"), keep_s=3600)  # type: ignore[attr-defined]
+        await gone.note_durable("c_durable", {"process_id": "p_1", "timeout_s": 30})  # type: ignore[attr-defined]
+    await anyio.sleep(1.5)  # its lease has run out (closing dropped it too)
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+        waited = await a.wait_call("c_durable", 0.5)  # type: ignore[attr-defined]
+        assert waited is not None and waited.state == "running"  # left for adoption, not ended
+        assert (await a.wait_call("c_plain", 0.5)).state == "abandoned"  # type: ignore[attr-defined]
+        orphans = {r.call_id: note for r, note in await a.orphans()}  # type: ignore[attr-defined]
+        await b.orphans()  # type: ignore[attr-defined]
+        assert orphans == {"c_durable": {"process_id": "p_1", "timeout_s": 30}}
+        won = [await a.adopt_call("c_durable"), await b.adopt_call("c_durable")]  # type: ignore[attr-defined]
+        assert sorted(won) == [False, True]
+        assert await a.orphans() == [] and await b.orphans() == []  # type: ignore[attr-defined]

@@ -13,11 +13,13 @@ from sandbox.state.postgres.approvals import CHANNEL
 
 COLUMNS = "call_id, tenant, session, agent, tool, idem_key, fingerprint, state, result, reason, created, ended"
 NOW = "extract(epoch from clock_timestamp())"
-# a running call whose replica's lease ran out (or that stopped and dropped its lease) is over
+# a running call whose replica's lease ran out (or that stopped and dropped its lease) is over;
+# a durable one's command runs on (engine/handover.py): it is adopted by another replica, not ended
 GONE = (
-    "state NOT IN ('finished', 'abandoned') AND NOT EXISTS "
+    "state NOT IN ('finished', 'abandoned') AND durable IS NULL AND NOT EXISTS "
     "(SELECT 1 FROM owners o WHERE o.owner = calls.owner AND o.lease_until >= extract(epoch from clock_timestamp()))"
 )
+ORPHAN_BATCH = 100  # running records of other owners looked at per pass
 GONE_REASON = "its replica went away (its lease ran out) before it finished; not re-run"
 
 
@@ -89,26 +91,33 @@ async def end(
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
 
 
-async def hand_over(conn: Any, call_id: str, grace_s: float) -> None:
-    """Give a running record an owner of its own whose lease lasts `grace_s` (its replica stops;
-    the next one adopts it): waiters on other replicas do not end it as gone meanwhile."""
-    async with conn.transaction():
-        owner = f"handover:{call_id}"
-        await quotas.renew(conn, owner, grace_s)
-        await conn.execute(
-            "UPDATE calls SET owner = %s WHERE call_id = %s AND state NOT IN ('finished', 'abandoned')",
-            (owner, call_id),
-        )
+async def note_durable(conn: Any, call_id: str, data: str) -> None:
+    """What another replica needs to adopt the call's command (JSON: its process id, timeout,
+    trace and start): a durable record is adopted when its replica is gone, never ended so."""
+    await conn.execute("UPDATE calls SET durable = %s WHERE call_id = %s", (data, call_id))
 
 
-async def adopt(conn: Any, call_id: str, owner: str, lease_s: float) -> bool:
-    """Make `owner` (this replica) the owner of a running record (its lease renewed first, so
-    the record is never seen gone in between); False when it ended meanwhile."""
+async def running_elsewhere(conn: Any, owner: str) -> list[tuple[CallRecord, str, str | None, bool]]:
+    """(record, its owner, its durable JSON, whether the owner's lease runs) of every running
+    record another owner holds (at most ORPHAN_BATCH): the caller decides which owners are gone."""
+    cur = await conn.execute(
+        f"SELECT {COLUMNS}, calls.owner, durable, EXISTS (SELECT 1 FROM owners o WHERE o.owner = calls.owner "  # noqa: S608
+        f"AND o.lease_until >= {NOW}) FROM calls WHERE state NOT IN ('finished', 'abandoned') AND calls.owner <> %s "
+        "ORDER BY created LIMIT %s",
+        (owner, ORPHAN_BATCH),
+    )
+    return [(_record(row), row[12], row[13], bool(row[14])) for row in await cur.fetchall()]
+
+
+async def adopt(conn: Any, call_id: str, gone_owner: str, owner: str, lease_s: float) -> bool:
+    """Make `owner` (this replica) the owner of a running record while `gone_owner` still holds
+    it: one statement, so of replicas adopting at once one wins; False otherwise."""
     async with conn.transaction():
         await quotas.renew(conn, owner, lease_s)
         cur = await conn.execute(
-            "UPDATE calls SET owner = %s WHERE call_id = %s AND state NOT IN ('finished', 'abandoned') RETURNING 1",
-            (owner, call_id),
+            "UPDATE calls SET owner = %s WHERE call_id = %s AND owner = %s "
+            "AND state NOT IN ('finished', 'abandoned') RETURNING 1",
+            (owner, call_id, gone_owner),
         )
         return await cur.fetchone() is not None
 

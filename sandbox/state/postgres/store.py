@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -15,6 +17,7 @@ from loguru import logger
 from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.calls import CallRecord, State
+from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.state.migrate import check_version
 from sandbox.state.postgres import approvals, calls, quotas
 from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
@@ -49,6 +52,7 @@ class PostgresStore:
         # reservations whose give-back failed (the store did not answer): retried with each lease
         # renewal, so a slot is never held for good by a replica that is alive
         self._unreleased: dict[str, tuple[Reservation, bool]] = {}
+        self._gone_owner: dict[str, str] = {}  # call id -> the gone owner it was found with (orphans)
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Any]:
@@ -151,15 +155,38 @@ class PostgresStore:
         async with self._conn() as conn:
             return await calls.claim(conn, record, keep_s, self.owner, self.lease_s)
 
-    async def hand_over_call(self, call_id: str, grace_s: float) -> None:
+    async def note_durable(self, call_id: str, data: dict[str, Any]) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:
-            await calls.hand_over(conn, call_id, grace_s)
+            await calls.note_durable(conn, call_id, json.dumps(data))
+
+    async def orphans(self) -> list[tuple[CallRecord, dict[str, Any] | None]]:
+        """See :class:`~sandbox.state.protocol.CallStore`: another owner's running records whose
+        lease ran out, or whose owner is a process of this host that is gone (the kernel says so
+        before its lease runs out); each with its owner noted for :meth:`adopt_call`."""
+        async with self._conn() as conn:
+            rows = await calls.running_elsewhere(conn, self.owner)
+        self._gone_owner = {}
+        found = []
+        for record, owner, durable, leased in rows:
+            process = owner.rsplit("|", 1)[0]  # journal/owners.py's identity, less the store's token
+            if leased and not (owner_here(process) and not owner_alive(process, None, time.time())):
+                continue
+            self._gone_owner[record.call_id] = owner
+            found.append((record, json.loads(durable) if durable else None))
+        return found
 
     async def adopt_call(self, call_id: str) -> bool:
-        """See :class:`~sandbox.state.protocol.CallStore`."""
+        """See :class:`~sandbox.state.protocol.CallStore`: only a record whose owner was found
+        gone (:meth:`orphans`, or this process's own earlier incarnation), in one statement."""
+        gone = self._gone_owner.pop(call_id, None)
+        if gone is None:  # not looked at yet (a restart adopting what its journal shows open)
+            await self.orphans()
+            gone = self._gone_owner.pop(call_id, None)
+            if gone is None:
+                return False  # a live replica's, ended, or not there
         async with self._conn() as conn:
-            return await calls.adopt(conn, call_id, self.owner, self.lease_s)
+            return await calls.adopt(conn, call_id, gone, self.owner, self.lease_s)
 
     async def set_call_state(self, call_id: str, state: State) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""

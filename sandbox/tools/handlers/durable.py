@@ -39,6 +39,8 @@ async def run_durable(ctx: ToolContext, args: ExecArgs, workdir: str, timeout_s:
     # cancelled start is killed by it too)
     proc_id = processes.new_process_id()
     await ctx.note(STARTED_STAGE, process_id=proc_id, timeout_s=timeout_s)
+    note = {"process_id": proc_id, "timeout_s": timeout_s, "trace_id": ctx.trace_id, "started": time.time()}
+    await ctx.record_durable(note)  # a shared store: another replica adopts it if this one goes
     ctx.durable_running(True)
     try:
         await processes.start(

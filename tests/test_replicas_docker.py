@@ -1,0 +1,118 @@
+"""Two real `sandbox serve` replicas on one PostgreSQL and one engine, driven through HTTP: a
+replica killed with -9 mid-call has its running calls taken over by the other within the lease
+(engine/handover.py's adopt_orphans): a durable exec is adopted and its true outcome recorded,
+nothing runs twice; any other call is ended and what it started is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from sandbox.config.state import parse_state_url
+from sandbox.journal.store import Journal
+from sandbox.state.admin import migrate_store
+from tests.service_helpers import TOKEN_A, free_port, sha, wait_healthy
+
+pytestmark = [pytest.mark.docker, pytest.mark.postgres, pytest.mark.usefixtures("images")]
+
+A = {"Authorization": f"Bearer {TOKEN_A}"}
+LEASE_S = 6
+
+
+def _config(tmp_path: Path, name: str, pg_url: str, ws: Path) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    path = folder / "sandbox.yaml"
+    path.write_text(f"""
+state_dir: {folder / "state"}
+instance: rep{os.getpid() % 100000}
+state: {{url: '{pg_url}', lease_s: {LEASE_S}}}
+tenants: [{{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+agents:
+  defaults: {{sandbox: {{mode: all, scope: session, workspace_access: rw}}}}
+  list: [{{id: alpha, tenant: acme, workspace: {ws}}}]
+""")
+    return path
+
+
+def _start(cfg: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    with (cfg.parent / "serve.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox", "--config", str(cfg), "serve", "--port", str(port), "--grace", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, seconds=60, gone=lambda: None if proc.poll() is None else "exited")
+    return url, proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _runs(ws: Path, name: str) -> list[str]:
+    path = ws / name
+    return path.read_text().split() if path.exists() else []
+
+
+def _until(what: Any, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def test_a_replica_killed_mid_call_has_its_calls_taken_over_by_the_other(tmp_path: Path, pg_url: str) -> None:
+    anyio.run(migrate_store, parse_state_url(pg_url), tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, 1000, 1000)
+    url_a, proc_a = _start(_config(tmp_path, "a", pg_url, ws))
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws))
+    try:
+        durable = httpx.post(
+            f"{url_a}/v1/sessions/agent:alpha:r1/calls",
+            headers={**A, "Prefer": "respond-async"},
+            json={"tool": "exec", "args": {"command": "echo start >> d.txt; sleep 5; echo done >> d.txt; echo done"}},
+            timeout=60,
+        )
+        assert durable.status_code == 202, durable.text
+        call_id = durable.headers["Location"].rsplit("/", 1)[1]
+        _until(lambda: _runs(ws, "d.txt") == ["start"])
+        killed = time.monotonic()
+        proc_a.send_signal(signal.SIGKILL)
+        proc_a.wait(timeout=30)
+        found = httpx.get(f"{url_b}/v1/calls/{call_id}", params={"wait": 60}, headers=A, timeout=90).json()
+        assert found["state"] == "finished", found  # B adopted it and recorded its true outcome
+        assert found["result"]["ok"] is True and found["result"]["output"]["output"] == "done\n", found
+        assert time.monotonic() - killed < 5 + 3 * LEASE_S  # within the lease (and the command's own time)
+        assert _runs(ws, "d.txt") == ["start", "done"]  # once
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)
+    # A's journal shows the start; B's own journal shows the adoption and the outcome
+    a_stages = _stages(tmp_path / "a", call_id)
+    b_stages = _stages(tmp_path / "b", call_id)
+    assert "durable_started" in a_stages and "finished" not in a_stages, a_stages
+    assert b_stages[:1] == ["adopted"] and b_stages[-1] == "finished", b_stages
+
+
+def _stages(folder: Path, call_id: str) -> list[str]:
+    journal = Journal(folder / "state" / "journal.sqlite3")
+    try:
+        return [e.stage for e in journal.events(call_id=call_id)]
+    finally:
+        journal.close()
