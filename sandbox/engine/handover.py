@@ -167,7 +167,8 @@ async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float
 
     async def work(why_cancelled: Any) -> None:
         try:
-            body = await outcome(ctx, proc_id, timeout_s, started=began)
+            with session.in_use():  # an idle pause would freeze the command it waits for
+                body = await outcome(ctx, proc_id, timeout_s, started=began)
             result = ToolResult(
                 ok=True, tool=last.tool, call_id=last.call_id, trace_id=last.trace_id, duration_ms=_ms(began)
             )

@@ -184,8 +184,9 @@ class Session:
             call_id=call_id,
         )
 
-    def _in_use(self) -> contextlib.AbstractContextManager[None]:
-        """Mark the session's sandbox used while a call runs (nothing for an unsandboxed one)."""
+    def in_use(self) -> contextlib.AbstractContextManager[None]:
+        """Mark the session's sandbox used while a call runs, so it is not paused as idle
+        (nothing for an unsandboxed one)."""
         if not self.sandboxed:
             return contextlib.nullcontext()
         try:
@@ -205,7 +206,7 @@ class Session:
         call_id: str | None = None,
     ) -> ToolResult:
         # a sandbox a call uses is never paused under it (sandbox.idle_pause_s)
-        with self._in_use():
+        with self.in_use():
             result = await self._run(name, arguments, trace_id, refused, call_id)
         egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
         registry = self._orch.registry
