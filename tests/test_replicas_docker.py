@@ -110,6 +110,44 @@ def test_a_replica_killed_mid_call_has_its_calls_taken_over_by_the_other(tmp_pat
     assert b_stages[:1] == ["adopted"] and b_stages[-1] == "finished", b_stages
 
 
+def test_a_replica_restarting_after_another_adopted_its_call_leaves_it_be(tmp_path: Path, pg_url: str) -> None:
+    """A hands a call over as it stops (SIGTERM, `service.handover`); B adopts it at once (A
+    dropped its lease); A starts again and finds the call open in its journal: B holds the
+    record, so A lets it go (`adopted_elsewhere`) and never kills the command B waits for."""
+    anyio.run(migrate_store, parse_state_url(pg_url), tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, 1000, 1000)
+    cfg_a = _config(tmp_path, "a", pg_url, ws)
+    cfg_a.write_text(cfg_a.read_text() + "service: {handover: true}\n")
+    url_a, proc_a = _start(cfg_a)
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws))
+    again = None
+    try:
+        durable = httpx.post(
+            f"{url_a}/v1/sessions/agent:alpha:r2/calls",
+            headers={**A, "Prefer": "respond-async"},
+            json={"tool": "exec", "args": {"command": "echo start >> h.txt; sleep 8; echo done >> h.txt; echo done"}},
+            timeout=60,
+        )
+        assert durable.status_code == 202, durable.text
+        call_id = durable.headers["Location"].rsplit("/", 1)[1]
+        _until(lambda: _runs(ws, "h.txt") == ["start"])
+        proc_a.send_signal(signal.SIGTERM)
+        proc_a.wait(timeout=60)
+        _until(lambda: "adopted" in _stages(tmp_path / "b", call_id), seconds=30)
+        _url_a2, again = _start(cfg_a)
+        found = httpx.get(f"{url_b}/v1/calls/{call_id}", params={"wait": 60}, headers=A, timeout=90).json()
+        assert found["state"] == "finished" and found["result"]["output"]["output"] == "done\n", found
+    finally:
+        for proc in (proc_a, proc_b, again):
+            if proc is not None:
+                _stop(proc)
+    assert _runs(ws, "h.txt") == ["start", "done"]  # never killed, once
+    a_stages = _stages(tmp_path / "a", call_id)
+    assert "handed_over" in a_stages and a_stages[-1] == "adopted_elsewhere", a_stages
+
+
 def _stages(folder: Path, call_id: str) -> list[str]:
     journal = Journal(folder / "state" / "journal.sqlite3")
     try:

@@ -173,8 +173,8 @@ async def _adopt_orphans_periodically(orch: Orchestrator, every_s: float) -> Non
         await anyio.sleep(every_s)
         try:
             await adopt_orphans(orch)
-        except SandboxError as exc:  # the store or the engine away for a while: next time
-            logger.bind(reason=exc.message).warning("service_orphans_not_settled")
+        except Exception as exc:  # the store or the engine away for a while: next time
+            logger.bind(reason=f"{type(exc).__name__}: {exc}"[:300]).warning("service_orphans_not_settled")
 
 
 async def _recover_periodically(orch: Orchestrator) -> None:

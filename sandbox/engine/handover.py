@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 HANDED_OVER = "handed_over"
 ADOPTED = "adopted"
+ADOPTED_ELSEWHERE = "adopted_elsewhere"  # a live process holds its record: this journal lets it go
 assert {STARTED_STAGE, HANDED_OVER, ADOPTED} == DURABLE_STAGES
 
 
@@ -114,6 +115,12 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
     _append(orch, last, ADOPTED, note)
     store = orch.call_store
     if store is not None and not await store.adopt_call(last.call_id):
+        record = await store.call_record(last.call_id)
+        if record is not None and record.state not in ("finished", "abandoned"):
+            # a live process holds its record (another replica adopted it, or will once this
+            # one's earlier lease runs out): it is that one's to watch; never killed from here
+            _append(orch, last, ADOPTED_ELSEWHERE, {"process_id": proc_id})
+            return ""
         reason = "its record was settled while nobody ran it; the command was stopped"
         return await _abandon(orch, last, proc_id, reason)
     return await _watch(orch, last, proc_id, timeout_s, started.ts)
@@ -129,9 +136,28 @@ async def adopt_orphans(orch: Orchestrator) -> list[dict[str, Any]]:
         return []
     outcomes = []
     for record, durable in await store.orphans():
-        if not await store.adopt_call(record.call_id):
-            continue  # another replica took it, or it ended meanwhile
-        note = durable or {}
+        try:
+            now = await _adopt_orphan(orch, store, record, durable or {})
+        except Exception as exc:  # one bad record never stops the others, nor the service
+            logger.bind(call_id=record.call_id, error=f"{type(exc).__name__}: {exc}"[:300]).error("orphan_not_settled")
+            continue
+        if now:
+            outcomes.append({"call_id": record.call_id, "tool": record.tool, "session": record.session, "now": now})
+    return outcomes
+
+
+async def _adopt_orphan(orch: Orchestrator, store: Any, record: Any, note: dict[str, Any]) -> str:
+    """Adopt or settle one orphan record ("" when it is not this process's to)."""
+    try:
+        agent_tenant = orch.session(record.session, agent=record.agent).agent.tenant
+    except SandboxError:
+        agent_tenant = None
+    if agent_tenant != record.tenant:  # this replica's config does not know that session so: not ours
+        logger.bind(call_id=record.call_id, tenant=record.tenant).warning("orphan_of_another_config")
+        return ""
+    if not await store.adopt_call(record.call_id):
+        return ""  # another replica took it, or it ended meanwhile
+    try:
         last = Event(
             0, time.time(), str(note.get("trace_id") or f"t-{record.call_id}"), record.call_id,
             record.session, record.tenant, record.agent, record.tool, "running", None, {},
@@ -140,13 +166,13 @@ async def adopt_orphans(orch: Orchestrator) -> list[dict[str, Any]]:
         if record.tool == "exec" and proc_id:
             _append(orch, last, ADOPTED, {"process_id": proc_id, "from_replica_gone": True})
             timeout_s = float(note.get("timeout_s") or orch.config.tools.exec.max_timeout_s)
-            now = await _watch(orch, last, proc_id, timeout_s, float(note.get("started") or record.created))
-        else:
-            now = await _abandon(
-                orch, last, record.call_id, "its replica went away before it finished; what it started was stopped"
-            )
-        outcomes.append({"call_id": record.call_id, "tool": record.tool, "session": record.session, "now": now})
-    return outcomes
+            return await _watch(orch, last, proc_id, timeout_s, float(note.get("started") or record.created))
+        reason = "its replica went away before it finished; what it started was stopped"
+        return await _abandon(orch, last, record.call_id, reason)
+    except Exception:  # taken, but it cannot be watched: ended, never left running as ours
+        with anyio.CancelScope(shield=True):
+            await store.end_call(record.call_id, "abandoned", None, "its replica went away; it could not be adopted")
+        raise
 
 
 async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float, began: float) -> str:
@@ -163,7 +189,10 @@ async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float
     if found is None or session is None:
         return await _abandon(orch, last, None, "its sandbox is gone; the command and its output went with it")
     task = TaskContext(last.trace_id, last.call_id, last.tenant, last.agent, last.session, last.tool)
-    ctx = await session.tool_context(task)
+    try:
+        ctx = await session.tool_context(task)
+    except SandboxError as exc:
+        return await _abandon(orch, last, proc_id, f"its sandbox cannot be reached ({exc.message}); it was stopped")
 
     async def work(why_cancelled: Any) -> None:
         try:

@@ -102,7 +102,8 @@ CREATE INDEX IF NOT EXISTS calls_created ON calls(created);
 TABLES = frozenset({"events", "approvals", "loop_calls", "loop_sessions", "open_calls", "owners", "calls"})
 # a call leaves open_calls with its last stage; these end what recovery has to look at
 # (a re-attached background process stays open: later recoveries report when it exits)
-SETTLED = frozenset({"process_exited", "process_gone"})
+# stages after which a call is no longer this journal's to settle (its open-call row goes)
+SETTLED = frozenset({"process_exited", "process_gone", "adopted_elsewhere"})
 # a durable call's stages (engine/handover.py): its command runs as a process of its own, which
 # outlives its orchestrator; a gone owner's durable call waits for adoption, ADOPT_GRACE_S at most
 DURABLE_STAGES = frozenset({"durable_started", "handed_over", "adopted"})

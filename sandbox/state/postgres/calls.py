@@ -80,13 +80,15 @@ async def set_state(conn: Any, call_id: str, state: State) -> None:
 
 
 async def end(
-    conn: Any, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str
+    conn: Any, call_id: str, state: Literal["finished", "abandoned"], result: str | None, reason: str, owner: str
 ) -> None:
-    """The call's outcome, and the wake-up of its waiters everywhere."""
+    """The call's outcome, and the wake-up of its waiters everywhere: only by its owner, and
+    only once (a replica taken for gone that ends it after another adopted it changes nothing)."""
     async with conn.transaction():
         await conn.execute(
-            f"UPDATE calls SET state = %s, result = %s, reason = %s, ended = {NOW} WHERE call_id = %s",  # noqa: S608
-            (state, result, reason, call_id),
+            f"UPDATE calls SET state = %s, result = %s, reason = %s, ended = {NOW} WHERE call_id = %s "  # noqa: S608
+            "AND owner = %s AND state NOT IN ('finished', 'abandoned')",
+            (state, result, reason, call_id, owner),
         )
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
 
@@ -100,11 +102,13 @@ async def note_durable(conn: Any, call_id: str, data: str) -> None:
 async def running_elsewhere(conn: Any, owner: str) -> list[tuple[CallRecord, str, str | None, bool]]:
     """(record, its owner, its durable JSON, whether the owner's lease runs) of every running
     record another owner holds (at most ORPHAN_BATCH): the caller decides which owners are gone."""
+    live = f"EXISTS (SELECT 1 FROM owners o WHERE o.owner = calls.owner AND o.lease_until >= {NOW})"  # noqa: S608
+    host = "|".join(owner.split("|")[:2]) + "|%"  # this host since its boot: the kernel can tell
     cur = await conn.execute(
-        f"SELECT {COLUMNS}, calls.owner, durable, EXISTS (SELECT 1 FROM owners o WHERE o.owner = calls.owner "  # noqa: S608
-        f"AND o.lease_until >= {NOW}) FROM calls WHERE state NOT IN ('finished', 'abandoned') AND calls.owner <> %s "
-        "ORDER BY created LIMIT %s",
-        (owner, ORPHAN_BATCH),
+        f"SELECT {COLUMNS}, calls.owner, durable, {live} FROM calls "  # noqa: S608 - constant text
+        "WHERE state NOT IN ('finished', 'abandoned') AND calls.owner <> %s "
+        f"AND (NOT {live} OR calls.owner LIKE %s) ORDER BY created LIMIT %s",
+        (owner, host, ORPHAN_BATCH),
     )
     return [(_record(row), row[12], row[13], bool(row[14])) for row in await cur.fetchall()]
 

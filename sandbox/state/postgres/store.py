@@ -198,7 +198,7 @@ class PostgresStore:
     ) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:
-            await calls.end(conn, call_id, state, result, reason)
+            await calls.end(conn, call_id, state, result, reason, self.owner)
 
     async def call_record(self, call_id: str) -> CallRecord | None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
