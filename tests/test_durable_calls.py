@@ -48,6 +48,7 @@ async def test_a_durable_commands_input_is_at_its_end_at_once(tmp_path: Path) ->
     assert tables and all(t == {} for t in tables)
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_printing_past_the_output_limit_stops_a_durable_command(tmp_path: Path) -> None:
     config = _config(tmp_path, "tools: {exec: {max_output_bytes: 65536}}")
     async with Orchestrator(config) as orch:

@@ -59,6 +59,7 @@ def problems(obj: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize("agent", ["scratch", "reader", "coder", "web"])
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_every_rendered_object_satisfies_the_crds(tmp_path: Path, agent: str) -> None:
     config = k8s_config(tmp_path, "    provider: agent-sandbox")
     objects = provider_objects(

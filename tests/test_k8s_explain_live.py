@@ -41,6 +41,7 @@ async def _explain(path: Path, session: str) -> str:
     return str(done.output)
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_before_any_pod_explain_says_which_subprotocol_the_server_answers(tmp_path: Path) -> None:
     async with FakeCluster() as cluster:
         config = one_agent_config(tmp_path, "live1", SANDBOX, f"kubeconfig: {cluster.kubeconfig(tmp_path / 'kc')}")

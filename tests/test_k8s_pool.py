@@ -103,6 +103,7 @@ async def orchs(tmp_path: Path) -> AsyncIterator[Orchestrators]:
             await made.aclose()
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_a_claim_is_one_patch_carrying_the_listed_resource_version(orchs: Orchestrators) -> None:
     """One write per claim; the member then names its session, and a stale version is refused (409)."""
     pool = orchs.pool()
@@ -123,6 +124,7 @@ async def test_a_claim_is_one_patch_carrying_the_listed_resource_version(orchs: 
     assert live["metadata"]["labels"][K8sLabels.CLAIMED] == label_value(spec.name)  # the 409 changed nothing
 
 
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_two_orchestrators_racing_for_one_member_get_one_each(orchs: Orchestrators) -> None:
     """Both patch the same member at once: exactly one wins, the loser takes the next member."""
     first, second = orchs.pool(), orchs.pool()

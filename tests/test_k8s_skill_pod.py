@@ -99,6 +99,7 @@ def test_a_folder_past_what_a_config_map_carries_is_refused(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("agent", ["scratch", "reader", "coder", "team", "web"])
+@pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 def test_every_skill_pod_passes_restricted_and_the_strict_schema(tmp_path: Path, agent: str) -> None:
     call = _call(_folder(tmp_path), read=("/workspace/**",), write=("/workspace/out/**",), network=agent == "web")
     proxy = None
