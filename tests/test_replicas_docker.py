@@ -28,7 +28,7 @@ A = {"Authorization": f"Bearer {TOKEN_A}"}
 LEASE_S = 6
 
 
-def _config(tmp_path: Path, name: str, pg_url: str, ws: Path) -> Path:
+def _config(tmp_path: Path, name: str, pg_url: str, ws: Path, extra: str = "") -> Path:
     folder = tmp_path / name
     folder.mkdir()
     path = folder / "sandbox.yaml"
@@ -36,7 +36,8 @@ def _config(tmp_path: Path, name: str, pg_url: str, ws: Path) -> Path:
 state_dir: {folder / "state"}
 instance: rep{os.getpid() % 100000}
 state: {{url: '{pg_url}', lease_s: {LEASE_S}}}
-tenants: [{{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+tenants: [{{id: acme, quotas: {{max_concurrent_calls: 2}}, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+{extra}
 agents:
   defaults: {{sandbox: {{mode: all, scope: session, workspace_access: rw}}}}
   list: [{{id: alpha, tenant: acme, workspace: {ws}}}]
@@ -146,6 +147,82 @@ def test_a_replica_restarting_after_another_adopted_its_call_leaves_it_be(tmp_pa
     assert _runs(ws, "h.txt") == ["start", "done"]  # never killed, once
     a_stages = _stages(tmp_path / "a", call_id)
     assert "handed_over" in a_stages and a_stages[-1] == "adopted_elsewhere", a_stages
+
+
+def _workspace(tmp_path: Path, pg_url: str) -> Path:
+    anyio.run(migrate_store, parse_state_url(pg_url), tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chown(ws, 1000, 1000)
+    return ws
+
+
+def test_an_approval_waiting_on_one_replica_is_decided_through_the_other(tmp_path: Path, pg_url: str) -> None:
+    """A call needing approval waits on A; B lists it and approves it; A's call runs at once."""
+    ws = _workspace(tmp_path, pg_url)
+    approvals = "tools: {approvals: {require: [exec], timeout_s: 120}}"
+    url_a, proc_a = _start(_config(tmp_path, "a", pg_url, ws, approvals))
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws, approvals))
+    try:
+        submitted = httpx.post(
+            f"{url_a}/v1/sessions/agent:alpha:r3/calls",
+            headers={**A, "Prefer": "respond-async"},
+            json={"tool": "exec", "args": {"command": "echo approved-run >> ap.txt; echo ran"}},
+            timeout=60,
+        )
+        assert submitted.status_code == 202, submitted.text
+        call_id = submitted.headers["Location"].rsplit("/", 1)[1]
+        pending: list[Any] = []
+
+        def listed() -> bool:
+            pending[:] = httpx.get(f"{url_b}/v1/approvals", headers=A, timeout=30).json()
+            return bool(pending)
+
+        _until(listed)
+        assert pending[0]["tool"] == "exec" and _runs(ws, "ap.txt") == []  # nothing ran before the decision
+        decided = httpx.post(f"{url_b}/v1/approvals/{pending[0]['id']}/approve", headers=A, json={}, timeout=30)
+        assert decided.status_code == 200, decided.text
+        found = httpx.get(f"{url_a}/v1/calls/{call_id}", params={"wait": 60}, headers=A, timeout=90).json()
+        assert found["state"] == "finished" and found["result"]["ok"], found
+        assert _runs(ws, "ap.txt") == ["approved-run"]
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)
+
+
+def test_a_burst_split_across_two_replicas_never_passes_the_tenants_quota(tmp_path: Path, pg_url: str) -> None:
+    """Eight calls at once, four to each replica, under `max_concurrent_calls: 2`: two run,
+    six are refused with 429 naming the quota; the commands' own record shows at most two at once."""
+    ws = _workspace(tmp_path, pg_url)
+    url_a, proc_a = _start(_config(tmp_path, "a", pg_url, ws))
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws))
+    answers: list[int] = []
+    try:
+
+        async def burst() -> None:
+            command = "echo in >> burst.txt; sleep 3; echo out >> burst.txt"
+            async with httpx.AsyncClient(headers=A, timeout=120) as client:
+
+                async def one(url: str, n: int) -> None:
+                    answer = await client.post(
+                        f"{url}/v1/sessions/agent:alpha:b{n}/calls", json={"tool": "exec", "args": {"command": command}}
+                    )
+                    answers.append(answer.status_code)
+
+                async with anyio.create_task_group() as group:
+                    for n in range(8):
+                        group.start_soon(one, url_a if n % 2 else url_b, n)
+
+        anyio.run(burst)
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)
+    assert sorted(answers) == [200, 200, 429, 429, 429, 429, 429, 429], answers
+    most = now = 0
+    for mark in _runs(ws, "burst.txt"):
+        now += 1 if mark == "in" else -1
+        most = max(most, now)
+    assert most <= 2 and _runs(ws, "burst.txt").count("in") == 2
 
 
 def _stages(folder: Path, call_id: str) -> list[str]:
