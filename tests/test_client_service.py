@@ -244,3 +244,44 @@ def test_a_service_that_is_not_there_is_a_transport_error(tmp_path: Path) -> Non
         client.agents()
     assert isinstance(raised.value, ServiceError)
     assert (raised.value.code, raised.value.retryable, raised.value.status) == (ErrorCode.NETWORK_ERROR, True, None)
+
+
+def test_a_submitted_call_is_a_handle_in_both_clients(url: str) -> None:
+    """`submit` answers at once with a handle; its result, its cancel (the command stopped, the
+    record naming the tenant), a second cancel False; another tenant's id is not found."""
+    with Client(url, TOKEN_A) as client, Client(url, TOKEN_B) as other:
+        session = client.session("agent:alpha:h1")
+        handle = session.submit("exec", {"command": "sleep 0.3; echo done"})
+        assert handle.status().state in ("queued", "running", "finished")
+        result = handle.result(timeout_s=30)
+        assert result.ok and result.output["output"] == "done\n", result
+        assert client.call_handle(handle.call_id).status().state == "finished"
+        slow = session.submit("exec", {"command": "sleep 30"})
+        assert slow.cancel() is True
+        stopped = slow.result(timeout_s=30)
+        assert (
+            stopped.error is not None
+            and stopped.error.code == "CONFLICT"
+            and "cancelled by tenant acme" in (stopped.error.message)
+        )
+        assert slow.cancel() is False
+        with pytest.raises(NotFoundError):
+            other.call_handle(handle.call_id).status()
+
+    async def through_the_async_client() -> None:
+        async with AsyncClient(url, TOKEN_A) as client:
+            handle = await client.session("agent:alpha:h2").submit(
+                "exec", {"command": "echo once >> keyed.txt; echo ok"}, idempotency_key="client-k1"
+            )
+            again = await client.session("agent:alpha:h2").submit(
+                "exec", {"command": "echo once >> keyed.txt; echo ok"}, idempotency_key="client-k1"
+            )
+            assert again.call_id == handle.call_id  # one call for the key
+            result = await handle.result(timeout_s=30)
+            assert result.ok and result.output["output"] == "ok\n"
+            with pytest.raises(TimeoutError):
+                await (await client.session("agent:alpha:h3").submit("exec", {"command": "sleep 5"})).result(
+                    timeout_s=0.3
+                )
+
+    anyio.run(through_the_async_client)

@@ -6,7 +6,7 @@ the library's own ToolResult and BatchResult, and `AsyncClientSession` satisfies
 the library's codes and `retryable`; a 429 is retried after its Retry-After. See docs/client.md.
 """
 
-from sandbox.client.aio import AsyncClient, AsyncClientSession, AsyncEventStream
+from sandbox.client.aio import AsyncCallHandle, AsyncClient, AsyncClientSession, AsyncEventStream
 from sandbox.client.errors import (
     AuthenticationError,
     NotFoundError,
@@ -14,9 +14,9 @@ from sandbox.client.errors import (
     ServiceError,
     ServiceTransportError,
 )
-from sandbox.client.models import Agent, Explain, LogPage, SandboxInfo, SessionEvent
+from sandbox.client.models import Agent, CallState, Explain, LogPage, SandboxInfo, SessionEvent
 from sandbox.client.protocol import ToolSession
-from sandbox.client.sync import Client, ClientSession, EventStream
+from sandbox.client.sync import CallHandle, Client, ClientSession, EventStream
 from sandbox.client.wire import RetryPolicy
 from sandbox.engine.batch import BatchCall, BatchResult
 from sandbox.journal.approvals import Approval
@@ -26,12 +26,15 @@ from sandbox.tools.spec import ErrorInfo, ToolResult
 __all__ = [
     "Agent",
     "Approval",
+    "AsyncCallHandle",
     "AsyncClient",
     "AsyncClientSession",
     "AsyncEventStream",
     "AuthenticationError",
     "BatchCall",
     "BatchResult",
+    "CallHandle",
+    "CallState",
     "Client",
     "ClientSession",
     "ErrorInfo",

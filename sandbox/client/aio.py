@@ -7,17 +7,19 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
 
+import anyio
 import httpx
 from tenacity import AsyncRetrying
 
 from sandbox.client import wire
-from sandbox.client.errors import error_for, transport_error
+from sandbox.client.errors import ServiceError, error_for, transport_error
 from sandbox.client.models import (
     APPROVAL,
     APPROVALS,
     EVENTS,
     Agent,
     BatchMode,
+    CallState,
     Explain,
     Format,
     LogPage,
@@ -26,6 +28,7 @@ from sandbox.client.models import (
 )
 from sandbox.client.wire import RetryPolicy
 from sandbox.engine.batch import BatchCall, BatchResult
+from sandbox.errors import ErrorCode
 from sandbox.journal.approvals import Approval
 from sandbox.journal.queries import Event
 from sandbox.tools.spec import ToolResult
@@ -88,6 +91,10 @@ class AsyncClient:
     def session(self, key: str, *, agent: str | None = None) -> AsyncClientSession:
         """The session `key` (nothing is sent until it is used)."""
         return AsyncClientSession(self, key, agent)
+
+    def call_handle(self, call_id: str) -> AsyncCallHandle:
+        """The handle of a call by its id (a submitted one's, or one this client learnt of)."""
+        return AsyncCallHandle(self, call_id)
 
     async def agents(self) -> list[Agent]:
         """The tenant's agents."""
@@ -206,6 +213,20 @@ class AsyncClientSession:
         response = await self._client.request("POST", path, json=body, headers=wire.key_headers(idempotency_key))
         return wire.tool_result(response)
 
+    async def submit(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> AsyncCallHandle:
+        """Start one call and return its handle at once (`Prefer: respond-async`): the call runs
+        in the service whatever this client does, and outlives a restart of it (docs/calls.md).
+
+        Raises:
+            ServiceError: the service refused the request (as :meth:`call`).
+        """
+        body = wire.call_body(name, arguments, self._agent)
+        path = wire.session_path(self._key, "calls")
+        response = await self._client.request("POST", path, json=body, headers=wire.submit_headers(idempotency_key))
+        return AsyncCallHandle(self._client, wire.submitted_id(response))
+
     async def call_many(self, calls: Iterable[BatchCall], *, mode: BatchMode = "parallel") -> BatchResult:
         """Run a batch (1-64 calls) as the engine does; the library's BatchResult."""
         body = wire.batch_body(calls, mode, self._agent)
@@ -232,6 +253,50 @@ class AsyncClientSession:
         )
         closed: list[str] = answer.json()["closed"]
         return closed
+
+
+class AsyncCallHandle:
+    """A call running in the service, by its id: the library's CallHandle over HTTP."""
+
+    def __init__(self, client: AsyncClient, call_id: str) -> None:
+        self._client = client
+        self.call_id = call_id
+
+    async def status(self, wait_s: float = 0.0) -> CallState:
+        """Its state (once it ended, when that comes within `wait_s`, at most 60 s per request).
+
+        Raises:
+            NotFoundError: no such call of this tenant.
+        """
+        query = wire.params(wait=min(max(wait_s, 0.0), wire.MAX_WAIT_S) or None)
+        return wire.call_state(await self._client.request("GET", f"/v1/calls/{self.call_id}", params=query))
+
+    async def result(self, timeout_s: float | None = None) -> ToolResult:
+        """Its ToolResult once it ended (an abandoned call's: CONFLICT with the reason).
+
+        Raises:
+            TimeoutError: it had not ended within `timeout_s`.
+        """
+        with anyio.fail_after(timeout_s):
+            while True:
+                ended = wire.ended_result(await self.status(wait_s=wire.MAX_WAIT_S))
+                if ended is not None:
+                    return ended
+
+    async def cancel(self) -> bool:
+        """Stop it (its command is killed, the record names this tenant's token); False when it
+        had ended already.
+
+        Raises:
+            ServiceError: CONFLICT when another replica runs it (ask that one), or a refusal.
+        """
+        try:
+            await self._client.request("DELETE", f"/v1/calls/{self.call_id}")
+        except ServiceError as exc:
+            if exc.code is ErrorCode.CONFLICT and (await self.status()).state in ("finished", "abandoned"):
+                return False
+            raise
+        return True
 
 
 class AsyncEventStream:

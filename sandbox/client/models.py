@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from sandbox.journal.approvals import Approval
 from sandbox.journal.queries import Event
+from sandbox.tools.spec import ToolResult
 
 Format = Literal["openai", "anthropic", "mcp"]
 BatchMode = Literal["parallel", "sequential"]
@@ -109,3 +110,16 @@ class LogPage(_Answer):
 
     events: list[Event]
     next_cursor: str | None
+
+
+class CallState(_Answer):
+    """A submitted (or keyed) call as `GET /v1/calls/{id}` shows it: its state and, once it
+    finished, its ToolResult; an abandoned call's `reason` says why (docs/calls.md)."""
+
+    call_id: str
+    state: Literal["queued", "awaiting_approval", "running", "finished", "abandoned"]
+    tool: str = ""
+    session: str = ""
+    agent: str = ""
+    reason: str = ""
+    result: ToolResult | None = None

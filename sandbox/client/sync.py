@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -11,13 +12,14 @@ import httpx
 from tenacity import Retrying
 
 from sandbox.client import wire
-from sandbox.client.errors import error_for, transport_error
+from sandbox.client.errors import ServiceError, error_for, transport_error
 from sandbox.client.models import (
     APPROVAL,
     APPROVALS,
     EVENTS,
     Agent,
     BatchMode,
+    CallState,
     Explain,
     Format,
     LogPage,
@@ -26,6 +28,7 @@ from sandbox.client.models import (
 )
 from sandbox.client.wire import RetryPolicy
 from sandbox.engine.batch import BatchCall, BatchResult
+from sandbox.errors import ErrorCode
 from sandbox.journal.approvals import Approval
 from sandbox.journal.queries import Event
 from sandbox.tools.spec import ToolResult
@@ -86,6 +89,10 @@ class Client:
     def session(self, key: str, *, agent: str | None = None) -> ClientSession:
         """The session `key` (nothing is sent until it is used)."""
         return ClientSession(self, key, agent)
+
+    def call_handle(self, call_id: str) -> CallHandle:
+        """The handle of a call by its id (a submitted one's, or one this client learnt of)."""
+        return CallHandle(self, call_id)
 
     def agents(self) -> list[Agent]:
         """The tenant's agents."""
@@ -203,6 +210,15 @@ class ClientSession:
         response = self._client.request("POST", path, json=body, headers=wire.key_headers(idempotency_key))
         return wire.tool_result(response)
 
+    def submit(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> CallHandle:
+        """Start one call and return its handle at once (see AsyncClientSession.submit)."""
+        body = wire.call_body(name, arguments, self._agent)
+        path = wire.session_path(self._key, "calls")
+        response = self._client.request("POST", path, json=body, headers=wire.submit_headers(idempotency_key))
+        return CallHandle(self._client, wire.submitted_id(response))
+
     def call_many(self, calls: Iterable[BatchCall], *, mode: BatchMode = "parallel") -> BatchResult:
         """Run a batch (1-64 calls) as the engine does; the library's BatchResult."""
         body = wire.batch_body(calls, mode, self._agent)
@@ -227,6 +243,44 @@ class ClientSession:
         answer = self._client.request("DELETE", wire.session_path(self._key), params=wire.params(agent=self._agent))
         closed: list[str] = answer.json()["closed"]
         return closed
+
+
+class CallHandle:
+    """A call running in the service, by its id (see AsyncCallHandle)."""
+
+    def __init__(self, client: Client, call_id: str) -> None:
+        self._client = client
+        self.call_id = call_id
+
+    def status(self, wait_s: float = 0.0) -> CallState:
+        """Its state (once it ended, when that comes within `wait_s`, at most 60 s per request)."""
+        query = wire.params(wait=min(max(wait_s, 0.0), wire.MAX_WAIT_S) or None)
+        return wire.call_state(self._client.request("GET", f"/v1/calls/{self.call_id}", params=query))
+
+    def result(self, timeout_s: float | None = None) -> ToolResult:
+        """Its ToolResult once it ended (an abandoned call's: CONFLICT with the reason).
+
+        Raises:
+            TimeoutError: it had not ended within `timeout_s`.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = wire.MAX_WAIT_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"call {self.call_id} had not ended within {timeout_s:g} s")
+            ended = wire.ended_result(self.status(wait_s=min(left, wire.MAX_WAIT_S)))
+            if ended is not None:
+                return ended
+
+    def cancel(self) -> bool:
+        """Stop it; False when it had ended already (see AsyncCallHandle.cancel)."""
+        try:
+            self._client.request("DELETE", f"/v1/calls/{self.call_id}")
+        except ServiceError as exc:
+            if exc.code is ErrorCode.CONFLICT and self.status().state in ("finished", "abandoned"):
+                return False
+            raise
+        return True
 
 
 class EventStream:

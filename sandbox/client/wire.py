@@ -14,10 +14,10 @@ import httpx
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from sandbox.client.errors import NotFoundError, RateLimitedError, error_for
-from sandbox.client.models import SessionEvent
+from sandbox.client.models import CallState, SessionEvent
 from sandbox.engine.batch import BatchCall, BatchResult
 from sandbox.errors import ErrorCode, UsageError
-from sandbox.tools.spec import ToolResult
+from sandbox.tools.spec import ErrorInfo, ToolResult
 
 NEXT_CURSOR = "x-next-cursor"
 # a call's answer arrives when its tool finishes (an exec may run for minutes, an approval waits
@@ -81,6 +81,36 @@ def checked(response: httpx.Response) -> httpx.Response:
 def key_headers(idempotency_key: str | None) -> dict[str, str]:
     """The `Idempotency-Key` header of a call (none without a key)."""
     return {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+
+
+MAX_WAIT_S = 60.0  # the longest long-poll the service allows (`GET /v1/calls/{id}?wait=`)
+
+
+def submit_headers(idempotency_key: str | None) -> dict[str, str]:
+    """The headers of a submitted call: answered at once with its handle (RFC 7240)."""
+    return {"Prefer": "respond-async", **key_headers(idempotency_key)}
+
+
+def submitted_id(response: httpx.Response) -> str:
+    """The call id of a `202 Accepted` (its `Location`, or the body's `call_id`)."""
+    location = response.headers.get("Location", "")
+    return location.rsplit("/", 1)[1] if location else str(response.json()["call_id"])
+
+
+def call_state(response: httpx.Response) -> CallState:
+    """`GET /v1/calls/{id}`'s answer."""
+    return CallState.model_validate_json(response.content)
+
+
+def ended_result(found: CallState) -> ToolResult | None:
+    """The ToolResult of an ended call (an abandoned one's is its reason as a CONFLICT, as the
+    library's handle says); None while it runs."""
+    if found.state == "finished":
+        return found.result
+    if found.state != "abandoned":
+        return None
+    error = ErrorInfo(code=ErrorCode.CONFLICT.value, message=f"the call was abandoned: {found.reason}")
+    return ToolResult(ok=False, tool=found.tool, call_id=found.call_id, trace_id="", error=error)
 
 
 def call_body(tool: str, arguments: Mapping[str, Any] | None, agent: str | None) -> dict[str, Any]:
