@@ -132,3 +132,18 @@ def rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in KiB: what it holds now, and the most it ever held."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def remove_instance(instance: str) -> None:
+    """Remove the containers a `sandbox serve` of the test made for `instance` (its session
+    sandboxes outlive a service that is killed or stopped: the test made them, the test removes them)."""
+    import docker
+
+    from sandbox.runtime.naming import Labels
+
+    client = docker.from_env()
+    try:
+        for box in client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={instance}"}):
+            box.remove(force=True)
+    finally:
+        client.close()

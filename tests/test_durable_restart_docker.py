@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pytest
 
 from sandbox.journal.store import Journal
 from sandbox.runtime.naming import Labels
-from tests.service_helpers import TOKEN_A, free_port, sha, wait_healthy
+from tests.conftest import RUN_ID
+from tests.service_helpers import TOKEN_A, free_port, remove_instance, sha, wait_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
 
@@ -28,7 +30,18 @@ A = {"Authorization": f"Bearer {TOKEN_A}"}
 COMMAND = "echo start >> runs.txt; sleep {s}; echo done >> runs.txt; echo done"
 
 
-def _config(tmp_path: Path, instance: str, handover: bool) -> Path:
+@pytest.fixture
+def made() -> Iterator[list[str]]:
+    """The instances a test's services ran under: their sandboxes go with the test."""
+    instances: list[str] = []
+    yield instances
+    for instance in instances:
+        remove_instance(instance)
+
+
+def _config(tmp_path: Path, made: list[str], name: str, handover: bool) -> Path:
+    instance = f"{name}{RUN_ID}"  # this run's own: another run's sandboxes are not touched
+    made.append(instance)
     ws = tmp_path / "ws"
     ws.mkdir()
     os.chown(ws, 1000, 1000)
@@ -99,10 +112,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=60)
 
 
-def test_kill_9_mid_call_then_start_again_records_the_true_outcome(tmp_path: Path) -> None:
+def test_kill_9_mid_call_then_start_again_records_the_true_outcome(tmp_path: Path, made: list[str]) -> None:
     """The service dies with -9 while `sleep` runs; the command finishes while no service runs;
     the next start adopts the call: finished, ok, with `done`, one run, `adopted` journaled."""
-    cfg, port = _config(tmp_path, "dur9", handover=False), free_port()
+    cfg, port = _config(tmp_path, made, "dur9", handover=False), free_port()
     url = f"http://127.0.0.1:{port}"
     first = _start(cfg, port)
     try:
@@ -126,10 +139,10 @@ def test_kill_9_mid_call_then_start_again_records_the_true_outcome(tmp_path: Pat
     assert "durable_started" in stages and "adopted" in stages and stages[-1] == "finished", stages
 
 
-def test_sigterm_with_handover_leaves_the_command_running_for_the_next_start(tmp_path: Path) -> None:
+def test_sigterm_with_handover_leaves_the_command_running_for_the_next_start(tmp_path: Path, made: list[str]) -> None:
     """SIGTERM with `service.handover: true`: the service exits without killing the command
     (`handed_over`); the next start adopts it while it still runs and records `done`."""
-    cfg, port = _config(tmp_path, "durho", handover=True), free_port()
+    cfg, port = _config(tmp_path, made, "durho", handover=True), free_port()
     url = f"http://127.0.0.1:{port}"
     first = _start(cfg, port)
     try:
@@ -153,8 +166,8 @@ def test_sigterm_with_handover_leaves_the_command_running_for_the_next_start(tmp
     assert stages.index("handed_over") < stages.index("adopted") < stages.index("finished"), stages
 
 
-def test_a_handed_over_call_whose_sandbox_went_is_abandoned_with_the_reason(tmp_path: Path) -> None:
-    cfg, port = _config(tmp_path, "durgone", handover=True), free_port()
+def test_a_handed_over_call_whose_sandbox_went_is_abandoned_with_the_reason(tmp_path: Path, made: list[str]) -> None:
+    cfg, port = _config(tmp_path, made, "durgone", handover=True), free_port()
     url = f"http://127.0.0.1:{port}"
     first = _start(cfg, port)
     try:
@@ -166,7 +179,7 @@ def test_a_handed_over_call_whose_sandbox_went_is_abandoned_with_the_reason(tmp_
         _stop(first)
     client = docker.from_env()
     try:
-        boxes = client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}=durgone"})
+        boxes = client.containers.list(all=True, filters={"label": f"{Labels.INSTANCE}={made[0]}"})
         assert boxes
         for box in boxes:  # removed from outside while no service runs
             box.remove(force=True)

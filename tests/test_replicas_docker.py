@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,20 @@ import pytest
 from sandbox.config.state import parse_state_url
 from sandbox.journal.store import Journal
 from sandbox.state.admin import migrate_store
-from tests.service_helpers import TOKEN_A, free_port, sha, wait_healthy
+from tests.conftest import RUN_ID
+from tests.service_helpers import TOKEN_A, free_port, remove_instance, sha, wait_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.postgres, pytest.mark.usefixtures("images")]
 
 A = {"Authorization": f"Bearer {TOKEN_A}"}
 LEASE_S = 6
+
+
+@pytest.fixture(autouse=True)
+def _sandboxes_go() -> Iterator[None]:
+    """The replicas' session sandboxes outlive the killed and stopped services: they go here."""
+    yield
+    remove_instance(f"rep{RUN_ID}")
 
 
 def _config(tmp_path: Path, name: str, pg_url: str, ws: Path, extra: str = "") -> Path:
@@ -34,7 +43,7 @@ def _config(tmp_path: Path, name: str, pg_url: str, ws: Path, extra: str = "") -
     path = folder / "sandbox.yaml"
     path.write_text(f"""
 state_dir: {folder / "state"}
-instance: rep{os.getpid() % 100000}
+instance: rep{RUN_ID}
 state: {{url: '{pg_url}', lease_s: {LEASE_S}}}
 tenants: [{{id: acme, quotas: {{max_concurrent_calls: 2}}, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
 {extra}
