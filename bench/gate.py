@@ -18,11 +18,9 @@ Run: python bench/gate.py [--rounds N]   (needs the engine and the images; exit 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -36,21 +34,13 @@ import anyio
 import docker
 import httpx
 from _stats import pct
+from tools import tar_of
 
 from sandbox import Orchestrator, load_config_text
 from tests.service_helpers import TOKEN_A, serve_process, sha
 
 THRESHOLDS = Path(__file__).with_name("gate_thresholds.json")
 CONTENT = "x" * 4095 + "\n"
-
-
-def _tar(name: str, data: bytes) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 async def _ms(fn: Callable[[], Awaitable[object]]) -> float:
@@ -99,7 +89,7 @@ async def _rounds(
             box = await session.sandbox()
             assert box is not None
             container = client.containers.get(box.id)
-            archive = _tar("f.txt", CONTENT.encode())
+            archive = tar_of("f.txt", CONTENT.encode())
             headers = {"Authorization": f"Bearer {TOKEN_A}"}
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
 

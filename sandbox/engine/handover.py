@@ -92,7 +92,7 @@ def hand_over(orch: Orchestrator) -> list[str]:
         started = durable_start(events)
         if started is None or events[-1].stage in TERMINAL:
             continue
-        _append(orch, events[-1], HANDED_OVER, {"process_id": started.data.get("process_id")})
+        note_stage(orch, events[-1], HANDED_OVER, {"process_id": started.data.get("process_id")})
         orch.handover.calls.add(call_id)
         handed.append(call_id)
     if handed:
@@ -112,14 +112,14 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
     proc_id = str(started.data.get("process_id", ""))
     timeout_s = float(started.data.get("timeout_s") or orch.config.tools.exec.max_timeout_s)
     note = {"process_id": proc_id, "from_owner_gone": True}
-    _append(orch, last, ADOPTED, note)
+    note_stage(orch, last, ADOPTED, note)
     store = orch.call_store
     if store is not None and not await store.adopt_call(last.call_id):
         record = await store.call_record(last.call_id)
         if record is not None and record.state not in ("finished", "abandoned"):
             # a live process holds its record (another replica adopted it, or will once this
             # one's earlier lease runs out): it is that one's to watch; never killed from here
-            _append(orch, last, ADOPTED_ELSEWHERE, {"process_id": proc_id})
+            note_stage(orch, last, ADOPTED_ELSEWHERE, {"process_id": proc_id})
             return ""
         reason = "its record was settled while nobody ran it; the command was stopped"
         return await _abandon(orch, last, proc_id, reason)
@@ -164,7 +164,7 @@ async def _adopt_orphan(orch: Orchestrator, store: Any, record: Any, note: dict[
         )  # fmt: skip
         proc_id = str(note.get("process_id") or "")
         if record.tool == "exec" and proc_id:
-            _append(orch, last, ADOPTED, {"process_id": proc_id, "from_replica_gone": True})
+            note_stage(orch, last, ADOPTED, {"process_id": proc_id, "from_replica_gone": True})
             timeout_s = float(note.get("timeout_s") or orch.config.tools.exec.max_timeout_s)
             return await _watch(orch, last, proc_id, timeout_s, float(note.get("started") or record.created))
         reason = "its replica went away before it finished; what it started was stopped"
@@ -203,7 +203,7 @@ async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float
             )
             shaped = shape(body, orch.config.results.max_chars, None)
             result.output, result.truncated = shaped.output, shaped.truncated
-            _append(orch, last, "finished", {"output": result.output, "adopted": True})
+            note_stage(orch, last, "finished", {"output": result.output, "adopted": True})
         except SandboxError as exc:
             partial = exc.details.get("output")
             details = {k: v for k, v in exc.details.items() if k != "output"}
@@ -217,7 +217,7 @@ async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float
                 error=error,
                 duration_ms=_ms(began),
             )
-            _append(orch, last, "failed", {"code": exc.code.value, "message": exc.message, "adopted": True})
+            note_stage(orch, last, "failed", {"code": exc.code.value, "message": exc.message, "adopted": True})
         except Exception as exc:  # never left running unobserved: it stops, and says why
             with anyio.CancelScope(shield=True):
                 reason = f"its adoption failed ({type(exc).__name__}: {exc}); the command was stopped"
@@ -233,7 +233,7 @@ async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float
                     await _end(orch, last, why_cancelled())
                 elif not orch.handover.kept(last.call_id):  # this orchestrator closes: the next one adopts it
                     orch.handover.calls.add(last.call_id)
-                    _append(orch, last, HANDED_OVER, {"process_id": proc_id})
+                    note_stage(orch, last, HANDED_OVER, {"process_id": proc_id})
                     journal.flush()
             raise
         orch.handover.track(last.call_id, False)
@@ -249,13 +249,13 @@ async def _watch(orch: Orchestrator, last: Event, proc_id: str, timeout_s: float
 async def _end(orch: Orchestrator, last: Event, reason: str) -> None:
     """Journal `abandoned` with `reason` and end the record so."""
     orch.handover.track(last.call_id, False)
-    _append(orch, last, "abandoned", {"reason": reason})
+    note_stage(orch, last, "abandoned", {"reason": reason})
     if orch.call_store is not None:
         await orch.call_store.end_call(last.call_id, "abandoned", None, reason)
 
 
 async def _abandon(orch: Orchestrator, last: Event, proc_id: str | None, reason: str) -> str:
-    _append(orch, last, "abandoned", {"reason": reason})
+    note_stage(orch, last, "abandoned", {"reason": reason})
     if proc_id:
         try:
             session = orch.session(last.session, agent=last.agent)
@@ -272,7 +272,9 @@ async def _abandon(orch: Orchestrator, last: Event, proc_id: str | None, reason:
     return "abandoned"
 
 
-def _append(orch: Orchestrator, last: Event, stage: str, data: dict[str, Any]) -> None:
+def note_stage(orch: Orchestrator, last: Event, stage: str, data: dict[str, Any], owner: str | None = None) -> None:
+    """Journal `stage` for the call of `last` (as `owner`: None, this process; recovery notes
+    for an owner that is gone, so the note does not make the call look alive)."""
     assert orch.journal is not None
     orch.journal.append(
         trace_id=last.trace_id,
@@ -283,6 +285,7 @@ def _append(orch: Orchestrator, last: Event, stage: str, data: dict[str, Any]) -
         tool=last.tool,
         stage=stage,
         data=data,
+        owner=owner,
     )
 
 

@@ -68,18 +68,8 @@ async def _end_record(orch: Orchestrator, call_id: str) -> None:
 
 
 def _note(orch: Orchestrator, last: Event, owner: str, stage: str, **data: Any) -> None:
-    assert orch.journal is not None
-    orch.journal.append(
-        trace_id=last.trace_id,
-        call_id=last.call_id,
-        session=last.session,
-        tenant=last.tenant,
-        agent=last.agent,
-        tool=last.tool,
-        stage=stage,
-        data=data,
-        owner=owner,  # the call stays the gone owner's: a note does not make it look alive
-    )
+    # the call stays the gone owner's: a note does not make it look alive
+    handover.note_stage(orch, last, stage, data, owner=owner)
 
 
 async def _settle(orch: Orchestrator, last: Event, owner: str) -> str:
