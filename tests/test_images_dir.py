@@ -22,3 +22,46 @@ def test_images_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     """$SANDBOX_IMAGES_DIR wins (an installed package has no checkout beside it)."""
     monkeypatch.setenv("SANDBOX_IMAGES_DIR", str(tmp_path))
     assert images_dir() == tmp_path
+
+
+def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builders started together (test workers on a fresh machine, the demo beside the tests)
+    take turns: while one process holds the build lock, another's build waits for it, so they
+    never race for apt's lock or debootstrap the base twice."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from sandbox.runtime.docker import images
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(images.tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom sandbox.runtime.docker.images import _build_lock\n"
+            "with _build_lock():\n    print('held', flush=True)\n    sys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    ) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "held"
+        got = threading.Event()
+
+        def build() -> None:
+            with images._build_lock():
+                got.set()
+
+        waiter = threading.Thread(target=build, daemon=True)
+        waiter.start()
+        assert not got.wait(1.0), "a second build went ahead while the first held the lock"
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert got.wait(30), "the second build never went ahead once the first was done"
+        waiter.join(5)
+    monkeypatch.setattr(images.tempfile, "tempdir", None)

@@ -14,6 +14,10 @@ MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 OFFLINE="${OFFLINE:-0}"
 KEYRING="${KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 
+# one build at a time on this host: a second caller (a test worker, the demo) waits for the
+# first and then finds the image present, instead of racing it for apt's lock and the tag
+exec 9>"${TMPDIR:-/tmp}/agent-sandbox-base-$(id -u).lock"
+flock 9
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base: $TAG present"
   exit 0
@@ -25,7 +29,13 @@ fi
 echo "base: $TAG absent and not pullable; building it with debootstrap ($SUITE from $MIRROR)"
 if ! command -v debootstrap >/dev/null 2>&1 || [ ! -s "$KEYRING" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap debian-archive-keyring >/dev/null
+    # another apt on this host (unattended upgrades, a provisioning step) holds its lock for a
+    # while: wait for it rather than fail
+    apt=(apt-get -qq -o DPkg::Lock::Timeout=300)
+    if ! { "${apt[@]}" update && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y debootstrap debian-archive-keyring >/dev/null; }; then
+      echo "base: installing debootstrap and debian-archive-keyring with apt-get failed (see above)" >&2
+      exit 1
+    fi
   else
     echo "base: debootstrap or $KEYRING is missing; install them (apt-get install debootstrap debian-archive-keyring) and retry" >&2
     exit 1

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
 import re
 import subprocess
 import tarfile
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,9 +211,25 @@ def build_all(
     offline: bool = False,
     force: bool = False,
 ) -> dict[str, str]:
-    """Provide the base, then build every target; return tag -> image id."""
-    ensure_base(offline, log, client)
-    return {t.tag: build_image(client, t, log, force=force) for t in targets}
+    """Provide the base, then build every target; return tag -> image id.
+
+    One build at a time on this host (a file lock): test workers, the demo and `sandbox images
+    build` started together take turns, and whoever comes second finds the images current.
+    """
+    with _build_lock():
+        ensure_base(offline, log, client)
+        return {t.tag: build_image(client, t, log, force=force) for t in targets}
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    path = Path(tempfile.gettempdir()) / f"agent-sandbox-images-{os.getuid()}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, even on a crash
+        yield
+    finally:
+        os.close(fd)
 
 
 def image_current(client: Any, target: ImageTarget) -> tuple[bool, str]:
