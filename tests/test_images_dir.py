@@ -31,12 +31,13 @@ def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: p
     import os
     import subprocess
     import sys
+    import tempfile
     import threading
 
     from sandbox.runtime.docker import images
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(images.tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     with subprocess.Popen(
         [
             sys.executable,
@@ -64,4 +65,4 @@ def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: p
         holder.stdin.flush()
         assert got.wait(30), "the second build never went ahead once the first was done"
         waiter.join(5)
-    monkeypatch.setattr(images.tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "tempdir", None)

@@ -73,7 +73,7 @@ def test_a_version_2_journal_gets_the_tenant_indexes_in_one_transaction(tmp_path
     db = sqlite3.connect(path)
     names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"events_tenant_session", "events_tenant_trace", "events_tenant", "events_ts"} <= names
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     db.close()
 
 
@@ -123,3 +123,27 @@ def test_a_sessions_list_reads_only_the_newest_window_of_the_agents_events(tmp_p
     assert journal.session_calls("quiet", "a", "s-new") == 10
     assert journal.session_calls("busy", "a", "s-new") == 50
     journal.close()
+
+
+def test_a_journal_has_an_id_of_its_own_kept_across_opens_and_given_to_an_older_one(tmp_path: Path) -> None:
+    """The id names the journal as the origin of the events it ships to a shared store: stable
+    while the file lives, another for a journal made anew, and given to a journal of version 4."""
+    journal = Journal(tmp_path / "j.sqlite3")
+    first = journal.journal_id()
+    journal.close()
+    journal = Journal(tmp_path / "j.sqlite3")
+    assert journal.journal_id() == first and len(first) == 32
+    journal.close()
+    db = sqlite3.connect(tmp_path / "j.sqlite3")
+    db.executescript("DROP TABLE journal_meta; PRAGMA user_version = 4;")
+    db.close()
+    journal = Journal(tmp_path / "j.sqlite3")
+    try:
+        assert journal.journal_id() not in ("", first)
+    finally:
+        journal.close()
+    other = Journal(tmp_path / "k.sqlite3")
+    try:
+        assert other.journal_id() != first
+    finally:
+        other.close()

@@ -240,3 +240,55 @@ def _stages(folder: Path, call_id: str) -> list[str]:
         return [e.stage for e in journal.events(call_id=call_id)]
     finally:
         journal.close()
+
+
+def test_a_call_on_one_replica_is_in_the_others_logs_and_event_stream(tmp_path: Path, pg_url: str) -> None:
+    """A session's event stream opened on B shows a call running on A as it happens (relayed by
+    NOTIFY), and B's /v1/logs holds the call's journal (A's journal, shipped to the store)."""
+    import json
+    import threading
+
+    ws = _workspace(tmp_path, pg_url)
+    url_a, proc_a = _start(_config(tmp_path, "a", pg_url, ws))
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws))
+    streamed: list[dict[str, Any]] = []
+    connected = threading.Event()
+
+    def follow() -> None:
+        with httpx.stream("GET", f"{url_b}/v1/sessions/agent:alpha:r5/events", headers=A, timeout=60) as stream:
+            for line in stream.iter_lines():
+                if line.startswith(": connected"):
+                    connected.set()
+                if line.startswith("data: "):
+                    streamed.append(json.loads(line[6:]))
+                    if streamed[-1]["kind"] == "finished":
+                        return
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    try:
+        assert connected.wait(30)
+        done = httpx.post(
+            f"{url_a}/v1/sessions/agent:alpha:r5/calls",
+            headers=A,
+            json={"tool": "exec", "args": {"command": "sleep 1.5; echo from-a"}},
+            timeout=60,
+        )
+        assert done.status_code == 200 and done.json()["ok"], done.text
+        call_id = done.json()["call_id"]
+        follower.join(30)
+        kinds = [e["kind"] for e in streamed if e["call_id"] == call_id]
+        assert kinds[0] == "queued" and "started" in kinds and "running" in kinds and kinds[-1] == "finished", kinds
+        logs: list[dict[str, Any]] = []
+
+        def shipped() -> bool:
+            logs[:] = httpx.get(f"{url_b}/v1/logs", params={"session": "agent:alpha:r5"}, headers=A, timeout=30).json()
+            return any(e["call_id"] == call_id and e["stage"] == "finished" for e in logs)
+
+        _until(shipped, 30)
+        stages = [e["stage"] for e in reversed(logs) if e["call_id"] == call_id]
+        assert stages[0] == "proposed" and "running" in stages and stages[-1] == "finished", stages
+        assert {e["tenant"] for e in logs} == {"acme"}
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)

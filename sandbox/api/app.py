@@ -26,6 +26,7 @@ from sandbox.api.handle_routes import add_handle_routes
 from sandbox.api.limits import TenantLimits
 from sandbox.api.mcp_server import http_server
 from sandbox.api.metrics import Metrics
+from sandbox.api.progress_relay import ProgressRelay
 from sandbox.api.quotas import Admission
 from sandbox.api.read_routes import add_read_routes
 from sandbox.api.requests import ERROR_RESPONSES
@@ -38,6 +39,7 @@ from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
 from sandbox.state import open_store
 from sandbox.state.protocol import SharedStore
+from sandbox.state.shipping import keep_shared_events_bounded, ship_journal
 
 CLEANUP_WAIT_S = 20.0  # at shutdown, how long cancelled calls get to kill what they started
 RECOVER_EVERY_S = 60.0
@@ -104,8 +106,10 @@ def _lifespan(
             ):
                 orchestrator.share_approvals(store)
                 orchestrator.share_calls(store)
+                app.state.store = store
                 app.state.spawn = tg.start_soon
                 tg.start_soon(watch.run)
+                _share_events(tg, orchestrator, store, config)
                 yield
                 tg.cancel_scope.cancel()
             return
@@ -117,6 +121,8 @@ def _lifespan(
         ):
             orch.share_approvals(store)
             orch.share_calls(store)
+            app.state.store = store
+            _share_events(tg, orch, store, config)
             app.state.spawn = tg.start_soon  # background work of requests (readiness probes)
             tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
@@ -157,6 +163,18 @@ async def shared_store(config: Config, admission: Admission) -> AsyncIterator[Sh
             yield cast("SharedStore", store)  # a PostgreSQL store is the shared one (postgres/store.py)
         finally:
             admission.store = None
+
+
+def _share_events(tg: Any, orch: Orchestrator, store: SharedStore | None, config: Config) -> None:
+    """With a shared store: ship this replica's journal to it, keep the shared events within
+    `journal.retention`, and relay progress events between replicas (docs/state.md, "Events
+    across replicas")."""
+    if store is None:
+        return
+    tg.start_soon(ProgressRelay(orch.progress, store).run)
+    if orch.journal is not None:
+        tg.start_soon(ship_journal, orch.journal, store)
+        tg.start_soon(keep_shared_events_bounded, store, config.journal.retention)
 
 
 async def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:

@@ -96,6 +96,9 @@ def http_server(
     An MCP session belongs to the tenant and the token that opened it (any other token on it is
     404, as if it did not exist), a tenant holds at most service.max_mcp_sessions_per_tenant of
     them (429 past it), and one idle for service.mcp_session_idle_s ends.
+
+    With service.mcp_stateless there are no MCP sessions: each request stands alone (any replica
+    answers it), and its sandbox session is X-Sandbox-Session's or `mcp-default`.
     """
     service = tenants.config.service
     # the orchestrator sessions each MCP session used under its own default key (mcp-<id>), to
@@ -162,6 +165,7 @@ def http_server(
         per_tenant=service.max_mcp_sessions_per_tenant,
         session_idle_timeout=service.mcp_session_idle_s,
         max_sessions=service.max_mcp_sessions_per_tenant * max(1, len(tenants.config.tenants)),
+        stateless=service.mcp_stateless,
     )
     manager.on_end = ended
     inner = StreamableHTTPASGIApp(manager)

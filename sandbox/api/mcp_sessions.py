@@ -43,10 +43,21 @@ class OwnedSessions(StreamableHTTPSessionManager):
     """The SDK's session manager, with at most `per_tenant` sessions open per tenant."""
 
     def __init__(
-        self, app: Any, *, per_tenant: int, json_response: bool, session_idle_timeout: float, max_sessions: int
+        self,
+        app: Any,
+        *,
+        per_tenant: int,
+        json_response: bool,
+        session_idle_timeout: float,
+        max_sessions: int,
+        stateless: bool = False,
     ) -> None:
         super().__init__(
-            app, json_response=json_response, session_idle_timeout=session_idle_timeout, max_sessions=max_sessions
+            app,
+            json_response=json_response,
+            session_idle_timeout=None if stateless else session_idle_timeout,
+            max_sessions=max_sessions,
+            stateless=stateless,
         )
         self.per_tenant = per_tenant
         self.on_end: Callable[[str], Awaitable[None]] | None = None  # told each session id that ended

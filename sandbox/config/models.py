@@ -499,6 +499,10 @@ class ServiceSection(StrictModel):
     max_event_streams_per_tenant: int = Field(8, ge=1)
     max_mcp_sessions_per_tenant: int = Field(16, ge=1)
     mcp_session_idle_s: float = Field(600.0, gt=0)
+    # MCP over HTTP without sessions (behind a load balancer with no sticky sessions): every
+    # request stands alone, on any replica; its sandbox session is X-Sandbox-Session's, or
+    # `mcp-default` (docs/service.md, "MCP behind a load balancer")
+    mcp_stateless: bool = False
     read_requests_per_minute: int = Field(600, ge=1)
     # on SIGTERM, durable calls still running are handed to the next orchestrator instead of
     # killed (engine/handover.py): only where the next start shares this state dir (docs/calls.md)

@@ -22,6 +22,7 @@ class ProgressEvent:
     session: str
     elapsed_s: float
     detail: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""  # "" for a call of this process; another replica's id for one it relayed
 
 
 Subscriber = Callable[[ProgressEvent], None]

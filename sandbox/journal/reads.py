@@ -114,6 +114,18 @@ class ReadsMixin:
             limit=limit,
         )
 
+    def committed_after(self, after_id: int, limit: int) -> list[Event]:
+        """Committed events after `after_id`, oldest first (what is still queued waits: a
+        shipper's read never makes the writer's queue drain on its thread)."""
+        rows = self._read("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit), flush=False)
+        return [event_of(row) for row in rows]
+
+    def journal_id(self) -> str:
+        """This journal's own random id (made with it): the origin of the events it ships to a
+        shared store (state/shipping.py)."""
+        rows = self._read("SELECT value FROM journal_meta WHERE key = 'id'", (), flush=False)
+        return str(rows[0][0])
+
     def last_event_id(self) -> int:
         """The id of the newest event (0 for none): where a follower starts."""
         rows = self._read("SELECT COALESCE(MAX(id), 0) FROM events", ())

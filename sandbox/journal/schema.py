@@ -18,8 +18,10 @@ from sandbox.errors import ErrorCode, SandboxError
 # and (tenant, trace_id), so a tenant's page of one session or trace walks only that tenant's
 # rows of it, never a neighbour's same-named session (SQLite appends the row id to every index
 # entry, so each is in id order within a tenant's session: `ORDER BY id DESC` needs no sort);
-# 4: call records (call handles and idempotency keys, journal/calls.py)
-SCHEMA_VERSION = 4
+# 4: call records (call handles and idempotency keys, journal/calls.py); 5: the journal's own
+# random id (`journal_meta`), which names it as the origin of the events it ships to a shared
+# store (state/shipping.py): a journal moved aside and made anew is another origin
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -98,8 +100,15 @@ CREATE TABLE IF NOT EXISTS calls (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS calls_key ON calls(tenant, idem_key) WHERE idem_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS calls_created ON calls(created);
+CREATE TABLE IF NOT EXISTS journal_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT OR IGNORE INTO journal_meta(key, value) VALUES ('id', lower(hex(randomblob(16))));
 """
-TABLES = frozenset({"events", "approvals", "loop_calls", "loop_sessions", "open_calls", "owners", "calls"})
+TABLES = frozenset(
+    {"events", "approvals", "loop_calls", "loop_sessions", "open_calls", "owners", "calls", "journal_meta"}
+)
 # a call leaves open_calls with its last stage; these end what recovery has to look at
 # (a re-attached background process stays open: later recoveries report when it exits)
 # stages after which a call is no longer this journal's to settle (its open-call row goes)

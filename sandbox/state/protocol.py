@@ -12,21 +12,28 @@ registry follow (docs/state.md, "What is in the store").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import anyio
+from anyio.abc import TaskStatus
+
 from sandbox.journal.approvals import Approval
 from sandbox.journal.calls import CallRecord, State
+from sandbox.journal.queries import Event, EventPage
 
 __all__ = [
     "Approval",
     "ApprovalStore",
     "CallRecord",
     "CallStore",
+    "EventStore",
     "QuotaLimits",
     "QuotaStore",
     "Refused",
     "Reservation",
+    "SharedPrune",
     "SharedStore",
     "StateStore",
 ]
@@ -183,6 +190,67 @@ class CallStore(Protocol):
         ...
 
 
-class SharedStore(StateStore, CallStore, Protocol):
-    """The store several replicas share (PostgreSQL): the whole store and the call records,
-    which the embedded default keeps in the journal instead."""
+BROADCAST_MAX_BYTES = 7900  # PostgreSQL's NOTIFY payload is under 8000 bytes
+
+
+@dataclass(frozen=True)
+class SharedPrune:
+    """What one prune of the shared events did (`skipped`: another replica was pruning)."""
+
+    deleted: int
+    estimated_bytes_before: int
+    seconds: float
+    skipped: bool = False
+
+
+class EventStore(Protocol):
+    """The journal's events of every replica (state/shipping.py ships each journal's new events
+    here after the fact; each replica's own journal stays the record a call commits to)."""
+
+    async def shipped_up_to(self, origin: str) -> int:
+        """The newest event of journal `origin` the store holds (0: none)."""
+        ...
+
+    async def add_events(self, origin: str, events: list[Event]) -> None:
+        """Store `events` of journal `origin` (an event already there is skipped)."""
+        ...
+
+    async def events_page(
+        self,
+        *,
+        tenant: str | None,
+        session: str | None = None,
+        trace_id: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> EventPage:
+        """One page of every replica's events, newest first (Journal.page's contract).
+
+        Raises:
+            UsageError: a bad limit or cursor.
+            SandboxError: SERVICE_UNAVAILABLE when the store does not answer.
+        """
+        ...
+
+    async def prune_events(self, *, max_age_s: float | None, max_bytes: int | None) -> SharedPrune:
+        """Apply `journal.retention`'s bounds to the shared events (one process at a time)."""
+        ...
+
+    async def broadcast(self, payloads: list[str]) -> None:
+        """Send each payload (text of at most BROADCAST_MAX_BYTES) to every listening process."""
+        ...
+
+    async def listen_broadcasts(
+        self, on_note: Callable[[str], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Give `on_note` every payload broadcast from now on (this process's own too), until
+        cancelled; started once listening holds. What is sent while the listening connection is
+        being made again is missed (progress is for watching, the journal is the record)."""
+        ...
+
+
+class SharedStore(StateStore, CallStore, EventStore, Protocol):
+    """The store several replicas share (PostgreSQL): the whole store, the call records and the
+    events, which the embedded default keeps in the journal instead."""

@@ -8,6 +8,7 @@ waiter polls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -27,11 +28,14 @@ class Wakeups:
     Args:
         url: the store.
         channel: the channel to LISTEN on (an identifier of ours, never user input).
+        on_note: given each payload instead (a channel that carries messages, not keys); a
+            reconnect then has no waiter to wake, and what was sent meanwhile is gone.
     """
 
-    def __init__(self, url: StateUrl, channel: str) -> None:
+    def __init__(self, url: StateUrl, channel: str, on_note: Callable[[str], None] | None = None) -> None:
         self._url = url
         self._channel = channel
+        self._on_note = on_note
         self._waiters: dict[str, set[anyio.Event]] = {}
 
     def watch(self, key: str) -> anyio.Event:
@@ -74,7 +78,7 @@ class Wakeups:
                         started = True
                     self._wake_all()  # whatever was decided while nobody listened is read again
                     async for note in conn.notifies():
-                        self._wake(note.payload)
+                        (self._on_note or self._wake)(note.payload)
                 finally:
                     await close_shielded(conn)
             except (SandboxError, pg.Error) as exc:

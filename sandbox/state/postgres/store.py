@@ -7,24 +7,27 @@ import contextlib
 import importlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import anyio
+from anyio.abc import TaskStatus
 from loguru import logger
 
 from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.calls import CallRecord, State
 from sandbox.journal.owners import owner_alive, owner_here
+from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, calls, quotas
+from sandbox.state.postgres import approvals, calls, events, quotas
 from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
-from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
+from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation, SharedPrune
 
+BROADCAST_CHANNEL = "sbx_progress"  # the replicas' progress events (api/progress_relay.py)
 POOL_OPEN_S = 10.0
 CHECKOUT_S = 5.0  # a call waits at most this for a pooled connection (an outage: SERVICE_UNAVAILABLE then)
 READ_AGAIN_S = 0.5  # a waiter whose read failed reads again after this (only while reads fail)
@@ -228,6 +231,51 @@ class PostgresStore:
                 finally:
                     self.wakeups.unwatch(call_id, event)
         return found if found is not None else await self.call_record(call_id)
+
+    async def shipped_up_to(self, origin: str) -> int:
+        """See :class:`~sandbox.state.protocol.EventStore`."""
+        async with self._conn() as conn:
+            return await events.shipped_up_to(conn, origin)
+
+    async def add_events(self, origin: str, found: list[Event]) -> None:
+        """See :class:`~sandbox.state.protocol.EventStore`."""
+        async with self._conn() as conn:
+            await events.add(conn, origin, found)
+
+    async def events_page(
+        self,
+        *,
+        tenant: str | None,
+        session: str | None = None,
+        trace_id: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> EventPage:
+        """See :class:`~sandbox.state.protocol.EventStore`."""
+        async with self._conn() as conn:
+            return await events.page(
+                conn, tenant=tenant, session=session, trace_id=trace_id, since=since, until=until, cursor=cursor,
+                limit=limit,
+            )  # fmt: skip
+
+    async def prune_events(self, *, max_age_s: float | None, max_bytes: int | None) -> SharedPrune:
+        """Apply `journal.retention` to the shared events (one replica at a time; see events.py)."""
+        async with self._conn() as conn:
+            return await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time())
+
+    async def broadcast(self, payloads: list[str]) -> None:
+        """See :class:`~sandbox.state.protocol.EventStore`: one NOTIFY each, in one transaction."""
+        async with self._conn() as conn, conn.transaction():
+            for payload in payloads:
+                await conn.execute("SELECT pg_notify(%s, %s)", (BROADCAST_CHANNEL, payload))
+
+    async def listen_broadcasts(
+        self, on_note: Callable[[str], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """See :class:`~sandbox.state.protocol.EventStore`: LISTEN on a connection of its own."""
+        await Wakeups(self.url, BROADCAST_CHANNEL, on_note).run(task_status=task_status)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""

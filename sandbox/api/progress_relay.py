@@ -1,0 +1,107 @@
+"""Progress events across replicas: with a shared store, a session's event stream on any
+replica shows the calls running on every replica (`GET /v1/sessions/{key}/events`).
+
+Each replica sends its own calls' progress events to the others through the store's broadcast
+(PostgreSQL NOTIFY), gathered for a moment so a busy replica sends one message per batch, not
+per event, and replays the others' events on its own bus marked with their origin (so they are
+never sent on again). Events are only for watching: one lost while a listening connection is
+made again is not sent twice, and the journal (shipped to the store, state/shipping.py) stays
+the record. An event is delivered only to streams of its own session, as on one replica; the
+session key names the agent, and an agent is one tenant's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import deque
+from dataclasses import asdict
+from typing import Any
+
+import anyio
+
+from sandbox._log import logger
+from sandbox.engine.progress import ProgressBus, ProgressEvent
+from sandbox.errors import SandboxError
+from sandbox.state.protocol import BROADCAST_MAX_BYTES, EventStore
+
+GATHER_S = 0.05  # how long events gather before they go out together
+BACKLOG = 10_000  # events waiting while the store is away; older ones are dropped past it
+MAX_TEXT = 2000  # a relayed event's strings (an output chunk) are cut to this
+
+
+class ProgressRelay:
+    """This replica's end of the relay (run :meth:`run` for the service's lifespan)."""
+
+    def __init__(self, bus: ProgressBus, store: EventStore) -> None:
+        self.bus = bus
+        self.store = store
+        self.origin = secrets.token_hex(8)  # this process: its own events come back and are skipped
+        self._waiting: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
+        self._ready = anyio.Event()
+
+    def _local(self, event: ProgressEvent) -> None:
+        if not event.origin:  # a relayed event is never sent on
+            self._waiting.append(_wire(event))
+            self._ready.set()
+
+    def _remote(self, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+            if message.get("origin") == self.origin:
+                return
+            for item in message.get("events", []):
+                self.bus.emit(ProgressEvent(**{**item, "origin": str(message["origin"])}))
+        except (ValueError, TypeError, KeyError) as exc:  # not ours, or from another version
+            logger.bind(error=str(exc)[:200]).warning("progress_relay_bad_message")
+
+    async def run(self) -> None:
+        """Send and receive until cancelled."""
+        unsubscribe = self.bus.subscribe(self._local)
+        try:
+            async with anyio.create_task_group() as group:
+                await group.start(self.store.listen_broadcasts, self._remote)
+                group.start_soon(self._send_forever)
+        finally:
+            unsubscribe()
+
+    async def _send_forever(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready = anyio.Event()
+            await anyio.sleep(GATHER_S)
+            batch = list(self._waiting)
+            self._waiting.clear()
+            try:
+                await self.store.broadcast(_payloads(self.origin, batch))
+            except SandboxError as exc:  # the store away: these are lost (watching only), later ones go
+                logger.bind(error=exc.message[:200], dropped=len(batch)).warning("progress_not_relayed")
+
+
+def _wire(event: ProgressEvent) -> dict[str, Any]:
+    item = asdict(event)
+    item.pop("origin")
+    item["detail"] = {k: (v[:MAX_TEXT] if isinstance(v, str) else v) for k, v in event.detail.items()}
+    return item
+
+
+def _payloads(origin: str, items: list[dict[str, Any]]) -> list[str]:
+    """`items` as few messages as fit NOTIFY's limit; an item too large alone loses its detail."""
+    head, tail = json.dumps({"origin": origin, "events": []})[:-2], "]}"
+    room = BROADCAST_MAX_BYTES - len(head) - len(tail)
+    out: list[str] = []
+    chunk: list[str] = []
+    size = 0
+    for item in items:
+        text = json.dumps(item, default=str)
+        if len(text.encode()) > room:
+            text = json.dumps({**item, "detail": {"truncated": True}}, default=str)
+        cost = len(text.encode()) + (1 if chunk else 0)
+        if chunk and size + cost > room:
+            out.append(head + ",".join(chunk) + tail)
+            chunk, size, cost = [], 0, cost - 1
+        chunk.append(text)
+        size += cost
+    if chunk:
+        out.append(head + ",".join(chunk) + tail)
+    return out

@@ -1,0 +1,206 @@
+"""Events across replicas: each replica's journal shipped to PostgreSQL (state/shipping.py), read
+as one newest-first log with the journal's own page contract, per tenant, bounded by
+`journal.retention` (a real server from Debian's packages, tests/pg_server.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sandbox.config.state import parse_state_url
+from sandbox.errors import UsageError
+from sandbox.journal.queries import Event
+from sandbox.journal.store import Journal
+from sandbox.state import open_store
+from sandbox.state.admin import migrate_store
+from sandbox.state.postgres import events as pg_events
+from sandbox.state.postgres.store import PostgresStore
+from sandbox.state.shipping import ship_journal
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+async def stores(pg_url: str, tmp_path: Path) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    """Two replicas' stores on one database."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(open_store(url, tmp_path, owner="a@elsewhere|boot|1|1"))
+        b = await stack.enter_async_context(open_store(url, tmp_path, owner="b@elsewhere|boot|1|1"))
+        yield a, b  # type: ignore[misc]
+
+
+def _fill(journal: Journal, tenant: str, calls: int, session: str = "agent:main:s1") -> None:
+    for n in range(calls):
+        for stage in ("started", "finished"):
+            journal.append(
+                trace_id=f"t_{tenant}_{n}",
+                call_id=f"c_{tenant}_{n}",
+                session=session,
+                tenant=tenant,
+                agent="main",
+                tool="exec",
+                stage=stage,
+                data={"n": n},
+            )
+
+
+async def _ship_until(journal: Journal, store: PostgresStore, count: int, tenant: str) -> None:
+    """Run the shipper until the store holds `count` events of `tenant`."""
+    async with anyio.create_task_group() as group:
+        group.start_soon(lambda: ship_journal(journal, store, every_s=0.02))
+        with anyio.fail_after(20):
+            while len((await store.events_page(tenant=tenant, limit=10_000)).events) < count:
+                await anyio.sleep(0.02)
+        group.cancel_scope.cancel()
+
+
+def _same(shared: list[Event], local: list[Event]) -> bool:
+    def strip(e: Event) -> tuple[Any, ...]:
+        return (e.ts, e.trace_id, e.call_id, e.session, e.tenant, e.agent, e.tool, e.stage, e.data)
+
+    return [strip(e) for e in shared] == [strip(e) for e in local]
+
+
+async def test_a_replicas_journal_is_read_on_another_with_the_journals_own_pages(
+    stores: tuple[PostgresStore, PostgresStore], tmp_path: Path
+) -> None:
+    a, b = stores
+    journal = Journal(tmp_path / "a.sqlite3")
+    try:
+        _fill(journal, "acme", 30)
+        _fill(journal, "acme", 5, session="agent:main:other")
+        _fill(journal, "globex", 7)
+        await _ship_until(journal, a, 70, "acme")
+        # read through the other replica's store: every page as the journal's own, newest first
+        queries: list[dict[str, Any]] = [{}, {"session": "agent:main:other"}, {"trace_id": "t_acme_3"}]
+        for query in queries:
+            shared, local, cursor, local_cursor = [], [], None, None
+            while True:
+                page = await b.events_page(tenant="acme", cursor=cursor, limit=7, **query)
+                shared += page.events
+                local_page = journal.page(tenant="acme", cursor=local_cursor, limit=7, **query)
+                local += local_page.events
+                assert (page.next_cursor is None) == (local_page.next_cursor is None)
+                if page.next_cursor is None:
+                    break
+                cursor, local_cursor = page.next_cursor, local_page.next_cursor
+            assert local and _same(shared, local), query
+        # a tenant never sees another's events, whatever it filters on
+        assert {e.tenant for e in (await b.events_page(tenant="globex", limit=1000)).events} == {"globex"}
+        assert (await b.events_page(tenant="globex", trace_id="t_acme_3", limit=10)).events == []
+        # time bounds, as the journal applies them
+        middle = local[len(local) // 2].ts
+        since = await b.events_page(tenant="acme", since=middle, limit=1000)
+        assert _same(since.events, journal.page(tenant="acme", since=middle, limit=1000).events)
+        with pytest.raises(UsageError):
+            await b.events_page(tenant="acme", cursor="not-a-cursor")
+    finally:
+        journal.close()
+
+
+async def test_a_restarted_shipper_goes_on_where_it_left_and_two_journals_make_one_log(
+    stores: tuple[PostgresStore, PostgresStore], tmp_path: Path
+) -> None:
+    a, b = stores
+    first, second = Journal(tmp_path / "a.sqlite3"), Journal(tmp_path / "b.sqlite3")
+    try:
+        _fill(first, "acme", 10)
+        await _ship_until(first, a, 20, "acme")
+        _fill(first, "acme", 5)
+        _fill(second, "acme", 4, session="agent:main:b")
+        await _ship_until(first, a, 30, "acme")  # a new shipper of the same journal: only the 10 new
+        await _ship_until(second, b, 38, "acme")
+        rows = (await a.events_page(tenant="acme", limit=1000)).events
+        assert len(rows) == 38  # no event twice
+        assert len({e.id for e in rows}) == 38
+        assert await a.shipped_up_to(first.journal_id()) == first.last_event_id()
+        assert await a.shipped_up_to(second.journal_id()) == second.last_event_id()
+        # a batch shipped again (a replica killed after the insert, before it knew) lands once
+        await a.add_events(first.journal_id(), first.committed_after(0, 1000))
+        assert len((await a.events_page(tenant="acme", limit=1000)).events) == 38
+    finally:
+        first.close()
+        second.close()
+
+
+def _event(n: int, ts: float, tenant: str = "acme") -> Event:
+    return Event(n, ts, f"t{n}", f"c{n}", "agent:main:s1", tenant, "main", "exec", "finished", 1.0, {"x": "y" * 200})
+
+
+async def test_retention_bounds_the_shared_events_by_age_and_by_size(
+    stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = stores
+    now = time.time()
+    old = [_event(n, now - 40 * 86400) for n in range(1, 301)]
+    new = [_event(n, now - 60) for n in range(301, 2301)]
+    await a.add_events("j1", old + new)
+    report = await b.prune_events(max_age_s=30 * 86400, max_bytes=None)
+    assert report.deleted == 300 and not report.skipped
+    kept = (await a.events_page(tenant="acme", limit=10_000)).events
+    assert len(kept) == 2000 and min(e.ts for e in kept) > now - 3600
+    # the size bound: the live rows' estimate goes under the bound, the newest kept
+    async with a._conn() as conn:
+        rows, row_bytes = await pg_events._rows_and_size(conn)
+    bound = rows * row_bytes // 4
+    report = await a.prune_events(max_age_s=None, max_bytes=bound)
+    kept = (await a.events_page(tenant="acme", limit=10_000)).events
+    assert 0 < len(kept) * row_bytes <= bound, (len(kept), row_bytes, bound)
+    assert {e.call_id for e in kept} <= {f"c{n}" for n in range(1500, 2301)}  # the oldest went first
+
+
+async def test_one_replica_prunes_at_a_time(stores: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = stores
+    async with a._conn() as held:
+        await held.execute("SELECT pg_advisory_lock(%s)", (pg_events.PRUNE_LOCK,))
+        try:
+            report = await b.prune_events(max_age_s=1.0, max_bytes=None)
+        finally:
+            await held.execute("SELECT pg_advisory_unlock(%s)", (pg_events.PRUNE_LOCK,))
+    assert report.skipped and report.deleted == 0
+
+
+async def test_progress_events_reach_the_other_replicas_bus_once_and_never_come_back(
+    stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    from sandbox.api.progress_relay import ProgressRelay
+    from sandbox.engine.progress import ProgressBus, ProgressEvent
+
+    buses = ProgressBus(), ProgressBus()
+    seen: tuple[list[ProgressEvent], list[ProgressEvent]] = ([], [])
+    buses[0].subscribe(seen[0].append)
+    buses[1].subscribe(seen[1].append)
+    relays = ProgressRelay(buses[0], stores[0]), ProgressRelay(buses[1], stores[1])
+
+    def event(n: int, session: str = "agent:main:s1", **detail: Any) -> ProgressEvent:
+        return ProgressEvent("running", f"c{n}", f"t{n}", "exec", session, 0.5, detail)
+
+    async with anyio.create_task_group() as group:
+        for relay in relays:
+            group.start_soon(relay.run)
+        await anyio.sleep(0.5)  # both listening
+        for n in range(20):
+            buses[0].emit(event(n))
+        buses[0].emit(event(99, kind_detail="x", text="z" * 50_000))  # larger than NOTIFY takes
+        buses[1].emit(event(100, session="agent:main:s2"))
+        with anyio.fail_after(10):
+            while len(seen[1]) < 22 or len(seen[0]) < 22:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.3)  # anything echoed would be here by now
+        group.cancel_scope.cancel()
+    remote_on_b = [e for e in seen[1] if e.origin]
+    assert [e.call_id for e in remote_on_b] == [f"c{n}" for n in range(20)] + ["c99"]
+    assert {e.origin for e in remote_on_b} == {relays[0].origin}
+    assert remote_on_b[0].session == "agent:main:s1" and remote_on_b[0].elapsed_s == 0.5
+    assert len(remote_on_b[-1].detail["text"]) == 2000  # an output chunk is cut, not dropped
+    # nothing went round: A saw its own 21 once and B's one, B its own one and A's 21
+    assert len(seen[0]) == 22 and len(seen[1]) == 22
+    assert [e.call_id for e in seen[0] if e.origin] == ["c100"]
