@@ -58,7 +58,14 @@ async def test_pg_from_empty_to_head(pg_url: str, tmp_path: Path) -> None:
     url = parse_state_url(pg_url)
     first = await migrate_store(url, tmp_path)
     assert (first.before, first.after) == (0, head("postgresql"))
-    assert first.applied == ("0001_quotas", "0002_approvals", "0003_calls", "0004_call_durable", "0005_events")
+    assert first.applied == (
+        "0001_quotas",
+        "0002_approvals",
+        "0003_calls",
+        "0004_call_durable",
+        "0005_events",
+        "0006_tokens",
+    )
     again = await migrate_store(url, tmp_path)
     assert (again.before, again.after, again.applied) == (head("postgresql"),) * 2 + ((),)
     status = await store_status(url, tmp_path)
@@ -83,8 +90,8 @@ async def test_pg_from_the_previous_version_keeps_its_data(pg_url: str, tmp_path
     upgraded = await migrate_store(url, tmp_path)
     assert (upgraded.before, upgraded.after, upgraded.applied) == (
         1,
-        5,
-        ("0002_approvals", "0003_calls", "0004_call_durable", "0005_events"),
+        6,
+        ("0002_approvals", "0003_calls", "0004_call_durable", "0005_events", "0006_tokens"),
     )
     async with open_store(url, tmp_path, owner="new@elsewhere|b|1|1") as store:
         assert await store.in_flight("t1") == 1
@@ -96,7 +103,8 @@ async def test_pg_from_the_previous_version_keeps_its_data(pg_url: str, tmp_path
 @pytest.mark.postgres
 async def test_pg_from_the_last_release_keeps_its_running_calls(pg_url: str, tmp_path: Path) -> None:
     """The previous release's schema (4) with a running durable call: upgraded, the call is there
-    with its durable note (still adoptable), and the shared events' table is new and empty."""
+    with its durable note (still adoptable), and the shared events' and tokens' tables are new
+    and empty."""
     url = parse_state_url(pg_url)
     await migrate_store(url, tmp_path, target=4)
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -107,11 +115,12 @@ async def test_pg_from_the_last_release_keeps_its_running_calls(pg_url: str, tmp
         )
         assert conn.execute("SELECT to_regclass('sbx_events')").fetchone() == (None,)
     upgraded = await migrate_store(url, tmp_path)
-    assert (upgraded.before, upgraded.after, upgraded.applied) == (4, 5, ("0005_events",))
+    assert (upgraded.before, upgraded.after, upgraded.applied) == (4, 6, ("0005_events", "0006_tokens"))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT state, durable FROM calls WHERE call_id = 'c_old'").fetchone()
         assert row == ("running", '{"pid": 7}')
         assert conn.execute("SELECT count(*) FROM sbx_events").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM sbx_tokens").fetchone() == (0,)
 
 
 @pytest.mark.postgres

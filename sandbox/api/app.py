@@ -31,6 +31,7 @@ from sandbox.api.quotas import Admission
 from sandbox.api.read_routes import add_read_routes
 from sandbox.api.requests import ERROR_RESPONSES
 from sandbox.api.serving import StopWatch
+from sandbox.api.shared_tokens import keep_tokens_shared
 from sandbox.api.tenants import Caller, Tenants
 from sandbox.config.models import Config
 from sandbox.engine.handover import adopt_orphans, hand_over, handover_on
@@ -109,7 +110,7 @@ def _lifespan(
                 app.state.store = store
                 app.state.spawn = tg.start_soon
                 tg.start_soon(watch.run)
-                _share_events(tg, orchestrator, store, config)
+                await _share_state(tg, app, orchestrator, store, config)
                 yield
                 tg.cancel_scope.cancel()
             return
@@ -122,7 +123,7 @@ def _lifespan(
             orch.share_approvals(store)
             orch.share_calls(store)
             app.state.store = store
-            _share_events(tg, orch, store, config)
+            await _share_state(tg, app, orch, store, config)
             app.state.spawn = tg.start_soon  # background work of requests (readiness probes)
             tg.start_soon(watch.run)
             await orch.recover()  # calls of orchestrators that are gone, never a live one's
@@ -165,12 +166,13 @@ async def shared_store(config: Config, admission: Admission) -> AsyncIterator[Sh
             admission.store = None
 
 
-def _share_events(tg: Any, orch: Orchestrator, store: SharedStore | None, config: Config) -> None:
-    """With a shared store: ship this replica's journal to it, keep the shared events within
-    `journal.retention`, and relay progress events between replicas (docs/state.md, "Events
-    across replicas")."""
+async def _share_state(tg: Any, app: FastAPI, orch: Orchestrator, store: SharedStore | None, config: Config) -> None:
+    """With a shared store: take its tenant tokens (loaded before this returns, kept current),
+    ship this replica's journal to it, keep the shared events within `journal.retention`, and
+    relay progress events between replicas (docs/state.md, "Events across replicas", "Tokens")."""
     if store is None:
         return
+    await tg.start(keep_tokens_shared, app.state.tenants, store)
     tg.start_soon(ProgressRelay(orch.progress, store).run)
     if orch.journal is not None:
         tg.start_soon(ship_journal, orch.journal, store)

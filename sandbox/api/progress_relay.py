@@ -46,6 +46,8 @@ class ProgressRelay:
             self._ready.set()
 
     def _remote(self, payload: str) -> None:
+        if not payload:  # the listener connected again: nothing to replay (progress is for watching)
+            return
         try:
             message = json.loads(payload)
             if message.get("origin") == self.origin:

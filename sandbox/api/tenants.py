@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import anyio
+
 from sandbox.api.token_file import TOKEN_FILE as TOKEN_FILE  # re-exported: where callers found it
 from sandbox.api.token_file import read_tokens, tokens_locked, write_tokens
 from sandbox.config.merge import EffectiveAgent, default_agent_id, effective_agent
 from sandbox.config.models import Config, TenantConfig
 from sandbox.errors import UsageError
+from sandbox.state.admin import shared_tokens
 
 T = TypeVar("T")
 TOKEN_PREFIX = "sbx_"  # noqa: S105 - a prefix, not a secret
@@ -44,23 +47,74 @@ def _stored(state_dir: Path) -> list[dict[str, str]]:
 
 
 def create_token(config: Config, tenant_id: str, name: str) -> str:
-    """A new token for `tenant_id`: returned once, only its hash written (state dir, 0600).
+    """A new token for `tenant_id`: returned once, only its hash kept: in the state dir's token
+    file (0600), or with a PostgreSQL `state.url` in the shared store (every replica takes it).
 
     Raises:
         UsageError: an unknown tenant, or a name it already uses.
         StateError: the token file is damaged (it is left as it is).
+        SandboxError: SERVICE_UNAVAILABLE when the shared store cannot be used.
     """
-    if not any(t.id == tenant_id for t in config.tenants):
-        known = ", ".join(t.id for t in config.tenants) or "none"
-        raise UsageError(f"unknown tenant {tenant_id!r}; tenants in the config: {known}")
+    _known_tenant(config, tenant_id)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    url = config.state.parsed()
+    if url.kind == "postgresql":
+        anyio.run(
+            shared_tokens, url, config.state_dir, lambda store: store.add_token(tenant_id, name, token_hash(token))
+        )
+        return token
     with tokens_locked(config.state_dir):  # a token made meanwhile by another process is kept
         stored = list(read_tokens(config.state_dir, strict=True))  # a damaged file is an error, never overwritten
         if any(t.get("tenant") == tenant_id and t.get("name") == name for t in stored):
             raise UsageError(f"tenant {tenant_id!r} already has a token named {name!r}")
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         stored.append({"tenant": tenant_id, "name": name, "sha256": token_hash(token)})
         write_tokens(config.state_dir, stored)
     return token
+
+
+def revoke_token(config: Config, tenant_id: str, name: str) -> None:
+    """Remove `tenant_id`'s token `name` (file or shared store, as create_token): a running
+    service refuses it from its next request (every replica, with a shared store).
+
+    Raises:
+        UsageError: an unknown tenant, or no stored token of that name (a token under
+            tenants[].tokens in the config goes by editing the config).
+    """
+    _known_tenant(config, tenant_id)
+    url = config.state.parsed()
+    if url.kind == "postgresql":
+        removed = anyio.run(shared_tokens, url, config.state_dir, lambda store: store.remove_token(tenant_id, name))
+    else:
+        with tokens_locked(config.state_dir):
+            stored = list(read_tokens(config.state_dir, strict=True))
+            kept = [t for t in stored if not (t.get("tenant") == tenant_id and t.get("name") == name)]
+            removed = len(kept) != len(stored)
+            if removed:
+                write_tokens(config.state_dir, kept)
+    if not removed:
+        raise UsageError(
+            f"tenant {tenant_id!r} has no stored token named {name!r} (`sandbox tenants token list` shows them; "
+            "a token under tenants[].tokens in the config goes by editing the config)"
+        )
+
+
+def stored_tokens(config: Config) -> list[dict[str, str]]:
+    """The stored tokens ({tenant, name, sha256}): the token file's, or the shared store's.
+
+    Raises:
+        StateError: the token file is damaged.
+        SandboxError: SERVICE_UNAVAILABLE when the shared store cannot be used.
+    """
+    url = config.state.parsed()
+    if url.kind == "postgresql":
+        return anyio.run(shared_tokens, url, config.state_dir, lambda store: store.tokens())
+    return list(read_tokens(config.state_dir, strict=True))
+
+
+def _known_tenant(config: Config, tenant_id: str) -> None:
+    if not any(t.id == tenant_id for t in config.tenants):
+        known = ", ".join(t.id for t in config.tenants) or "none"
+        raise UsageError(f"unknown tenant {tenant_id!r}; tenants in the config: {known}")
 
 
 def tenant_agents(config: Config, tenant: str) -> list[EffectiveAgent]:
@@ -111,20 +165,26 @@ class Tenants:
         self.config = config
         self._by_id = {t.id: t for t in config.tenants}
         self._configured = [(Caller(t, k.name), k.sha256) for t in config.tenants for k in t.tokens]
-        self._candidates: tuple[object, list[tuple[Caller, str]]] = (None, self._configured)
+        self._candidates: tuple[object, object, list[tuple[Caller, str]]] = (None, None, self._configured)
         self._metrics = [(True, k.sha256) for k in config.service.metrics_tokens]
         self._agents: dict[str, dict[str, EffectiveAgent]] = {}
+        self._shared: list[dict[str, str]] = []  # the shared store's tokens (api/shared_tokens.py)
+
+    def take_shared(self, tokens: list[dict[str, str]]) -> None:
+        """The shared store's tokens from now on (a new list: the old one is no longer taken)."""
+        self._shared = list(tokens)
 
     def _known_hashes(self) -> list[tuple[Caller, str]]:
         stored = _stored(self.config.state_dir)  # the same list object while the file is unchanged
-        if self._candidates[0] is not stored:
+        shared = self._shared
+        if self._candidates[0] is not stored or self._candidates[1] is not shared:
             extra = [
                 (Caller(self._by_id[s["tenant"]], s.get("name", "")), s.get("sha256", ""))
-                for s in stored
+                for s in [*stored, *shared]
                 if s.get("tenant") in self._by_id
             ]
-            self._candidates = (stored, self._configured + extra)
-        return self._candidates[1]
+            self._candidates = (stored, shared, self._configured + extra)
+        return self._candidates[2]
 
     def authenticate(self, token: str | None) -> Caller | None:
         """The tenant a bearer token belongs to, or None: its hash is compared with every known

@@ -70,9 +70,39 @@ def token_create(state: State, tenant: str, name: str, as_json: bool) -> None:
     _emit(
         {"tenant": tenant, "name": name, "token": token, "sha256": token_hash(token)},
         as_json,
-        f"{token}\n(shown once; its sha256 {token_hash(token)} is kept in the state dir; "
+        f"{token}\n(shown once; its sha256 {token_hash(token)} is kept in "
+        f"{'the shared store' if state.config.state.parsed().kind == 'postgresql' else 'the state dir'}; "
         "or put it under tenants[].tokens in the config)",
     )
+
+
+@token_group.command("revoke")
+@click.argument("tenant")
+@click.option("--name", default="default", show_default=True, help="The token's name.")
+@json_option
+@click.pass_obj
+@handled
+def token_revoke(state: State, tenant: str, name: str, as_json: bool) -> None:
+    """Remove TENANT's stored token NAME: every service on this store refuses it from its next request."""
+    from sandbox.api.tenants import revoke_token
+
+    revoke_token(state.config, tenant, name)
+    _emit({"tenant": tenant, "name": name, "revoked": True}, as_json, f"revoked {tenant}/{name}")
+
+
+@token_group.command("list")
+@json_option
+@click.pass_obj
+@handled
+def token_list(state: State, as_json: bool) -> None:
+    """The stored tokens (tenant, name, the start of the hash); never a token itself."""
+    from sandbox.api.tenants import stored_tokens
+
+    found = [
+        {"tenant": t["tenant"], "name": t.get("name", ""), "sha256": t["sha256"]} for t in stored_tokens(state.config)
+    ]
+    lines = [f"{t['tenant']}\t{t['name']}\t{t['sha256'][:12]}..." for t in found] or ["no stored tokens"]
+    _emit(found, as_json, "\n".join(lines))
 
 
 @main.command("mcp")

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar, cast
 
 from sandbox.config.state import StateUrl
 from sandbox.state.migrate import MigrationReport, head
+from sandbox.state.protocol import TokenStore
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,16 @@ async def doctor_verdict(url: StateUrl, state_dir: Path) -> tuple[Literal["ok", 
             return "ok", f"{where} (this code: {status.code_version}; migrated on first use)", ""
         return "fail", f"{where}, this code needs {status.code_version}", "sandbox state migrate"
     return "ok", f"{where} (current)", ""
+
+
+async def shared_tokens(url: StateUrl, state_dir: Path, change: Callable[[TokenStore], Awaitable[T]]) -> T:
+    """Run `change` (or a read) on the shared store's tokens (`sandbox tenants token ...` with a
+    PostgreSQL `state.url`).
+
+    Raises:
+        SandboxError: SERVICE_UNAVAILABLE when the store cannot be used; whatever `change` raises.
+    """
+    from sandbox.state.open import open_store
+
+    async with open_store(url, state_dir) as store:
+        return await change(cast("TokenStore", store))

@@ -36,6 +36,7 @@ __all__ = [
     "SharedPrune",
     "SharedStore",
     "StateStore",
+    "TokenStore",
 ]
 
 
@@ -251,6 +252,34 @@ class EventStore(Protocol):
         ...
 
 
-class SharedStore(StateStore, CallStore, EventStore, Protocol):
-    """The store several replicas share (PostgreSQL): the whole store, the call records and the
-    events, which the embedded default keeps in the journal instead."""
+class TokenStore(Protocol):
+    """Tenant tokens' hashes every replica takes (the embedded default keeps them in the state
+    dir's token file, api/token_file.py)."""
+
+    async def add_token(self, tenant: str, name: str, sha256: str) -> None:
+        """Store a token's hash.
+
+        Raises:
+            UsageError: the tenant already has a token of that name.
+        """
+        ...
+
+    async def remove_token(self, tenant: str, name: str) -> bool:
+        """Delete a token's hash (False: none of that name)."""
+        ...
+
+    async def tokens(self) -> list[dict[str, str]]:
+        """Every stored token: {tenant, name, sha256}."""
+        ...
+
+    async def listen_tokens(
+        self, on_change: Callable[[str], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Call `on_change` at each change of the tokens made through any process (and once
+        after a lost connection is made again), until cancelled; started once listening holds."""
+        ...
+
+
+class SharedStore(StateStore, CallStore, EventStore, TokenStore, Protocol):
+    """The store several replicas share (PostgreSQL): the whole store, the call records, the
+    events and the tokens, which the embedded default keeps in state_dir's files instead."""

@@ -28,8 +28,8 @@ class Wakeups:
     Args:
         url: the store.
         channel: the channel to LISTEN on (an identifier of ours, never user input).
-        on_note: given each payload instead (a channel that carries messages, not keys); a
-            reconnect then has no waiter to wake, and what was sent meanwhile is gone.
+        on_note: given each payload instead (a channel that carries messages, not keys); after
+            a reconnect it is given "" once (what was sent meanwhile is gone: read again).
     """
 
     def __init__(self, url: StateUrl, channel: str, on_note: Callable[[str], None] | None = None) -> None:
@@ -76,7 +76,8 @@ class Wakeups:
                     if not started:
                         task_status.started()
                         started = True
-                    self._wake_all()  # whatever was decided while nobody listened is read again
+                    # whatever was decided (or sent) while nobody listened is read again
+                    self._on_note("") if self._on_note is not None else self._wake_all()
                     async for note in conn.notifies():
                         (self._on_note or self._wake)(note.payload)
                 finally:

@@ -21,7 +21,7 @@ from sandbox.journal.calls import CallRecord, State
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, calls, events, quotas
+from sandbox.state.postgres import approvals, calls, events, quotas, tokens
 from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
@@ -276,6 +276,27 @@ class PostgresStore:
     ) -> None:
         """See :class:`~sandbox.state.protocol.EventStore`: LISTEN on a connection of its own."""
         await Wakeups(self.url, BROADCAST_CHANNEL, on_note).run(task_status=task_status)
+
+    async def add_token(self, tenant: str, name: str, sha256: str) -> None:
+        """See :class:`~sandbox.state.protocol.TokenStore`."""
+        async with self._conn() as conn:
+            await tokens.add(conn, tenant, name, sha256)
+
+    async def remove_token(self, tenant: str, name: str) -> bool:
+        """See :class:`~sandbox.state.protocol.TokenStore`."""
+        async with self._conn() as conn:
+            return await tokens.remove(conn, tenant, name)
+
+    async def tokens(self) -> list[dict[str, str]]:
+        """See :class:`~sandbox.state.protocol.TokenStore`."""
+        async with self._conn() as conn:
+            return await tokens.every(conn)
+
+    async def listen_tokens(
+        self, on_change: Callable[[str], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """See :class:`~sandbox.state.protocol.TokenStore`."""
+        await Wakeups(self.url, tokens.CHANNEL, on_change).run(task_status=task_status)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""
