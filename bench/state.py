@@ -148,6 +148,24 @@ async def _open_store(url: StateUrl, state_dir: Path, *, task_status: Any = anyi
         await anyio.sleep_forever()
 
 
+async def tracked(url: StateUrl, state_dir: Path) -> list[float]:
+    """What the shared store adds to an unkeyed call: its record made before and removed after."""
+    from sandbox.journal.calls import CallRecord
+
+    out = []
+    async with open_store(url, state_dir, owner="track@elsewhere|b|1|1") as store:
+        for i in range(N + 20):
+            record = CallRecord(
+                f"u{i}", "t", "agent:m:s", "m", "exec", None, "", "running", None, "", time.time(), None
+            )
+            start = time.perf_counter()
+            await store.track_call(record)  # type: ignore[attr-defined]
+            await store.untrack_call(record.call_id)  # type: ignore[attr-defined]
+            if i >= 20:
+                out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
 def replicas(pg: str, tmp: Path, count: int) -> float:
     """Calls a second through `count` replicas on the store at `pg` (host-mode `read`)."""
     import subprocess
@@ -211,6 +229,7 @@ def main() -> None:
             (Path(tmp) / "j2").mkdir()
             alone = anyio.run(commits, Path(tmp) / "j1" / "journal.sqlite3", None)
             shipped = anyio.run(commits, Path(tmp) / "j2" / "journal.sqlite3", pg)
+            track = anyio.run(tracked, pg, Path(tmp) / "pg")
             one = replicas(create_database(server), Path(tmp), 1)
             two = replicas(create_database(server), Path(tmp), 2)
     finally:
@@ -227,6 +246,9 @@ def main() -> None:
         shown = f"{ship:>11,.0f}" if ship else f"{'-':>11}"
         print(f"{name:<34}{pct(lat, 50):>9.3f} ms{pct(lat, 95):>8.3f}{rate:>11,.0f}{shown}")
     print(f"{'ratio (shipped / local) p50':<34}{pct(shipped[0], 50) / pct(alone[0], 50):>11.2f}x")
+    print(
+        f"{'unkeyed call record (postgresql)':<34}{pct(track, 50):>9.3f} ms{pct(track, 95):>8.3f}  (made before, removed after)"
+    )
     print()
     print(f"{'replicas on postgresql':<34}{'calls/s':>10}{'ratio':>8}")
     print(f"{'one replica':<34}{one:>10,.0f}{1.0:>7.2f}x")

@@ -292,3 +292,57 @@ def test_a_call_on_one_replica_is_in_the_others_logs_and_event_stream(tmp_path: 
     finally:
         _stop(proc_a)
         _stop(proc_b)
+
+
+def test_an_unkeyed_call_of_a_killed_replica_is_settled_by_the_other_and_its_command_killed(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A plain call (no key, not submitted) runs `sleep` on A; A is killed with -9. B finds the
+    call's record, whose owner is gone, within the lease: it kills the command in the sandbox
+    and records the call abandoned (in the shared logs). Nothing of it is left running."""
+    import threading
+
+    ws = _workspace(tmp_path, pg_url)
+    url_a, proc_a = _start(_config(tmp_path, "a", pg_url, ws))
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws))
+    session = "agent:alpha:r6"
+
+    def plain_call() -> None:
+        with __import__("contextlib").suppress(httpx.HTTPError):  # A dies under it
+            httpx.post(
+                f"{url_a}/v1/sessions/{session}/calls",
+                headers=A,
+                json={"tool": "exec", "args": {"command": "echo start >> u.txt; sleep 40; echo done >> u.txt"}},
+                timeout=60,
+            )
+
+    caller = threading.Thread(target=plain_call, daemon=True)
+    try:
+        caller.start()
+        _until(lambda: _runs(ws, "u.txt") == ["start"])
+        killed = time.monotonic()
+        proc_a.send_signal(signal.SIGKILL)
+        proc_a.wait(timeout=30)
+        stages: list[dict[str, Any]] = []
+
+        def settled() -> bool:
+            logs = httpx.get(f"{url_b}/v1/logs", params={"session": session}, headers=A, timeout=30).json()
+            stages[:] = [e for e in logs if e["tool"] == "exec"]
+            return any(e["stage"] == "abandoned" for e in stages)
+
+        _until(settled, 5 * LEASE_S)
+        assert time.monotonic() - killed < 5 * LEASE_S
+        abandoned = next(e for e in stages if e["stage"] == "abandoned")
+        assert "went away" in abandoned["data"]["reason"], abandoned
+        left = httpx.post(
+            f"{url_b}/v1/sessions/{session}/calls",
+            headers=A,
+            json={"tool": "exec", "args": {"command": "pgrep -f 'slee[p] 40' || echo none"}},
+            timeout=60,
+        ).json()
+        assert left["ok"] and left["output"]["output"].strip() == "none", left  # the command was killed
+        assert _runs(ws, "u.txt") == ["start"]
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)
+        caller.join(10)

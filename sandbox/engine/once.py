@@ -26,7 +26,7 @@ from sandbox._log import logger
 from sandbox.engine.call import new_call_id
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.calls import CallRecord
-from sandbox.state.protocol import CallStore
+from sandbox.state.protocol import CallStore, TrackedCalls
 from sandbox.tools.spec import ErrorInfo, ToolResult
 
 END_TRIES = 4  # ~3.5 s of a store outage is ridden out when a call's end is recorded
@@ -102,6 +102,46 @@ async def claim(store: CallStore, ask: Ask, call_id: str) -> CallRecord | ToolRe
         ended=None,
     )
     return await store.claim_call(mine, keep_s=ask.keep_s)
+
+
+async def call_tracked(store: TrackedCalls, ask: Ask, execute: Callable[..., Awaitable[ToolResult]]) -> ToolResult:
+    """Run an unkeyed call recorded in the shared store while it runs: if this replica dies
+    meanwhile, another settles it and kills what it started (engine/handover.py). The record
+    goes when the call ends; its result is not kept. A store that cannot record it refuses the
+    call (SERVICE_UNAVAILABLE, retryable): a call nobody could settle never starts."""
+    call_id = new_call_id()
+    record = CallRecord(
+        call_id=call_id,
+        tenant=ask.tenant,
+        session=ask.session,
+        agent=ask.agent,
+        tool=ask.tool,
+        idempotency_key=None,
+        fingerprint="",
+        state="running",
+        result=None,
+        reason="",
+        created=time.time(),
+        ended=None,
+    )
+    try:
+        await store.track_call(record)
+    except SandboxError as exc:
+        return ToolResult(
+            ok=False,
+            tool=ask.tool,
+            call_id=call_id,
+            trace_id="",
+            error=ErrorInfo(code=exc.code.value, message=exc.message, retryable=True),
+        )
+    try:
+        return await execute(call_id=call_id)
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await store.untrack_call(call_id)
+            except SandboxError as exc:  # left: this replica's lease holds, so nobody settles it
+                logger.bind(call_id=call_id, error=exc.message[:200]).warning("call_record_not_removed")
 
 
 async def run_claimed(

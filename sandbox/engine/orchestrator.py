@@ -33,7 +33,7 @@ from sandbox.runtime.lifecycle import pause_idle
 from sandbox.runtime.manager import SandboxManager
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
-from sandbox.state.protocol import ApprovalStore, CallStore
+from sandbox.state.protocol import ApprovalStore, CallStore, SharedCalls
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.registry import ToolRegistry
@@ -74,7 +74,7 @@ class Orchestrator:
         self._backend = backend
         self._manager: SandboxManager | None = None
         self._browsers: Browsers | None = None
-        self._shared_calls: CallStore | None = None
+        self._shared_calls: SharedCalls | None = None
         self._journal_calls: JournalCalls | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
@@ -238,9 +238,15 @@ class Orchestrator:
             self._journal_calls = JournalCalls(self.journal)
         return self._journal_calls
 
-    def share_calls(self, store: CallStore | None) -> None:
-        """Keep call records in the shared `store` from now on (None: in the journal again)."""
+    def share_calls(self, store: SharedCalls | None) -> None:
+        """Keep call records in the shared `store` from now on (None: in the journal again);
+        unkeyed calls are recorded there too while they run (engine/once.py: call_tracked)."""
         self._shared_calls = store
+
+    @property
+    def tracked_calls(self) -> SharedCalls | None:
+        """The shared store that records unkeyed calls while they run; None without one."""
+        return self._shared_calls
 
     @property
     def approval_store(self) -> ApprovalStore | None:

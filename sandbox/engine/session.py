@@ -18,7 +18,7 @@ from sandbox.engine.call import tool_name
 from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
 from sandbox.engine.handles import CallHandle, submit_call
-from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, key_problem, recorded
+from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, call_tracked, key_problem, recorded
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates
@@ -100,9 +100,12 @@ class Session:
         With `idempotency_key`, the call runs once for that key (in this tenant, for
         `journal.idempotency_ttl`): a repeat returns the first call's result (engine/once.py).
         """
-        if idempotency_key is None:
-            return await self._execute(name, arguments, trace_id=trace_id)
         run = partial(self._execute, name, arguments, trace_id=trace_id)
+        if idempotency_key is None:
+            tracked = self._orch.tracked_calls
+            if tracked is None:
+                return await self._execute(name, arguments, trace_id=trace_id)
+            return await call_tracked(tracked, self.ask(name, arguments, None), run)
         ask = self.ask(name, arguments, idempotency_key)
         return await call_once(self._orch.call_store, ask, run, kept=self._orch.handover.kept)
 

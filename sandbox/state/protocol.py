@@ -33,10 +33,12 @@ __all__ = [
     "QuotaStore",
     "Refused",
     "Reservation",
+    "SharedCalls",
     "SharedPrune",
     "SharedStore",
     "StateStore",
     "TokenStore",
+    "TrackedCalls",
 ]
 
 
@@ -280,6 +282,24 @@ class TokenStore(Protocol):
         ...
 
 
-class SharedStore(StateStore, CallStore, EventStore, TokenStore, Protocol):
+class TrackedCalls(Protocol):
+    """Calls without a key, recorded only while they run (the shared store): a replica that is
+    gone leaves its running ones for another replica to settle (engine/handover.py), which kills
+    what they started. Their results are not kept (nothing asks for them again)."""
+
+    async def track_call(self, record: CallRecord) -> None:
+        """Record a running call of this process (one statement: its owner's lease with it)."""
+        ...
+
+    async def untrack_call(self, call_id: str) -> None:
+        """The call ended here: its record goes (left alone if another process took it over)."""
+        ...
+
+
+class SharedCalls(CallStore, TrackedCalls, Protocol):
+    """The call records of the shared store: keyed and submitted calls, and unkeyed ones while they run."""
+
+
+class SharedStore(StateStore, SharedCalls, EventStore, TokenStore, Protocol):
     """The store several replicas share (PostgreSQL): the whole store, the call records, the
     events and the tokens, which the embedded default keeps in state_dir's files instead."""

@@ -168,3 +168,32 @@ async def test_a_gone_replicas_durable_record_is_an_orphan_one_replica_adopts(pg
         won = [await a.adopt_call("c_durable"), await b.adopt_call("c_durable")]  # type: ignore[attr-defined]
         assert sorted(won) == [False, True]
         assert await a.orphans() == [] and await b.orphans() == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+async def test_an_unkeyed_call_is_recorded_while_it_runs_and_a_gone_replicas_is_an_orphan(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The shared store records an unkeyed call only while it runs: untracked by its owner it
+    is gone (no result kept); a gone replica's running one is an orphan (no note: it is settled,
+    not adopted), which one replica takes; untracking by anyone but the owner removes nothing."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="gone@elsewhere|boot|1|1", lease_s=1) as gone:
+        await gone.track_call(_record("u_done", key=None))  # type: ignore[attr-defined]
+        await gone.track_call(_record("u_left", key=None))  # type: ignore[attr-defined]
+        assert (await gone.call_record("u_done")).state == "running"  # type: ignore[attr-defined]
+        await gone.untrack_call("u_done")  # type: ignore[attr-defined]
+        assert await gone.call_record("u_done") is None  # type: ignore[attr-defined]
+    await anyio.sleep(1.5)  # its lease has run out (closing dropped it too)
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+        await a.untrack_call("u_left")  # type: ignore[attr-defined]  # not a's: stays
+        assert (await a.call_record("u_left")).state == "running"  # type: ignore[attr-defined]
+        orphans = {r.call_id: note for r, note in await a.orphans()}  # type: ignore[attr-defined]
+        await b.orphans()  # type: ignore[attr-defined]
+        assert orphans == {"u_left": None}
+        won = [await a.adopt_call("u_left"), await b.adopt_call("u_left")]  # type: ignore[attr-defined]
+        assert sorted(won) == [False, True]

@@ -72,6 +72,22 @@ async def claim(conn: Any, record: CallRecord, keep_s: float, owner: str, lease_
     return _record(held)
 
 
+async def track(conn: Any, record: CallRecord, owner: str, lease_s: float) -> None:
+    """Record a running unkeyed call of `owner`, renewing its lease in the same statement (one
+    round trip: this is on every call's path)."""
+    await conn.execute(
+        f"WITH lease AS (INSERT INTO owners (owner, lease_until) VALUES (%s, {NOW} + %s) "  # noqa: S608 - constants
+        "ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until) "
+        f"INSERT INTO calls ({COLUMNS}, owner) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {NOW}, NULL, %s)",
+        (owner, lease_s, *values(record), owner),
+    )
+
+
+async def untrack(conn: Any, call_id: str, owner: str) -> None:
+    """Delete an unkeyed call's record when it ended on its owner (another's adoption stays)."""
+    await conn.execute("DELETE FROM calls WHERE call_id = %s AND owner = %s", (call_id, owner))
+
+
 async def set_state(conn: Any, call_id: str, state: State) -> None:
     """A running call's new state (never over an ended one)."""
     await conn.execute(

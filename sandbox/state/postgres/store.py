@@ -158,6 +158,16 @@ class PostgresStore:
         async with self._conn() as conn:
             return await calls.claim(conn, record, keep_s, self.owner, self.lease_s)
 
+    async def track_call(self, record: CallRecord) -> None:
+        """See :class:`~sandbox.state.protocol.TrackedCalls`."""
+        async with self._conn() as conn:
+            await calls.track(conn, record, self.owner, self.lease_s)
+
+    async def untrack_call(self, call_id: str) -> None:
+        """See :class:`~sandbox.state.protocol.TrackedCalls`."""
+        async with self._conn() as conn:
+            await calls.untrack(conn, call_id, self.owner)
+
     async def note_durable(self, call_id: str, data: dict[str, Any]) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:
