@@ -346,3 +346,105 @@ def test_an_unkeyed_call_of_a_killed_replica_is_settled_by_the_other_and_its_com
         _stop(proc_a)
         _stop(proc_b)
         caller.join(10)
+
+
+def test_sessions_of_a_shared_container_keep_one_uid_each_whichever_replica_runs_them(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """An agent-scope container that sessions share gives each session a uid of its own. With
+    two replicas (each its own state dir), the uids come from the store: session s1 through A
+    and s2 through B never get one uid, s1 has the same uid through B, and what s1 keeps to
+    itself s2 cannot read through either replica."""
+    ws = _workspace(tmp_path, pg_url)
+    configs = []
+    for name in ("a", "b"):
+        cfg = _config(tmp_path, name, pg_url, ws)
+        text = cfg.read_text().replace("scope: session, workspace_access: rw", "scope: agent, workspace_access: ro")
+        cfg.write_text(text)
+        configs.append(cfg)
+    url_a, proc_a = _start(configs[0])
+    url_b, proc_b = _start(configs[1])
+
+    def run(url: str, session: str, command: str) -> dict[str, Any]:
+        answer = httpx.post(
+            f"{url}/v1/sessions/agent:alpha:{session}/calls",
+            headers=A,
+            json={"tool": "exec", "args": {"command": command}},
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+        body: dict[str, Any] = answer.json()
+        assert body["ok"], body
+        return body
+
+    try:
+        s1_a = run(url_a, "u1", "id -u")["output"]["output"].strip()
+        s2_b = run(url_b, "u2", "id -u")["output"]["output"].strip()
+        s1_b = run(url_b, "u1", "id -u")["output"]["output"].strip()
+        assert int(s1_a) >= 20000 and s1_a != s2_b and s1_a == s1_b, (s1_a, s2_b, s1_b)
+        # what s1 made through A, s2 cannot change through B (another uid; the workspace is read-only)
+        run(url_a, "u1", "echo mine > /tmp/u1-note && chmod 600 /tmp/u1-note")
+        refused = httpx.post(
+            f"{url_b}/v1/sessions/agent:alpha:u2/calls",
+            headers=A,
+            json={"tool": "exec", "args": {"command": "cat /tmp/u1-note"}},
+            timeout=120,
+        ).json()
+        assert "Permission denied" in str(refused), refused
+        assert run(url_b, "u1", "cat /tmp/u1-note")["output"]["output"] == "mine\n"
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)
+
+
+def test_two_replicas_never_hand_one_warm_pool_container_to_two_sessions(tmp_path: Path, pg_url: str) -> None:
+    """A warm pool on one engine, two replicas (each its claim files in its own state dir):
+    six new sessions at once, three through each, each gets a container of its own (a mark one
+    session leaves in its /tmp is never found by another)."""
+    ws = _workspace(tmp_path, pg_url)
+    configs = []
+    for name in ("a", "b"):
+        cfg = _config(tmp_path, name, pg_url, ws)
+        text = cfg.read_text().replace("max_concurrent_calls: 2", "max_concurrent_calls: 20")
+        text = text.replace("workspace_access: rw}", "workspace_access: rw, pool: {size: 3}}")
+        cfg.write_text(text)
+        configs.append(cfg)
+    url_a, proc_a = _start(configs[0])
+    url_b, proc_b = _start(configs[1])
+    answers: list[str] = []
+    try:
+        time.sleep(5)  # the pools fill (both replicas see the same members on the engine)
+
+        async def burst() -> None:
+            async with httpx.AsyncClient(headers=A, timeout=180) as client:
+
+                async def one(url: str, n: int) -> None:
+                    command = f"if [ -e /tmp/mark ]; then cat /tmp/mark; else echo p{n} > /tmp/mark; echo fresh; fi"
+                    r = await client.post(
+                        f"{url}/v1/sessions/agent:alpha:p{n}/calls", json={"tool": "exec", "args": {"command": command}}
+                    )
+                    assert r.status_code == 200 and r.json()["ok"], r.text
+                    answers.append(r.json()["output"]["output"].strip())
+
+                async with anyio.create_task_group() as group:
+                    for n in range(6):
+                        group.start_soon(one, url_a if n % 2 else url_b, n)
+
+        anyio.run(burst)
+        import docker
+
+        from sandbox.runtime.naming import Labels
+
+        client = docker.from_env()
+        try:
+            members = client.containers.list(
+                all=True, filters={"label": [f"{Labels.INSTANCE}=rep{RUN_ID}", Labels.POOL]}
+            )
+            handed = [c.name for c in members if "-pool-" not in c.name]
+        finally:
+            client.close()
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)
+    assert answers == ["fresh"] * 6, answers
+    assert handed, "no session got a pool member: the pool was not exercised"

@@ -24,6 +24,12 @@ from tests.pg_server import PgServer
 
 LATEST = len(steps("postgresql"))  # this code's schema version (the same steps for both dialects)
 
+
+def names_after(version: int) -> tuple[str, ...]:
+    """The steps a database at `version` is given to reach this code's schema."""
+    return tuple(f"{s.version:04d}_{s.name}" for s in steps("postgresql") if s.version > version)
+
+
 pytestmark = pytest.mark.anyio
 
 FAR_LEASE = time.time() + 3600
@@ -58,13 +64,16 @@ async def test_pg_from_empty_to_head(pg_url: str, tmp_path: Path) -> None:
     url = parse_state_url(pg_url)
     first = await migrate_store(url, tmp_path)
     assert (first.before, first.after) == (0, head("postgresql"))
-    assert first.applied == (
+    assert first.applied == names_after(0)
+    assert first.applied[:8] == (
         "0001_quotas",
         "0002_approvals",
         "0003_calls",
         "0004_call_durable",
         "0005_events",
         "0006_tokens",
+        "0007_session_uids",
+        "0008_pool_claims",
     )
     again = await migrate_store(url, tmp_path)
     assert (again.before, again.after, again.applied) == (head("postgresql"),) * 2 + ((),)
@@ -88,11 +97,7 @@ async def test_pg_from_the_previous_version_keeps_its_data(pg_url: str, tmp_path
             pass
     assert behind.value.code == ErrorCode.SERVICE_UNAVAILABLE and "schema version 1" in behind.value.message
     upgraded = await migrate_store(url, tmp_path)
-    assert (upgraded.before, upgraded.after, upgraded.applied) == (
-        1,
-        6,
-        ("0002_approvals", "0003_calls", "0004_call_durable", "0005_events", "0006_tokens"),
-    )
+    assert (upgraded.before, upgraded.after, upgraded.applied) == (1, LATEST, names_after(1))
     async with open_store(url, tmp_path, owner="new@elsewhere|b|1|1") as store:
         assert await store.in_flight("t1") == 1
         refused = await store.reserve("t1", QuotaLimits(max_concurrent_calls=1))
@@ -115,7 +120,7 @@ async def test_pg_from_the_last_release_keeps_its_running_calls(pg_url: str, tmp
         )
         assert conn.execute("SELECT to_regclass('sbx_events')").fetchone() == (None,)
     upgraded = await migrate_store(url, tmp_path)
-    assert (upgraded.before, upgraded.after, upgraded.applied) == (4, 6, ("0005_events", "0006_tokens"))
+    assert (upgraded.before, upgraded.after, upgraded.applied) == (4, LATEST, names_after(4))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT state, durable FROM calls WHERE call_id = 'c_old'").fetchone()
         assert row == ("running", '{"pid": 7}')
@@ -245,13 +250,13 @@ async def test_sqlite_newer_than_the_code_is_refused(tmp_path: Path) -> None:
     url = parse_state_url("sqlite:")
     await migrate_store(url, tmp_path)
     db = sqlite3.connect(tmp_path / FILE_NAME)
-    db.execute("INSERT INTO sbx_schema VALUES (7, 'future', 'x')")
+    db.execute("INSERT INTO sbx_schema VALUES (99, 'future', 'x')")
     db.commit()
     db.close()
     with pytest.raises(SandboxError) as info:
         async with open_store(url, tmp_path):
             pass
-    assert f"schema version 7, newer than this code's {LATEST}" in info.value.message
+    assert f"schema version 99, newer than this code's {LATEST}" in info.value.message
 
 
 def test_cli_sqlite_status_before_and_after(tmp_path: Path) -> None:

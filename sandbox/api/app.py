@@ -107,6 +107,7 @@ def _lifespan(
             ):
                 orchestrator.share_approvals(store)
                 orchestrator.share_calls(store)
+                orchestrator.share_session_uids(store)
                 app.state.store = store
                 app.state.spawn = tg.start_soon
                 tg.start_soon(watch.run)
@@ -122,6 +123,7 @@ def _lifespan(
         ):
             orch.share_approvals(store)
             orch.share_calls(store)
+            orch.share_session_uids(store)
             app.state.store = store
             await _share_state(tg, app, orch, store, config)
             app.state.spawn = tg.start_soon  # background work of requests (readiness probes)

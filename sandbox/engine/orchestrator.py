@@ -31,9 +31,10 @@ from sandbox.policy.sessions import agent_of
 from sandbox.runtime.backends import backend_for
 from sandbox.runtime.lifecycle import pause_idle
 from sandbox.runtime.manager import SandboxManager
+from sandbox.runtime.session_users import SharedUids
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
-from sandbox.state.protocol import ApprovalStore, CallStore, SharedCalls
+from sandbox.state.protocol import ApprovalStore, CallStore, SharedCalls, SharedEngineState
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.registry import ToolRegistry
@@ -75,6 +76,7 @@ class Orchestrator:
         self._manager: SandboxManager | None = None
         self._browsers: Browsers | None = None
         self._shared_calls: SharedCalls | None = None
+        self.shared_uids: SharedUids | None = None  # session uids of the shared store (share_session_uids)
         self._journal_calls: JournalCalls | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
@@ -242,6 +244,13 @@ class Orchestrator:
         """Keep call records in the shared `store` from now on (None: in the journal again);
         unkeyed calls are recorded there too while they run (engine/once.py: call_tracked)."""
         self._shared_calls = store
+
+    def share_session_uids(self, store: SharedEngineState | None) -> None:
+        """Take session uids from the shared `store` from now on, and claim warm-pool members
+        there too (None: the state dir's registry and claim files): replicas on one engine
+        never hand one uid, or one pooled container, to two sessions."""
+        self.shared_uids = SharedUids(store) if store is not None else None
+        self.manager.shared_pool_claims = store
 
     @property
     def tracked_calls(self) -> SharedCalls | None:

@@ -277,6 +277,9 @@ class Session:
     async def _sandbox_shell(self) -> Sandbox | SessionShell:
         """The sandbox as this session's commands see it: as its own uid where sessions share it."""
         box = await self._orch.manager.sandbox_for(self.agent, self.key)
+        shared = self._orch.shared_uids
+        if shared is not None and box.spec.session_users:  # replicas agree on each session's uid
+            return SessionShell(box, await shared.user(box.spec, self.key))
         registry = self._orch.config.state_dir / "session-users"
         return await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
 

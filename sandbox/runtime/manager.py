@@ -28,6 +28,7 @@ from sandbox.runtime.spec import SandboxSpec, spec_from_config
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
     from sandbox.journal.store import Journal
     from sandbox.runtime.protocol import Backend, Sandbox, WarmPool
+    from sandbox.state.protocol import SharedPoolClaims
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -75,6 +76,8 @@ class SandboxManager:
         self._freeze_locks: dict[str, anyio.Lock] = {}  # a pause and a thaw of one sandbox take turns
         # where egress proxies' request lines go (set by the orchestrator that owns a journal)
         self.journal: Journal | None = None
+        # replicas on one engine: warm-pool members are claimed there too (set by the service)
+        self.shared_pool_claims: SharedPoolClaims | None = None
         self.pool: WarmPool | None = backend.warm_pool(self)
 
     def spec_for(self, agent: EffectiveAgent, session: str) -> SandboxSpec:

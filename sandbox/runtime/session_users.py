@@ -10,7 +10,9 @@ it before it is trusted). The kernel then keeps sessions apart: environments, si
 
 uids are allocated per container in the state dir, as an open-addressing table of small files
 (`<registry>/<uid>` holds the session key and the random part of its directory name), created
-atomically with `link`, so concurrent orchestrators never hand one uid to two sessions.
+atomically with `link`, so concurrent orchestrators never hand one uid to two sessions. Service
+replicas on a shared store allocate there instead (:func:`allocate_shared`, the same probing),
+since each replica has a state dir of its own.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # spec.py imports this module; the protocol imports spec.py
 
     from sandbox.runtime.protocol import AgentChannel, ArgvOptions, ExecResult, OneShot, RunRequest, Sandbox
     from sandbox.runtime.spec import SandboxSpec
+    from sandbox.state.protocol import SessionUids
 
 UID_BASE = 20000
 # up to 65535: an engine with userns-remap maps 65536 ids per container, no more
@@ -88,6 +91,66 @@ class SessionUser:
         return f"/tmp/.sbx-{self.uid}-{tag}"
 
 
+def _first_probe(session: str) -> int:
+    return int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % UID_SPAN
+
+
+def _exhausted(where: str) -> SandboxError:
+    return SandboxError(
+        ErrorCode.SANDBOX_UNAVAILABLE,
+        f"no free session uid for this sandbox after {MAX_PROBES} tries: about {UID_SPAN:,} sessions "
+        f"have used it; remove the sandbox and its registry ({where}) or use scope: session",
+    )
+
+
+async def allocate_shared(store: SessionUids, spec: Any, session: str) -> SessionUser:
+    """The session's uid in the container of `spec`, from the shared store (replicas agree).
+
+    Raises:
+        SandboxError: SANDBOX_UNAVAILABLE when no free uid is found near the session's hash;
+            SERVICE_UNAVAILABLE when the store does not answer.
+    """
+    gid = int(spec.user.partition(":")[2] or spec.user)
+    scope = uid_scope(spec)
+    found = await store.session_uid(scope, session)
+    if found is not None:
+        return SessionUser(found[0], gid, found[1])
+    start = _first_probe(session)
+    for probe in range(MAX_PROBES):
+        uid = UID_BASE + (start + probe) % UID_SPAN
+        holder = await store.claim_uid(scope, uid, session, secrets.token_hex(8))
+        if holder is None:  # this session took another uid meanwhile (another replica)
+            again = await store.session_uid(scope, session)
+            if again is not None:
+                return SessionUser(again[0], gid, again[1])
+            continue
+        if holder[0] == session:
+            return SessionUser(uid, gid, holder[1])
+    raise _exhausted(f"the shared store's uids of {scope}")
+
+
+class SharedUids:
+    """Session uids from the shared store, remembered: a session's uid in a container never
+    changes (uids are never reused), so each is asked for once per process."""
+
+    MAX_KNOWN = 100_000
+
+    def __init__(self, store: SessionUids) -> None:
+        self.store = store
+        self._known: dict[tuple[str, str, str], SessionUser] = {}
+
+    async def user(self, spec: Any, session: str) -> SessionUser:
+        """The session's uid in the container of `spec` (see :func:`allocate_shared`)."""
+        key = (uid_scope(spec), spec.user, session)
+        found = self._known.get(key)
+        if found is None:
+            found = await allocate_shared(self.store, spec, session)
+            if len(self._known) >= self.MAX_KNOWN:
+                self._known.clear()  # asked again at need: the store has them all
+            self._known[key] = found
+        return found
+
+
 def allocate(registry: Path, session: str, gid: int) -> SessionUser:
     """The session's uid in one container: found when allocated before, else claimed.
 
@@ -96,7 +159,7 @@ def allocate(registry: Path, session: str, gid: int) -> SessionUser:
             (tens of thousands of sessions in one container; uids are never reused).
     """
     registry.mkdir(parents=True, exist_ok=True, mode=0o700)
-    start = int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % UID_SPAN
+    start = _first_probe(session)
     for probe in range(MAX_PROBES):
         uid = UID_BASE + (start + probe) % UID_SPAN
         entry = registry / str(uid)
@@ -105,11 +168,7 @@ def allocate(registry: Path, session: str, gid: int) -> SessionUser:
             found = _claim(registry, entry, session)
         if found[0] == session:
             return SessionUser(uid, gid, found[1])
-    raise SandboxError(
-        ErrorCode.SANDBOX_UNAVAILABLE,
-        f"no free session uid for this sandbox after {MAX_PROBES} tries: about {UID_SPAN:,} sessions "
-        f"have used it; remove the sandbox and its registry ({registry}) or use scope: session",
-    )
+    raise _exhausted(str(registry))
 
 
 def _read(entry: Path) -> tuple[str, str] | None:
@@ -232,4 +291,9 @@ def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbo
 
 def registry_of(registry_root: Path, spec: Any) -> Path:
     """The uid registry of one container (its tenant and scope key; config changes keep it)."""
-    return registry_root / hashlib.sha256(tenant_scope(spec.tenant, spec.scope_key).encode()).hexdigest()[:32]
+    return registry_root / uid_scope(spec)
+
+
+def uid_scope(spec: Any) -> str:
+    """The key of one container's uids: its tenant and scope key, hashed (config changes keep it)."""
+    return hashlib.sha256(tenant_scope(spec.tenant, spec.scope_key).encode()).hexdigest()[:32]

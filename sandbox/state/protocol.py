@@ -33,7 +33,10 @@ __all__ = [
     "QuotaStore",
     "Refused",
     "Reservation",
+    "SessionUids",
     "SharedCalls",
+    "SharedEngineState",
+    "SharedPoolClaims",
     "SharedPrune",
     "SharedStore",
     "StateStore",
@@ -296,10 +299,36 @@ class TrackedCalls(Protocol):
         ...
 
 
+class SessionUids(Protocol):
+    """Session uids of the containers sessions share (runtime/session_users.py), the same on
+    every replica; the embedded default keeps them in the state dir's registry files."""
+
+    async def session_uid(self, scope: str, session: str) -> tuple[int, str] | None:
+        """The uid and record token `session` holds in the container `scope`, or None."""
+        ...
+
+    async def claim_uid(self, scope: str, uid: int, session: str, token: str) -> tuple[str, str] | None:
+        """Take `uid` of `scope` for `session` whole or not at all: who holds it afterwards
+        (session, token); None when `session` took another uid meanwhile (ask `session_uid`)."""
+        ...
+
+
+class SharedPoolClaims(Protocol):
+    """Warm-pool members handed out by replicas on one engine (runtime/docker/pool.py)."""
+
+    async def claim_member(self, container_id: str, session: str) -> bool:
+        """Claim the pool member `container_id` for `session`: False when another process did."""
+        ...
+
+
+class SharedEngineState(SessionUids, SharedPoolClaims, Protocol):
+    """What replicas on one engine must not hand out twice: session uids and pool members."""
+
+
 class SharedCalls(CallStore, TrackedCalls, Protocol):
     """The call records of the shared store: keyed and submitted calls, and unkeyed ones while they run."""
 
 
-class SharedStore(StateStore, SharedCalls, EventStore, TokenStore, Protocol):
+class SharedStore(StateStore, SharedCalls, EventStore, TokenStore, SharedEngineState, Protocol):
     """The store several replicas share (PostgreSQL): the whole store, the call records, the
     events and the tokens, which the embedded default keeps in state_dir's files instead."""

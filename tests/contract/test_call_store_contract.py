@@ -197,3 +197,62 @@ async def test_an_unkeyed_call_is_recorded_while_it_runs_and_a_gone_replicas_is_
         assert orphans == {"u_left": None}
         won = [await a.adopt_call("u_left"), await b.adopt_call("u_left")]  # type: ignore[attr-defined]
         assert sorted(won) == [False, True]
+
+
+@pytest.mark.postgres
+async def test_two_replicas_never_give_one_session_uid_to_two_sessions(pg_url: str, tmp_path: Path) -> None:
+    """Session uids of a shared container from the store: two replicas allocating for many
+    sessions at once (half of them the same sessions) give each session one uid and one record
+    token wherever it is asked, and never one uid to two sessions."""
+    from types import SimpleNamespace
+
+    from sandbox.runtime.session_users import SharedUids, allocate_shared
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    spec = SimpleNamespace(tenant="acme", scope_key="agent:alpha", user="1000:1000")
+    got: dict[tuple[int, str], tuple[int, str]] = {}
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+
+        async def ask(n: int, store: Any, session: str) -> None:
+            user = await allocate_shared(store, spec, session)
+            got[(n, session)] = (user.uid, user.token)
+
+        async with anyio.create_task_group() as group:
+            for n, store in enumerate((a, b)):
+                for i in range(60):
+                    group.start_soon(ask, n, store, f"agent:alpha:s{i}" if i < 30 else f"agent:alpha:r{n}-{i}")
+        by_session: dict[str, set[tuple[int, str]]] = {}
+        for (_, session), held in got.items():
+            by_session.setdefault(session, set()).add(held)
+        assert all(len(held) == 1 for held in by_session.values())  # one uid and token a session
+        uids = [next(iter(held))[0] for held in by_session.values()]
+        assert len(uids) == len(set(uids)) == 90  # never one uid for two sessions
+        cached = SharedUids(a)  # type: ignore[arg-type]
+        first = await cached.user(spec, "agent:alpha:s3")
+        assert (first.uid, first.token) == next(iter(by_session["agent:alpha:s3"])) and first.gid == 1000
+
+
+@pytest.mark.postgres
+async def test_a_pool_member_is_claimed_by_one_replica(pg_url: str, tmp_path: Path) -> None:
+    """Replicas on one engine claim warm-pool members in the store: of sixteen claims of one
+    container through two instances at once, one wins; another container is free."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    won: list[bool] = []
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+
+        async def claim(store: Any, n: int) -> None:
+            won.append(await store.claim_member("c0ffee", f"agent:alpha:s{n}"))
+
+        async with anyio.create_task_group() as group:
+            for n in range(16):
+                group.start_soon(claim, (a, b)[n % 2], n)
+        assert sorted(won) == [False] * 15 + [True]
+        assert await b.claim_member("decade", "agent:alpha:s99") is True  # type: ignore[attr-defined]

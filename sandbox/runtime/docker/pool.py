@@ -42,6 +42,7 @@ from sandbox.runtime.spec import SandboxSpec
 if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
     from sandbox.runtime.manager import SandboxManager
+    from sandbox.state.protocol import SharedPoolClaims
 
 CLAIM_GRACE_S = 60.0  # a claim younger than this may still be renaming its container
 REFILL_EVERY_S = 5.0  # the pool is checked this often, and at once after a claim
@@ -183,6 +184,10 @@ class WarmPool:
             return None
         if not self.claims.take(info.id, spec):
             return None  # another session (maybe another process) took it first
+        shared = self.manager.shared_pool_claims
+        if shared is not None and not await self._claimed_shared(shared, info.id, spec.session):
+            self.claims.drop(info.id)  # another replica's: never ours to remove either
+            return None
         self._claiming.add(info.id)
         try:
             await self._hand_over(info, spec)
@@ -200,6 +205,14 @@ class WarmPool:
         self.wake.set()  # refill
         logger.bind(container=spec.name, member=info.name, session=spec.session).info("pool_claimed")
         return DockerSandbox(self.backend, info.id, spec)
+
+    async def _claimed_shared(self, shared: SharedPoolClaims, container_id: str, session: str) -> bool:
+        """The claim in the shared store (replicas on one engine have state dirs of their own)."""
+        try:
+            return await shared.claim_member(container_id, session)
+        except SandboxError as exc:  # the store away: a new container instead, never a guess
+            logger.bind(error=exc.message[:200]).warning("pool_claim_not_shared")
+            return False
 
     async def _hand_over(self, info: SandboxInfo, spec: SandboxSpec) -> None:
         if spec.workspace_access == "none":

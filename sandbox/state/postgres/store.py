@@ -21,7 +21,7 @@ from sandbox.journal.calls import CallRecord, State
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, calls, events, quotas, tokens
+from sandbox.state.postgres import approvals, calls, events, quotas, session_uids, tokens
 from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
@@ -307,6 +307,21 @@ class PostgresStore:
     ) -> None:
         """See :class:`~sandbox.state.protocol.TokenStore`."""
         await Wakeups(self.url, tokens.CHANNEL, on_change).run(task_status=task_status)
+
+    async def session_uid(self, scope: str, session: str) -> tuple[int, str] | None:
+        """See :class:`~sandbox.state.protocol.SessionUids`."""
+        async with self._conn() as conn:
+            return await session_uids.find(conn, scope, session)
+
+    async def claim_uid(self, scope: str, uid: int, session: str, token: str) -> tuple[str, str] | None:
+        """See :class:`~sandbox.state.protocol.SessionUids`."""
+        async with self._conn() as conn:
+            return await session_uids.claim(conn, scope, uid, session, token)
+
+    async def claim_member(self, container_id: str, session: str) -> bool:
+        """See :class:`~sandbox.state.protocol.SharedPoolClaims`."""
+        async with self._conn() as conn:
+            return await session_uids.claim_member(conn, container_id, session)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""

@@ -1,0 +1,48 @@
+"""What replicas on one engine must not hand out twice, on PostgreSQL (the SessionUids and
+SharedPoolClaims of sandbox/state/protocol.py): a session uid is claimed by one INSERT against the
+table's two unique keys, so of replicas claiming at once one wins and a session holds one uid
+per container; a warm-pool member is claimed by one INSERT on its container id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+async def find(conn: Any, scope: str, session: str) -> tuple[int, str] | None:
+    """The uid and token `session` holds in `scope`, or None."""
+    cur = await conn.execute(
+        "SELECT uid, token FROM sbx_session_uids WHERE scope = %s AND session = %s", (scope, session)
+    )
+    row = await cur.fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+async def claim(conn: Any, scope: str, uid: int, session: str, token: str) -> tuple[str, str] | None:
+    """Take `uid` for `session` whole or not at all; who holds it afterwards (session, token),
+    or None when the session itself got another uid meanwhile (read it with :func:`find`)."""
+    cur = await conn.execute(
+        "INSERT INTO sbx_session_uids (scope, uid, session, token) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING RETURNING session, token",
+        (scope, uid, session, token),
+    )
+    row = await cur.fetchone()
+    if row is not None:
+        return str(row[0]), str(row[1])
+    cur = await conn.execute("SELECT session, token FROM sbx_session_uids WHERE scope = %s AND uid = %s", (scope, uid))
+    row = await cur.fetchone()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
+CLAIM_KEEP_S = 86400.0
+
+
+async def claim_member(conn: Any, container_id: str, session: str) -> bool:
+    """Claim a warm-pool member for `session` (one statement; claims a day old go with it):
+    False when another replica claimed it first."""
+    cur = await conn.execute(
+        "WITH old AS (DELETE FROM sbx_pool_claims WHERE at < extract(epoch FROM clock_timestamp()) - %s) "
+        "INSERT INTO sbx_pool_claims (container_id, session, at) "
+        "VALUES (%s, %s, extract(epoch FROM clock_timestamp())) ON CONFLICT DO NOTHING RETURNING 1",
+        (CLAIM_KEEP_S, container_id, session),
+    )
+    return await cur.fetchone() is not None
