@@ -24,6 +24,7 @@ def test_images_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     assert images_dir() == tmp_path
 
 
+@pytest.mark.slow
 def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two builders started together (test workers on a fresh machine, the demo beside the tests)
     take turns: while one process holds the build lock, another's build waits for it, so they
@@ -31,13 +32,11 @@ def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: p
     import os
     import subprocess
     import sys
-    import tempfile
     import threading
 
     from sandbox.runtime.docker import images
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with subprocess.Popen(
         [
             sys.executable,
@@ -48,7 +47,7 @@ def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: p
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
     ) as holder:
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline().strip() == "held"
@@ -65,4 +64,21 @@ def test_image_builds_take_turns_across_processes(tmp_path: Path, monkeypatch: p
         holder.stdin.flush()
         assert got.wait(30), "the second build never went ahead once the first was done"
         waiter.join(5)
-    monkeypatch.setattr(tempfile, "tempdir", None)
+
+
+def test_the_build_lock_lives_only_in_a_folder_of_the_users_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link planted where the lock folder goes (another user's trick in a shared /tmp) is
+    refused, never followed."""
+    from sandbox.errors import SandboxUnavailable
+    from sandbox.runtime.docker import images
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "agent-sandbox").symlink_to(elsewhere)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(SandboxUnavailable, match="not a folder of this user's own"):
+        images.lock_dir()
+    assert list(elsewhere.iterdir()) == []

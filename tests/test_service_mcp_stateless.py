@@ -89,3 +89,21 @@ def test_a_stateful_session_is_one_replicas_only(tmp_path: Path) -> None:
         headers = {**A, **MCP, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}
         assert httpx.post(f"{one}/mcp/", headers=headers, json=body).status_code == 200
         assert httpx.post(f"{two}/mcp/", headers=headers, json=body).status_code == 404
+
+
+def test_stateless_mcp_holds_no_streams_and_takes_no_session_from_the_client(tmp_path: Path) -> None:
+    """No GET stream to hold open per request, no DELETE; and an `mcp-session-id` a client
+    makes up never names a sandbox session (requests land on `mcp-default`)."""
+    (tmp_path / "wa").mkdir()
+    (tmp_path / "wb").mkdir()
+    config = _config(tmp_path, stateless=True)
+    with serve(config) as one:
+        for method in ("GET", "DELETE"):
+            answer = httpx.request(method, f"{one}/mcp/", headers={**A, **MCP}, timeout=10)
+            assert answer.status_code == 405 and answer.headers["allow"] == "POST", answer.text
+        made_up = {**A, "mcp-session-id": "made-up-1"}
+        wrote = _call(one, made_up, 1, "write", {"path": "m.txt", "content": "x"})
+        assert wrote["result"]["isError"] is False, wrote
+        logs = httpx.get(f"{one}/v1/logs", headers=A, timeout=10).json()
+        sessions = {e["session"] for e in logs if e["call_id"] == wrote["result"]["structuredContent"]["call_id"]}
+        assert sessions == {"agent:alpha:mcp-default"}, sessions

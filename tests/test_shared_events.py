@@ -143,18 +143,89 @@ async def test_retention_bounds_the_shared_events_by_age_and_by_size(
     old = [_event(n, now - 40 * 86400) for n in range(1, 301)]
     new = [_event(n, now - 60) for n in range(301, 2301)]
     await a.add_events("j1", old + new)
+    await a.add_events("j1", new[:500])  # shipped again: lands once, and leaves gaps in the ids
+    await a.add_events("j2", [_event(n, now - 30) for n in range(1, 11)])
     report = await b.prune_events(max_age_s=30 * 86400, max_bytes=None)
     assert report.deleted == 300 and not report.skipped
     kept = (await a.events_page(tenant="acme", limit=10_000)).events
-    assert len(kept) == 2000 and min(e.ts for e in kept) > now - 3600
-    # the size bound: the live rows' estimate goes under the bound, the newest kept
+    assert len(kept) == 2010 and min(e.ts for e in kept) > now - 3600
+    # the size bound: exact counts (gaps in the ids are not rows), the oldest go first
     async with a._conn() as conn:
-        rows, row_bytes = await pg_events._rows_and_size(conn)
-    bound = rows * row_bytes // 4
-    report = await a.prune_events(max_age_s=None, max_bytes=bound)
+        rows, total = await pg_events.size(conn)
+        assert rows == 2010
+        cur = await conn.execute("SELECT count(*), sum(bytes) FROM sbx_events")
+        assert await cur.fetchone() == (rows, total)
+    bound = total // 4
+    await a.prune_events(max_age_s=None, max_bytes=bound)
     kept = (await a.events_page(tenant="acme", limit=10_000)).events
-    assert 0 < len(kept) * row_bytes <= bound, (len(kept), row_bytes, bound)
-    assert {e.call_id for e in kept} <= {f"c{n}" for n in range(1500, 2301)}  # the oldest went first
+    async with a._conn() as conn:
+        rows, left = await pg_events.size(conn)
+    assert rows == len(kept) and 0 < left <= bound and left > bound * 0.8, (rows, left, bound)
+    assert {e.call_id for e in kept} >= {f"c{n}" for n in range(1, 11)}  # j2's, shipped last, stay
+    # a bound above the size deletes nothing
+    assert (await a.prune_events(max_age_s=None, max_bytes=total)).deleted == 0
+    # retention removed all of j1's oldest rows: a restarted shipper of j1 starts after them
+    assert await a.shipped_up_to("j1") == 2300
+
+
+async def test_an_event_postgresql_cannot_take_as_is_never_stops_the_log(
+    stores: tuple[PostgresStore, PostgresStore], tmp_path: Path
+) -> None:
+    """A tool name with NUL (any 1 to 128 characters reach the journal; PostgreSQL refuses NUL)
+    and data of megabytes: shipped (replaced, or as a note of their size), and the events after
+    them too."""
+    a, _ = stores
+    journal = Journal(tmp_path / "a.sqlite3")
+    try:
+        journal.append(
+            trace_id="t1", call_id="c1", session="agent:main:s1", tenant="acme", agent="main",
+            tool="x\x00y", stage="invalid", data={"big": ["z" * 100] * 20_000},
+        )  # fmt: skip
+        _fill(journal, "acme", 3)
+        await _ship_until(journal, a, 7, "acme")
+        events = (await a.events_page(tenant="acme", limit=100)).events
+        odd = next(e for e in events if e.call_id == "c1")
+        assert "\x00" not in odd.tool and odd.tool.startswith("x")
+        assert odd.data["truncated"] is True and odd.data["bytes"] > 2_000_000
+    finally:
+        journal.close()
+
+
+async def test_a_store_that_keeps_refusing_one_event_ships_the_rest(tmp_path: Path) -> None:
+    """A batch the store refuses while it answers is shipped event by event; the event it still
+    refuses is left out (logged), the others land."""
+    from sandbox.errors import ErrorCode, SandboxError
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.rows: list[int] = []
+
+        async def ping(self) -> None:
+            return None
+
+        async def shipped_up_to(self, origin: str) -> int:
+            return 0
+
+        async def add_events(self, origin: str, events: list[Event]) -> None:
+            if any(e.stage == "poison" for e in events):
+                raise SandboxError(ErrorCode.SERVICE_UNAVAILABLE, "refused")
+            self.rows += [e.id for e in events]
+
+    journal = Journal(tmp_path / "a.sqlite3")
+    store = Refusing()
+    try:
+        _fill(journal, "acme", 2)
+        journal.append(trace_id="t", call_id="p", session="s", tenant="acme", agent="a", tool="x", stage="poison")
+        _fill(journal, "acme", 2)
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: ship_journal(journal, store, every_s=0.01))  # type: ignore[arg-type]
+            with anyio.fail_after(20):
+                while len(store.rows) < 8:
+                    await anyio.sleep(0.05)
+            group.cancel_scope.cancel()
+        assert store.rows == [1, 2, 3, 4, 6, 7, 8, 9]
+    finally:
+        journal.close()
 
 
 async def test_one_replica_prunes_at_a_time(stores: tuple[PostgresStore, PostgresStore]) -> None:
@@ -200,7 +271,39 @@ async def test_progress_events_reach_the_other_replicas_bus_once_and_never_come_
     assert [e.call_id for e in remote_on_b] == [f"c{n}" for n in range(20)] + ["c99"]
     assert {e.origin for e in remote_on_b} == {relays[0].origin}
     assert remote_on_b[0].session == "agent:main:s1" and remote_on_b[0].elapsed_s == 0.5
-    assert len(remote_on_b[-1].detail["text"]) == 2000  # an output chunk is cut, not dropped
+    assert remote_on_b[-1].detail["text"].startswith("z" * 2000)  # an output chunk is cut, not dropped
+    assert remote_on_b[-1].detail["text"].endswith("48000 more characters]")
     # nothing went round: A saw its own 21 once and B's one, B its own one and A's 21
     assert len(seen[0]) == 22 and len(seen[1]) == 22
     assert [e.call_id for e in seen[0] if e.origin] == ["c100"]
+
+
+async def test_a_notification_nobody_expected_never_ends_the_relay(
+    stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """Anybody on the database may NOTIFY the progress channel: a list, a deep nest, text, an
+    unknown field are each logged and dropped, and the relay goes on relaying."""
+    from sandbox.api.progress_relay import ProgressRelay
+    from sandbox.engine.progress import ProgressBus, ProgressEvent
+    from sandbox.state.postgres.store import BROADCAST_CHANNEL
+
+    bus = ProgressBus()
+    seen: list[ProgressEvent] = []
+    bus.subscribe(seen.append)
+    relay = ProgressRelay(bus, stores[1])
+    async with anyio.create_task_group() as group:
+        group.start_soon(relay.run)
+        await anyio.sleep(0.5)
+        odd = ["[1]", "[" * 3000 + "]" * 3000, "not json", '{"origin": "x", "events": [{"nope": 1}]}', '{"origin": 1}']
+        async with stores[0]._conn() as conn:
+            for payload in odd:
+                await conn.execute("SELECT pg_notify(%s, %s)", (BROADCAST_CHANNEL, payload))
+        await stores[0].broadcast(
+            ['{"origin": "other", "events": [{"kind": "running", "call_id": "c1", "trace_id": "t", "tool": "exec", '
+             '"session": "agent:main:s1", "elapsed_s": 1.0, "detail": {}}]}']
+        )  # fmt: skip
+        with anyio.fail_after(10):
+            while not seen:
+                await anyio.sleep(0.02)
+        group.cancel_scope.cancel()
+    assert [(e.call_id, e.origin) for e in seen] == [("c1", "other")]

@@ -16,8 +16,19 @@ KEYRING="${KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 
 # one build at a time on this host: a second caller (a test worker, the demo) waits for the
 # first and then finds the image present, instead of racing it for apt's lock and the tag
-exec 9>"${TMPDIR:-/tmp}/agent-sandbox-base-$(id -u).lock"
-flock 9
+# (the lock is in this user's own folder, as sandbox/runtime/docker/images.py's: nobody else can
+# plant a link there or hold it)
+lockdir="${XDG_CACHE_HOME:-$HOME/.cache}/agent-sandbox"
+mkdir -p -m 700 "$lockdir"
+if [ -L "$lockdir" ] || [ "$(stat -c %u "$lockdir")" != "$(id -u)" ]; then
+  echo "base: $lockdir is not a folder of this user's own; the build lock cannot live there" >&2
+  exit 1
+fi
+exec 9>"$lockdir/base.lock"
+if ! flock -w 1800 9; then
+  echo "base: another base build has held $lockdir/base.lock for 30 minutes; if none runs, remove it" >&2
+  exit 1
+fi
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base: $TAG present"
   exit 0

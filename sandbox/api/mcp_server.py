@@ -111,7 +111,8 @@ def http_server(
         if who is None:
             raise PermissionError("a valid bearer token is required")
         agent = headers.get("x-sandbox-agent")
-        sid = headers.get("mcp-session-id")
+        # stateless: the header is the client's word, not a session of ours (the SDK checks none)
+        sid = None if service.mcp_stateless else headers.get("mcp-session-id")
         named = headers.get("x-sandbox-session")
         key = named or f"mcp-{str(sid or 'default')[:32]}"
         try:
@@ -185,6 +186,15 @@ def http_server(
                 await response(scope, receive, send)
                 return
             mark_authenticated(scope)
+            if service.mcp_stateless and scope.get("method") != "POST":
+                # no sessions: nothing to DELETE, and no stream to hold open per GET (unbounded)
+                response = JSONResponse(
+                    {"detail": "MCP here is stateless (service.mcp_stateless): POST each request"},
+                    status_code=405,
+                    headers={"Allow": "POST"},
+                )
+                await response(scope, receive, send)
+                return
             # the SDK binds a session to this principal: another token on it is 404
             scope["user"] = owner_of(who, authorization)
             if "mcp-session-id" not in headers and manager.held_by(who.tenant.id) >= manager.per_tenant:

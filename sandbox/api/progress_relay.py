@@ -23,6 +23,7 @@ import anyio
 from sandbox._log import logger
 from sandbox.engine.progress import ProgressBus, ProgressEvent
 from sandbox.errors import SandboxError
+from sandbox.journal.redact import redact
 from sandbox.state.protocol import BROADCAST_MAX_BYTES, EventStore
 
 GATHER_S = 0.05  # how long events gather before they go out together
@@ -50,12 +51,14 @@ class ProgressRelay:
             return
         try:
             message = json.loads(payload)
-            if message.get("origin") == self.origin:
+            if not isinstance(message, dict) or message.get("origin") == self.origin:
                 return
-            for item in message.get("events", []):
-                self.bus.emit(ProgressEvent(**{**item, "origin": str(message["origin"])}))
-        except (ValueError, TypeError, KeyError) as exc:  # not ours, or from another version
-            logger.bind(error=str(exc)[:200]).warning("progress_relay_bad_message")
+            events = [ProgressEvent(**{**item, "origin": str(message["origin"])}) for item in message["events"]]
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # not ours, or another version's
+            logger.bind(error=f"{type(exc).__name__}: {exc}"[:200]).warning("progress_relay_bad_message")
+            return
+        for event in events:
+            self.bus.emit(event)
 
     async def run(self) -> None:
         """Send and receive until cancelled."""
@@ -83,7 +86,8 @@ class ProgressRelay:
 def _wire(event: ProgressEvent) -> dict[str, Any]:
     item = asdict(event)
     item.pop("origin")
-    item["detail"] = {k: (v[:MAX_TEXT] if isinstance(v, str) else v) for k, v in event.detail.items()}
+    # masked as the journal masks (secrets in output never leave the replica), strings cut
+    item["detail"] = redact(event.detail, max_text=MAX_TEXT)
     return item
 
 

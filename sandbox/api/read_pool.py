@@ -10,7 +10,7 @@ default one, so reads never take a thread the engine's calls or the probes need.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
@@ -38,6 +38,13 @@ class ReadPool:
         """`read()` in a worker thread, once one of `tenant`'s slots and one of the pool's are free."""
         async with self._of(tenant):
             return await anyio.to_thread.run_sync(read, limiter=self.total)
+
+    async def run_async(self, tenant: str, read: Callable[[], Awaitable[T]]) -> T:
+        """`await read()` (a read of the shared store) once one of `tenant`'s slots and one of
+        the pool's are free: a tenant's slow pages hold its own slots and pooled connections,
+        never every one."""
+        async with self._of(tenant), self.total:
+            return await read()
 
     def busy(self, tenant: str) -> int:
         """Reads of `tenant` holding a slot now."""

@@ -198,7 +198,7 @@ def add_read_routes(
         store = getattr(request.app.state, "store", None)
         journal = reader(request, who).journal
         if store is not None:  # every replica's events (docs/state.md, "Events across replicas")
-            page = await store.events_page(**query)
+            page = await reads.run_async(who.tenant.id, lambda: store.events_page(**query))
         elif journal is not None:
             page = await reads.run(who.tenant.id, lambda: journal.page(**query))
         else:

@@ -114,10 +114,17 @@ class ReadsMixin:
             limit=limit,
         )
 
-    def committed_after(self, after_id: int, limit: int) -> list[Event]:
-        """Committed events after `after_id`, oldest first (what is still queued waits: a
-        shipper's read never makes the writer's queue drain on its thread)."""
-        rows = self._read("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit), flush=False)
+    def committed_after(self, after_id: int, limit: int, max_data: int = 64 * 1024) -> list[Event]:
+        """Committed events after `after_id`, oldest first, for a shared store's copy: data larger
+        than `max_data` comes as a note of its size (bounded memory, whatever an event holds).
+        What is still queued waits: a shipper's read never drains the writer's queue."""
+        rows = self._read(
+            "SELECT id, ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, "
+            "CASE WHEN length(data) > ? THEN json_object('truncated', json('true'), 'bytes', length(data), "
+            "'note', 'whole in its replica''s journal') ELSE data END FROM events WHERE id > ? ORDER BY id LIMIT ?",
+            (max_data, after_id, limit),
+            flush=False,
+        )
         return [event_of(row) for row in rows]
 
     def journal_id(self) -> str:

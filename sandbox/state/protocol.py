@@ -204,7 +204,7 @@ class SharedPrune:
     """What one prune of the shared events did (`skipped`: another replica was pruning)."""
 
     deleted: int
-    estimated_bytes_before: int
+    bytes_before: int
     seconds: float
     skipped: bool = False
 
@@ -213,8 +213,12 @@ class EventStore(Protocol):
     """The journal's events of every replica (state/shipping.py ships each journal's new events
     here after the fact; each replica's own journal stays the record a call commits to)."""
 
+    async def ping(self) -> None:
+        """One cheap round trip (SandboxError SERVICE_UNAVAILABLE when the store does not answer)."""
+        ...
+
     async def shipped_up_to(self, origin: str) -> int:
-        """The newest event of journal `origin` the store holds (0: none)."""
+        """How far journal `origin` was shipped (0: never), kept when retention removed its rows."""
         ...
 
     async def add_events(self, origin: str, events: list[Event]) -> None:

@@ -21,39 +21,63 @@ from sandbox.errors import SandboxError
 
 if TYPE_CHECKING:
     from sandbox.config.models import RetentionConfig
+    from sandbox.journal.queries import Event
     from sandbox.journal.store import Journal
     from sandbox.state.protocol import EventStore
 
 SHIP_EVERY_S = 0.1  # a call's events reach the other replicas about this long after they happen
-SHIP_BATCH = 500  # events per transaction (a busy replica ships full batches back to back)
+SHIP_BATCH = 500  # events per transaction at most (a busy replica ships full batches back to back)
 RETRY_S = 1.0  # the store away: try again after this (the journal keeps what waits)
+STUCK_AFTER = 3  # one batch failing this often while the store answers: shipped event by event
 
 
 async def ship_journal(journal: Journal, store: EventStore, *, every_s: float = SHIP_EVERY_S) -> None:
-    """Copy `journal`'s new events to `store` for as long as this runs (the service's lifespan)."""
+    """Copy `journal`'s new events to `store` for as long as this runs (the service's lifespan).
+
+    A batch the store keeps refusing while it answers otherwise (an event it cannot take) is
+    shipped one event at a time, and an event still refused is left out and logged: one bad
+    event never stops the log of every tenant.
+    """
     origin = await anyio.to_thread.run_sync(journal.journal_id)
     shipped: int | None = None
-    warned = False
+    failures = 0
     while True:
         try:
             if shipped is None:
                 shipped = await store.shipped_up_to(origin)
             found = await anyio.to_thread.run_sync(journal.committed_after, shipped, SHIP_BATCH)
-            if found:
+            if found and failures >= STUCK_AFTER:
+                await _one_by_one(store, origin, found)
+            elif found:
                 await store.add_events(origin, found)
+            if found:
                 shipped = found[-1].id
-            if warned:
+            if failures:
                 logger.info("journal_shipping_resumed")
-                warned = False
+            failures = 0
             if len(found) == SHIP_BATCH:
                 continue  # more waiting: no rest
         except SandboxError as exc:
-            if not warned:
+            failures += 1
+            if failures == 1:
                 logger.bind(error=exc.message[:200]).warning("journal_not_shipped")
-                warned = True
             await anyio.sleep(RETRY_S)
             continue
         await anyio.sleep(every_s)
+
+
+async def _one_by_one(store: EventStore, origin: str, events: list[Event]) -> None:
+    """Ship `events` singly, leaving out (and logging) any the store refuses; raises when the
+    store does not answer at all (the batch is then tried again)."""
+    await store.ping()
+    for event in events:
+        try:
+            await store.add_events(origin, [event])
+        except SandboxError as exc:
+            await store.ping()  # down after all: not the event's fault, raised for a retry
+            logger.bind(event_id=event.id, stage=event.stage, error=exc.message[:200]).error(
+                "journal_event_not_shipped"
+            )
 
 
 async def keep_shared_events_bounded(store: EventStore, config: RetentionConfig) -> None:

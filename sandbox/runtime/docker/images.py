@@ -8,9 +8,10 @@ import hashlib
 import io
 import os
 import re
+import stat
 import subprocess
 import tarfile
-import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,15 +222,44 @@ def build_all(
         return {t.tag: build_image(client, t, log, force=force) for t in targets}
 
 
+LOCK_WAIT_S = 1800.0  # a build that holds the lock longer than this is taken for stuck
+
+
 @contextlib.contextmanager
 def _build_lock() -> Iterator[None]:
-    path = Path(tempfile.gettempdir()) / f"agent-sandbox-images-{os.getuid()}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    path = lock_dir() / "images.lock"
+    # in a folder only this user may write: nobody else can plant a link there or hold the lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, even on a crash
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the descriptor closes
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SandboxUnavailable(
+                        f"another image build has held {path} for {LOCK_WAIT_S:.0f} s; if none runs, remove the file"
+                    ) from None
+                time.sleep(0.5)
         yield
     finally:
         os.close(fd)
+
+
+def lock_dir() -> Path:
+    """This user's own folder for the build lock (images/bootstrap/base.sh uses the same one):
+    $XDG_CACHE_HOME/agent-sandbox, else ~/.cache/agent-sandbox; made 0700 and checked to be the
+    user's own and no link."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(base) / "agent-sandbox"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise SandboxUnavailable(
+            f"{folder} is not a folder of this user's own (0700): the build lock cannot live there"
+        )
+    return folder
 
 
 def image_current(client: Any, target: ImageTarget) -> tuple[bool, str]:

@@ -46,6 +46,11 @@ def unreachable(url: StateUrl, exc: BaseException) -> SandboxError:
     )
 
 
+# a listening connection whose server vanished without a word (a failover, a partition) is
+# found dead within about half a minute and made again, not after the system's two hours
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+
+
 async def connect(url: StateUrl, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
     """One connection to the store (the caller closes it).
 
@@ -55,7 +60,11 @@ async def connect(url: StateUrl, *, autocommit: bool = True) -> psycopg.AsyncCon
     pg = psycopg_module()
     try:
         conn: psycopg.AsyncConnection[Any] = await pg.AsyncConnection.connect(
-            url.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, application_name="agent-sandbox"
+            url.url,
+            autocommit=autocommit,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            application_name="agent-sandbox",
+            **KEEPALIVES,
         )
     except pg.Error as exc:
         raise unreachable(url, exc) from exc

@@ -3,14 +3,19 @@
 Each replica's own journal (SQLite in its state_dir) stays the record a call commits to before
 it runs (fast, local, and what its recovery reads); state/shipping.py copies its new events here
 in batches, marked with the journal's id (`origin`) and row id (`origin_id`), so a batch shipped
-twice lands once. A page is read newest first by this table's id, on an index that starts with
-the tenant: a tenant's page never walks (or shows) a neighbour's rows.
+twice lands once, and `sbx_event_origins` keeps how far each journal was shipped (a restart
+never ships again what retention removed). A page is read newest first by this table's id, on
+an index that starts with the tenant: a tenant's page never walks (or shows) a neighbour's rows.
 
-Retention: `journal.retention` bounds this table as it bounds each journal. The age bound is
-exact. The size bound is an estimate of the live rows (their number times their average size,
-with the indexes' share): PostgreSQL reuses the space of deleted rows, so the table stops
-growing near the bound; its files shrink only with a VACUUM FULL, which the service never runs
-(it would lock the table for as long as the copy takes).
+What is shipped is a view, bounded: an event's data larger than MAX_DATA_BYTES is replaced by a
+note of its size and keys (the replica's own journal keeps it whole), text PostgreSQL refuses
+(NUL, unpaired surrogates) is replaced, and rows are made and read off the event loop.
+
+Retention: `journal.retention` bounds this table as it bounds each journal. `sbx_events_size`
+holds the live rows and their bytes (each row's text plus ROW_OVERHEAD for its header and index
+entries), kept exact by every insert and delete in the same statement, so the size bound deletes
+exactly down to it. PostgreSQL reuses the space of deleted rows, so the files stop growing near
+the bound; they shrink only with a VACUUM FULL, which the service never runs.
 """
 
 from __future__ import annotations
@@ -24,36 +29,69 @@ import anyio
 from sandbox.journal.queries import Event, EventPage, check_limit, event_of, make_cursor, parse_cursor
 from sandbox.state.protocol import SharedPrune
 
-CHANNEL = "sbx_events"  # NOTIFY after a batch lands (the payload is empty): followers read again
 COLUMNS = "id, ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data"
+MAX_DATA_BYTES = 64 * 1024  # an event's data larger than this is shipped as a note of its size
+ROW_OVERHEAD = 200  # a row's header and its four index entries, about (the size bound's unit)
 INSERT = (
-    "INSERT INTO sbx_events (origin, origin_id, ts, trace_id, call_id, session, tenant, agent, tool, stage, "
-    "duration_ms, data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-    "ON CONFLICT (origin, origin_id) DO NOTHING"
+    "WITH added AS (INSERT INTO sbx_events (origin, origin_id, ts, trace_id, call_id, session, tenant, agent, "
+    "tool, stage, duration_ms, data, bytes) "
+    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::text[], %s::text[], %s::text[], %s::text[], "
+    "%s::text[], %s::text[], %s::text[], %s::float8[], %s::text[], %s::int[]) "
+    "ON CONFLICT (origin, origin_id) DO NOTHING RETURNING bytes) "
+    "UPDATE sbx_events_size SET rows = rows + (SELECT count(*) FROM added), "
+    "bytes = bytes + (SELECT coalesce(sum(bytes), 0) FROM added)"
+)
+SHIPPED = (
+    "INSERT INTO sbx_event_origins (origin, shipped_up_to) VALUES (%s, %s) "
+    "ON CONFLICT (origin) DO UPDATE "
+    "SET shipped_up_to = greatest(sbx_event_origins.shipped_up_to, excluded.shipped_up_to)"
 )
 PRUNE_LOCK = 0x5B5_0002  # pg_try_advisory_lock key: one replica prunes at a time, the others skip
 PRUNE_BATCH = 5000  # rows per DELETE (each its own short transaction)
 PRUNE_PAUSE_S = 0.01
-INDEX_BYTES_PER_ROW = 160  # the five indexes' entries of one row, about (size estimate only)
 LOW_WATER = 0.9  # a size prune goes this far under the bound
 
 
+def _text(value: str) -> str:
+    """`value` as PostgreSQL text takes it: NUL and unpaired surrogates replaced."""
+    return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+
+
+def _data(event: Event) -> str:
+    text = json.dumps(event.data, default=str)  # ASCII: NUL and surrogates are escapes here
+    if len(text) <= MAX_DATA_BYTES:
+        return text
+    keys = sorted(str(k) for k in event.data)[:20] if isinstance(event.data, dict) else []
+    return json.dumps({"truncated": True, "bytes": len(text), "keys": keys, "note": "whole in its replica's journal"})
+
+
+def rows_of(origin: str, events: list[Event]) -> list[list[Any]]:
+    """The INSERT's arrays (column by column) for `events` (CPU work: run it off the event loop)."""
+    columns: list[list[Any]] = [[] for _ in range(13)]
+    for e in events:
+        texts = [_text(str(v)) for v in (e.trace_id, e.call_id, e.session, e.tenant, e.agent, e.tool, e.stage)]
+        data = _data(e)
+        row = [_text(origin), e.id, e.ts, *texts, e.duration_ms, data]
+        row.append(sum(len(t) for t in texts) + len(data) + ROW_OVERHEAD)
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return columns
+
+
 async def add(conn: Any, origin: str, events: list[Event]) -> None:
-    """Insert `events` of the journal `origin` (one transaction; rows already there are skipped)."""
-    rows = [
-        (origin, e.id, e.ts, e.trace_id, e.call_id, e.session, e.tenant, e.agent, e.tool, e.stage, e.duration_ms,
-         json.dumps(e.data, default=str))
-        for e in events
-    ]  # fmt: skip
+    """Insert `events` of the journal `origin` and note how far it is shipped (one transaction;
+    rows already there are skipped)."""
+    if not events:
+        return
+    columns = await anyio.to_thread.run_sync(rows_of, origin, events)
     async with conn.transaction():
-        async with conn.cursor() as cur:
-            await cur.executemany(INSERT, rows)
-        await conn.execute(f"NOTIFY {CHANNEL}")
+        await conn.execute(INSERT, columns)
+        await conn.execute(SHIPPED, (origin, max(e.id for e in events)))
 
 
 async def shipped_up_to(conn: Any, origin: str) -> int:
-    """The newest row of journal `origin` already here (0: none)."""
-    cur = await conn.execute("SELECT coalesce(max(origin_id), 0) FROM sbx_events WHERE origin = %s", (origin,))
+    """How far journal `origin` was shipped (0: never)."""
+    cur = await conn.execute("SELECT shipped_up_to FROM sbx_event_origins WHERE origin = %s", (origin,))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 
@@ -76,7 +114,7 @@ async def page(
     for column, value in (("tenant", tenant), ("session", session), ("trace_id", trace_id)):
         if value is not None:
             where.append(f"{column} = %s")
-            args.append(value)
+            args.append(_text(value))
     if since is not None:
         where.append("ts >= %s")
         args.append(since)
@@ -92,28 +130,15 @@ async def page(
         (*args, limit + 1),
     )
     rows = await cur.fetchall()
-    events = [event_of(row) for row in rows[:limit]]
+    events = await anyio.to_thread.run_sync(lambda: [event_of(row) for row in rows[:limit]])
     return EventPage(events, make_cursor(events[-1].id) if len(rows) > limit else None)
 
 
-async def after(conn: Any, *, tenant: str, session: str | None, after_id: int, limit: int) -> list[Event]:
-    """A tenant's events newer than `after_id`, oldest first (a follower's next read)."""
-    where, args = ["tenant = %s", "id > %s"], [tenant, after_id]
-    if session is not None:
-        where.append("session = %s")
-        args.append(session)
-    cur = await conn.execute(
-        f"SELECT {COLUMNS} FROM sbx_events WHERE {' AND '.join(where)} ORDER BY id LIMIT %s",  # noqa: S608
-        (*args, limit),
-    )
-    return [event_of(row) for row in await cur.fetchall()]
-
-
-async def newest_id(conn: Any) -> int:
-    """The newest row's id (0: none): where a follower starts."""
-    cur = await conn.execute("SELECT coalesce(max(id), 0) FROM sbx_events")
+async def size(conn: Any) -> tuple[int, int]:
+    """The live rows and their bytes."""
+    cur = await conn.execute("SELECT rows, bytes FROM sbx_events_size")
     row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 async def prune(conn: Any, *, max_age_s: float | None, max_bytes: int | None, now: float) -> SharedPrune:
@@ -125,49 +150,40 @@ async def prune(conn: Any, *, max_age_s: float | None, max_bytes: int | None, no
         return SharedPrune(0, 0, 0.0, skipped=True)
     deleted = 0
     try:
-        before = await _estimated_bytes(conn)
+        before = (await size(conn))[1]
         if max_age_s is not None:
-            deleted += await _delete_batches(conn, "ts < %s", (now - max_age_s,), None)
-        if max_bytes is not None:
-            rows, row_bytes = await _rows_and_size(conn)
-            if rows * row_bytes > max_bytes:
-                keep = int(max_bytes * LOW_WATER / max(row_bytes, 1))
-                deleted += await _delete_batches(conn, "TRUE", (), max(rows - keep, 0))
+            while (n := await _delete_oldest(conn, "ts < %s", (now - max_age_s,), PRUNE_BATCH)) == PRUNE_BATCH:
+                deleted += n
+                await anyio.sleep(PRUNE_PAUSE_S)  # writers and readers get the table between batches
+            deleted += n
+        if max_bytes is not None and (await size(conn))[1] > max_bytes:
+            target = max_bytes * LOW_WATER
+            while True:
+                rows, total = await size(conn)
+                if total <= target or rows == 0:
+                    break
+                # as many of the oldest as their average size says, checked again after each batch
+                n = await _delete_oldest(
+                    conn, "TRUE", (), min(PRUNE_BATCH, max(1, int((total - target) * rows / total)))
+                )
+                deleted += n
+                if n == 0:
+                    break
+                await anyio.sleep(PRUNE_PAUSE_S)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s)", (PRUNE_LOCK,))
+        with anyio.CancelScope(shield=True):
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (PRUNE_LOCK,))
     return SharedPrune(deleted, before, time.monotonic() - started)
 
 
-async def _delete_batches(conn: Any, condition: str, args: tuple[Any, ...], at_most: int | None) -> int:
-    """Delete the oldest rows meeting `condition`, a batch per transaction, `at_most` in all."""
-    deleted = 0
-    while at_most is None or deleted < at_most:
-        batch = PRUNE_BATCH if at_most is None else min(PRUNE_BATCH, at_most - deleted)
-        cur = await conn.execute(
-            f"DELETE FROM sbx_events WHERE id IN (SELECT id FROM sbx_events WHERE {condition} "  # noqa: S608
-            "ORDER BY id LIMIT %s)",
-            (*args, batch),
-        )
-        deleted += cur.rowcount
-        if cur.rowcount < batch:
-            break
-        await anyio.sleep(PRUNE_PAUSE_S)  # writers and readers get the table between batches
-    return deleted
-
-
-async def _rows_and_size(conn: Any) -> tuple[int, int]:
-    """The live rows (by their id range: ids only grow, and the oldest go first) and the bytes
-    of one, with its index entries (from the newest thousand)."""
-    cur = await conn.execute("SELECT coalesce(max(id) - min(id) + 1, 0) FROM sbx_events")
-    row = await cur.fetchone()
-    rows = int(row[0]) if row else 0
+async def _delete_oldest(conn: Any, condition: str, args: tuple[Any, ...], count: int) -> int:
+    """Delete the `count` oldest rows meeting `condition`, the size row kept exact with them."""
     cur = await conn.execute(
-        "SELECT coalesce(avg(pg_column_size(e.*)), 0) FROM (SELECT * FROM sbx_events ORDER BY id DESC LIMIT 1000) e"
+        "WITH gone AS (DELETE FROM sbx_events WHERE id IN (SELECT id FROM sbx_events "  # noqa: S608 - fixed words
+        f"WHERE {condition} ORDER BY id LIMIT %s) RETURNING bytes) "
+        "UPDATE sbx_events_size SET rows = rows - (SELECT count(*) FROM gone), "
+        "bytes = bytes - (SELECT coalesce(sum(bytes), 0) FROM gone) RETURNING (SELECT count(*) FROM gone)",
+        (*args, count),
     )
     row = await cur.fetchone()
-    return rows, int(float(row[0]) if row else 0) + INDEX_BYTES_PER_ROW
-
-
-async def _estimated_bytes(conn: Any) -> int:
-    rows, row_bytes = await _rows_and_size(conn)
-    return rows * row_bytes
+    return int(row[0]) if row else 0

@@ -52,6 +52,15 @@ class Wakeups:
             if not events:
                 del self._waiters[key]
 
+    def _deliver(self, payload: str) -> None:
+        if self._on_note is None:
+            self._wake(payload)
+            return
+        try:  # anybody on the database may NOTIFY: a payload nobody expected never ends the listener
+            self._on_note(payload)
+        except Exception as exc:
+            logger.bind(channel=self._channel, error=f"{type(exc).__name__}: {exc}"[:200]).warning("state_note_refused")
+
     def _wake(self, key: str) -> None:
         for event in self._waiters.get(key, ()):
             event.set()
@@ -79,7 +88,7 @@ class Wakeups:
                     # whatever was decided (or sent) while nobody listened is read again
                     self._on_note("") if self._on_note is not None else self._wake_all()
                     async for note in conn.notifies():
-                        (self._on_note or self._wake)(note.payload)
+                        self._deliver(note.payload)
                 finally:
                     await close_shielded(conn)
             except (SandboxError, pg.Error) as exc:

@@ -22,7 +22,14 @@ from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
 from sandbox.state.postgres import approvals, calls, events, quotas, session_uids, tokens
-from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, close_shielded, connect, psycopg_module, unreachable
+from sandbox.state.postgres.connect import (
+    CONNECT_TIMEOUT_S,
+    KEEPALIVES,
+    close_shielded,
+    connect,
+    psycopg_module,
+    unreachable,
+)
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
 from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation, SharedPrune
@@ -352,7 +359,12 @@ async def _open_pool(url: StateUrl, pool_max: int) -> Any:
         # a connection the server ended (a failover, pg_terminate_backend) is replaced when
         # checked out, not handed to a caller: one empty round trip per checkout
         check=pool_module.AsyncConnectionPool.check_connection,
-        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "application_name": "agent-sandbox"},
+        kwargs={
+            "autocommit": True,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "application_name": "agent-sandbox",
+            **KEEPALIVES,
+        },
     )
     try:
         await pool.open(wait=True, timeout=POOL_OPEN_S)
