@@ -448,3 +448,46 @@ def test_two_replicas_never_hand_one_warm_pool_container_to_two_sessions(tmp_pat
         _stop(proc_b)
     assert answers == ["fresh"] * 6, answers
     assert handed, "no session got a pool member: the pool was not exercised"
+
+
+def test_a_process_started_through_one_replica_is_polled_and_killed_through_the_other(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """`exec` with `background` through A, then `process` through B: B lists it, polls its
+    output to the end, and a second one started through B is killed through A."""
+    ws = _workspace(tmp_path, pg_url)
+    url_a, proc_a = _start(_config(tmp_path, "a", pg_url, ws))
+    url_b, proc_b = _start(_config(tmp_path, "b", pg_url, ws))
+
+    def call(url: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        answer = httpx.post(
+            f"{url}/v1/sessions/agent:alpha:r7/calls", headers=A, json={"tool": tool, "args": args}, timeout=120
+        )
+        assert answer.status_code == 200, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
+    try:
+        started = call(url_a, "exec", {"command": "echo one; sleep 1; echo two", "background": True})
+        assert started["ok"], started
+        first = started["output"]["process_id"]
+        listed = call(url_b, "process", {"action": "list"})
+        assert [p["id"] for p in listed["output"]["processes"]] == [first], listed
+        seen: list[str] = []
+
+        def done() -> bool:
+            polled = call(url_b, "process", {"action": "poll", "id": first})
+            assert polled["ok"], polled
+            seen.append(polled["output"]["output"])
+            return bool(polled["output"]["status"] == "exited")
+
+        _until(done, 30)
+        assert "".join(seen) == "one\ntwo\n"  # each byte once: the offset is shared too
+        second = call(url_b, "exec", {"command": "sleep 60", "background": True})["output"]["process_id"]
+        killed = call(url_a, "process", {"action": "kill", "id": second})
+        assert killed["ok"], killed
+        left = call(url_a, "exec", {"command": "pgrep -f 'slee[p] 60' || echo none"})
+        assert left["output"]["output"].strip() == "none", left
+    finally:
+        _stop(proc_a)
+        _stop(proc_b)

@@ -34,7 +34,7 @@ from sandbox.runtime.manager import SandboxManager
 from sandbox.runtime.session_users import SharedUids
 from sandbox.sessions.registry import Child, Message
 from sandbox.sessions.service import SessionsService
-from sandbox.state.protocol import ApprovalStore, CallStore, SharedCalls, SharedEngineState
+from sandbox.state.protocol import ApprovalStore, CallStore, SessionRecords, SharedCalls, SharedEngineState
 from sandbox.tools.builtin import BUILTIN_BY_NAME
 from sandbox.tools.catalog import build_registry
 from sandbox.tools.registry import ToolRegistry
@@ -77,6 +77,7 @@ class Orchestrator:
         self._browsers: Browsers | None = None
         self._shared_calls: SharedCalls | None = None
         self.shared_uids: SharedUids | None = None  # session uids of the shared store (share_session_uids)
+        self.shared_records: SessionRecords | None = None  # sessions' process tables there (idem)
         self._journal_calls: JournalCalls | None = None
         self.skill_problems: list[SkillProblem] = []
         if registry is None:
@@ -246,10 +247,12 @@ class Orchestrator:
         self._shared_calls = store
 
     def share_session_uids(self, store: SharedEngineState | None) -> None:
-        """Take session uids from the shared `store` from now on, and claim warm-pool members
-        there too (None: the state dir's registry and claim files): replicas on one engine
-        never hand one uid, or one pooled container, to two sessions."""
+        """Take session uids from the shared `store` from now on, claim warm-pool members and
+        keep sessions' process tables there too (None: the state dir's registry, claim files and
+        tables): replicas on one engine never hand one uid, or one pooled container, to two
+        sessions, and a process started through one is polled through another."""
         self.shared_uids = SharedUids(store) if store is not None else None
+        self.shared_records = store
         self.manager.shared_pool_claims = store
 
     @property

@@ -34,6 +34,7 @@ from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
 from sandbox.tools.availability import offered
 from sandbox.tools.context import ToolContext
+from sandbox.tools.process_table import FileProcessTable, ProcessTable, SharedProcessTable
 from sandbox.tools.spec import ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
@@ -375,6 +376,7 @@ class Session:
             files=self._files,
             workdir=workdir,
             state_dir=self.state_dir,
+            processes=self.process_table(),
         )
         tool_ctx.publish = partial(self._spill, tool_ctx)
         tool_ctx.durable = recorded.get() == task.call_id
@@ -387,6 +389,14 @@ class Session:
             tool_ctx.browser = _SessionBrowser(self)
         tool_ctx.search = self._orch.search_provider
         return tool_ctx
+
+    def process_table(self) -> ProcessTable:
+        """This session's background processes: in the shared store while the service holds
+        one (every replica polls them), else in its state dir."""
+        shared = self._orch.shared_records
+        if shared is not None:
+            return SharedProcessTable(shared, self.agent.tenant, self.key)
+        return FileProcessTable(self.state_dir)
 
     def _make_files(
         self, roots: list[Root], owner: tuple[int, int] | None, *, group_shared: bool = False

@@ -8,7 +8,6 @@ another tenant's agent is refused.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import secrets
 import time
@@ -476,8 +475,8 @@ async def end_session_work(orch: Orchestrator, session: Session, reason: str) ->
             with contextlib.suppress(SandboxError):  # decided meanwhile: that decision stands
                 await anyio.to_thread.run_sync(journal.decide, approval.id, "denied", f"cancelled: {reason}")
     try:
-        table = json.loads((session.state_dir / "processes.json").read_text())
-    except (OSError, ValueError):
+        table = await session.process_table().all()
+    except SandboxError:  # the shared store away: the sandbox's own timeouts still hold
         return
     if not table:
         return

@@ -33,6 +33,7 @@ __all__ = [
     "QuotaStore",
     "Refused",
     "Reservation",
+    "SessionRecords",
     "SessionUids",
     "SharedCalls",
     "SharedEngineState",
@@ -325,8 +326,26 @@ class SharedPoolClaims(Protocol):
         ...
 
 
-class SharedEngineState(SessionUids, SharedPoolClaims, Protocol):
-    """What replicas on one engine must not hand out twice: session uids and pool members."""
+class SessionRecords(Protocol):
+    """Small records of one session that every replica serving it must see (its background
+    processes: tools/process_table.py), as text by kind and key."""
+
+    async def session_record(self, tenant: str, session: str, kind: str, key: str) -> str | None:
+        """One record, or None."""
+        ...
+
+    async def session_records(self, tenant: str, session: str, kind: str) -> dict[str, str]:
+        """Every record of one kind, by key."""
+        ...
+
+    async def put_session_record(self, tenant: str, session: str, kind: str, key: str, value: str | None) -> None:
+        """Record `value` (None: delete the record)."""
+        ...
+
+
+class SharedEngineState(SessionUids, SharedPoolClaims, SessionRecords, Protocol):
+    """What replicas on one engine must agree on: session uids and pool members (never handed
+    out twice), and the sessions' small records."""
 
 
 class SharedCalls(CallStore, TrackedCalls, Protocol):

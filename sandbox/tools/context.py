@@ -11,6 +11,7 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.fs.protocol import Files
 from sandbox.runtime.protocol import Shell
+from sandbox.tools.process_table import ProcessTable
 from sandbox.tools.search import SearchProvider
 
 
@@ -89,6 +90,8 @@ class ToolContext:
     publish: Callable[[Path], Awaitable[str | None]] = _no_publish
     # the sessions tools (spawn, list, history, send, status); None without a journal
     sessions: SessionsPort | None = None
+    # the session's process table (tools/process_table.py); None: the file in state_dir
+    processes: ProcessTable | None = None
     # the session's browser sandbox; None where there is none (not sandboxed, not docker)
     browser: BrowserPort | None = None
     # the application's search provider (web_search); None when it gave none

@@ -256,3 +256,27 @@ async def test_a_pool_member_is_claimed_by_one_replica(pg_url: str, tmp_path: Pa
                 group.start_soon(claim, (a, b)[n % 2], n)
         assert sorted(won) == [False] * 15 + [True]
         assert await b.claim_member("decade", "agent:alpha:s99") is True  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+async def test_a_sessions_process_table_is_one_through_every_replica(pg_url: str, tmp_path: Path) -> None:
+    """A process recorded through one store instance is read, updated and forgotten through
+    another; another session (or tenant) of the same name sees none of it."""
+    from sandbox.tools.process_table import SharedProcessTable
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+        on_a = SharedProcessTable(a, "acme", "agent:alpha:s1")  # type: ignore[arg-type]
+        on_b = SharedProcessTable(b, "acme", "agent:alpha:s1")  # type: ignore[arg-type]
+        await on_a.put("p_1", {"command": "sleep 1", "offset": 0})
+        assert await on_b.all() == {"p_1": {"command": "sleep 1", "offset": 0}}
+        await on_b.put("p_1", {"command": "sleep 1", "offset": 12})
+        assert await on_a.get("p_1") == {"command": "sleep 1", "offset": 12}
+        assert await SharedProcessTable(b, "globex", "agent:alpha:s1").all() == {}  # type: ignore[arg-type]
+        assert await SharedProcessTable(b, "acme", "agent:alpha:s2").get("p_1") is None  # type: ignore[arg-type]
+        await on_b.put("p_1", None)
+        assert await on_a.all() == {}

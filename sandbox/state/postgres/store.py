@@ -21,7 +21,7 @@ from sandbox.journal.calls import CallRecord, State
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, calls, events, quotas, session_uids, tokens
+from sandbox.state.postgres import approvals, calls, engine_state, events, quotas, tokens
 from sandbox.state.postgres.connect import (
     CONNECT_TIMEOUT_S,
     KEEPALIVES,
@@ -318,17 +318,32 @@ class PostgresStore:
     async def session_uid(self, scope: str, session: str) -> tuple[int, str] | None:
         """See :class:`~sandbox.state.protocol.SessionUids`."""
         async with self._conn() as conn:
-            return await session_uids.find(conn, scope, session)
+            return await engine_state.find(conn, scope, session)
 
     async def claim_uid(self, scope: str, uid: int, session: str, token: str) -> tuple[str, str] | None:
         """See :class:`~sandbox.state.protocol.SessionUids`."""
         async with self._conn() as conn:
-            return await session_uids.claim(conn, scope, uid, session, token)
+            return await engine_state.claim(conn, scope, uid, session, token)
 
     async def claim_member(self, container_id: str, session: str) -> bool:
         """See :class:`~sandbox.state.protocol.SharedPoolClaims`."""
         async with self._conn() as conn:
-            return await session_uids.claim_member(conn, container_id, session)
+            return await engine_state.claim_member(conn, container_id, session)
+
+    async def session_record(self, tenant: str, session: str, kind: str, key: str) -> str | None:
+        """See :class:`~sandbox.state.protocol.SessionRecords`."""
+        async with self._conn() as conn:
+            return await engine_state.record(conn, tenant, session, kind, key)
+
+    async def session_records(self, tenant: str, session: str, kind: str) -> dict[str, str]:
+        """See :class:`~sandbox.state.protocol.SessionRecords`."""
+        async with self._conn() as conn:
+            return await engine_state.records(conn, tenant, session, kind)
+
+    async def put_session_record(self, tenant: str, session: str, kind: str, key: str, value: str | None) -> None:
+        """See :class:`~sandbox.state.protocol.SessionRecords`."""
+        async with self._conn() as conn:
+            await engine_state.put_record(conn, tenant, session, kind, key, value)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""

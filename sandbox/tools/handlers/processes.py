@@ -1,14 +1,13 @@
 """Background processes of one session: started by exec, managed by the process tool.
 
-Output, exit status and stdin live next to the process (in the sandbox); the table of ids is in
-the session's state dir, so a restarted orchestrator finds every process again. Ids are per
+Output, exit status and stdin live next to the process (in the sandbox); the table of ids is
+the session's (tools/process_table.py: its state dir, or the shared store of several replicas),
+so a restarted orchestrator, or another replica, finds every process again. Ids are per
 session: another session's table does not have them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
@@ -20,41 +19,28 @@ from sandbox.runtime import shellwrap
 from sandbox.runtime.naming import short_hash
 from sandbox.tools.builtin import ProcessArgs
 from sandbox.tools.context import ToolContext
+from sandbox.tools.process_table import FileProcessTable, ProcessTable
 
 POLL_CHUNK = 200_000
 KILL_GRACE_S = 2.0
 STDIN_TIMEOUT_S = 5.0
 
 
-def _table_path(ctx: ToolContext) -> Any:
-    return ctx.state_dir / "processes.json"
+def table_of(ctx: ToolContext) -> ProcessTable:
+    """The session's process table (its state dir's file unless the engine gave another)."""
+    return ctx.processes if ctx.processes is not None else FileProcessTable(ctx.state_dir)
 
 
-def _load(ctx: ToolContext) -> dict[str, dict[str, Any]]:
-    try:
-        return dict(json.loads(_table_path(ctx).read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def _save(ctx: ToolContext, table: dict[str, dict[str, Any]]) -> None:
-    path = _table_path(ctx)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)
-
-
-def _entry(ctx: ToolContext, proc_id: str | None) -> dict[str, Any]:
-    table = _load(ctx)
-    if not proc_id or proc_id not in table:
-        known = ", ".join(sorted(table)) or "none"
+async def _entry(ctx: ToolContext, proc_id: str | None) -> dict[str, Any]:
+    entry = await table_of(ctx).get(proc_id) if proc_id else None
+    if entry is None:
+        known = ", ".join(sorted(await table_of(ctx).all())) or "none"
         raise SandboxError(
             ErrorCode.INVALID_ARGUMENTS,
             f"no process {proc_id!r} in this session (known: {known})",
             process_id=proc_id,
         )
-    return table[proc_id]
+    return entry
 
 
 def session_env(ctx: ToolContext) -> dict[str, str]:
@@ -121,15 +107,8 @@ async def start(
             ErrorCode.INTERNAL,
             f"could not start the process: {result.output.decode(errors='replace')[-300:]}",
         )
-    table = _load(ctx)
-    table[proc_id] = {
-        "command": command,
-        "started_at": time.time(),
-        "offset": 0,
-        "workdir": workdir,
-        "timeout_s": timeout_s,
-    }
-    _save(ctx, table)
+    entry = {"command": command, "started_at": time.time(), "offset": 0, "workdir": workdir, "timeout_s": timeout_s}
+    await table_of(ctx).put(proc_id, entry)
     return proc_id
 
 
@@ -145,9 +124,7 @@ async def poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> t
 async def forget(ctx: ToolContext, proc_id: str) -> None:
     """Remove an ended process's records in the sandbox (its log too) and its table entry."""
     await ctx.shell.run_argv(shellwrap.forget_argv(proc_id, ctx.shell.pid_dir))
-    table = _load(ctx)
-    if table.pop(proc_id, None) is not None:
-        _save(ctx, table)
+    await table_of(ctx).put(proc_id, None)
 
 
 def status_of(raw: str) -> dict[str, Any]:
@@ -169,18 +146,16 @@ def status_of(raw: str) -> dict[str, Any]:
 
 async def peek(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
     """Status only."""
-    _entry(ctx, proc_id)
+    await _entry(ctx, proc_id)
     raw, _, _ = await poll_raw(ctx, proc_id, 0, 0)
     return status_of(raw)
 
 
 async def poll(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
     """New output since the last poll, and the exit status once done."""
-    entry = _entry(ctx, proc_id)
+    entry = await _entry(ctx, proc_id)
     raw, size, data = await poll_raw(ctx, proc_id, int(entry["offset"]), POLL_CHUNK)
-    table = _load(ctx)
-    table[proc_id]["offset"] = int(entry["offset"]) + len(data)
-    _save(ctx, table)
+    await table_of(ctx).put(proc_id, {**entry, "offset": int(entry["offset"]) + len(data)})
     return {**status_of(raw), "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
 
 
@@ -221,7 +196,7 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
     """list | poll | log | write | kill."""
     if args.action == "list":
         out = []
-        for proc_id, entry in _load(ctx).items():
+        for proc_id, entry in (await table_of(ctx).all()).items():
             raw, size, _ = await poll_raw(ctx, proc_id, 0, 0)
             out.append(
                 {
@@ -235,7 +210,7 @@ async def process_tool(ctx: ToolContext, args: ProcessArgs) -> dict[str, Any]:
         return {"processes": out}
     if args.action == "poll":
         return await poll(ctx, args.id or "")
-    _entry(ctx, args.id)
+    await _entry(ctx, args.id)
     proc_id = args.id or ""
     if args.action == "log":
         limit = args.limit or POLL_CHUNK

@@ -1,4 +1,4 @@
-"""What replicas on one engine must not hand out twice, on PostgreSQL (the SessionUids and
+"""What replicas on one engine must agree on, on PostgreSQL (the SessionUids, the SessionRecords and
 SharedPoolClaims of sandbox/state/protocol.py): a session uid is claimed by one INSERT against the
 table's two unique keys, so of replicas claiming at once one wins and a session holds one uid
 per container; a warm-pool member is claimed by one INSERT on its container id."""
@@ -46,3 +46,38 @@ async def claim_member(conn: Any, container_id: str, session: str) -> bool:
         (CLAIM_KEEP_S, container_id, session),
     )
     return await cur.fetchone() is not None
+
+
+async def record(conn: Any, tenant: str, session: str, kind: str, key: str) -> str | None:
+    """One session record, or None."""
+    cur = await conn.execute(
+        "SELECT value FROM sbx_session_records WHERE tenant = %s AND session = %s AND kind = %s AND key = %s",
+        (tenant, session, kind, key),
+    )
+    row = await cur.fetchone()
+    return None if row is None else str(row[0])
+
+
+async def records(conn: Any, tenant: str, session: str, kind: str) -> dict[str, str]:
+    """Every session record of one kind, by key."""
+    cur = await conn.execute(
+        "SELECT key, value FROM sbx_session_records WHERE tenant = %s AND session = %s AND kind = %s ORDER BY key",
+        (tenant, session, kind),
+    )
+    return {str(r[0]): str(r[1]) for r in await cur.fetchall()}
+
+
+async def put_record(conn: Any, tenant: str, session: str, kind: str, key: str, value: str | None) -> None:
+    """Upsert (or, for None, delete) one session record."""
+    if value is None:
+        await conn.execute(
+            "DELETE FROM sbx_session_records WHERE tenant = %s AND session = %s AND kind = %s AND key = %s",
+            (tenant, session, kind, key),
+        )
+        return
+    await conn.execute(
+        "INSERT INTO sbx_session_records (tenant, session, kind, key, value, updated) "
+        "VALUES (%s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())) "
+        "ON CONFLICT (tenant, session, kind, key) DO UPDATE SET value = excluded.value, updated = excluded.updated",
+        (tenant, session, kind, key, value),
+    )
