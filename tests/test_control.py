@@ -155,7 +155,7 @@ async def test_loop_patterns_trip_at_their_thresholds(make_config: Any, ws: Path
         assert "genericRepeat" in r.error.message or "circuit breaker" in r.error.message
         tripped = await sess.call("read", {"path": "anything"})
         assert tripped.error.code == "BLOCKED" and "circuit breaker" in tripped.error.message
-        sess.reset_loops()
+        await sess.reset_loops()
         assert (await sess.call("exec", {"command": "echo fresh"})).ok
 
         poll = orch.session("agent:a:poll")
@@ -166,7 +166,7 @@ async def test_loop_patterns_trip_at_their_thresholds(make_config: Any, ws: Path
             r = await poll.call("process", {"action": "poll", "id": pid})
             seen.append("warn" if r.ok and r.warnings else "ok" if r.ok else r.error.code)
         assert seen == ["ok", "ok", "warn", "warn", "BLOCKED"] and "knownPollNoProgress" in r.error.message
-        poll.reset_loops()
+        await poll.reset_loops()
         assert (await poll.call("process", {"action": "kill", "id": pid})).ok
 
         pp = orch.session("agent:a:pingpong")

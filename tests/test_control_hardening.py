@@ -433,7 +433,7 @@ async def test_loop_breaker_and_reset_are_shared_by_orchestrators(make_config: A
             await (a if i % 2 else b).call("exec", {"command": "echo same"})
         tripped = await b.call("read", {"path": "anything"})
         assert tripped.error.code == "BLOCKED" and "circuit breaker" in tripped.error.message
-        a.reset_loops()
+        await a.reset_loops()
         assert (await b.call("exec", {"command": "echo fresh"})).ok
 
 

@@ -71,14 +71,15 @@ def test_policy_cache_is_bounded_for_sessions_never_closed(make_config: Any, tmp
     assert again is not first and again.allowed == first.allowed and again.decisions == first.decisions
 
 
-def test_memory_loop_store_is_bounded() -> None:
+@pytest.mark.anyio
+async def test_memory_loop_store_is_bounded() -> None:
     """The in-memory loop history keeps at most max_sessions sessions, each breaker going with its session."""
     store = MemoryLoopStore(max_sessions=50)
     for i in range(500):
-        store.loop_add("t", f"s{i}", "exec", "a", "r")
-        store.loop_trip("t", f"s{i}")
+        await store.loop_add("t", f"s{i}", "exec", "a", "r")
+        await store.loop_trip("t", f"s{i}")
     assert len(store.calls) == 50 and store.tripped <= set(store.calls) and len(store.tripped) == 50
-    assert store.loop_recent("t", "s499", 10)[0] and not store.loop_recent("t", "s0", 10)[0]
+    assert (await store.loop_recent("t", "s499", 10))[0] and not (await store.loop_recent("t", "s0", 10))[0]
 
 
 class FakeSandbox:

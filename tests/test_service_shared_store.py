@@ -289,3 +289,45 @@ async def test_a_burst_of_one_key_split_across_two_replicas_runs_once(
     assert len(admitted) >= 2 and all(r.json()["detail"].endswith("counted across replicas)") for r in refused)
     assert len({a["call_id"] for a in admitted}) == 1 and all(a["ok"] for a in admitted)
     assert [r for r in runs if HOLD in r] == [HOLD]  # one run across both replicas
+
+
+@pytest.mark.anyio
+async def test_a_loop_spread_over_two_replicas_is_caught_and_its_breaker_holds_on_both(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """The same call repeated, alternating between replicas A and B: the loop is counted once
+    across both (warned, then blocked, then the breaker trips), the tripped breaker refuses any
+    call through either replica, and a reset through one frees the session on both."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    tools = "{profile: full, loop_detection: {enabled: true, warn_threshold: 3, critical_threshold: 5, global_circuit_breaker: 7}}"
+    config_a = _config(make_config, pg_url, tmp_path / "a", tools)
+    config_b = _config(make_config, pg_url, tmp_path / "b", tools)
+    gate = Gate()
+    gate.go.set()
+    seen: list[str] = []
+    async with (
+        Orchestrator(config_a, backend=FakeBackend(gate.handle)) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(gate.handle)) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+        for i in range(8):
+            answer = await client.post(
+                f"{(url_a, url_b)[i % 2]}/v1/sessions/agent:a:loop/calls",
+                json={"tool": "exec", "args": {"command": "echo same"}},
+            )
+            body = answer.json()
+            seen.append(
+                "warn" if body["ok"] and body.get("warnings") else "ok" if body["ok"] else body["error"]["code"]
+            )
+        assert seen[:2] == ["ok", "ok"] and seen[2] == "warn" and seen[-1] == "BLOCKED", seen
+        other = await client.post(
+            f"{url_a}/v1/sessions/agent:a:loop/calls", json={"tool": "exec", "args": {"command": "echo other"}}
+        )
+        assert "circuit breaker" in other.json()["error"]["message"], other.text
+        await orch_b.session("agent:a:loop", agent="a").reset_loops()
+        freed = await client.post(
+            f"{url_a}/v1/sessions/agent:a:loop/calls", json={"tool": "exec", "args": {"command": "echo other"}}
+        )
+        assert freed.json()["ok"], freed.text

@@ -112,7 +112,7 @@ async def _stages(
         checked = await run_hooks(call, checked)
     if isinstance(checked, Refusal):
         return call.refuse(checked)
-    if (refusal := detect_loops(call, checked) or await await_approval(call, checked)) is not None:
+    if (refusal := await detect_loops(call, checked) or await await_approval(call, checked)) is not None:
         return call.refuse(refusal)
     try:
         # a partial, not a lambda: tenacity awaits only what it recognises as a coroutine function

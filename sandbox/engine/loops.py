@@ -40,12 +40,45 @@ def fingerprint(value: Any) -> str:
 
 
 class LoopStore(Protocol):
-    """Where a session's call history lives (the journal implements it)."""
+    """Where a session's call history lives: this process's memory, the journal (JournalLoops),
+    or the shared store of several replicas (a looping model spread over them is counted once)."""
+
+    async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None: ...
+    async def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]: ...
+    async def loop_trip(self, tenant: str, session: str) -> None: ...
+    async def loop_reset(self, tenant: str, session: str) -> None: ...
+
+
+class SyncLoopStore(Protocol):
+    """The journal's loop history (synchronous: reads of its own connection, writes queued)."""
 
     def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None: ...
     def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]: ...
     def loop_trip(self, tenant: str, session: str) -> None: ...
     def loop_reset(self, tenant: str, session: str) -> None: ...
+
+
+@dataclass
+class JournalLoops:
+    """The journal's history as a LoopStore (its calls are as they were: on the loop, short)."""
+
+    journal: SyncLoopStore
+
+    async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+        """See :class:`LoopStore`."""
+        self.journal.loop_add(tenant, session, tool, args, result)
+
+    async def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]:
+        """See :class:`LoopStore`."""
+        return self.journal.loop_recent(tenant, session, window)
+
+    async def loop_trip(self, tenant: str, session: str) -> None:
+        """See :class:`LoopStore`."""
+        self.journal.loop_trip(tenant, session)
+
+    async def loop_reset(self, tenant: str, session: str) -> None:
+        """See :class:`LoopStore`."""
+        self.journal.loop_reset(tenant, session)
 
 
 @dataclass
@@ -61,7 +94,7 @@ class MemoryLoopStore:
     tripped: set[tuple[str, str]] = field(default_factory=set)
     max_sessions: int = MAX_MEMORY_SESSIONS
 
-    def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+    async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
         """Append one call, keeping at most MAX_WINDOW."""
         history = self._touch((tenant, session))
         history.append((tool, args, result))
@@ -75,16 +108,16 @@ class MemoryLoopStore:
             self.tripped.discard(old)  # a breaker lives as long as its session's entry
         return history
 
-    def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]:
+    async def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, History]:
         """The breaker state and the last `window` calls."""
         return (tenant, session) in self.tripped, self.calls.get((tenant, session), [])[-window:]
 
-    def loop_trip(self, tenant: str, session: str) -> None:
+    async def loop_trip(self, tenant: str, session: str) -> None:
         """Trip the breaker."""
         self._touch((tenant, session))
         self.tripped.add((tenant, session))
 
-    def loop_reset(self, tenant: str, session: str) -> None:
+    async def loop_reset(self, tenant: str, session: str) -> None:
         """Forget the session."""
         self.calls.pop((tenant, session), None)
         self.tripped.discard((tenant, session))
@@ -128,20 +161,20 @@ class LoopDetector:
         """How many past calls a verdict looks at (bounded: the query stays small)."""
         return min(self.config.window, MAX_WINDOW)
 
-    def reset(self, tenant: str, session: str) -> None:
+    async def reset(self, tenant: str, session: str) -> None:
         """Clear a session's history and its circuit breaker."""
-        self.store.loop_reset(tenant, session)
+        await self.store.loop_reset(tenant, session)
 
-    def forget(self, tenant: str, session: str) -> None:
+    async def forget(self, tenant: str, session: str) -> None:
         """A session ended: drop what this process holds of it in memory.
 
         The journal's history stays (it is on disk, shared with other processes, and a breaker
         tripped there must outlive a close); the in-memory store forgets the session.
         """
         if isinstance(self.store, MemoryLoopStore):
-            self.store.loop_reset(tenant, session)
+            await self.store.loop_reset(tenant, session)
 
-    def check(self, tenant: str, session: str, tool: str, args: dict[str, Any]) -> Verdict:
+    async def check(self, tenant: str, session: str, tool: str, args: dict[str, Any]) -> Verdict:
         """The verdict for a call about to run.
 
         Raises:
@@ -149,7 +182,7 @@ class LoopDetector:
         """
         if not self.config.enabled:
             return Verdict("ok")
-        tripped, history = self.store.loop_recent(tenant, session, self.window)
+        tripped, history = await self.store.loop_recent(tenant, session, self.window)
         if tripped:
             return Verdict("breaker")
         key = fingerprint(args)
@@ -166,7 +199,7 @@ class LoopDetector:
         counts.append((self._ping_pong(history, (tool, key)), "pingPong"))
         count, pattern = max(counts)
         if count >= self.config.global_circuit_breaker:
-            self.store.loop_trip(tenant, session)
+            await self.store.loop_trip(tenant, session)
             return Verdict("breaker", pattern, count)
         if count >= self.config.critical_threshold:
             return Verdict("critical", pattern, count)
@@ -192,12 +225,12 @@ class LoopDetector:
             length += 1
         return length if length >= 3 else 1
 
-    def record(self, tenant: str, session: str, tool: str, args: dict[str, Any], result: Any) -> None:
+    async def record(self, tenant: str, session: str, tool: str, args: dict[str, Any], result: Any) -> None:
         """Remember a finished (or blocked) call; a history that cannot be written is logged, not fatal
         (the call has already run: its result must still reach the caller)."""
         if not self.config.enabled:
             return
         try:
-            self.store.loop_add(tenant, session, tool, fingerprint(args), fingerprint(result))
+            await self.store.loop_add(tenant, session, tool, fingerprint(args), fingerprint(result))
         except SandboxError as exc:
             logger.bind(reason=exc.message).warning("loop_history_not_written")

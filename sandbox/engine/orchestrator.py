@@ -20,7 +20,7 @@ from sandbox.engine.executor import Engine
 from sandbox.engine.handles import CallHandle, Calls
 from sandbox.engine.hooks import Hooks
 from sandbox.engine.limits import Limiter
-from sandbox.engine.loops import LoopDetector
+from sandbox.engine.loops import JournalLoops, LoopDetector
 from sandbox.engine.progress import ProgressBus
 from sandbox.engine.session import Session
 from sandbox.errors import ConfigError, ErrorCode, SandboxError, UsageError
@@ -112,7 +112,9 @@ class Orchestrator:
             hooks.load_entry_points()  # plugins register theirs (entry point group agent_sandbox.hooks)
         self.hooks = hooks
         # the history lives in the journal, so separate processes (CLI calls) count together
-        self.loops = LoopDetector(config.tools.loop_detection, store=self.journal)
+        self.loops = LoopDetector(
+            config.tools.loop_detection, store=JournalLoops(self.journal) if self.journal is not None else None
+        )
         gate = ApprovalGate(config, self.journal, self.policy.universe) if self.journal is not None else None
         self.engine = Engine(
             self.registry,
@@ -248,11 +250,16 @@ class Orchestrator:
 
     def share_session_uids(self, store: SharedEngineState | None) -> None:
         """Take session uids from the shared `store` from now on, claim warm-pool members and
-        keep sessions' process tables there too (None: the state dir's registry, claim files and
-        tables): replicas on one engine never hand one uid, or one pooled container, to two
-        sessions, and a process started through one is polled through another."""
+        keep sessions' process tables and loop history there too (None: the state dir's registry,
+        claim files, tables and journal): replicas on one engine never hand one uid, or one
+        pooled container, to two sessions, a process started through one is polled through
+        another, and loops spread over them are caught."""
         self.shared_uids = SharedUids(store) if store is not None else None
         self.shared_records = store
+        if store is not None:  # a model repeating itself through several replicas is counted once
+            self.loops.store = store
+        elif self.journal is not None:
+            self.loops.store = JournalLoops(self.journal)
         self.manager.shared_pool_claims = store
 
     @property

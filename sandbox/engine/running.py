@@ -111,7 +111,7 @@ async def fail(call: Call, checked: Checked, error: SandboxError) -> ToolResult:
     result = await engine.hooks.run_after(call.task, call.tool, checked.params, call.failed(error, shaped_partial))
     if engine.loops:
         seen = result.error.model_dump() if result.error else None
-        engine.loops.record(call.tenant, call.session, call.tool, checked.params, seen)
+        await engine.loops.record(call.tenant, call.session, call.tool, checked.params, seen)
     call.journal("failed", code=error.code.value, message=error.message, output=shaped_partial)
     return result
 
@@ -179,7 +179,7 @@ async def finish(call: Call, checked: Checked, result: ToolResult) -> ToolResult
     duration = result.duration_ms
     result = await engine.hooks.run_after(call.task, call.tool, checked.params, result)
     if engine.loops:
-        engine.loops.record(call.tenant, call.session, call.tool, checked.params, result.output)
+        await engine.loops.record(call.tenant, call.session, call.tool, checked.params, result.output)
     logger.bind(duration_ms=duration).info("tool_call_finished")
     call.event("finished", ok=True)
     call.journal("finished", output=result.output)

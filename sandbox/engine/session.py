@@ -232,9 +232,9 @@ class Session:
             await self._orch.journal.settle(result.call_id)
         return result
 
-    def reset_loops(self) -> None:
+    async def reset_loops(self) -> None:
         """Clear this session's loop history and its circuit breaker (in every process)."""
-        self._orch.loops.reset(self.agent.tenant, self.key)
+        await self._orch.loops.reset(self.agent.tenant, self.key)
 
     async def close(self) -> list[str]:
         """End the session and every session it spawned (deepest first); return the keys closed.
@@ -253,7 +253,7 @@ class Session:
             await self._orch.manager.close_session(self.agent, self.key)
             await self._close_browser()
         self._orch.policy.forget(self.policy.identity)
-        self._orch.loops.forget(self.agent.tenant, self.key)
+        await self._orch.loops.forget(self.agent.tenant, self.key)
         self._orch.forget_session(self)
         self._files = None
         self._host_shell = None

@@ -100,7 +100,7 @@ async def run_hooks(call: Call, checked: Checked) -> Checked | Refusal:
     rewritten, blocked, hook_name = await engine.hooks.run_before(call.task, call.tool, checked.params)
     if blocked is not None:
         if engine.loops:
-            engine.loops.record(call.tenant, call.session, call.tool, checked.params, "blocked")
+            await engine.loops.record(call.tenant, call.session, call.tool, checked.params, "blocked")
         return Refusal("blocked", SandboxError(ErrorCode.BLOCKED, blocked, hook=hook_name))
     if rewritten != checked.params:
         revalidated = _revalidate(call.tool, checked.spec, rewritten, hook_name)
@@ -135,15 +135,15 @@ def check_governing(call: Call, params: dict[str, Any]) -> Refusal | None:
     return Refusal("blocked", SandboxError(ErrorCode.PERMISSION_DENIED, message))
 
 
-def detect_loops(call: Call, checked: Checked) -> Refusal | None:
+async def detect_loops(call: Call, checked: Checked) -> Refusal | None:
     """Stage 5, hooks (loop detection): a repeating session is blocked, an almost repeating one
     warned (the warning rides on the result)."""
     loops = call.engine.loops
     if loops is None:
         return None
-    verdict = loops.check(call.tenant, call.session, call.tool, checked.params)
+    verdict = await loops.check(call.tenant, call.session, call.tool, checked.params)
     if verdict.level in ("critical", "breaker"):
-        loops.record(call.tenant, call.session, call.tool, checked.params, "blocked")
+        await loops.record(call.tenant, call.session, call.tool, checked.params, "blocked")
         error = SandboxError(ErrorCode.BLOCKED, verdict.message(), pattern=verdict.pattern, count=verdict.count)
         return Refusal("blocked", error)
     if verdict.level == "warn":

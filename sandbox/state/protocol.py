@@ -37,6 +37,7 @@ __all__ = [
     "SessionUids",
     "SharedCalls",
     "SharedEngineState",
+    "SharedLoops",
     "SharedPoolClaims",
     "SharedPrune",
     "SharedStore",
@@ -343,7 +344,27 @@ class SessionRecords(Protocol):
         ...
 
 
-class SharedEngineState(SessionUids, SharedPoolClaims, SessionRecords, Protocol):
+class SharedLoops(Protocol):
+    """Loop detection's history (engine/loops.py's LoopStore), shared by every replica."""
+
+    async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+        """Append one call of a session (its arguments' and result's fingerprints)."""
+        ...
+
+    async def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
+        """Whether the session's breaker is tripped, and its last `window` calls, oldest first."""
+        ...
+
+    async def loop_trip(self, tenant: str, session: str) -> None:
+        """Trip the session's breaker."""
+        ...
+
+    async def loop_reset(self, tenant: str, session: str) -> None:
+        """Forget the session's calls so far and reset its breaker."""
+        ...
+
+
+class SharedEngineState(SessionUids, SharedPoolClaims, SessionRecords, SharedLoops, Protocol):
     """What replicas on one engine must agree on: session uids and pool members (never handed
     out twice), and the sessions' small records."""
 

@@ -21,7 +21,7 @@ from sandbox.journal.calls import CallRecord, State
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, calls, engine_state, events, quotas, tokens
+from sandbox.state.postgres import approvals, calls, engine_state, events, loops, quotas, tokens
 from sandbox.state.postgres.connect import (
     CONNECT_TIMEOUT_S,
     KEEPALIVES,
@@ -280,7 +280,10 @@ class PostgresStore:
     async def prune_events(self, *, max_age_s: float | None, max_bytes: int | None) -> SharedPrune:
         """Apply `journal.retention` to the shared events (one replica at a time; see events.py)."""
         async with self._conn() as conn:
-            return await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time())
+            report = await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time())
+            if max_age_s is not None and not report.skipped:  # loop history older than the log goes too
+                await loops.prune(conn, time.time() - max_age_s)
+            return report
 
     async def broadcast(self, payloads: list[str]) -> None:
         """See :class:`~sandbox.state.protocol.EventStore`: one NOTIFY each, in one transaction."""
@@ -344,6 +347,26 @@ class PostgresStore:
         """See :class:`~sandbox.state.protocol.SessionRecords`."""
         async with self._conn() as conn:
             await engine_state.put_record(conn, tenant, session, kind, key, value)
+
+    async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
+        """See :class:`~sandbox.state.protocol.SharedLoops`."""
+        async with self._conn() as conn:
+            await loops.add(conn, tenant, session, tool, args, result)
+
+    async def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
+        """See :class:`~sandbox.state.protocol.SharedLoops`."""
+        async with self._conn() as conn:
+            return await loops.recent(conn, tenant, session, window)
+
+    async def loop_trip(self, tenant: str, session: str) -> None:
+        """See :class:`~sandbox.state.protocol.SharedLoops`."""
+        async with self._conn() as conn:
+            await loops.trip(conn, tenant, session)
+
+    async def loop_reset(self, tenant: str, session: str) -> None:
+        """See :class:`~sandbox.state.protocol.SharedLoops`."""
+        async with self._conn() as conn:
+            await loops.reset(conn, tenant, session)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""
