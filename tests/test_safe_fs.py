@@ -124,20 +124,22 @@ def test_atomic_write_creates_parents_and_leaves_no_temp(tree: tuple[SafeRoot, P
     assert [p.name for p in (ws / "a/b").iterdir()] == ["c.txt"]
 
 
-def test_file_states_are_written_only_when_they_change(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_file_states_are_written_only_when_they_change(tmp_path: Path) -> None:
     """Reading a file again unchanged rewrites nothing (the state file keeps its inode); a new
     version, of this file or another, is written; a fresh reader sees what was recorded."""
     from sandbox.fs.states import FileStates, digest
 
     path = tmp_path / "file-states.json"
     states = FileStates(path)
-    states.record("/ws/a.txt", b"one", 1)
+    await states.record("/ws/a.txt", b"one", 1)
     inode = path.stat().st_ino
-    states.record("/ws/a.txt", b"one", 1)
+    await states.record("/ws/a.txt", b"one", 1)
     assert path.stat().st_ino == inode
-    states.record("/ws/a.txt", b"two", 2)
+    await states.record("/ws/a.txt", b"two", 2)
     assert path.stat().st_ino != inode
-    states.record("/ws/b.txt", b"two", 2)
+    await states.record("/ws/b.txt", b"two", 2)
     again = FileStates(path)
-    assert again.get("/ws/a.txt") is not None and again.get("/ws/a.txt").sha256 == digest(b"two")
-    assert again.get("/ws/b.txt") is not None
+    seen = await again.get("/ws/a.txt")
+    assert seen is not None and seen.sha256 == digest(b"two")
+    assert await again.get("/ws/b.txt") is not None

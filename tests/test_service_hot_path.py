@@ -210,13 +210,16 @@ def test_file_states_of_two_handles_do_not_drop_each_others_entries(tmp_path: Pa
     what one records survives the other's next write."""
     from sandbox.fs.states import FileStates
 
-    path = tmp_path / "file-states.json"
-    one, two = FileStates(path), FileStates(path)
-    one.record("f", b"first", 1)
-    two.record("g", b"other", 2)
-    one.record("f", b"first, changed", 3)
-    assert set(json.loads(path.read_text())) == {"f", "g"}
-    assert two.get("f") is not None and one.get("g") is not None
+    async def main() -> None:
+        path = tmp_path / "file-states.json"
+        one, two = FileStates(path), FileStates(path)
+        await one.record("f", b"first", 1)
+        await two.record("g", b"other", 2)
+        await one.record("f", b"first, changed", 3)
+        assert set(json.loads(path.read_text())) == {"f", "g"}
+        assert await two.get("f") is not None and await one.get("g") is not None
+
+    anyio.run(main)
 
 
 def test_closing_forgets_every_handle_of_the_session(tmp_path: Path) -> None:

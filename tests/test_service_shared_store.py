@@ -331,3 +331,53 @@ async def test_a_loop_spread_over_two_replicas_is_caught_and_its_breaker_holds_o
             f"{url_a}/v1/sessions/agent:a:loop/calls", json={"tool": "exec", "args": {"command": "echo other"}}
         )
         assert freed.json()["ok"], freed.text
+
+
+@pytest.mark.anyio
+async def test_an_edit_through_one_replica_knows_what_the_session_read_through_the_other(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """The session reads a file through A; the file changes behind its back; an edit through B
+    is refused (CONFLICT: B knows what the session saw through A). Read again through B, the
+    edit through A goes (A knows what it saw through B)."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("one\n")
+
+    def host_config(state: Path) -> Any:
+        return make_config(
+            f"""
+tools: {{profile: full}}
+state: {{url: '{pg_url}'}}
+tenants:
+  - {{id: t, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
+agents:
+  list:
+    - {{id: a, tenant: t, workspace: '{ws}', sandbox: {{mode: 'off'}}}}
+""",
+            state=state,
+        )
+
+    config_a, config_b = host_config(tmp_path / "a"), host_config(tmp_path / "b")
+    async with (
+        Orchestrator(config_a, backend=FakeBackend(exec_result)) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(exec_result)) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+
+        async def call(url: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+            answer = await client.post(f"{url}/v1/sessions/agent:a:f/calls", json={"tool": tool, "args": args})
+            body: dict[str, Any] = answer.json()
+            return body
+
+        assert (await call(url_a, "read", {"path": "f.txt"}))["ok"]
+        (ws / "f.txt").write_text("one, changed behind its back\n")
+        refused = await call(url_b, "edit", {"path": "f.txt", "old_string": "one", "new_string": "two"})
+        assert refused["error"]["code"] == "CONFLICT", refused
+        assert (await call(url_b, "read", {"path": "f.txt"}))["ok"]
+        done = await call(url_a, "edit", {"path": "f.txt", "old_string": "one", "new_string": "two"})
+        assert done["ok"], done
+    assert (ws / "f.txt").read_text() == "two, changed behind its back\n"

@@ -21,7 +21,7 @@ from sandbox.engine.handles import CallHandle, submit_call
 from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, call_tracked, key_problem, recorded
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.quota import WorkspaceQuota, parse_size
-from sandbox.fs.states import FileStates
+from sandbox.fs.states import FileStates, SeenFiles, SharedFileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.journal.retention import parse_age
 from sandbox.policy.resolver import ResolvedPolicy
@@ -390,6 +390,14 @@ class Session:
         tool_ctx.search = self._orch.search_provider
         return tool_ctx
 
+    def file_states(self) -> SeenFiles:
+        """What this session last saw of each file: in the shared store while the service holds
+        one (an edit through any replica knows what it read through another), else its state dir."""
+        shared = self._orch.shared_records
+        if shared is not None:
+            return SharedFileStates(shared, self.agent.tenant, self.key)
+        return FileStates(self.state_dir / "file-states.json")
+
     def process_table(self) -> ProcessTable:
         """This session's background processes: in the shared store while the service holds
         one (every replica polls them), else in its state dir."""
@@ -402,7 +410,7 @@ class Session:
         self, roots: list[Root], owner: tuple[int, int] | None, *, group_shared: bool = False
     ) -> WorkspaceFiles:
         config = self._orch.config
-        states = FileStates(self.state_dir / "file-states.json")
+        states = self.file_states()
         quota = None
         if self.sandboxed and roots:  # on the host (mode off) commands can write anywhere anyway
             limit = parse_size(self.agent.sandbox.workspace_quota)
@@ -434,7 +442,7 @@ class Session:
             return found
 
         config = self._orch.config
-        states = FileStates(self.state_dir / "file-states.json")
+        states = self.file_states()
         quota = None
         limit = parse_size(self.agent.sandbox.workspace_quota)
         folder = await box.volume_folder() if limit else None

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from sandbox.config.models import FsSection
     from sandbox.fs.quota import WorkspaceQuota
     from sandbox.fs.safe import FileStat
-    from sandbox.fs.states import FileStates
+    from sandbox.fs.states import SeenFiles
     from sandbox.fs.workspace import Located, Root
 
 
@@ -33,7 +33,7 @@ class Files(Protocol):
         ...
 
     @property
-    def states(self) -> FileStates:
+    def states(self) -> SeenFiles:
         """The versions this session last read or wrote (for CONFLICT)."""
         ...
 
@@ -102,6 +102,6 @@ class Files(Protocol):
         """The lock of one file: one writer at a time, across processes."""
         ...
 
-    def changed_since_seen(self, loc: Located, current: bytes) -> bool:
+    async def changed_since_seen(self, loc: Located, current: bytes) -> bool:
         """Whether a file differs from what this session last read or wrote."""
         ...

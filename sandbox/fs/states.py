@@ -1,4 +1,6 @@
-"""File states: what each session last saw of each file (hash, mtime), kept in the state dir."""
+"""File states: what each session last saw of each file (hash, mtime), so `edit` can refuse to
+clobber a change the session never saw. Kept in the session's state dir (FileStates), or in the
+shared store where several replicas serve the session (SharedFileStates)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,11 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
+
+from sandbox.state.protocol import SessionRecords
+
+KIND = "file"
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,44 @@ class Seen:
 def digest(data: bytes) -> str:
     """sha256 hex of file content."""
     return hashlib.sha256(data).hexdigest()
+
+
+class SeenFiles(Protocol):
+    """Per-session memory of file versions."""
+
+    async def get(self, key: str) -> Seen | None:
+        """What this session last saw of `key` (a file's host path)."""
+        ...
+
+    async def record(self, key: str, data: bytes, mtime_ns: int) -> None:
+        """Remember `data` as the version this session knows."""
+        ...
+
+
+class SharedFileStates:
+    """The versions as rows of the shared store, by tenant and session: an `edit` through one
+    replica knows what the session read or wrote through another."""
+
+    def __init__(self, store: SessionRecords, tenant: str, session: str) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.session = session
+
+    async def get(self, key: str) -> Seen | None:
+        """See :class:`SeenFiles`."""
+        value = await self.store.session_record(self.tenant, self.session, KIND, key)
+        if value is None:
+            return None
+        try:
+            raw = json.loads(value)
+            return Seen(str(raw["sha256"]), int(raw["mtime_ns"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    async def record(self, key: str, data: bytes, mtime_ns: int) -> None:
+        """See :class:`SeenFiles` (always written: another replica may have recorded another version)."""
+        value = json.dumps({"sha256": digest(data), "mtime_ns": mtime_ns})
+        await self.store.put_session_record(self.tenant, self.session, KIND, key, value)
 
 
 class FileStates:
@@ -55,11 +100,11 @@ class FileStates:
             self._version = version
         return self._seen
 
-    def get(self, key: str) -> Seen | None:
+    async def get(self, key: str) -> Seen | None:
         """What this session last saw of `key`."""
         return self._load().get(key)
 
-    def record(self, key: str, data: bytes, mtime_ns: int) -> None:
+    async def record(self, key: str, data: bytes, mtime_ns: int) -> None:
         """Remember `data` as the version this session knows."""
         seen = self._load()
         new = Seen(digest(data), mtime_ns)

@@ -16,7 +16,7 @@ from sandbox.fs.locks import file_lock
 from sandbox.fs.paths import WorkspacePath, split_path
 from sandbox.fs.quota import WorkspaceQuota
 from sandbox.fs.safe import FileStat, SafeRoot
-from sandbox.fs.states import FileStates, digest
+from sandbox.fs.states import SeenFiles, digest
 from sandbox.fs.walk import list_beneath
 
 
@@ -69,7 +69,7 @@ class WorkspaceFiles:
         self,
         roots: list[Root],
         fs: FsSection,
-        states: FileStates,
+        states: SeenFiles,
         lock_dir: Path,
         owner: tuple[int, int] | None = None,
         quota: WorkspaceQuota | None = None,
@@ -169,7 +169,7 @@ class WorkspaceFiles:
     async def read(self, loc: Located) -> tuple[bytes, FileStat]:
         """Read a file and remember the version this session saw."""
         data, st = await anyio.to_thread.run_sync(self.safe(loc).read_bytes, loc.path, self.fs.max_read_bytes)
-        self.states.record(loc.key, data, st.mtime_ns)
+        await self.states.record(loc.key, data, st.mtime_ns)
         return data, st
 
     async def write(self, loc: Located, data: bytes) -> FileStat:
@@ -177,10 +177,10 @@ class WorkspaceFiles:
         self.check_writable(loc)
         async with file_lock(self.lock_dir, loc.key):
             st = await anyio.to_thread.run_sync(self.safe(loc).write_atomic, loc.path, data)
-        self.states.record(loc.key, data, st.mtime_ns)
+        await self.states.record(loc.key, data, st.mtime_ns)
         return st
 
-    def changed_since_seen(self, loc: Located, current: bytes) -> bool:
+    async def changed_since_seen(self, loc: Located, current: bytes) -> bool:
         """Whether the file differs from what this session last read or wrote (False if never seen)."""
-        seen = self.states.get(loc.key)
+        seen = await self.states.get(loc.key)
         return seen is not None and seen.sha256 != digest(current)

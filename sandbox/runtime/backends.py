@@ -13,7 +13,7 @@ from sandbox.errors import ErrorCode, SandboxError
 if TYPE_CHECKING:
     from sandbox.config.models import Config, FsSection
     from sandbox.fs.quota import WorkspaceQuota
-    from sandbox.fs.states import FileStates
+    from sandbox.fs.states import SeenFiles
     from sandbox.fs.workspace import Root, WorkspaceFiles
     from sandbox.runtime.protocol import AgentChannel, Backend, Shell
 
@@ -63,7 +63,7 @@ def agent_files(
     link: Callable[[], Awaitable[AgentChannel]],
     roots: list[Root],
     fs: FsSection,
-    states: FileStates,
+    states: SeenFiles,
     lock_dir: Path,
     quota: WorkspaceQuota | None,
     *,

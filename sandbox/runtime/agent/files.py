@@ -81,7 +81,7 @@ class AgentFiles(WorkspaceFiles):
     async def read(self, loc: Located) -> tuple[bytes, FileStat]:
         """Read a file and remember the version this session saw."""
         data, st = await self.read_raw(loc)
-        self.states.record(loc.key, data, st.mtime_ns)
+        await self.states.record(loc.key, data, st.mtime_ns)
         return data, st
 
     async def write_raw(self, loc: Located, data: bytes, mode: int | None = None) -> FileStat:
@@ -107,7 +107,7 @@ class AgentFiles(WorkspaceFiles):
         self.check_writable(loc)
         async with self.lock(loc):
             st = await self.write_raw(loc, data)
-        self.states.record(loc.key, data, st.mtime_ns)
+        await self.states.record(loc.key, data, st.mtime_ns)
         return st
 
     async def unlink(self, loc: Located) -> None:
@@ -135,9 +135,9 @@ class AgentFiles(WorkspaceFiles):
         ]
         return sorted(names, key=walk_order)[:limit]
 
-    def changed_since_seen(self, loc: Located, current: bytes) -> bool:
+    async def changed_since_seen(self, loc: Located, current: bytes) -> bool:
         """Whether the file differs from what this session last read or wrote (False if never seen)."""
-        seen = self.states.get(loc.key)
+        seen = await self.states.get(loc.key)
         return seen is not None and seen.sha256 != digest(current)
 
     def safe(self, loc: Located) -> object:  # type: ignore[override]

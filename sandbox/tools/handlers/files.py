@@ -82,7 +82,7 @@ async def edit_tool(ctx: ToolContext, args: EditArgs) -> dict[str, Any]:
     files.check_writable(loc)
     async with files.lock(loc):
         data, _ = await files.read_raw(loc)
-        if files.changed_since_seen(loc, data):
+        if await files.changed_since_seen(loc, data):
             raise SandboxError(
                 ErrorCode.CONFLICT,
                 f"{loc.display}: changed since this session last read or wrote it; read it again, then edit",
@@ -115,5 +115,5 @@ async def edit_tool(ctx: ToolContext, args: EditArgs) -> dict[str, Any]:
         )
         new_data = new_text.encode("utf-8")
         st = await files.write_raw(loc, new_data)
-    files.states.record(loc.key, new_data, st.mtime_ns)
+    await files.states.record(loc.key, new_data, st.mtime_ns)
     return {"path": loc.display, "replacements": count if args.replace_all else 1}

@@ -162,7 +162,7 @@ async def _commit(ctx: ToolContext, plan: list[Step], before: dict[str, Before])
             ) from exc
         raise
     for loc, data, mtime_ns in written:
-        ctx.files.states.record(loc.key, data, mtime_ns)
+        await ctx.files.states.record(loc.key, data, mtime_ns)
 
 
 async def _restore(ctx: ToolContext, done: list[Located], before: dict[str, Before]) -> list[str]:
