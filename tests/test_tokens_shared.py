@@ -103,3 +103,14 @@ def test_a_token_made_or_revoked_through_one_host_is_taken_or_refused_by_every_r
         waited = max(_until(lambda u=url: not _accepted(u, token), 5) for url in (one, two))
         assert waited < RELOAD_S
         assert _accepted(one, token) is False and _accepted(two, token) is False
+        # a token in a host's own file still counts there: listed as such, and revoked there too
+        from sandbox.api.token_file import write_tokens
+
+        write_tokens(tmp_path / "cli" / "state", [{"tenant": "acme", "name": "old", "sha256": "ab" * 32}])
+        listed = json.loads(_cli(cli, "list", "--json").stdout)
+        assert {(t["tenant"], t["name"], t["where"]) for t in listed} == {
+            ("globex", "ci", "store"),
+            ("acme", "old", "file"),
+        }
+        assert _cli(cli, "revoke", "acme", "--name", "old").returncode == 0
+        assert [t["name"] for t in json.loads(_cli(cli, "list", "--json").stdout)] == ["ci"]

@@ -73,8 +73,9 @@ def create_token(config: Config, tenant_id: str, name: str) -> str:
 
 
 def revoke_token(config: Config, tenant_id: str, name: str) -> None:
-    """Remove `tenant_id`'s token `name` (file or shared store, as create_token): a running
-    service refuses it from its next request (every replica, with a shared store).
+    """Remove `tenant_id`'s token `name`: from the shared store (a PostgreSQL `state.url`) and
+    from the state dir's token file, wherever it is: a running service refuses it from its next
+    request (every replica, for one in the store; this host's, for one in its file).
 
     Raises:
         UsageError: an unknown tenant, or no stored token of that name (a token under
@@ -82,15 +83,15 @@ def revoke_token(config: Config, tenant_id: str, name: str) -> None:
     """
     _known_tenant(config, tenant_id)
     url = config.state.parsed()
+    removed = False
     if url.kind == "postgresql":
         removed = anyio.run(shared_tokens, url, config.state_dir, lambda store: store.remove_token(tenant_id, name))
-    else:
-        with tokens_locked(config.state_dir):
-            stored = list(read_tokens(config.state_dir, strict=True))
-            kept = [t for t in stored if not (t.get("tenant") == tenant_id and t.get("name") == name)]
-            removed = len(kept) != len(stored)
-            if removed:
-                write_tokens(config.state_dir, kept)
+    with tokens_locked(config.state_dir):
+        stored = list(read_tokens(config.state_dir, strict=True))
+        kept = [t for t in stored if not (t.get("tenant") == tenant_id and t.get("name") == name)]
+        if len(kept) != len(stored):
+            write_tokens(config.state_dir, kept)
+            removed = True
     if not removed:
         raise UsageError(
             f"tenant {tenant_id!r} has no stored token named {name!r} (`sandbox tenants token list` shows them; "
@@ -99,16 +100,19 @@ def revoke_token(config: Config, tenant_id: str, name: str) -> None:
 
 
 def stored_tokens(config: Config) -> list[dict[str, str]]:
-    """The stored tokens ({tenant, name, sha256}): the token file's, or the shared store's.
+    """The stored tokens ({tenant, name, sha256, where}): the shared store's (with a PostgreSQL
+    `state.url`: `where` is "store") and the state dir's token file's (`where`: "file", which a
+    service of this host takes too).
 
     Raises:
         StateError: the token file is damaged.
         SandboxError: SERVICE_UNAVAILABLE when the shared store cannot be used.
     """
     url = config.state.parsed()
+    found: list[dict[str, str]] = []
     if url.kind == "postgresql":
-        return anyio.run(shared_tokens, url, config.state_dir, lambda store: store.tokens())
-    return list(read_tokens(config.state_dir, strict=True))
+        found = [{**t, "where": "store"} for t in anyio.run(shared_tokens, url, config.state_dir, lambda s: s.tokens())]
+    return found + [{**t, "where": "file"} for t in read_tokens(config.state_dir, strict=True)]
 
 
 def _known_tenant(config: Config, tenant_id: str) -> None:

@@ -99,9 +99,10 @@ def token_list(state: State, as_json: bool) -> None:
     from sandbox.api.tenants import stored_tokens
 
     found = [
-        {"tenant": t["tenant"], "name": t.get("name", ""), "sha256": t["sha256"]} for t in stored_tokens(state.config)
+        {"tenant": t["tenant"], "name": t.get("name", ""), "sha256": t["sha256"], "where": t["where"]}
+        for t in stored_tokens(state.config)
     ]
-    lines = [f"{t['tenant']}\t{t['name']}\t{t['sha256'][:12]}..." for t in found] or ["no stored tokens"]
+    lines = [f"{t['tenant']}\t{t['name']}\t{t['sha256'][:12]}...\t{t['where']}" for t in found] or ["no stored tokens"]
     _emit(found, as_json, "\n".join(lines))
 
 

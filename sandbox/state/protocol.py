@@ -339,8 +339,10 @@ class SessionRecords(Protocol):
         """Every record of one kind, by key."""
         ...
 
-    async def put_session_record(self, tenant: str, session: str, kind: str, key: str, value: str | None) -> None:
-        """Record `value` (None: delete the record)."""
+    async def put_session_record(
+        self, tenant: str, session: str, kind: str, key: str, value: str | None, *, only_existing: bool = False
+    ) -> None:
+        """Record `value` (None: delete the record; `only_existing`: replace only a record that is there)."""
         ...
 
 

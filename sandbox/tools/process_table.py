@@ -35,6 +35,10 @@ class ProcessTable(Protocol):
         """Record `entry` (None: forget the process)."""
         ...
 
+    async def update(self, proc_id: str, entry: Entry) -> None:
+        """Replace the record of a process still in the table (a forgotten one stays forgotten)."""
+        ...
+
 
 class FileProcessTable:
     """The table as `processes.json` in the session's state dir (one host)."""
@@ -55,6 +59,11 @@ class FileProcessTable:
     async def get(self, proc_id: str) -> Entry | None:
         """See :class:`ProcessTable`."""
         return self._load().get(proc_id)
+
+    async def update(self, proc_id: str, entry: Entry) -> None:
+        """See :class:`ProcessTable`."""
+        if proc_id in self._load():
+            await self.put(proc_id, entry)
 
     async def put(self, proc_id: str, entry: Entry | None) -> None:
         """See :class:`ProcessTable`: the file replaced whole (a new name, renamed over it)."""
@@ -96,3 +105,10 @@ class SharedProcessTable:
         """See :class:`ProcessTable`."""
         value = None if entry is None else json.dumps(entry)
         await self.store.put_session_record(self.tenant, self.session, KIND, proc_id, value)
+
+    async def update(self, proc_id: str, entry: Entry) -> None:
+        """See :class:`ProcessTable`: one UPDATE, so a record another replica removed meanwhile
+        is not made again."""
+        await self.store.put_session_record(
+            self.tenant, self.session, KIND, proc_id, json.dumps(entry), only_existing=True
+        )

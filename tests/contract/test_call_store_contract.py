@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 from sandbox.config.state import parse_state_url
@@ -159,6 +160,8 @@ async def test_a_gone_replicas_durable_record_is_an_orphan_one_replica_adopts(pg
         open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
         open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
     ):
+        for up in (a, b):  # replicas up for a while (renewing without a miss): they trust a lease run out
+            up._steady_since -= 3600  # type: ignore[attr-defined]
         waited = await a.wait_call("c_durable", 0.5)  # type: ignore[attr-defined]
         assert waited is not None and waited.state == "running"  # left for adoption, not ended
         assert (await a.wait_call("c_plain", 0.5)).state == "abandoned"  # type: ignore[attr-defined]
@@ -190,6 +193,8 @@ async def test_an_unkeyed_call_is_recorded_while_it_runs_and_a_gone_replicas_is_
         open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
         open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
     ):
+        for up in (a, b):  # replicas up for a while (renewing without a miss): they trust a lease run out
+            up._steady_since -= 3600  # type: ignore[attr-defined]
         await a.untrack_call("u_left")  # type: ignore[attr-defined]  # not a's: stays
         assert (await a.call_record("u_left")).state == "running"  # type: ignore[attr-defined]
         orphans = {r.call_id: note for r, note in await a.orphans()}  # type: ignore[attr-defined]
@@ -280,3 +285,69 @@ async def test_a_sessions_process_table_is_one_through_every_replica(pg_url: str
         assert await SharedProcessTable(b, "acme", "agent:alpha:s2").get("p_1") is None  # type: ignore[arg-type]
         await on_b.put("p_1", None)
         assert await on_a.all() == {}
+
+
+@pytest.mark.postgres
+async def test_after_an_outage_a_lease_run_out_is_trusted_only_once_this_store_renewed_a_whole_lease(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """After an outage of the store every lease looks run out: a replica that has just come
+    back takes no other replica's call for gone until it has itself renewed for a whole lease
+    (the others get that long to renew theirs). Pages of records it cannot settle never hide
+    the ones after them."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO owners VALUES ('far@elsewhere|b|1|1', 0)")  # its lease ran out long ago
+        for n in range(130):
+            conn.execute(
+                "INSERT INTO calls (call_id, tenant, session, agent, tool, fingerprint, state, created, owner) "
+                "VALUES (%s, 't', 's', 'a', 'exec', '', 'running', %s, 'far@elsewhere|b|1|1')",
+                (f"u{n:03d}", 1000.0 + n),
+            )
+    async with open_store(url, tmp_path, owner="b@elsewhere|boot|1|1", lease_s=2) as b:
+        b._steady_since = time.monotonic()  # type: ignore[attr-defined]  # it has just come back
+        assert await b.orphans() == []  # type: ignore[attr-defined]
+        await anyio.sleep(2.2)
+        found = await b.orphans()  # type: ignore[attr-defined]
+        assert len(found) == 130 and found[-1][0].call_id == "u129"  # past the first page
+
+
+@pytest.mark.postgres
+async def test_a_locked_store_fails_a_call_record_instead_of_hanging_it(pg_url: str, tmp_path: Path) -> None:
+    """Every statement of the store's pool has a lock timeout: a table held locked (a migration's
+    DDL, a VACUUM FULL) makes a call's record fail with SERVICE_UNAVAILABLE, not wait forever."""
+    from sandbox.errors import ErrorCode, SandboxError
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a:
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("LOCK TABLE calls IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            with pytest.raises(SandboxError) as failed:
+                await a.track_call(_record("u_locked", key=None))  # type: ignore[attr-defined]
+            assert failed.value.code == ErrorCode.SERVICE_UNAVAILABLE
+            assert time.monotonic() - started < 30
+            holder.rollback()
+
+
+@pytest.mark.postgres
+async def test_a_lost_pool_claim_gives_way_and_a_forgotten_process_stays_forgotten(pg_url: str, tmp_path: Path) -> None:
+    """A pool claim ten minutes old whose member was never handed over (its replica died) gives
+    way to a new claim; a poll's write-back never makes a process another replica forgot again."""
+    from sandbox.tools.process_table import SharedProcessTable
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a:
+        assert await a.claim_member("c1", "agent:alpha:s1") is True  # type: ignore[attr-defined]
+        assert await a.claim_member("c1", "agent:alpha:s2") is False  # type: ignore[attr-defined]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE sbx_pool_claims SET at = at - 601 WHERE container_id = 'c1'")
+        assert await a.claim_member("c1", "agent:alpha:s2") is True  # type: ignore[attr-defined]
+        table = SharedProcessTable(a, "acme", "agent:alpha:s1")  # type: ignore[arg-type]
+        await table.put("p_1", {"offset": 0})
+        await table.put("p_1", None)  # forgotten through another replica
+        await table.update("p_1", {"offset": 5})  # a poll that read it before
+        assert await table.get("p_1") is None

@@ -185,9 +185,15 @@ class WarmPool:
         if not self.claims.take(info.id, spec):
             return None  # another session (maybe another process) took it first
         shared = self.manager.shared_pool_claims
-        if shared is not None and not await self._claimed_shared(shared, info.id, spec.session):
-            self.claims.drop(info.id)  # another replica's: never ours to remove either
-            return None
+        if shared is not None:
+            try:
+                ours = await self._claimed_shared(shared, info.id, spec.session)
+            except BaseException:
+                self.claims.drop(info.id)  # cancelled while asking: the member is not ours
+                raise
+            if not ours:
+                self.claims.drop(info.id)  # another replica's: never ours to remove either
+                return None
         self._claiming.add(info.id)
         try:
             await self._hand_over(info, spec)

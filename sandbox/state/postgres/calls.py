@@ -115,16 +115,20 @@ async def note_durable(conn: Any, call_id: str, data: str) -> None:
     await conn.execute("UPDATE calls SET durable = %s WHERE call_id = %s", (data, call_id))
 
 
-async def running_elsewhere(conn: Any, owner: str) -> list[tuple[CallRecord, str, str | None, bool]]:
-    """(record, its owner, its durable JSON, whether the owner's lease runs) of every running
-    record another owner holds (at most ORPHAN_BATCH): the caller decides which owners are gone."""
+async def running_elsewhere(
+    conn: Any, owner: str, after: tuple[float, str] | None = None
+) -> list[tuple[CallRecord, str, str | None, bool]]:
+    """(record, its owner, its durable JSON, whether the owner's lease runs) of running records
+    another owner holds, oldest first, ORPHAN_BATCH of them after `after` (created, call id):
+    the caller decides which owners are gone and pages on."""
     live = f"EXISTS (SELECT 1 FROM owners o WHERE o.owner = calls.owner AND o.lease_until >= {NOW})"  # noqa: S608
     host = "|".join(owner.split("|")[:2]) + "|%"  # this host since its boot: the kernel can tell
+    page = "" if after is None else "AND (created, call_id) > (%s, %s) "
     cur = await conn.execute(
         f"SELECT {COLUMNS}, calls.owner, durable, {live} FROM calls "  # noqa: S608 - constant text
         "WHERE state NOT IN ('finished', 'abandoned') AND calls.owner <> %s "
-        f"AND (NOT {live} OR calls.owner LIKE %s) ORDER BY created LIMIT %s",
-        (owner, host, ORPHAN_BATCH),
+        f"AND (NOT {live} OR calls.owner LIKE %s) {page}ORDER BY created, call_id LIMIT %s",
+        (owner, host, *(after or ()), ORPHAN_BATCH),
     )
     return [(_record(row), row[12], row[13], bool(row[14])) for row in await cur.fetchall()]
 

@@ -33,19 +33,25 @@ async def claim(conn: Any, scope: str, uid: int, session: str, token: str) -> tu
     return None if row is None else (str(row[0]), str(row[1]))
 
 
-CLAIM_KEEP_S = 86400.0
+# a claimed member is renamed to its session within seconds: a claim older than this whose
+# container still waits under its pool name was lost (its replica died, or the answer did), and
+# the member may be claimed again
+CLAIM_KEEP_S = 600.0
 
 
 async def claim_member(conn: Any, container_id: str, session: str) -> bool:
-    """Claim a warm-pool member for `session` (one statement; claims a day old go with it):
-    False when another replica claimed it first."""
-    cur = await conn.execute(
-        "WITH old AS (DELETE FROM sbx_pool_claims WHERE at < extract(epoch FROM clock_timestamp()) - %s) "
-        "INSERT INTO sbx_pool_claims (container_id, session, at) "
-        "VALUES (%s, %s, extract(epoch FROM clock_timestamp())) ON CONFLICT DO NOTHING RETURNING 1",
-        (CLAIM_KEEP_S, container_id, session),
-    )
-    return await cur.fetchone() is not None
+    """Claim a warm-pool member for `session`: False when another replica claimed it first
+    (less than CLAIM_KEEP_S ago; an older claim was lost and gives way)."""
+    async with conn.transaction():
+        await conn.execute(
+            "DELETE FROM sbx_pool_claims WHERE at < extract(epoch FROM clock_timestamp()) - %s", (CLAIM_KEEP_S,)
+        )
+        cur = await conn.execute(
+            "INSERT INTO sbx_pool_claims (container_id, session, at) "
+            "VALUES (%s, %s, extract(epoch FROM clock_timestamp())) ON CONFLICT DO NOTHING RETURNING 1",
+            (container_id, session),
+        )
+        return await cur.fetchone() is not None
 
 
 async def record(conn: Any, tenant: str, session: str, kind: str, key: str) -> str | None:
@@ -67,8 +73,17 @@ async def records(conn: Any, tenant: str, session: str, kind: str) -> dict[str, 
     return {str(r[0]): str(r[1]) for r in await cur.fetchall()}
 
 
-async def put_record(conn: Any, tenant: str, session: str, kind: str, key: str, value: str | None) -> None:
-    """Upsert (or, for None, delete) one session record."""
+async def put_record(
+    conn: Any, tenant: str, session: str, kind: str, key: str, value: str | None, *, only_existing: bool = False
+) -> None:
+    """Upsert (or, for None, delete; with `only_existing`, only update) one session record."""
+    if only_existing and value is not None:
+        await conn.execute(
+            "UPDATE sbx_session_records SET value = %s, updated = extract(epoch FROM clock_timestamp()) "
+            "WHERE tenant = %s AND session = %s AND kind = %s AND key = %s",
+            (value, tenant, session, kind, key),
+        )
+        return
     if value is None:
         await conn.execute(
             "DELETE FROM sbx_session_records WHERE tenant = %s AND session = %s AND kind = %s AND key = %s",
@@ -80,4 +95,15 @@ async def put_record(conn: Any, tenant: str, session: str, kind: str, key: str, 
         "VALUES (%s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())) "
         "ON CONFLICT (tenant, session, kind, key) DO UPDATE SET value = excluded.value, updated = excluded.updated",
         (tenant, session, kind, key, value),
+    )
+
+
+async def prune(conn: Any, older_than: float) -> None:
+    """What no replica asks for any more: session records not touched since `older_than` (a
+    process table or a file's state of a session long gone), and ended records of unkeyed calls
+    (a replica that was gone left them; nobody asks for their result)."""
+    await conn.execute("DELETE FROM sbx_session_records WHERE updated < %s", (older_than,))
+    await conn.execute(
+        "DELETE FROM calls WHERE idem_key IS NULL AND state IN ('finished', 'abandoned') AND ended < %s",
+        (older_than,),
     )

@@ -38,6 +38,13 @@ BROADCAST_CHANNEL = "sbx_progress"  # the replicas' progress events (api/progres
 POOL_OPEN_S = 10.0
 CHECKOUT_S = 5.0  # a call waits at most this for a pooled connection (an outage: SERVICE_UNAVAILABLE then)
 READ_AGAIN_S = 0.5  # a waiter whose read failed reads again after this (only while reads fail)
+RENEW_AGAIN_S = 1.0  # after a missed renewal, the next try comes this soon
+ORPHAN_PAGES = 10  # pages of other owners' running records looked at per pass
+UNTRACK_S = 5.0  # a call's record removal waits at most this (shielded): then retried later
+# every statement and lock wait of a pooled connection is bounded: a stalled or locked store
+# fails a call with SERVICE_UNAVAILABLE instead of hanging it
+STATEMENT_TIMEOUT_MS = 15_000
+LOCK_TIMEOUT_MS = 5_000
 
 
 class PostgresStore:
@@ -63,6 +70,8 @@ class PostgresStore:
         # renewal, so a slot is never held for good by a replica that is alive
         self._unreleased: dict[str, tuple[Reservation, bool]] = {}
         self._gone_owner: dict[str, str] = {}  # call id -> the gone owner it was found with (orphans)
+        self._steady_since: float | None = time.monotonic()  # renewed without a miss since (monotonic)
+        self._untrack_later: set[str] = set()  # unkeyed records whose removal failed: retried
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Any]:
@@ -171,9 +180,21 @@ class PostgresStore:
             await calls.track(conn, record, self.owner, self.lease_s)
 
     async def untrack_call(self, call_id: str) -> None:
-        """See :class:`~sandbox.state.protocol.TrackedCalls`."""
-        async with self._conn() as conn:
-            await calls.untrack(conn, call_id, self.owner)
+        """See :class:`~sandbox.state.protocol.TrackedCalls`: a removal the store missed is
+        retried with each lease renewal (a live replica's lease would keep the record for good)."""
+        try:
+            with anyio.fail_after(UNTRACK_S):
+                async with self._conn() as conn:
+                    await calls.untrack(conn, call_id, self.owner)
+        except (SandboxError, TimeoutError) as exc:
+            self._untrack_later.add(call_id)
+            raise SandboxError(ErrorCode.SERVICE_UNAVAILABLE, f"the call's record stays for now: {exc}") from exc
+        self._untrack_later.discard(call_id)
+
+    async def _retry_untracks(self) -> None:
+        for call_id in list(self._untrack_later):
+            with contextlib.suppress(SandboxError):
+                await self.untrack_call(call_id)
 
     async def note_durable(self, call_id: str, data: dict[str, Any]) -> None:
         """See :class:`~sandbox.state.protocol.CallStore`."""
@@ -182,19 +203,38 @@ class PostgresStore:
 
     async def orphans(self) -> list[tuple[CallRecord, dict[str, Any] | None]]:
         """See :class:`~sandbox.state.protocol.CallStore`: another owner's running records whose
-        lease ran out, or whose owner is a process of this host that is gone (the kernel says so
-        before its lease runs out); each with its owner noted for :meth:`adopt_call`."""
-        async with self._conn() as conn:
-            rows = await calls.running_elsewhere(conn, self.owner)
+        owner is gone; each with its owner noted for :meth:`adopt_call`.
+
+        Gone means: a process of this host the kernel says is dead (whatever its lease), or an
+        owner elsewhere whose lease ran out while this store has renewed its own, without a
+        miss, for a whole lease: after an outage of the store every lease looks run out, and
+        the other replicas must get the time to renew theirs before anybody takes their calls.
+        Read in pages, so records this process cannot settle never hide the ones after them.
+        """
+        found: list[tuple[CallRecord, dict[str, Any] | None]] = []
         self._gone_owner = {}
-        found = []
-        for record, owner, durable, leased in rows:
-            process = owner.rsplit("|", 1)[0]  # journal/owners.py's identity, less the store's token
-            if leased and not (owner_here(process) and not owner_alive(process, None, time.time())):
-                continue
-            self._gone_owner[record.call_id] = owner
-            found.append((record, json.loads(durable) if durable else None))
+        after: tuple[float, str] | None = None
+        for _ in range(ORPHAN_PAGES):
+            async with self._conn() as conn:
+                rows = await calls.running_elsewhere(conn, self.owner, after)
+            for record, owner, durable, leased in rows:
+                if self._gone(owner, leased):
+                    self._gone_owner[record.call_id] = owner
+                    found.append((record, json.loads(durable) if durable else None))
+            if len(rows) < calls.ORPHAN_BATCH:
+                break
+            after = (rows[-1][0].created, rows[-1][0].call_id)
         return found
+
+    def _gone(self, owner: str, leased: bool) -> bool:
+        process = owner.rsplit("|", 1)[0]  # journal/owners.py's identity, less the store's token
+        if owner_here(process):  # the kernel knows, whatever an outage did to the lease
+            return not owner_alive(process, None, time.time())
+        return not leased and self.steady()
+
+    def steady(self) -> bool:
+        """Whether this store has renewed its lease without a miss for a whole lease."""
+        return self._steady_since is not None and time.monotonic() - self._steady_since >= self.lease_s
 
     async def adopt_call(self, call_id: str) -> bool:
         """See :class:`~sandbox.state.protocol.CallStore`: only a record whose owner was found
@@ -281,8 +321,9 @@ class PostgresStore:
         """Apply `journal.retention` to the shared events (one replica at a time; see events.py)."""
         async with self._conn() as conn:
             report = await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time())
-            if max_age_s is not None and not report.skipped:  # loop history older than the log goes too
+            if max_age_s is not None and not report.skipped:  # loop history and records older than the log go too
                 await loops.prune(conn, time.time() - max_age_s)
+                await engine_state.prune(conn, time.time() - max_age_s)
             return report
 
     async def broadcast(self, payloads: list[str]) -> None:
@@ -343,10 +384,12 @@ class PostgresStore:
         async with self._conn() as conn:
             return await engine_state.records(conn, tenant, session, kind)
 
-    async def put_session_record(self, tenant: str, session: str, kind: str, key: str, value: str | None) -> None:
+    async def put_session_record(
+        self, tenant: str, session: str, kind: str, key: str, value: str | None, *, only_existing: bool = False
+    ) -> None:
         """See :class:`~sandbox.state.protocol.SessionRecords`."""
         async with self._conn() as conn:
-            await engine_state.put_record(conn, tenant, session, kind, key, value)
+            await engine_state.put_record(conn, tenant, session, kind, key, value, only_existing=only_existing)
 
     async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
         """See :class:`~sandbox.state.protocol.SharedLoops`."""
@@ -369,15 +412,22 @@ class PostgresStore:
             await loops.reset(conn, tenant, session)
 
     async def _renew_forever(self) -> None:
-        """Keep this owner's lease: a third of it between renewals, so one missed beat is harmless."""
+        """Keep this owner's lease: a third of it between renewals, so one missed beat is
+        harmless; after a miss, every second until the store answers (the lease must be back
+        before another replica takes this one's calls for gone)."""
         while True:
-            await anyio.sleep(self.lease_s / 3)
+            await anyio.sleep(self.lease_s / 3 if self._steady_since is not None else RENEW_AGAIN_S)
             try:
                 await self.renew_lease()
             except SandboxError as exc:
-                logger.bind(error=exc.message[:200]).warning("state_lease_not_renewed")
+                if self._steady_since is not None:
+                    logger.bind(error=exc.message[:200]).warning("state_lease_not_renewed")
+                self._steady_since = None
                 continue
+            if self._steady_since is None:
+                self._steady_since = time.monotonic()
             await self._retry_give_backs()
+            await self._retry_untracks()
 
 
 async def _open_pool(url: StateUrl, pool_max: int) -> Any:
@@ -401,6 +451,7 @@ async def _open_pool(url: StateUrl, pool_max: int) -> Any:
             "autocommit": True,
             "connect_timeout": CONNECT_TIMEOUT_S,
             "application_name": "agent-sandbox",
+            "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}",
             **KEEPALIVES,
         },
     )
@@ -414,7 +465,7 @@ async def _open_pool(url: StateUrl, pool_max: int) -> Any:
 
 @asynccontextmanager
 async def open_postgres(
-    url: StateUrl, *, owner: str, lease_s: float, pool_max: int = 10
+    url: StateUrl, *, owner: str, lease_s: float, pool_max: int = 20
 ) -> AsyncIterator[PostgresStore]:
     """Open the store: reachable, credentials good, schema at this code's version.
 

@@ -8,6 +8,7 @@ session: another session's table does not have them.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -89,6 +90,29 @@ async def start(
     `stdin` its input is at its end at once (nobody writes to it).
     """
     proc_id = proc_id or new_process_id()
+    # recorded before it starts (and forgotten if it does not): a process that runs is never
+    # one the process tool cannot list or kill (the table may be the shared store, which can fail)
+    entry = {"command": command, "started_at": time.time(), "offset": 0, "workdir": workdir, "timeout_s": timeout_s}
+    table = table_of(ctx)
+    await table.put(proc_id, entry)
+    try:
+        await _start_recorded(ctx, command, proc_id, workdir, env, timeout_s, stdin)
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(SandboxError):
+            await table.put(proc_id, None)
+        raise
+    return proc_id
+
+
+async def _start_recorded(
+    ctx: ToolContext,
+    command: str,
+    proc_id: str,
+    workdir: str,
+    env: dict[str, str],
+    timeout_s: float | None,
+    stdin: bool,
+) -> None:
     argv = shellwrap.start_background_argv(command, proc_id, ctx.shell.pid_dir, timeout_s, stdin=stdin)
     # the start helper runs with the tag so that the detached process inherits it; values go
     # through the exec's environment (argv would show them to every `ps` in the sandbox)
@@ -107,9 +131,6 @@ async def start(
             ErrorCode.INTERNAL,
             f"could not start the process: {result.output.decode(errors='replace')[-300:]}",
         )
-    entry = {"command": command, "started_at": time.time(), "offset": 0, "workdir": workdir, "timeout_s": timeout_s}
-    await table_of(ctx).put(proc_id, entry)
-    return proc_id
 
 
 async def poll_raw(ctx: ToolContext, proc_id: str, offset: int, limit: int) -> tuple[str, int, bytes]:
@@ -155,7 +176,7 @@ async def poll(ctx: ToolContext, proc_id: str) -> dict[str, Any]:
     """New output since the last poll, and the exit status once done."""
     entry = await _entry(ctx, proc_id)
     raw, size, data = await poll_raw(ctx, proc_id, int(entry["offset"]), POLL_CHUNK)
-    await table_of(ctx).put(proc_id, {**entry, "offset": int(entry["offset"]) + len(data)})
+    await table_of(ctx).update(proc_id, {**entry, "offset": int(entry["offset"]) + len(data)})
     return {**status_of(raw), "output": data.decode("utf-8", errors="replace"), "total_bytes": size}
 
 
