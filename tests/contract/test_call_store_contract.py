@@ -351,3 +351,25 @@ async def test_a_lost_pool_claim_gives_way_and_a_forgotten_process_stays_forgott
         await table.put("p_1", None)  # forgotten through another replica
         await table.update("p_1", {"offset": 5})  # a poll that read it before
         assert await table.get("p_1") is None
+
+
+@pytest.mark.postgres
+async def test_a_waiter_just_after_an_outage_ends_no_call_whose_lease_only_looks_run_out(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A keyed call whose replica's lease ran out (not dropped: that replica may be renewing
+    it right now, after an outage of the store) is not ended by a waiter of a store that has
+    just come back; once that store has renewed for a whole lease, it is."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO owners VALUES ('far@elsewhere|b|1|1', 0)")
+        conn.execute(
+            "INSERT INTO calls (call_id, tenant, session, agent, tool, idem_key, fingerprint, state, created, owner) "
+            "VALUES ('c_far', 'acme', 's', 'a', 'exec', 'k', 'f', 'running', %s, 'far@elsewhere|b|1|1')",
+            (time.time(),),
+        )
+    async with open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b:
+        assert (await b.wait_call("c_far", 0.3)).state == "running"  # type: ignore[attr-defined]
+        b._steady_since -= 3600  # type: ignore[attr-defined]  # renewed without a miss for long now
+        assert (await b.wait_call("c_far", 5)).state == "abandoned"  # type: ignore[attr-defined]

@@ -19,6 +19,12 @@ GONE = (
     "state NOT IN ('finished', 'abandoned') AND durable IS NULL AND NOT EXISTS "
     "(SELECT 1 FROM owners o WHERE o.owner = calls.owner AND o.lease_until >= extract(epoch from clock_timestamp()))"
 )
+# right after an outage of the store every lease looks run out: only a replica that dropped its
+# lease (it stopped) is then taken for gone (PostgresStore.steady says when leases are trusted)
+GONE_DROPPED = (
+    "state NOT IN ('finished', 'abandoned') AND durable IS NULL AND NOT EXISTS "
+    "(SELECT 1 FROM owners o WHERE o.owner = calls.owner)"
+)
 ORPHAN_BATCH = 100  # running records of other owners looked at per pass
 GONE_REASON = "its replica went away (its lease ran out) before it finished; not re-run"
 
@@ -40,7 +46,9 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
     )
 
 
-async def claim(conn: Any, record: CallRecord, keep_s: float, owner: str, lease_s: float) -> CallRecord:
+async def claim(
+    conn: Any, record: CallRecord, keep_s: float, owner: str, lease_s: float, *, settle: bool = True
+) -> CallRecord:
     """Record `record` as `owner`'s, or return the live record that holds its key (see the
     module docstring). What the key's lifetime no longer keeps goes first: ended records, and an
     expired holder; a holder whose replica is gone is ended as abandoned."""
@@ -62,7 +70,7 @@ async def claim(conn: Any, record: CallRecord, keep_s: float, owner: str, lease_
         mine = await cur.fetchone()
         if mine is not None:
             return _record(mine)
-        await _end_gone(conn, "tenant = %s AND idem_key = %s", (record.tenant, record.idempotency_key))
+        await _end_gone(conn, "tenant = %s AND idem_key = %s", (record.tenant, record.idempotency_key), settle)
         cur = await conn.execute(  # the holder (read committed: its row is visible now)
             f"SELECT {COLUMNS} FROM calls WHERE tenant = %s AND idem_key = %s",  # noqa: S608 - constant columns
             (record.tenant, record.idempotency_key),
@@ -146,21 +154,22 @@ async def adopt(conn: Any, call_id: str, gone_owner: str, owner: str, lease_s: f
         return await cur.fetchone() is not None
 
 
-async def _end_gone(conn: Any, where: str, args: tuple[Any, ...]) -> None:
-    """End as abandoned the running records (matching `where`) whose replica is gone, waking their waiters."""
+async def _end_gone(conn: Any, where: str, args: tuple[Any, ...], trust_leases: bool = True) -> None:
+    """End as abandoned the running records (matching `where`) whose replica is gone, waking
+    their waiters (without `trust_leases`, only those whose replica dropped its lease)."""
     cur = await conn.execute(
         f"UPDATE calls SET state = 'abandoned', result = NULL, reason = %s, ended = {NOW} "  # noqa: S608 - constant
-        f"WHERE {where} AND {GONE} RETURNING call_id",
+        f"WHERE {where} AND {GONE if trust_leases else GONE_DROPPED} RETURNING call_id",
         (GONE_REASON, *args),
     )
     for (call_id,) in await cur.fetchall():
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, call_id))
 
 
-async def settle_gone(conn: Any, call_id: str) -> None:
+async def settle_gone(conn: Any, call_id: str, trust_leases: bool = True) -> None:
     """End `call_id` as abandoned when it still runs on a replica that is gone."""
     async with conn.transaction():
-        await _end_gone(conn, "call_id = %s", (call_id,))
+        await _end_gone(conn, "call_id = %s", (call_id,), trust_leases)
 
 
 async def one(conn: Any, call_id: str) -> CallRecord | None:

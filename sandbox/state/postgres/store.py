@@ -172,7 +172,7 @@ class PostgresStore:
     async def claim_call(self, record: CallRecord, *, keep_s: float) -> CallRecord:
         """See :class:`~sandbox.state.protocol.CallStore`."""
         async with self._conn() as conn:
-            return await calls.claim(conn, record, keep_s, self.owner, self.lease_s)
+            return await calls.claim(conn, record, keep_s, self.owner, self.lease_s, settle=self.steady())
 
     async def track_call(self, record: CallRecord) -> None:
         """See :class:`~sandbox.state.protocol.TrackedCalls`."""
@@ -275,7 +275,8 @@ class PostgresStore:
                 try:
                     try:
                         async with self._conn() as conn:
-                            await calls.settle_gone(conn, call_id)
+                            # right after an outage every lease looks run out: then only a dropped one counts
+                            await calls.settle_gone(conn, call_id, trust_leases=self.steady())
                             found = await calls.one(conn, call_id)
                     except SandboxError:  # an outage: read again soon, only while reads fail
                         with anyio.move_on_after(READ_AGAIN_S):
