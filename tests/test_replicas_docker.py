@@ -398,9 +398,11 @@ def test_sessions_of_a_shared_container_keep_one_uid_each_whichever_replica_runs
 
 
 def test_two_replicas_never_hand_one_warm_pool_container_to_two_sessions(tmp_path: Path, pg_url: str) -> None:
-    """A warm pool on one engine, two replicas (each its claim files in its own state dir):
-    six new sessions at once, three through each, each gets a container of its own (a mark one
-    session leaves in its /tmp is never found by another)."""
+    """A warm pool on one engine, two replicas (each its claim files in its own state dir). A
+    starts first and fills the pool; B, started after, finds it full and makes none, so its
+    sessions claim A's members from the engine's list while A hands the same members to its
+    own: six new sessions at once, three through each, each gets a container of its own (a
+    mark one session leaves in its /tmp is never found by another)."""
     ws = _workspace(tmp_path, pg_url)
     configs = []
     for name in ("a", "b"):
@@ -410,10 +412,11 @@ def test_two_replicas_never_hand_one_warm_pool_container_to_two_sessions(tmp_pat
         cfg.write_text(text)
         configs.append(cfg)
     url_a, proc_a = _start(configs[0])
+    time.sleep(6)  # A fills the pool
     url_b, proc_b = _start(configs[1])
     answers: list[str] = []
     try:
-        time.sleep(5)  # the pools fill (both replicas see the same members on the engine)
+        time.sleep(2)  # B sees the pool full: it makes no member of its own
 
         async def burst() -> None:
             async with httpx.AsyncClient(headers=A, timeout=180) as client:

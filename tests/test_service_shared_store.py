@@ -381,3 +381,61 @@ agents:
         done = await call(url_a, "edit", {"path": "f.txt", "old_string": "one", "new_string": "two"})
         assert done["ok"], done
     assert (ws / "f.txt").read_text() == "two, changed behind its back\n"
+
+
+@pytest.mark.anyio
+async def test_a_sub_agent_spawned_through_one_replica_is_known_messaged_and_closed_through_the_other(
+    make_config: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """The sessions registry in the store: a child spawned through A is listed through B, a
+    message sent through B is in its inbox through A, the parent's fan-out is counted across
+    both (max_children 2: a third spawn through B is refused), and closing the parent through
+    B closes the child A spawned."""
+    await migrate_store(parse_state_url(pg_url), tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    def host_config(state: Path) -> Any:
+        return make_config(
+            f"""
+tools: {{profile: full, subagents: {{max_spawn_depth: 2, max_children: 2}}}}
+state: {{url: '{pg_url}'}}
+tenants:
+  - {{id: t, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
+agents:
+  list:
+    - {{id: a, tenant: t, workspace: '{ws}', sandbox: {{mode: 'off'}}}}
+""",
+            state=state,
+        )
+
+    config_a, config_b = host_config(tmp_path / "a"), host_config(tmp_path / "b")
+    parent = "agent:a:boss"
+    async with (
+        Orchestrator(config_a, backend=FakeBackend(exec_result)) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(exec_result)) as orch_b,
+        serving(create_app(config_a, orch_a)) as url_a,
+        serving(create_app(config_b, orch_b)) as url_b,
+        httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
+    ):
+
+        async def call(url: str, session: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+            answer = await client.post(f"{url}/v1/sessions/{session}/calls", json={"tool": tool, "args": args})
+            body: dict[str, Any] = answer.json()
+            return body
+
+        spawned = await call(url_a, parent, "sessions_spawn", {"task": "look", "name": "scout"})
+        assert spawned["ok"], spawned
+        child = spawned["output"]["session"]
+        listed = await call(url_b, parent, "sessions_list", {})
+        assert child in str(listed["output"]), listed
+        sent = await call(url_b, parent, "sessions_send", {"session": child, "text": "hello from B"})
+        assert sent["ok"], sent
+        history = await call(url_a, parent, "sessions_history", {"session": child})
+        assert "hello from B" in str(history["output"]), history
+        assert (await call(url_b, parent, "sessions_spawn", {"task": "t", "name": "two"}))["ok"]
+        third = await call(url_b, parent, "sessions_spawn", {"task": "t", "name": "three"})
+        assert third["error"]["code"] == "QUOTA_EXCEEDED", third  # A's child counted on B
+        closed = await client.delete(f"{url_b}/v1/sessions/{parent}")
+        assert closed.status_code == 200, closed.text
+        assert orch_a.sessions.lineage(child).status == "closed"  # type: ignore[union-attr]

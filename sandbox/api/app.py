@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
 
 import anyio
+from anyio.abc import TaskStatus
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -38,6 +39,7 @@ from sandbox.engine.handover import adopt_orphans, hand_over, handover_on
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
 from sandbox.journal.retention import keep_journal_bounded
+from sandbox.sessions.shared_registry import SharedRegistry
 from sandbox.state import open_store
 from sandbox.state.protocol import SharedStore
 from sandbox.state.shipping import keep_shared_events_bounded, ship_journal
@@ -175,10 +177,27 @@ async def _share_state(tg: Any, app: FastAPI, orch: Orchestrator, store: SharedS
     if store is None:
         return
     await tg.start(keep_tokens_shared, app.state.tenants, store)
+    await tg.start(_share_registry, orch, config)
     tg.start_soon(ProgressRelay(orch.progress, store).run)
     if orch.journal is not None:
         tg.start_soon(ship_journal, orch.journal, store)
         tg.start_soon(keep_shared_events_bounded, store, config.journal.retention)
+
+
+async def _share_registry(
+    orch: Orchestrator, config: Config, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """The sessions registry in the shared store while the service runs (sub-agents spawned
+    through any replica are known to all); the state dir's again when it stops."""
+    from sandbox.state.postgres.registry import PgRegistry  # psycopg only with a PostgreSQL store
+
+    rows = await anyio.to_thread.run_sync(PgRegistry, config.state.parsed())
+    orch.sessions.share_registry(SharedRegistry(rows))
+    task_status.started()
+    try:
+        await anyio.sleep_forever()
+    finally:
+        orch.sessions.share_registry(None)
 
 
 async def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:

@@ -26,6 +26,7 @@ from sandbox.policy.resolver import Identity
 from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
+from sandbox.sessions.shared_registry import SharedRegistry
 
 if TYPE_CHECKING:
     from sandbox.engine.orchestrator import Orchestrator, Session
@@ -44,7 +45,7 @@ class SessionsService:
 
     def __init__(self, orch: Orchestrator) -> None:
         self._orch = orch
-        self._registry: Registry | None = None
+        self._registry: Registry | SharedRegistry | None = None
         self._listeners: list[Listener] = []
 
     # -- plumbing --------------------------------------------------------------------------
@@ -55,15 +56,21 @@ class SessionsService:
         return self._orch.config.state_dir / REGISTRY_FILE
 
     @property
-    def registry(self) -> Registry:
+    def registry(self) -> Registry | SharedRegistry:
         """The registry (opened, and made, on first use)."""
         if self._registry is None:
             self._registry = Registry(self.path)
         return self._registry
 
-    def _existing(self) -> Registry | None:
+    def _existing(self) -> Registry | SharedRegistry | None:
         # nothing was ever spawned in this instance: no database, no lookups
         return self.registry if self._registry is not None or self.path.exists() else None
+
+    def share_registry(self, registry: Registry | SharedRegistry | None) -> None:
+        """Use the shared store's registry from now on (several replicas); None: the state dir's."""
+        if self._registry is not None:
+            self._registry.close()
+        self._registry = registry
 
     def shutdown(self) -> None:
         """Close the registry."""
