@@ -361,8 +361,8 @@ agents:
 
     config_a, config_b = host_config(tmp_path / "a"), host_config(tmp_path / "b")
     async with (
-        Orchestrator(config_a, backend=FakeBackend(exec_result)) as orch_a,
-        Orchestrator(config_b, backend=FakeBackend(exec_result)) as orch_b,
+        Orchestrator(config_a, backend=FakeBackend(lambda _call: exec_result())) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(lambda _call: exec_result())) as orch_b,
         serving(create_app(config_a, orch_a)) as url_a,
         serving(create_app(config_b, orch_b)) as url_b,
         httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
@@ -412,8 +412,8 @@ agents:
     config_a, config_b = host_config(tmp_path / "a"), host_config(tmp_path / "b")
     parent = "agent:a:boss"
     async with (
-        Orchestrator(config_a, backend=FakeBackend(exec_result)) as orch_a,
-        Orchestrator(config_b, backend=FakeBackend(exec_result)) as orch_b,
+        Orchestrator(config_a, backend=FakeBackend(lambda _call: exec_result())) as orch_a,
+        Orchestrator(config_b, backend=FakeBackend(lambda _call: exec_result())) as orch_b,
         serving(create_app(config_a, orch_a)) as url_a,
         serving(create_app(config_b, orch_b)) as url_b,
         httpx.AsyncClient(headers=HEADERS, timeout=60) as client,
@@ -438,4 +438,4 @@ agents:
         assert third["error"]["code"] == "QUOTA_EXCEEDED", third  # A's child counted on B
         closed = await client.delete(f"{url_b}/v1/sessions/{parent}")
         assert closed.status_code == 200, closed.text
-        assert orch_a.sessions.lineage(child).status == "closed"  # type: ignore[union-attr]
+        assert orch_a.sessions.lineage(child).status == "closed"
