@@ -285,7 +285,7 @@ async def test_a_notification_nobody_expected_never_ends_the_relay(
     unknown field are each logged and dropped, and the relay goes on relaying."""
     from sandbox.api.progress_relay import ProgressRelay
     from sandbox.engine.progress import ProgressBus, ProgressEvent
-    from sandbox.state.postgres.store import BROADCAST_CHANNEL
+    from sandbox.state.postgres.shared_rows import BROADCAST_CHANNEL
 
     bus = ProgressBus()
     seen: list[ProgressEvent] = []

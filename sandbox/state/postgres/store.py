@@ -7,21 +7,19 @@ import contextlib
 import importlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import anyio
-from anyio.abc import TaskStatus
 from loguru import logger
 
 from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.calls import CallRecord, State
 from sandbox.journal.owners import owner_alive, owner_here
-from sandbox.journal.queries import Event, EventPage
 from sandbox.state.migrate import check_version
-from sandbox.state.postgres import approvals, calls, engine_state, events, loops, quotas, tokens
+from sandbox.state.postgres import approvals, calls, quotas
 from sandbox.state.postgres.connect import (
     CONNECT_TIMEOUT_S,
     KEEPALIVES,
@@ -32,9 +30,9 @@ from sandbox.state.postgres.connect import (
 )
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.postgres.schema import current_version
-from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation, SharedPrune
+from sandbox.state.postgres.shared_rows import SharedRowsMixin
+from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
 
-BROADCAST_CHANNEL = "sbx_progress"  # the replicas' progress events (api/progress_relay.py)
 POOL_OPEN_S = 10.0
 CHECKOUT_S = 5.0  # a call waits at most this for a pooled connection (an outage: SERVICE_UNAVAILABLE then)
 READ_AGAIN_S = 0.5  # a waiter whose read failed reads again after this (only while reads fail)
@@ -47,7 +45,7 @@ STATEMENT_TIMEOUT_MS = 15_000
 LOCK_TIMEOUT_MS = 5_000
 
 
-class PostgresStore:
+class PostgresStore(SharedRowsMixin):
     """The shared store of several replicas (use :func:`open_postgres`).
 
     Args:
@@ -289,128 +287,6 @@ class PostgresStore:
                 finally:
                     self.wakeups.unwatch(call_id, event)
         return found if found is not None else await self.call_record(call_id)
-
-    async def shipped_up_to(self, origin: str) -> int:
-        """See :class:`~sandbox.state.protocol.EventStore`."""
-        async with self._conn() as conn:
-            return await events.shipped_up_to(conn, origin)
-
-    async def add_events(self, origin: str, found: list[Event]) -> None:
-        """See :class:`~sandbox.state.protocol.EventStore`."""
-        async with self._conn() as conn:
-            await events.add(conn, origin, found)
-
-    async def events_page(
-        self,
-        *,
-        tenant: str | None,
-        session: str | None = None,
-        trace_id: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> EventPage:
-        """See :class:`~sandbox.state.protocol.EventStore`."""
-        async with self._conn() as conn:
-            return await events.page(
-                conn, tenant=tenant, session=session, trace_id=trace_id, since=since, until=until, cursor=cursor,
-                limit=limit,
-            )  # fmt: skip
-
-    async def prune_events(self, *, max_age_s: float | None, max_bytes: int | None) -> SharedPrune:
-        """Apply `journal.retention` to the shared events (one replica at a time; see events.py)."""
-        async with self._conn() as conn:
-            report = await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time())
-            if max_age_s is not None and not report.skipped:  # loop history and records older than the log go too
-                await loops.prune(conn, time.time() - max_age_s)
-                await engine_state.prune(conn, time.time() - max_age_s)
-            return report
-
-    async def broadcast(self, payloads: list[str]) -> None:
-        """See :class:`~sandbox.state.protocol.EventStore`: one NOTIFY each, in one transaction."""
-        async with self._conn() as conn, conn.transaction():
-            for payload in payloads:
-                await conn.execute("SELECT pg_notify(%s, %s)", (BROADCAST_CHANNEL, payload))
-
-    async def listen_broadcasts(
-        self, on_note: Callable[[str], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """See :class:`~sandbox.state.protocol.EventStore`: LISTEN on a connection of its own."""
-        await Wakeups(self.url, BROADCAST_CHANNEL, on_note).run(task_status=task_status)
-
-    async def add_token(self, tenant: str, name: str, sha256: str) -> None:
-        """See :class:`~sandbox.state.protocol.TokenStore`."""
-        async with self._conn() as conn:
-            await tokens.add(conn, tenant, name, sha256)
-
-    async def remove_token(self, tenant: str, name: str) -> bool:
-        """See :class:`~sandbox.state.protocol.TokenStore`."""
-        async with self._conn() as conn:
-            return await tokens.remove(conn, tenant, name)
-
-    async def tokens(self) -> list[dict[str, str]]:
-        """See :class:`~sandbox.state.protocol.TokenStore`."""
-        async with self._conn() as conn:
-            return await tokens.every(conn)
-
-    async def listen_tokens(
-        self, on_change: Callable[[str], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """See :class:`~sandbox.state.protocol.TokenStore`."""
-        await Wakeups(self.url, tokens.CHANNEL, on_change).run(task_status=task_status)
-
-    async def session_uid(self, scope: str, session: str) -> tuple[int, str] | None:
-        """See :class:`~sandbox.state.protocol.SessionUids`."""
-        async with self._conn() as conn:
-            return await engine_state.find(conn, scope, session)
-
-    async def claim_uid(self, scope: str, uid: int, session: str, token: str) -> tuple[str, str] | None:
-        """See :class:`~sandbox.state.protocol.SessionUids`."""
-        async with self._conn() as conn:
-            return await engine_state.claim(conn, scope, uid, session, token)
-
-    async def claim_member(self, container_id: str, session: str) -> bool:
-        """See :class:`~sandbox.state.protocol.SharedPoolClaims`."""
-        async with self._conn() as conn:
-            return await engine_state.claim_member(conn, container_id, session)
-
-    async def session_record(self, tenant: str, session: str, kind: str, key: str) -> str | None:
-        """See :class:`~sandbox.state.protocol.SessionRecords`."""
-        async with self._conn() as conn:
-            return await engine_state.record(conn, tenant, session, kind, key)
-
-    async def session_records(self, tenant: str, session: str, kind: str) -> dict[str, str]:
-        """See :class:`~sandbox.state.protocol.SessionRecords`."""
-        async with self._conn() as conn:
-            return await engine_state.records(conn, tenant, session, kind)
-
-    async def put_session_record(
-        self, tenant: str, session: str, kind: str, key: str, value: str | None, *, only_existing: bool = False
-    ) -> None:
-        """See :class:`~sandbox.state.protocol.SessionRecords`."""
-        async with self._conn() as conn:
-            await engine_state.put_record(conn, tenant, session, kind, key, value, only_existing=only_existing)
-
-    async def loop_add(self, tenant: str, session: str, tool: str, args: str, result: str) -> None:
-        """See :class:`~sandbox.state.protocol.SharedLoops`."""
-        async with self._conn() as conn:
-            await loops.add(conn, tenant, session, tool, args, result)
-
-    async def loop_recent(self, tenant: str, session: str, window: int) -> tuple[bool, list[tuple[str, str, str]]]:
-        """See :class:`~sandbox.state.protocol.SharedLoops`."""
-        async with self._conn() as conn:
-            return await loops.recent(conn, tenant, session, window)
-
-    async def loop_trip(self, tenant: str, session: str) -> None:
-        """See :class:`~sandbox.state.protocol.SharedLoops`."""
-        async with self._conn() as conn:
-            await loops.trip(conn, tenant, session)
-
-    async def loop_reset(self, tenant: str, session: str) -> None:
-        """See :class:`~sandbox.state.protocol.SharedLoops`."""
-        async with self._conn() as conn:
-            await loops.reset(conn, tenant, session)
 
     async def _renew_forever(self) -> None:
         """Keep this owner's lease: a third of it between renewals, so one missed beat is
