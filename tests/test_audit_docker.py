@@ -122,8 +122,9 @@ def test_browser_exposure_and_exec_on_browser_network(default_cfg: Path, docker_
     browser network (SBX-B002) are both reported (containers created, not started)."""
     from sandbox.runtime.naming import Labels
 
+    created = None  # the network, when this test made it (it goes again at the end)
     if not docker_client.networks.list(names=["sandbox-browser"]):
-        docker_client.networks.create("sandbox-browser", driver="bridge")
+        created = docker_client.networks.create("sandbox-browser", driver="bridge", labels={TEST_LABEL: RUN_ID})
     made = [
         docker_client.containers.create(
             "sandbox-exec:latest",
@@ -148,3 +149,5 @@ def test_browser_exposure_and_exec_on_browser_network(default_cfg: Path, docker_
     finally:
         for container in made:
             container.remove(force=True)
+        if created is not None:
+            created.remove()
