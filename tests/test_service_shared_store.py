@@ -49,6 +49,22 @@ class Gate:
         return exec_result(stdout=b"held-call\n")
 
 
+def _host_config(make_config: Any, pg_url: str, ws: Path, state: Path, tools: str) -> Any:
+    """One replica's config: agent `a` on the host (mode off) with workspace `ws`."""
+    return make_config(
+        f"""
+tools: {tools}
+state: {{url: '{pg_url}'}}
+tenants:
+  - {{id: t, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
+agents:
+  list:
+    - {{id: a, tenant: t, workspace: '{ws}', sandbox: {{mode: 'off'}}}}
+""",
+        state=state,
+    )
+
+
 def _config(make_config: Any, pg_url: str, state: Path, tools: str = "{profile: full}") -> Any:
     return make_config(
         f"""
@@ -345,21 +361,7 @@ async def test_an_edit_through_one_replica_knows_what_the_session_read_through_t
     ws.mkdir()
     (ws / "f.txt").write_text("one\n")
 
-    def host_config(state: Path) -> Any:
-        return make_config(
-            f"""
-tools: {{profile: full}}
-state: {{url: '{pg_url}'}}
-tenants:
-  - {{id: t, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
-agents:
-  list:
-    - {{id: a, tenant: t, workspace: '{ws}', sandbox: {{mode: 'off'}}}}
-""",
-            state=state,
-        )
-
-    config_a, config_b = host_config(tmp_path / "a"), host_config(tmp_path / "b")
+    config_a, config_b = (_host_config(make_config, pg_url, ws, tmp_path / r, "{profile: full}") for r in "ab")
     async with (
         Orchestrator(config_a, backend=FakeBackend(lambda _call: exec_result())) as orch_a,
         Orchestrator(config_b, backend=FakeBackend(lambda _call: exec_result())) as orch_b,
@@ -395,21 +397,12 @@ async def test_a_sub_agent_spawned_through_one_replica_is_known_messaged_and_clo
     ws = tmp_path / "ws"
     ws.mkdir()
 
-    def host_config(state: Path) -> Any:
-        return make_config(
-            f"""
-tools: {{profile: full, subagents: {{max_spawn_depth: 2, max_children: 2}}}}
-state: {{url: '{pg_url}'}}
-tenants:
-  - {{id: t, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN)}}}]}}
-agents:
-  list:
-    - {{id: a, tenant: t, workspace: '{ws}', sandbox: {{mode: 'off'}}}}
-""",
-            state=state,
+    config_a, config_b = (
+        _host_config(
+            make_config, pg_url, ws, tmp_path / r, "{profile: full, subagents: {max_spawn_depth: 2, max_children: 2}}"
         )
-
-    config_a, config_b = host_config(tmp_path / "a"), host_config(tmp_path / "b")
+        for r in "ab"
+    )
     parent = "agent:a:boss"
     async with (
         Orchestrator(config_a, backend=FakeBackend(lambda _call: exec_result())) as orch_a,

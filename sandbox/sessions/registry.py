@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,16 +211,7 @@ class Registry:
 
     def descendants(self, tenant: str, key: str, *, include_closed: bool = False) -> list[Child]:
         """Every descendant of `key` (children before their own children)."""
-        out: list[Child] = []
-        frontier = [key]
-        while frontier:
-            nxt: list[str] = []
-            for parent in frontier:
-                for c in self.children(tenant, parent, include_closed=include_closed):
-                    out.append(c)
-                    nxt.append(c.key)
-            frontier = nxt
-        return out
+        return descendants_of(lambda parent: self.children(tenant, parent, include_closed=include_closed), key)
 
     def of_agent(self, tenant: str, agent: str) -> list[Child]:
         """Every spawned session of one agent in one tenant."""
@@ -277,6 +268,20 @@ class Registry:
         rows = self._rows(sql, (tenant, session, after_id, limit))
         found = [Message(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
         return list(reversed(found)) if newest else found
+
+
+def descendants_of(children: Callable[[str], list[Child]], key: str) -> list[Child]:
+    """Every descendant of `key` by `children(parent)`, breadth first (both registries walk so)."""
+    out: list[Child] = []
+    frontier = [key]
+    while frontier:
+        nxt: list[str] = []
+        for parent in frontier:
+            for c in children(parent):
+                out.append(c)
+                nxt.append(c.key)
+        frontier = nxt
+    return out
 
 
 def _child(row: tuple[Any, ...]) -> Child:

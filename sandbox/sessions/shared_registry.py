@@ -8,7 +8,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from sandbox.sessions.registry import Child, Message, _child
+from sandbox.sessions.registry import Child, Message, _child, descendants_of
 
 if TYPE_CHECKING:
     from sandbox.state.postgres.registry import PgRegistry
@@ -61,16 +61,7 @@ class SharedRegistry:
 
     def descendants(self, tenant: str, key: str, *, include_closed: bool = False) -> list[Child]:
         """See :meth:`sandbox.sessions.registry.Registry.descendants`."""
-        out: list[Child] = []
-        frontier = [key]
-        while frontier:
-            nxt: list[str] = []
-            for parent in frontier:
-                for c in self.children(tenant, parent, include_closed=include_closed):
-                    out.append(c)
-                    nxt.append(c.key)
-            frontier = nxt
-        return out
+        return descendants_of(lambda parent: self.children(tenant, parent, include_closed=include_closed), key)
 
     def of_agent(self, tenant: str, agent: str) -> list[Child]:
         """See :meth:`sandbox.sessions.registry.Registry.of_agent`."""
