@@ -163,11 +163,12 @@ async def shared_store(config: Config, admission: Admission) -> AsyncIterator[Sh
         yield None
         return
     async with open_store(url, config.state_dir, lease_s=config.state.lease_s) as store:
-        admission.store = store
+        shared = cast("SharedStore", store)  # a PostgreSQL store is the shared one (postgres/store.py)
+        admission.store, admission.makes = shared, shared
         try:
-            yield cast("SharedStore", store)  # a PostgreSQL store is the shared one (postgres/store.py)
+            yield shared
         finally:
-            admission.store = None
+            admission.store, admission.makes = None, None
 
 
 async def _share_state(tg: Any, app: FastAPI, orch: Orchestrator, store: SharedStore | None, config: Config) -> None:

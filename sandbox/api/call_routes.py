@@ -180,7 +180,7 @@ def add_call_routes(
     @app.delete("/v1/sessions/{key}")
     async def close(request: Request, who: CallerDep, key: str, agent: str | None = None) -> dict[str, Any]:
         closed = await session_for(request, who, key, agent).close()
-        admission.closed(who.tenant.id, closed)
+        await admission.closed(who.tenant.id, closed)
         return {"closed": closed}
 
 

@@ -133,7 +133,7 @@ def http_server(
             try:
                 keys = await session.close() or keys
             finally:
-                get_admission().closed(tenant, keys)
+                await get_admission().closed(tenant, keys)
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         del params

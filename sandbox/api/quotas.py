@@ -7,9 +7,10 @@ new sessions under `max_concurrent_calls: 1` ran three at once when the count wa
 after the body was read). What is taken is given back when the call ends or the request is
 refused. A batch takes one call per item toward both call quotas.
 
-With a shared store (`state.url: postgresql://...`, docs/state.md) the call quotas (rate and
-concurrency) are reserved there instead, in one transaction across every replica, and given
-back when the call ends; sessions and sandboxes are still counted per process.
+With a shared store (`state.url: postgresql://...`, docs/state.md) every quota is counted there
+instead, across every replica: the call quotas and the session key in one transaction (given
+back when the call ends or is refused), and a sandbox about to be made under the tenant's turn,
+with the engine listed inside it (so two replicas cannot both make the last one).
 
 A new session's key is *claimed* until a request on it is admitted: every request that reaches
 the key meanwhile shares the claim, and the key goes back only when the last of them is
@@ -21,6 +22,7 @@ request that read the engine's list before the sandbox existed still counts it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -36,6 +38,7 @@ from sandbox.api.tenants import Caller
 from sandbox.errors import SandboxError
 from sandbox.runtime.protocol import unclaimed
 from sandbox.state import QuotaLimits, QuotaStore, Refused, Reservation
+from sandbox.state.protocol import SandboxMakes
 
 if TYPE_CHECKING:
     from sandbox.api.metrics import Metrics
@@ -73,6 +76,7 @@ class Ticket:
     claim: Claim | None = None
     sandbox: SandboxSpec | None = None
     shared: Reservation | None = None  # what the shared store holds for it (state.url: postgresql)
+    make: str | None = None  # the shared store's count of the sandbox it makes (SandboxMakes)
 
 
 def _refuse(status: int, detail: str, retry_s: int | None) -> HTTPException:
@@ -91,8 +95,9 @@ class Admission:
         self.state = state
         self.metrics = metrics
         self.use: dict[str, TenantUse] = {}
-        # the shared store, while the service holds one open (api/app.py): call quotas live there
+        # the shared store, while the service holds one open (api/app.py): the quotas live there
         self.store: QuotaStore | None = None
+        self.makes: SandboxMakes | None = None
 
     def _of(self, tenant: str) -> TenantUse:
         return self.use.setdefault(tenant, TenantUse())
@@ -116,16 +121,19 @@ class Admission:
                 fit one (split it, or run it sequentially).
         """
         quotas = who.tenant.quotas
-        shared = self.store is not None and bool(quotas.max_concurrent_calls or quotas.max_calls_per_minute)
-        ticket = await self._reserve(who, calls, slots) if shared else self._take_calls(who, calls, slots)
+        shared = self.store is not None and bool(
+            quotas.max_concurrent_calls or quotas.max_calls_per_minute or quotas.max_sessions
+        )
+        ticket = await self._reserve(who, calls, slots, session.key) if shared else self._take_calls(who, calls, slots)
         try:
-            self._take_session(who, session, ticket)
+            if not (shared and quotas.max_sessions):  # else the store counted it with the calls
+                self._take_session(who, session, ticket)
             await self._take_sandbox(orch, who, session, ticket)
+            await self._confirm(ticket)
         except BaseException:  # refused (or cancelled) before it ran: everything goes back
             self._refund(ticket)
             await self._give_back(ticket, refund=True)
             raise
-        self._confirm(ticket)
         try:
             yield
         finally:
@@ -186,20 +194,29 @@ class Admission:
         self.metrics.in_flight.labels(who.tenant.id).inc(slots)
         return ticket
 
-    async def _reserve(self, who: Caller, calls: int, slots: int) -> Ticket:
-        """The call quotas through the shared store: checked and taken in one transaction there,
-        so a burst split across replicas never passes them."""
+    async def _reserve(self, who: Caller, calls: int, slots: int, key: str) -> Ticket:
+        """The call quotas (and the session key toward max_sessions) through the shared store:
+        checked and taken in one transaction there, so a burst split across replicas never
+        passes them."""
         assert self.store is not None
         self._stopping()
         quotas = who.tenant.quotas
         self._never_fits(who, calls, slots)
         outcome = await self.store.reserve(
             who.tenant.id,
-            QuotaLimits(quotas.max_concurrent_calls or 0, quotas.max_calls_per_minute or 0),
+            QuotaLimits(quotas.max_concurrent_calls or 0, quotas.max_calls_per_minute or 0, quotas.max_sessions or 0),
             calls=calls,
             slots=slots,
+            session=key,
         )
         if isinstance(outcome, Refused):
+            if outcome.quota == "max_sessions":
+                raise _refuse(
+                    429,
+                    f"tenant {who.tenant.id!r} has {outcome.held} open sessions (tenants[].quotas.max_sessions is "
+                    f"{outcome.limit}; counted across replicas); close one with DELETE /v1/sessions/{{key}}",
+                    outcome.retry_after_s,
+                )
             if outcome.quota == "max_calls_per_minute":
                 raise _refuse(
                     429,
@@ -242,11 +259,13 @@ class Admission:
         cannot be reached, the store gives it back once it answers again (or, if this replica
         dies first, its lease runs out)."""
         reservation, ticket.shared = ticket.shared, None
-        if reservation is None or self.store is None:
-            return
+        make, ticket.make = ticket.make, None
         with anyio.CancelScope(shield=True):
             try:
-                await (self.store.refund if refund else self.store.release)(reservation)
+                if make is not None and self.makes is not None:
+                    await self.makes.release_sandbox(make)
+                if reservation is not None and self.store is not None:
+                    await (self.store.refund if refund else self.store.release)(reservation)
             except SandboxError as exc:
                 logger.bind(tenant=ticket.tenant, error=exc.message[:200]).warning("quota_not_given_back")
 
@@ -270,8 +289,11 @@ class Admission:
         use.sessions.add(session.key)
         ticket.claim = use.claims[session.key] = Claim(session.key)
 
-    def _confirm(self, ticket: Ticket) -> None:
+    async def _confirm(self, ticket: Ticket) -> None:
         """Admitted: a key this request claimed is the tenant's session now (until closed)."""
+        if ticket.shared is not None and ticket.shared.session is not None and self.store is not None:
+            await self.store.confirm_session(ticket.shared)
+            ticket.shared = dataclasses.replace(ticket.shared, session=None)  # open now: a refund keeps it
         if ticket.claim is not None:
             use = self._of(ticket.tenant)
             if use.claims.get(ticket.claim.key) is ticket.claim:
@@ -286,6 +308,9 @@ class Admission:
             return
         spec = orch.manager.spec_for(session.agent, session.key)
         if orch.manager.known_live(spec):  # this process holds it: no engine call, nothing to make
+            return
+        if self.makes is not None:
+            await self._take_shared_sandbox(orch, who, spec, ticket)
             return
         listed = await orch.manager.list()
         # the manager's list: a pool container handed to a session shows it (labels cannot); a
@@ -304,6 +329,26 @@ class Admission:
         if spec.scope_key not in live:
             use.creating[spec.scope_key] = use.creating.get(spec.scope_key, 0) + 1
             ticket.sandbox = spec
+
+    async def _take_shared_sandbox(self, orch: Orchestrator, who: Caller, spec: SandboxSpec, ticket: Ticket) -> None:
+        """max_sandboxes across replicas: the store holds the tenant's turn while the engine is
+        listed (SandboxMakes.take_sandbox)."""
+        assert self.makes is not None
+        tenant = who.tenant.id
+
+        async def live() -> set[str]:
+            return {s.scope_key for s in await orch.manager.list() if s.tenant == tenant and not unclaimed(s)}
+
+        limit = who.tenant.quotas.max_sandboxes
+        outcome = await self.makes.take_sandbox(tenant, spec.scope_key, limit, live)
+        if isinstance(outcome, Refused):
+            raise _refuse(
+                429,
+                f"tenant {tenant!r} has {outcome.held} sandboxes, live or being made (tenants[].quotas.max_sandboxes "
+                f"is {limit}; counted across replicas); close a session to free one",
+                outcome.retry_after_s,
+            )
+        ticket.make = outcome
 
     @staticmethod
     def _forget_gone(orch: Orchestrator, use: TenantUse) -> None:
@@ -354,9 +399,12 @@ class Admission:
         """Calls running now, of every tenant."""
         return sum(u.in_flight for u in self.use.values())
 
-    def closed(self, tenant: str, keys: list[str]) -> None:
-        """Sessions closed: they no longer count toward max_sessions."""
+    async def closed(self, tenant: str, keys: list[str]) -> None:
+        """Sessions closed: they no longer count toward max_sessions (in the shared store too)."""
         use = self._of(tenant)
         use.sessions.difference_update(keys)
         for key in keys:
             use.claims.pop(key, None)
+        if self.store is not None and keys:
+            with anyio.CancelScope(shield=True):
+                await self.store.close_sessions(tenant, keys)

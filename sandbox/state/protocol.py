@@ -12,7 +12,7 @@ registry follow (docs/state.md, "What is in the store").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -33,6 +33,7 @@ __all__ = [
     "QuotaStore",
     "Refused",
     "Reservation",
+    "SandboxMakes",
     "SessionRecords",
     "SessionUids",
     "SharedCalls",
@@ -49,28 +50,31 @@ __all__ = [
 
 @dataclass(frozen=True)
 class QuotaLimits:
-    """A tenant's call quotas (`tenants[].quotas`); 0 means no bound."""
+    """A tenant's quotas the store counts (`tenants[].quotas`); 0 means no bound."""
 
     max_concurrent_calls: int = 0
     max_calls_per_minute: int = 0
+    max_sessions: int = 0
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """What one admitted request holds: `slots` toward the concurrency, `calls` starts in the window."""
+    """What one admitted request holds: `slots` toward the concurrency, `calls` starts in the
+    window, and `session`, a new session key it claimed toward max_sessions (None: none)."""
 
     id: str
     tenant: str
     calls: int
     slots: int
+    session: str | None = None
 
 
 @dataclass(frozen=True)
 class Refused:
     """Why a reservation was refused: the quota, what is held toward it, and when to try again."""
 
-    quota: Literal["max_concurrent_calls", "max_calls_per_minute"]
-    held: int  # calls running, or call starts in the last minute
+    quota: Literal["max_concurrent_calls", "max_calls_per_minute", "max_sessions", "max_sandboxes"]
+    held: int  # calls running, call starts in the last minute, open sessions or sandboxes
     limit: int
     retry_after_s: int
 
@@ -79,13 +83,26 @@ class QuotaStore(Protocol):
     """Per-tenant admission shared by every process on the store."""
 
     async def reserve(
-        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1
+        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1, session: str | None = None
     ) -> Reservation | Refused:
         """Check and take `slots` concurrency slots and `calls` rate-window starts in one transaction.
 
         Reservations of owners whose lease has run out (a replica killed) no longer count.
         A request larger than a limit is the caller's to refuse (it can never fit).
+
+        With `session` and `limits.max_sessions`, the session key counts too, in the same
+        transaction: a key the tenant holds open costs nothing; a new key is *claimed* (shared by
+        every request that reaches it before one is admitted) until :meth:`confirm_session` makes
+        it open or the last claiming request is refunded.
         """
+        ...
+
+    async def confirm_session(self, reservation: Reservation) -> None:
+        """The request was admitted: the session key it claimed is the tenant's open session now."""
+        ...
+
+    async def close_sessions(self, tenant: str, keys: list[str]) -> None:
+        """Sessions closed: they no longer count toward max_sessions."""
         ...
 
     async def release(self, reservation: Reservation) -> None:
@@ -93,7 +110,8 @@ class QuotaStore(Protocol):
         ...
 
     async def refund(self, reservation: Reservation) -> None:
-        """The request was refused after it reserved: its slots and its starts go back."""
+        """The request was refused after it reserved: its slots, its starts and its share of a
+        session claim go back."""
         ...
 
     async def in_flight(self, tenant: str) -> int:
@@ -366,7 +384,30 @@ class SharedLoops(Protocol):
         ...
 
 
-class SharedEngineState(SessionUids, SharedPoolClaims, SessionRecords, SharedLoops, Protocol):
+class SandboxMakes(Protocol):
+    """Sandboxes being made, toward a tenant's max_sandboxes across replicas on one engine."""
+
+    async def take_sandbox(
+        self, tenant: str, scope_key: str, limit: int, listed: Callable[[], Awaitable[set[str]]]
+    ) -> str | Refused | None:
+        """Count `scope_key` toward `tenant`'s `limit` sandboxes, one replica at a time per tenant.
+
+        `listed` reads the tenant's live sandboxes (scope keys) from the engine while the
+        tenant's turn is held, so a sandbox another replica made is either in that list or
+        still being made here.
+
+        Returns:
+            None when `scope_key` is live already (nothing to make); the id of the make to give
+            back with :meth:`release_sandbox` when the call ends; Refused past the limit.
+        """
+        ...
+
+    async def release_sandbox(self, make_id: str) -> None:
+        """The call that made (or tried to make) the sandbox ended: the engine's list says the rest."""
+        ...
+
+
+class SharedEngineState(SessionUids, SharedPoolClaims, SessionRecords, SharedLoops, SandboxMakes, Protocol):
     """What replicas on one engine must agree on: session uids and pool members (never handed
     out twice), and the sessions' small records."""
 

@@ -373,3 +373,48 @@ async def test_a_waiter_just_after_an_outage_ends_no_call_whose_lease_only_looks
         assert (await b.wait_call("c_far", 0.3)).state == "running"  # type: ignore[attr-defined]
         b._steady_since -= 3600  # type: ignore[attr-defined]  # renewed without a miss for long now
         assert (await b.wait_call("c_far", 5)).state == "abandoned"  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres
+async def test_sandboxes_made_at_once_through_two_replicas_never_pass_max_sandboxes(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Six new sandboxes asked for at once through two store instances under a limit of 1, each
+    request listing a slow engine inside the tenant's turn: one make is granted. A made sandbox
+    the engine lists counts like a make still running; a killed owner's make stops counting."""
+    from sandbox.state.protocol import Refused
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    engine: set[str] = set()  # the tenant's live sandboxes, as the engine would list them
+
+    async def listed() -> set[str]:
+        await anyio.sleep(0.1)  # an engine call: the other requests wait for the tenant's turn
+        return set(engine)
+
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+        outcomes: dict[str, Any] = {}
+
+        async def ask(store: Any, n: int) -> None:
+            outcomes[f"s{n}"] = await store.take_sandbox("acme", f"s{n}", 1, listed)
+
+        async with anyio.create_task_group() as group:
+            for n in range(6):
+                group.start_soon(ask, (a, b)[n % 2], n)
+        granted = [k for k, v in outcomes.items() if isinstance(v, str)]
+        assert len(granted) == 1, outcomes
+        assert all(v.quota == "max_sandboxes" and v.held == 1 for v in outcomes.values() if isinstance(v, Refused))
+        engine.add(granted[0])  # its sandbox exists, and its call ended
+        await a.release_sandbox(outcomes[granted[0]])  # type: ignore[attr-defined]
+        assert await b.take_sandbox("acme", granted[0], 1, listed) is None  # type: ignore[attr-defined]
+        refused = await b.take_sandbox("acme", "s9", 1, listed)  # type: ignore[attr-defined]
+        assert isinstance(refused, Refused) and refused.held == 1
+        engine.clear()
+        assert isinstance(await a.take_sandbox("globex", "g1", 1, listed), str)  # type: ignore[attr-defined]
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # a's lease runs out (a replica killed)
+            conn.execute("UPDATE owners SET lease_until = 0 WHERE owner = %s", (a.owner,))
+        again = await b.take_sandbox("globex", "g2", 1, listed)  # type: ignore[attr-defined]
+        assert isinstance(again, str), again  # the dead owner's make stopped counting

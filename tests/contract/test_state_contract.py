@@ -348,3 +348,94 @@ async def test_ping(backing: Backing) -> None:
     async with backing.open("r") as store:
         await store.ping()
         assert store.kind == backing.url.kind
+
+
+SESSIONS = QuotaLimits(max_sessions=2)
+
+
+async def test_a_new_session_key_is_claimed_then_open_and_costs_nothing_again(backing: Backing) -> None:
+    """max_sessions counts keys: a new key is claimed by its request, open once confirmed, and
+    every later request on it is admitted without counting it again."""
+    async with backing.open("a") as store:
+        first = await store.reserve("t1", SESSIONS, session="s1")
+        assert isinstance(first, Reservation) and first.session == "s1"
+        await store.confirm_session(first)
+        await store.release(first)
+        again = await store.reserve("t1", SESSIONS, session="s1")
+        assert isinstance(again, Reservation) and again.session is None  # open already: nothing claimed
+        await store.refund(again)  # a refused later request never frees an open session
+        second = await store.reserve("t1", SESSIONS, session="s2")
+        assert isinstance(second, Reservation)
+        await store.confirm_session(second)
+        third = await store.reserve("t1", SESSIONS, session="s3")
+        assert isinstance(third, Refused) and (third.quota, third.held, third.limit) == ("max_sessions", 2, 2)
+        assert isinstance(await store.reserve("t2", SESSIONS, session="s3"), Reservation)  # another tenant's own
+        await store.close_sessions("t1", ["s1"])
+        assert isinstance(await store.reserve("t1", SESSIONS, session="s3"), Reservation)
+
+
+async def test_a_claim_goes_back_only_with_its_last_refused_request(backing: Backing) -> None:
+    """Two requests reach a new key before either is admitted: they share one claim, and the
+    key is free again only when both were refused."""
+    async with two(backing) as (a, b):
+        one = await a.reserve("t1", SESSIONS, session="s1")
+        other = await b.reserve("t1", SESSIONS, session="s1")
+        assert isinstance(one, Reservation) and isinstance(other, Reservation)
+        filler = await a.reserve("t1", SESSIONS, session="s2")
+        assert isinstance(filler, Reservation)
+        await a.refund(one)
+        refused = await b.reserve("t1", SESSIONS, session="s3")
+        assert isinstance(refused, Refused) and refused.held == 2  # s1 is still claimed by `other`
+        await b.refund(other)
+        assert isinstance(await b.reserve("t1", SESSIONS, session="s3"), Reservation)
+
+
+async def test_a_refused_call_refunds_its_session_claim_in_the_same_step(backing: Backing) -> None:
+    """A request refused for its calls takes no session either."""
+    limits = QuotaLimits(max_concurrent_calls=1, max_sessions=5)
+    async with backing.open("a") as store:
+        running = await store.reserve("t1", limits, session="s1")
+        assert isinstance(running, Reservation)
+        refused = await store.reserve("t1", limits, session="s2")
+        assert isinstance(refused, Refused) and refused.quota == "max_concurrent_calls"
+        await store.release(running)
+        for key in ("s2", "s3", "s4", "s5"):  # s1 claimed, s2 never taken: four more fit
+            taken = await store.reserve("t1", limits, session=key)
+            assert isinstance(taken, Reservation), taken
+            await store.release(taken)
+        assert isinstance(await store.reserve("t1", limits, session="s6"), Refused)
+
+
+async def test_a_burst_of_new_sessions_across_two_instances_never_passes_max_sessions(backing: Backing) -> None:
+    """Ten new keys at once, five through each instance, under max_sessions 2: two admitted."""
+    results: list[Reservation | Refused] = []
+    async with two(backing) as (a, b):
+
+        async def one(store: StateStore, key: str) -> None:
+            results.append(await store.reserve("t1", SESSIONS, calls=0, slots=0, session=key))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(one, a if i % 2 else b, f"s{i}")
+        assert sum(isinstance(r, Reservation) for r in results) == 2
+        assert {r.quota for r in results if isinstance(r, Refused)} == {"max_sessions"}
+
+
+async def test_a_lost_claim_stops_counting(backing: Backing, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim whose replica never confirmed nor refunded it (it died) stops counting after
+    CLAIM_KEEP_S; an open session never does."""
+    from sandbox.state.postgres import quotas as pg_quotas
+    from sandbox.state.sqlite import quotas as lite_quotas
+
+    async with backing.open("a") as store:
+        kept = await store.reserve("t1", SESSIONS, session="open")
+        assert isinstance(kept, Reservation)
+        await store.confirm_session(kept)
+        assert isinstance(await store.reserve("t1", SESSIONS, session="lost"), Reservation)
+        assert isinstance(await store.reserve("t1", SESSIONS, session="new"), Refused)
+        monkeypatch.setattr(pg_quotas, "CLAIM_KEEP_S", 0.5)
+        monkeypatch.setattr(lite_quotas, "CLAIM_KEEP_S", 0.5)
+        await anyio.sleep(0.7)
+        fresh = await store.reserve("t1", SESSIONS, session="new")
+        assert isinstance(fresh, Reservation)  # "lost" went; "open" still counts
+        assert isinstance(await store.reserve("t1", SESSIONS, session="third"), Refused)

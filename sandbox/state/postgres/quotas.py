@@ -14,6 +14,9 @@ from typing import Any
 from sandbox.state.protocol import QuotaLimits, Refused, Reservation
 
 WINDOW_S = 60.0
+# a session key is claimed only while its first requests are admitted (seconds): a claim this old
+# was lost (its replica died before it confirmed or refunded) and stops counting
+CLAIM_KEEP_S = 120.0
 
 
 async def renew(conn: Any, owner: str, lease_s: float) -> None:
@@ -26,13 +29,22 @@ async def renew(conn: Any, owner: str, lease_s: float) -> None:
 
 
 async def reserve(
-    conn: Any, owner: str, lease_s: float, tenant: str, limits: QuotaLimits, calls: int, slots: int
+    conn: Any,
+    owner: str,
+    lease_s: float,
+    tenant: str,
+    limits: QuotaLimits,
+    calls: int,
+    slots: int,
+    session: str | None = None,
 ) -> Reservation | Refused:
-    """Check and take, in one transaction on `conn` (see the module's docstring).
+    """Check and take, in one transaction on `conn` (see the module's docstring); with `session`
+    and `limits.max_sessions`, the session key too (QuotaStore.reserve).
 
     Pipelined: the lock, the lease, the clean-up and the counts go out together and come back in
     one round trip; the take (or nothing) and the commit in a second one.
     """
+    counted = session if limits.max_sessions else None
     async with conn.pipeline(), conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"sbx-quota|{tenant}",))
         await renew(conn, owner, lease_s)
@@ -53,13 +65,41 @@ async def reserve(
             "(SELECT coalesce(sum(slots), 0) FROM reservations WHERE tenant = %s)",
             (tenant, tenant, tenant),
         )
+        held_sessions = None
+        if counted is not None:  # in the same round trip
+            await conn.execute(
+                "DELETE FROM sbx_tenant_sessions WHERE tenant = %s AND NOT admitted "
+                "AND at < extract(epoch FROM clock_timestamp()) - %s",
+                (tenant, CLAIM_KEEP_S),
+            )
+            held_sessions = await conn.execute(
+                "SELECT (SELECT admitted FROM sbx_tenant_sessions WHERE tenant = %s AND key = %s), "
+                "(SELECT count(*) FROM sbx_tenant_sessions WHERE tenant = %s)",
+                (tenant, counted, tenant),
+            )
         now, count, oldest, held = await cur.fetchone()
+        admitted, open_sessions = (await held_sessions.fetchone()) if held_sessions is not None else (None, 0)
         if limits.max_calls_per_minute and calls and count + calls > limits.max_calls_per_minute:
             retry = max(1, int(WINDOW_S - (now - oldest)) + 1) if oldest is not None else 1
             return Refused("max_calls_per_minute", int(count), limits.max_calls_per_minute, retry)
         if limits.max_concurrent_calls and slots and held + slots > limits.max_concurrent_calls:
             return Refused("max_concurrent_calls", int(held), limits.max_concurrent_calls, 1)
-        reservation = Reservation(f"q-{secrets.token_hex(8)}", tenant, calls, slots)
+        claimed = None
+        if counted is not None and admitted is None:  # a new key: it counts toward max_sessions
+            if open_sessions >= limits.max_sessions:
+                return Refused("max_sessions", int(open_sessions), limits.max_sessions, 60)
+            await conn.execute(
+                "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) VALUES (%s, %s, false, 1, %s)",
+                (tenant, counted, now),
+            )
+            claimed = counted
+        elif counted is not None and not admitted:  # claimed by requests not admitted yet: share it
+            await conn.execute(
+                "UPDATE sbx_tenant_sessions SET holders = holders + 1 WHERE tenant = %s AND key = %s",
+                (tenant, counted),
+            )
+            claimed = counted
+        reservation = Reservation(f"q-{secrets.token_hex(8)}", tenant, calls, slots, claimed)
         await conn.execute(
             "INSERT INTO reservations (id, tenant, owner, slots, created) VALUES (%s, %s, %s, %s, %s)",
             (reservation.id, tenant, owner, slots, now),
@@ -73,13 +113,40 @@ async def reserve(
 
 
 async def release(conn: Any, reservation: Reservation, *, refund: bool) -> None:
-    """The reservation's slots go back (and its starts too when `refund`)."""
+    """The reservation's slots go back (and its starts and its share of a session claim too
+    when `refund`)."""
     if not refund:  # one statement: no transaction to open and close
         await conn.execute("DELETE FROM reservations WHERE id = %s", (reservation.id,))
         return
     async with conn.pipeline(), conn.transaction():
         await conn.execute("DELETE FROM reservations WHERE id = %s", (reservation.id,))
         await conn.execute("DELETE FROM call_starts WHERE reservation = %s", (reservation.id,))
+        if reservation.session is not None:  # the last refused request on a key never admitted frees it
+            await conn.execute(
+                "UPDATE sbx_tenant_sessions SET holders = holders - 1 WHERE tenant = %s AND key = %s AND NOT admitted",
+                (reservation.tenant, reservation.session),
+            )
+            await conn.execute(
+                "DELETE FROM sbx_tenant_sessions WHERE tenant = %s AND key = %s AND NOT admitted AND holders <= 0",
+                (reservation.tenant, reservation.session),
+            )
+
+
+async def confirm_session(conn: Any, reservation: Reservation) -> None:
+    """The claimed key is an open session (written again if a lost claim was cleaned up meanwhile)."""
+    if reservation.session is None:
+        return
+    await conn.execute(
+        "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) "
+        "VALUES (%s, %s, true, 0, extract(epoch FROM clock_timestamp())) "
+        "ON CONFLICT (tenant, key) DO UPDATE SET admitted = true, holders = 0",
+        (reservation.tenant, reservation.session),
+    )
+
+
+async def close_sessions(conn: Any, tenant: str, keys: list[str]) -> None:
+    """The keys no longer count toward the tenant's max_sessions."""
+    await conn.execute("DELETE FROM sbx_tenant_sessions WHERE tenant = %s AND key = ANY(%s)", (tenant, keys))
 
 
 async def in_flight(conn: Any, tenant: str) -> int:
@@ -97,4 +164,5 @@ async def drop_owner(conn: Any, owner: str) -> None:
     """A store closing cleanly: what it still holds goes back at once (no lease to wait out)."""
     async with conn.transaction():
         await conn.execute("DELETE FROM reservations WHERE owner = %s", (owner,))
+        await conn.execute("DELETE FROM sbx_sandbox_makes WHERE owner = %s", (owner,))
         await conn.execute("DELETE FROM owners WHERE owner = %s", (owner,))

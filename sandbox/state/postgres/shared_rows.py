@@ -1,12 +1,12 @@
 """The PostgreSQL store's shared rows beyond calls, quotas and approvals: shipped events and
 the progress broadcast, tenant tokens, session uids, pool claims, session records and loop
-history. A mixin of :class:`~sandbox.state.postgres.store.PostgresStore` (its pool and its URL);
+history, sandboxes being made. A mixin of :class:`~sandbox.state.postgres.store.PostgresStore` (its pool and its URL);
 each method is one pooled connection over the SQL of its own module."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 from sandbox.journal.queries import Event, EventPage
 from sandbox.state.postgres import engine_state, events, loops, tokens
 from sandbox.state.postgres.listen import Wakeups
-from sandbox.state.protocol import SharedPrune
+from sandbox.state.protocol import Refused, SharedPrune
 
 if TYPE_CHECKING:
     from sandbox.config.state import StateUrl
@@ -29,6 +29,8 @@ class SharedRowsMixin:
 
     if TYPE_CHECKING:  # provided by PostgresStore
         url: StateUrl
+        owner: str
+        lease_s: float
 
         def _conn(self) -> AbstractAsyncContextManager[Any]: ...
 
@@ -116,6 +118,18 @@ class SharedRowsMixin:
         """See :class:`~sandbox.state.protocol.SharedPoolClaims`."""
         async with self._conn() as conn:
             return await engine_state.claim_member(conn, container_id, session)
+
+    async def take_sandbox(
+        self, tenant: str, scope_key: str, limit: int, listed: Callable[[], Awaitable[set[str]]]
+    ) -> str | Refused | None:
+        """See :class:`~sandbox.state.protocol.SandboxMakes`."""
+        async with self._conn() as conn:
+            return await engine_state.take_sandbox(conn, self.owner, self.lease_s, tenant, scope_key, limit, listed)
+
+    async def release_sandbox(self, make_id: str) -> None:
+        """See :class:`~sandbox.state.protocol.SandboxMakes`."""
+        async with self._conn() as conn:
+            await engine_state.release_sandbox(conn, make_id)
 
     async def session_record(self, tenant: str, session: str, kind: str, key: str) -> str | None:
         """See :class:`~sandbox.state.protocol.SessionRecords`."""

@@ -87,11 +87,21 @@ class PostgresStore(SharedRowsMixin):
             await conn.execute("SELECT 1")
 
     async def reserve(
-        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1
+        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1, session: str | None = None
     ) -> Reservation | Refused:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
         async with self._conn() as conn:
-            return await quotas.reserve(conn, self.owner, self.lease_s, tenant, limits, calls, slots)
+            return await quotas.reserve(conn, self.owner, self.lease_s, tenant, limits, calls, slots, session)
+
+    async def confirm_session(self, reservation: Reservation) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        async with self._conn() as conn:
+            await quotas.confirm_session(conn, reservation)
+
+    async def close_sessions(self, tenant: str, keys: list[str]) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        async with self._conn() as conn:
+            await quotas.close_sessions(conn, tenant, keys)
 
     async def release(self, reservation: Reservation) -> None:
         """See :class:`~sandbox.state.protocol.QuotaStore`; when the store does not answer, the

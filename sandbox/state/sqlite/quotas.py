@@ -15,6 +15,7 @@ from sandbox.journal.owners import owner_alive
 from sandbox.state.protocol import QuotaLimits, Refused, Reservation
 
 WINDOW_S = 60.0
+CLAIM_KEEP_S = 120.0  # a session claim this old was lost (postgres/quotas.py says why)
 
 
 def renew(db: sqlite3.Connection, owner: str, lease_s: float) -> None:
@@ -38,9 +39,17 @@ def _forget_dead(db: sqlite3.Connection, tenant: str, now: float) -> None:
 
 
 def reserve(
-    db: sqlite3.Connection, owner: str, lease_s: float, tenant: str, limits: QuotaLimits, calls: int, slots: int
+    db: sqlite3.Connection,
+    owner: str,
+    lease_s: float,
+    tenant: str,
+    limits: QuotaLimits,
+    calls: int,
+    slots: int,
+    session: str | None = None,
 ) -> Reservation | Refused:
-    """Check and take in one write transaction (see the module's docstring)."""
+    """Check and take in one write transaction (see the module's docstring); with `session` and
+    `limits.max_sessions`, the session key too (QuotaStore.reserve)."""
     db.execute("BEGIN IMMEDIATE")
     try:
         now = time.time()
@@ -48,10 +57,13 @@ def reserve(
         _forget_dead(db, tenant, now)
         db.execute("DELETE FROM call_starts WHERE tenant = ? AND started < ?", (tenant, now - WINDOW_S))
         refused = _check(db, tenant, limits, calls, slots, now)
+        claimed: str | None = None
+        if refused is None and session is not None and limits.max_sessions:
+            refused, claimed = _take_session(db, tenant, session, limits.max_sessions, now)
         if refused is not None:
             db.execute("COMMIT")  # the lease and the clean-up hold; nothing was taken
             return refused
-        reservation = Reservation(f"q-{secrets.token_hex(8)}", tenant, calls, slots)
+        reservation = Reservation(f"q-{secrets.token_hex(8)}", tenant, calls, slots, claimed)
         db.execute(
             "INSERT INTO reservations (id, tenant, owner, slots, created) VALUES (?, ?, ?, ?, ?)",
             (reservation.id, tenant, owner, slots, now),
@@ -84,13 +96,63 @@ def _check(
     return None
 
 
+def _take_session(
+    db: sqlite3.Connection, tenant: str, key: str, limit: int, now: float
+) -> tuple[Refused | None, str | None]:
+    """A key held open costs nothing; a claimed one is shared; a new one is claimed if it fits.
+    Returns what refuses it (or None) and the key claimed (or None)."""
+    db.execute(
+        "DELETE FROM sbx_tenant_sessions WHERE tenant = ? AND NOT admitted AND at < ?", (tenant, now - CLAIM_KEEP_S)
+    )
+    row = db.execute("SELECT admitted FROM sbx_tenant_sessions WHERE tenant = ? AND key = ?", (tenant, key)).fetchone()
+    if row is not None and row[0]:
+        return None, None
+    if row is not None:
+        db.execute("UPDATE sbx_tenant_sessions SET holders = holders + 1 WHERE tenant = ? AND key = ?", (tenant, key))
+        return None, key
+    (held,) = db.execute("SELECT count(*) FROM sbx_tenant_sessions WHERE tenant = ?", (tenant,)).fetchone()
+    if held >= limit:
+        return Refused("max_sessions", int(held), limit, 60), None
+    db.execute(
+        "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) VALUES (?, ?, 0, 1, ?)",
+        (tenant, key, now),
+    )
+    return None, key
+
+
+def confirm_session(db: sqlite3.Connection, reservation: Reservation) -> None:
+    """The claimed key is an open session (written again if a lost claim was cleaned up meanwhile)."""
+    if reservation.session is None:
+        return
+    db.execute(
+        "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) VALUES (?, ?, 1, 0, ?) "
+        "ON CONFLICT (tenant, key) DO UPDATE SET admitted = 1, holders = 0",
+        (reservation.tenant, reservation.session, time.time()),
+    )
+
+
+def close_sessions(db: sqlite3.Connection, tenant: str, keys: list[str]) -> None:
+    """The keys no longer count toward the tenant's max_sessions."""
+    db.executemany("DELETE FROM sbx_tenant_sessions WHERE tenant = ? AND key = ?", [(tenant, k) for k in keys])
+
+
 def release(db: sqlite3.Connection, reservation: Reservation, *, refund: bool) -> None:
-    """The reservation's slots go back (and its starts too when `refund`)."""
+    """The reservation's slots go back (and its starts and its share of a session claim too
+    when `refund`)."""
     db.execute("BEGIN IMMEDIATE")
     try:
         db.execute("DELETE FROM reservations WHERE id = ?", (reservation.id,))
         if refund:
             db.execute("DELETE FROM call_starts WHERE reservation = ?", (reservation.id,))
+        if refund and reservation.session is not None:  # the last refused request on a new key frees it
+            key = (reservation.tenant, reservation.session)
+            db.execute(
+                "UPDATE sbx_tenant_sessions SET holders = holders - 1 WHERE tenant = ? AND key = ? AND NOT admitted",
+                key,
+            )
+            db.execute(
+                "DELETE FROM sbx_tenant_sessions WHERE tenant = ? AND key = ? AND NOT admitted AND holders <= 0", key
+            )
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

@@ -83,10 +83,18 @@ class SqliteStore:
         await self._run(lambda db: db.execute("SELECT 1").fetchone())
 
     async def reserve(
-        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1
+        self, tenant: str, limits: QuotaLimits, *, calls: int = 1, slots: int = 1, session: str | None = None
     ) -> Reservation | Refused:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
-        return await self._run(quotas.reserve, self.owner, self.lease_s, tenant, limits, calls, slots)
+        return await self._run(quotas.reserve, self.owner, self.lease_s, tenant, limits, calls, slots, session)
+
+    async def confirm_session(self, reservation: Reservation) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        await self._run(quotas.confirm_session, reservation)
+
+    async def close_sessions(self, tenant: str, keys: list[str]) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`."""
+        await self._run(quotas.close_sessions, tenant, keys)
 
     async def release(self, reservation: Reservation) -> None:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
