@@ -22,7 +22,7 @@ from sandbox.errors import UsageError
 @click.pass_obj
 @handled
 def serve(state: State, host: str, port: int, grace: int) -> None:
-    """Serve the HTTP API (tenants authenticate with bearer tokens; see README, Service)."""
+    """Serve the HTTP API (tenants authenticate with bearer tokens; see docs/service.md)."""
     try:
         # here, and the service's extra (fastapi, uvicorn) may be missing: said plainly
         from sandbox.api import serving

@@ -335,7 +335,7 @@ class SandboxConfig(StrictModel):
     workspace_store: Literal["host", "volume"] = "host"
     # bytes a writable workspace may hold (measured); 0 disables the quota
     workspace_quota: str = Field("1g", pattern=r"^\d+[bkmgBKMG]?$")
-    # a uid of its own for each session in an agent- or shared-scope container (see README)
+    # a uid of its own for each session in an agent- or shared-scope container (see docs/security.md)
     session_users: SessionUsers = "auto"
     docker: DockerConfig = DockerConfig()
     browser: BrowserConfig = BrowserConfig()

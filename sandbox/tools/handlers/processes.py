@@ -48,7 +48,7 @@ def session_env(ctx: ToolContext) -> dict[str, str]:
     """Environment every command of a sandboxed session gets: a TMPDIR of its own.
 
     Sessions sharing a container (agent or shared scope) then do not trip over each other's
-    temporary file names; they still share /tmp's size (see README, what sessions share).
+    temporary file names; they still share /tmp's size (see docs/security.md, what sessions share).
     """
     if not ctx.sandboxed:
         return {}
