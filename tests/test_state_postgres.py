@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psycopg
@@ -111,4 +112,44 @@ async def test_a_release_the_server_missed_is_given_back_once_it_returns(tmp_pat
 def _held(pg_url: str) -> int:
     with psycopg.connect(pg_url) as conn:
         row = conn.execute("SELECT count(*) FROM reservations").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_a_sandbox_make_and_a_session_close_the_server_missed_land_once_it_returns(tmp_path: Path) -> None:
+    """The server stops while a call holds a sandbox make and a session is open: the make's
+    release and the session's close fail with SERVICE_UNAVAILABLE; once the server is back, the
+    store lands both by itself (a live replica's lease would never free them)."""
+
+    async def empty() -> set[str]:
+        return set()
+
+    server = start_server()
+    try:
+        pg_url = create_database(server)
+        url = parse_state_url(pg_url)
+        await migrate_store(url, tmp_path)
+        async with open_store(url, tmp_path, owner="replica", lease_s=1.5) as store:
+            shared: Any = store
+            make = await shared.take_sandbox("t1", "box", 1, empty)
+            assert isinstance(make, str)
+            opened = await store.reserve("t1", QuotaLimits(max_sessions=1), session="s1")
+            assert isinstance(opened, Reservation) and await store.confirm_session(opened, 1)
+            await anyio.to_thread.run_sync(server.stop)
+            for give_back in (lambda: shared.release_sandbox(make), lambda: store.close_sessions("t1", ["s1"])):
+                with pytest.raises(SandboxError) as info:
+                    await give_back()
+                assert info.value.code == ErrorCode.SERVICE_UNAVAILABLE
+            await anyio.to_thread.run_sync(server.start)
+            with anyio.fail_after(60):  # renewals every 0.5 s; this bounds a broken store only
+                while _count(pg_url, "sbx_sandbox_makes") or _count(pg_url, "sbx_tenant_sessions"):
+                    await anyio.sleep(0.2)
+            assert isinstance(await shared.take_sandbox("t1", "other", 1, empty), str)
+            assert isinstance(await store.reserve("t1", QuotaLimits(max_sessions=1), session="s2"), Reservation)
+    finally:
+        server.stop()
+
+
+def _count(pg_url: str, table: str) -> int:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     return int(row[0]) if row else 0

@@ -36,7 +36,7 @@ from loguru import logger
 
 from sandbox.api.tenants import Caller
 from sandbox.errors import SandboxError
-from sandbox.runtime.protocol import unclaimed
+from sandbox.runtime.protocol import unclaimed, under_pool_name
 from sandbox.state import QuotaLimits, QuotaStore, Refused, Reservation
 from sandbox.state.protocol import SandboxMakes
 
@@ -77,6 +77,7 @@ class Ticket:
     sandbox: SandboxSpec | None = None
     shared: Reservation | None = None  # what the shared store holds for it (state.url: postgresql)
     make: str | None = None  # the shared store's count of the sandbox it makes (SandboxMakes)
+    max_sessions: int = 0  # the tenant's limit when it was admitted (a shared session claim's confirm)
 
 
 def _refuse(status: int, detail: str, retry_s: int | None) -> HTTPException:
@@ -202,13 +203,16 @@ class Admission:
         self._stopping()
         quotas = who.tenant.quotas
         self._never_fits(who, calls, slots)
-        outcome = await self.store.reserve(
-            who.tenant.id,
-            QuotaLimits(quotas.max_concurrent_calls or 0, quotas.max_calls_per_minute or 0, quotas.max_sessions or 0),
-            calls=calls,
-            slots=slots,
-            session=key,
+        limits = QuotaLimits(
+            quotas.max_concurrent_calls or 0, quotas.max_calls_per_minute or 0, quotas.max_sessions or 0
         )
+        # a quota that is not set takes no row (a tenant with max_sessions alone writes no starts)
+        counted_calls = calls if limits.max_calls_per_minute else 0
+        counted_slots = slots if limits.max_concurrent_calls else 0
+        with anyio.CancelScope(shield=True):  # what a committed reserve took is always given back
+            outcome = await self.store.reserve(
+                who.tenant.id, limits, calls=counted_calls, slots=counted_slots, session=key
+            )
         if isinstance(outcome, Refused):
             if outcome.quota == "max_sessions":
                 raise _refuse(
@@ -233,7 +237,7 @@ class Admission:
         use = self._of(who.tenant.id)
         use.in_flight += slots  # this process's calls: what a stopping service waits for
         self.metrics.in_flight.labels(who.tenant.id).inc(slots)
-        return Ticket(who.tenant.id, slots=slots, shared=outcome)
+        return Ticket(who.tenant.id, slots=slots, shared=outcome, max_sessions=limits.max_sessions)
 
     def _never_fits(self, who: Caller, calls: int, slots: int) -> None:
         """A batch larger than a quota can never run: 400, whatever is held now."""
@@ -260,14 +264,17 @@ class Admission:
         dies first, its lease runs out)."""
         reservation, ticket.shared = ticket.shared, None
         make, ticket.make = ticket.make, None
-        with anyio.CancelScope(shield=True):
-            try:
-                if make is not None and self.makes is not None:
+        with anyio.CancelScope(shield=True):  # each part on its own: one failing never keeps the other
+            if make is not None and self.makes is not None:
+                try:
                     await self.makes.release_sandbox(make)
-                if reservation is not None and self.store is not None:
+                except SandboxError as exc:  # the store retries it with its lease renewals
+                    logger.bind(tenant=ticket.tenant, error=exc.message[:200]).warning("sandbox_make_not_given_back")
+            if reservation is not None and self.store is not None:
+                try:
                     await (self.store.refund if refund else self.store.release)(reservation)
-            except SandboxError as exc:
-                logger.bind(tenant=ticket.tenant, error=exc.message[:200]).warning("quota_not_given_back")
+                except SandboxError as exc:
+                    logger.bind(tenant=ticket.tenant, error=exc.message[:200]).warning("quota_not_given_back")
 
     def _take_session(self, who: Caller, session: Session, ticket: Ticket) -> None:
         use = self._of(who.tenant.id)
@@ -292,7 +299,14 @@ class Admission:
     async def _confirm(self, ticket: Ticket) -> None:
         """Admitted: a key this request claimed is the tenant's session now (until closed)."""
         if ticket.shared is not None and ticket.shared.session is not None and self.store is not None:
-            await self.store.confirm_session(ticket.shared)
+            limit = ticket.max_sessions
+            if not await self.store.confirm_session(ticket.shared, limit):
+                raise _refuse(
+                    429,
+                    f"tenant {ticket.tenant!r} has {limit} open sessions (tenants[].quotas.max_sessions is {limit}; "
+                    "counted across replicas); close one with DELETE /v1/sessions/{key}",
+                    60,
+                )
             ticket.shared = dataclasses.replace(ticket.shared, session=None)  # open now: a refund keeps it
         if ticket.claim is not None:
             use = self._of(ticket.tenant)
@@ -336,11 +350,14 @@ class Admission:
         assert self.makes is not None
         tenant = who.tenant.id
 
+        # a sandbox is known by its container name here: a pool member another replica handed
+        # out carries its session's name, while its labels (and this process's claim files)
+        # still say `pool`; one under its pool name is no one's yet
         async def live() -> set[str]:
-            return {s.scope_key for s in await orch.manager.list() if s.tenant == tenant and not unclaimed(s)}
+            return {s.name for s in await orch.manager.list() if s.tenant == tenant and not under_pool_name(s)}
 
         limit = who.tenant.quotas.max_sandboxes
-        outcome = await self.makes.take_sandbox(tenant, spec.scope_key, limit, live)
+        outcome = await self.makes.take_sandbox(tenant, spec.name, limit, live)
         if isinstance(outcome, Refused):
             raise _refuse(
                 429,
@@ -407,4 +424,7 @@ class Admission:
             use.claims.pop(key, None)
         if self.store is not None and keys:
             with anyio.CancelScope(shield=True):
-                await self.store.close_sessions(tenant, keys)
+                try:
+                    await self.store.close_sessions(tenant, keys)
+                except SandboxError as exc:  # the store retries it with its lease renewals
+                    logger.bind(tenant=tenant, error=exc.message[:200]).warning("sessions_not_closed_in_store")

@@ -143,6 +143,12 @@ def pool_member(info: SandboxInfo) -> bool:
     return bool(info.labels.get(Labels.POOL))
 
 
+def under_pool_name(info: SandboxInfo) -> bool:
+    """Still under its pool name: never handed out (a hand-over renames it to its session's
+    sandbox). Unlike :func:`unclaimed`, true for every process that lists it, whichever handed it out."""
+    return pool_member(info) and info.name.startswith(f"sbx-{info.instance}-pool-")
+
+
 def unclaimed(info: SandboxInfo) -> bool:
     """A pool sandbox no session has yet (it counts against no tenant's quota)."""
     return pool_member(info) and info.scope == "pool"

@@ -97,8 +97,12 @@ class QuotaStore(Protocol):
         """
         ...
 
-    async def confirm_session(self, reservation: Reservation) -> None:
-        """The request was admitted: the session key it claimed is the tenant's open session now."""
+    async def confirm_session(self, reservation: Reservation, limit: int) -> bool:
+        """The request was admitted: the session key it claimed is the tenant's open session now.
+
+        If the claim went meanwhile (the key was closed while its first request was admitted,
+        or the claim was lost), the key takes a place again only when one of `limit` is free:
+        False when none is (the caller refuses the request)."""
         ...
 
     async def close_sessions(self, tenant: str, keys: list[str]) -> None:
@@ -255,6 +259,7 @@ class EventStore(Protocol):
         until: float | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        tool: str | None = None,
     ) -> EventPage:
         """One page of every replica's events, newest first (Journal.page's contract).
 
@@ -388,16 +393,18 @@ class SandboxMakes(Protocol):
     """Sandboxes being made, toward a tenant's max_sandboxes across replicas on one engine."""
 
     async def take_sandbox(
-        self, tenant: str, scope_key: str, limit: int, listed: Callable[[], Awaitable[set[str]]]
+        self, tenant: str, sandbox: str, limit: int, listed: Callable[[], Awaitable[set[str]]]
     ) -> str | Refused | None:
-        """Count `scope_key` toward `tenant`'s `limit` sandboxes, one replica at a time per tenant.
+        """Count `sandbox` (a name unique to it, e.g. its container's) toward `tenant`'s `limit`.
 
-        `listed` reads the tenant's live sandboxes (scope keys) from the engine while the
-        tenant's turn is held, so a sandbox another replica made is either in that list or
-        still being made here.
+        The make is recorded first, under the tenant's lock, with the makes of other running
+        calls read in the same step; `listed` (the tenant's live sandboxes, from the engine) is
+        read after, with no lock held. A make released in between has its sandbox in that list,
+        and a make recorded later counts this one: of two replicas making the last sandbox, the
+        later refuses.
 
         Returns:
-            None when `scope_key` is live already (nothing to make); the id of the make to give
+            None when `sandbox` is live already (nothing to make); the id of the make to give
             back with :meth:`release_sandbox` when the call ends; Refused past the limit.
         """
         ...

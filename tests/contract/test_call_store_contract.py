@@ -406,7 +406,7 @@ async def test_sandboxes_made_at_once_through_two_replicas_never_pass_max_sandbo
                 group.start_soon(ask, (a, b)[n % 2], n)
         granted = [k for k, v in outcomes.items() if isinstance(v, str)]
         assert len(granted) == 1, outcomes
-        assert all(v.quota == "max_sandboxes" and v.held == 1 for v in outcomes.values() if isinstance(v, Refused))
+        assert all(v.quota == "max_sandboxes" and v.held >= 1 for v in outcomes.values() if isinstance(v, Refused))
         engine.add(granted[0])  # its sandbox exists, and its call ended
         await a.release_sandbox(outcomes[granted[0]])  # type: ignore[attr-defined]
         assert await b.take_sandbox("acme", granted[0], 1, listed) is None  # type: ignore[attr-defined]
@@ -418,3 +418,76 @@ async def test_sandboxes_made_at_once_through_two_replicas_never_pass_max_sandbo
             conn.execute("UPDATE owners SET lease_until = 0 WHERE owner = %s", (a.owner,))
         again = await b.take_sandbox("globex", "g2", 1, listed)  # type: ignore[attr-defined]
         assert isinstance(again, str), again  # the dead owner's make stopped counting
+
+
+@pytest.mark.postgres
+async def test_a_make_released_while_another_replica_lists_the_engine_is_still_counted(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """B records its make and starts listing the engine; meanwhile A's call makes its sandbox
+    and releases its make, after B's engine list was read: B still sees A's make (read before
+    its list), so under a limit of 1 it refuses."""
+    from sandbox.state.protocol import Refused
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    engine: set[str] = set()
+    async with (
+        open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as a,
+        open_store(url, tmp_path, owner="b@elsewhere|boot|1|1") as b,
+    ):
+
+        async def listed_now() -> set[str]:
+            return set(engine)
+
+        first = await a.take_sandbox("acme", "box-a", 1, listed_now)  # type: ignore[attr-defined]
+        assert isinstance(first, str)
+
+        async def listed_before_a_finishes() -> set[str]:
+            snapshot = set(engine)  # the list B reads: from before A's sandbox exists
+            engine.add("box-a")  # then A's call makes its sandbox and ends
+            await a.release_sandbox(first)  # type: ignore[attr-defined]
+            return snapshot
+
+        outcome = await b.take_sandbox("acme", "box-b", 1, listed_before_a_finishes)  # type: ignore[attr-defined]
+        assert isinstance(outcome, Refused) and outcome.held == 1, outcome
+
+
+@pytest.mark.postgres
+async def test_one_tenants_slow_engine_list_holds_no_lock_of_anyone_else(pg_url: str, tmp_path: Path) -> None:
+    """While tenant noisy's new-sandbox check waits for a stalled engine list, another tenant's
+    reservation and sandbox check, the same tenant's reservation and the lease renewal all
+    finish through the same store instance (nothing is locked across the engine call)."""
+    from sandbox.state import QuotaLimits, Reservation
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    stalled, release = anyio.Event(), anyio.Event()
+
+    async def stalled_list() -> set[str]:
+        stalled.set()
+        await release.wait()
+        return set()
+
+    async def empty() -> set[str]:
+        return set()
+
+    async with open_store(url, tmp_path, owner="a@elsewhere|boot|1|1") as store:
+        shared: Any = store
+        done: list[str] = []
+        async with anyio.create_task_group() as group:
+
+            async def noisy() -> None:
+                assert isinstance(await shared.take_sandbox("noisy", "n1", 5, stalled_list), str)
+                done.append("noisy")
+
+            group.start_soon(noisy)
+            await stalled.wait()
+            with anyio.fail_after(30):  # a bound for a broken store only; each takes milliseconds
+                assert isinstance(await store.reserve("quiet", QuotaLimits(max_concurrent_calls=1)), Reservation)
+                assert isinstance(await shared.take_sandbox("quiet", "q1", 1, empty), str)
+                assert isinstance(await store.reserve("noisy", QuotaLimits(max_concurrent_calls=1)), Reservation)
+                await store.renew_lease()
+                done.append("others")
+            release.set()
+        assert done == ["others", "noisy"]

@@ -359,14 +359,14 @@ async def test_a_new_session_key_is_claimed_then_open_and_costs_nothing_again(ba
     async with backing.open("a") as store:
         first = await store.reserve("t1", SESSIONS, session="s1")
         assert isinstance(first, Reservation) and first.session == "s1"
-        await store.confirm_session(first)
+        assert await store.confirm_session(first, 2)
         await store.release(first)
         again = await store.reserve("t1", SESSIONS, session="s1")
         assert isinstance(again, Reservation) and again.session is None  # open already: nothing claimed
         await store.refund(again)  # a refused later request never frees an open session
         second = await store.reserve("t1", SESSIONS, session="s2")
         assert isinstance(second, Reservation)
-        await store.confirm_session(second)
+        assert await store.confirm_session(second, 2)
         third = await store.reserve("t1", SESSIONS, session="s3")
         assert isinstance(third, Refused) and (third.quota, third.held, third.limit) == ("max_sessions", 2, 2)
         assert isinstance(await store.reserve("t2", SESSIONS, session="s3"), Reservation)  # another tenant's own
@@ -399,11 +399,12 @@ async def test_a_refused_call_refunds_its_session_claim_in_the_same_step(backing
         refused = await store.reserve("t1", limits, session="s2")
         assert isinstance(refused, Refused) and refused.quota == "max_concurrent_calls"
         await store.release(running)
-        for key in ("s2", "s3", "s4", "s5"):  # s1 claimed, s2 never taken: four more fit
+        for key in ("s3", "s4", "s5", "s6"):  # s1 claimed, s2 never taken: four more new keys fit
             taken = await store.reserve("t1", limits, session=key)
             assert isinstance(taken, Reservation), taken
             await store.release(taken)
-        assert isinstance(await store.reserve("t1", limits, session="s6"), Refused)
+        refused_too = await store.reserve("t1", limits, session="s7")
+        assert isinstance(refused_too, Refused) and refused_too.quota == "max_sessions"
 
 
 async def test_a_burst_of_new_sessions_across_two_instances_never_passes_max_sessions(backing: Backing) -> None:
@@ -430,7 +431,7 @@ async def test_a_lost_claim_stops_counting(backing: Backing, monkeypatch: pytest
     async with backing.open("a") as store:
         kept = await store.reserve("t1", SESSIONS, session="open")
         assert isinstance(kept, Reservation)
-        await store.confirm_session(kept)
+        assert await store.confirm_session(kept, 2)
         assert isinstance(await store.reserve("t1", SESSIONS, session="lost"), Reservation)
         assert isinstance(await store.reserve("t1", SESSIONS, session="new"), Refused)
         monkeypatch.setattr(pg_quotas, "CLAIM_KEEP_S", 0.5)
@@ -439,3 +440,27 @@ async def test_a_lost_claim_stops_counting(backing: Backing, monkeypatch: pytest
         fresh = await store.reserve("t1", SESSIONS, session="new")
         assert isinstance(fresh, Reservation)  # "lost" went; "open" still counts
         assert isinstance(await store.reserve("t1", SESSIONS, session="third"), Refused)
+
+
+async def test_a_session_closed_before_its_first_request_is_admitted_takes_a_place_only_if_one_is_free(
+    backing: Backing,
+) -> None:
+    """DELETE of a key whose first request is still being admitted frees its place; another key
+    takes it; the first request's confirm then finds no place and is refused (the caller answers
+    429), so the tenant never holds more open sessions than its limit."""
+    one = QuotaLimits(max_sessions=1)
+    async with backing.open("a") as store:
+        first = await store.reserve("t1", one, session="k1")
+        assert isinstance(first, Reservation) and first.session == "k1"
+        await store.close_sessions("t1", ["k1"])
+        second = await store.reserve("t1", one, session="k2")
+        assert isinstance(second, Reservation)
+        assert await store.confirm_session(second, 1)
+        assert not await store.confirm_session(first, 1)
+        await store.refund(first)
+        assert isinstance(await store.reserve("t1", one, session="k3"), Refused)  # k2 alone is open
+        await store.close_sessions("t1", ["k2"])
+        late = await store.reserve("t1", one, session="k4")
+        assert isinstance(late, Reservation)
+        await store.close_sessions("t1", ["k4"])
+        assert await store.confirm_session(late, 1)  # closed meanwhile, but a place is free: it takes it

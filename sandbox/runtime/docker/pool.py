@@ -36,7 +36,7 @@ from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.runtime import pool_plan
 from sandbox.runtime.docker.sandbox import DockerSandbox
 from sandbox.runtime.naming import Labels
-from sandbox.runtime.protocol import Sandbox, SandboxInfo, pool_member
+from sandbox.runtime.protocol import Sandbox, SandboxInfo, pool_member, under_pool_name
 from sandbox.runtime.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ class WarmPool:
 
     def _free_name(self, info: SandboxInfo) -> bool:
         """Still under its pool name: never handed out (a hand-over renames it)."""
-        return info.name.startswith(f"sbx-{self.manager.instance}-pool-")
+        return under_pool_name(info)
 
     async def _members(self, key: str) -> list[SandboxInfo]:
         found = await self.backend.list(instance=self.manager.instance, kind="exec")

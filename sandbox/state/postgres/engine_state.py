@@ -2,16 +2,12 @@
 SharedPoolClaims of sandbox/state/protocol.py): a session uid is claimed by one INSERT against the
 table's two unique keys, so of replicas claiming at once one wins and a session holds one uid
 per container; a warm-pool member is claimed by one INSERT on its container id; a sandbox being
-made counts toward its tenant's max_sandboxes under the tenant's lock."""
+made is recorded under the tenant's lock before the engine is listed (record_make)."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
 from typing import Any
-
-from sandbox.state.postgres import quotas
-from sandbox.state.protocol import Refused
 
 
 async def find(conn: Any, scope: str, session: str) -> tuple[int, str] | None:
@@ -115,43 +111,29 @@ async def prune(conn: Any, older_than: float) -> None:
     )
 
 
-async def take_sandbox(
-    conn: Any,
-    owner: str,
-    lease_s: float,
-    tenant: str,
-    scope_key: str,
-    limit: int,
-    listed: Callable[[], Awaitable[set[str]]],
-) -> str | Refused | None:
-    """Count a sandbox about to be made toward the tenant's `limit` (SandboxMakes.take_sandbox):
-    the tenant's advisory lock is held while the engine is listed, so of two replicas making
-    sandboxes at once the second sees the first's make (still running) or its sandbox (listed)."""
+async def record_make(conn: Any, owner: str, tenant: str, sandbox: str) -> tuple[str, set[str]]:
+    """Record a sandbox about to be made for `tenant`, under the tenant's advisory lock in one
+    short transaction; return the make's id and the sandboxes other running calls are making
+    (SandboxMakes.take_sandbox lists the engine after this, with no transaction open)."""
+    make_id = f"m-{secrets.token_hex(8)}"
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"sbx-sandboxes|{tenant}",))
-        await quotas.renew(conn, owner, lease_s)  # this owner's makes must not look dead to the next one
         # a make whose owner is gone no longer counts: its sandbox, if made, is in the list
         await conn.execute(
             "DELETE FROM sbx_sandbox_makes m WHERE m.tenant = %s AND NOT EXISTS (SELECT 1 FROM owners o "
             "WHERE o.owner = m.owner AND o.lease_until >= extract(epoch FROM clock_timestamp()))",
             (tenant,),
         )
-        live = await listed()
-        if scope_key in live:
-            return None
         cur = await conn.execute("SELECT DISTINCT scope_key FROM sbx_sandbox_makes WHERE tenant = %s", (tenant,))
-        held = live | {str(row[0]) for row in await cur.fetchall()}
-        if scope_key not in held and len(held) >= limit:
-            return Refused("max_sandboxes", len(held), limit, 60)
-        make_id = f"m-{secrets.token_hex(8)}"
+        making = {str(row[0]) for row in await cur.fetchall()}
         await conn.execute(
             "INSERT INTO sbx_sandbox_makes (id, tenant, scope_key, owner, at) "
             "VALUES (%s, %s, %s, %s, extract(epoch FROM clock_timestamp()))",
-            (make_id, tenant, scope_key, owner),
+            (make_id, tenant, sandbox, owner),
         )
-        return make_id
+    return make_id, making
 
 
 async def release_sandbox(conn: Any, make_id: str) -> None:
-    """The make's call ended."""
+    """The make's call ended (or it was refused)."""
     await conn.execute("DELETE FROM sbx_sandbox_makes WHERE id = %s", (make_id,))

@@ -106,12 +106,13 @@ async def page(
     until: float | None,
     cursor: str | None,
     limit: int,
+    tool: str | None = None,
 ) -> EventPage:
     """One page, newest first, with the cursor of the next (older) one (see Journal.page)."""
     check_limit(limit)
     where: list[str] = []
     args: list[Any] = []
-    for column, value in (("tenant", tenant), ("session", session), ("trace_id", trace_id)):
+    for column, value in (("tenant", tenant), ("session", session), ("trace_id", trace_id), ("tool", tool)):
         if value is not None:
             where.append(f"{column} = %s")
             args.append(_text(value))

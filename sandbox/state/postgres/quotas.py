@@ -132,16 +132,31 @@ async def release(conn: Any, reservation: Reservation, *, refund: bool) -> None:
             )
 
 
-async def confirm_session(conn: Any, reservation: Reservation) -> None:
-    """The claimed key is an open session (written again if a lost claim was cleaned up meanwhile)."""
+async def confirm_session(conn: Any, reservation: Reservation, limit: int) -> bool:
+    """The claimed key is an open session now. When its claim went meanwhile (the session was
+    closed, or the claim was lost), it takes a place again only if one is free: False when none is."""
     if reservation.session is None:
-        return
-    await conn.execute(
-        "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) "
-        "VALUES (%s, %s, true, 0, extract(epoch FROM clock_timestamp())) "
-        "ON CONFLICT (tenant, key) DO UPDATE SET admitted = true, holders = 0",
-        (reservation.tenant, reservation.session),
+        return True
+    key = (reservation.tenant, reservation.session)
+    cur = await conn.execute(
+        "UPDATE sbx_tenant_sessions SET admitted = true, holders = 0 WHERE tenant = %s AND key = %s RETURNING 1", key
     )
+    if await cur.fetchone() is not None:
+        return True
+    async with conn.transaction():
+        lock = f"sbx-quota|{reservation.tenant}"  # the lock reserve() takes: the count cannot move meanwhile
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+        cur = await conn.execute("SELECT count(*) FROM sbx_tenant_sessions WHERE tenant = %s", (reservation.tenant,))
+        row = await cur.fetchone()
+        if limit and row is not None and int(row[0]) >= limit:
+            return False
+        await conn.execute(
+            "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) "
+            "VALUES (%s, %s, true, 0, extract(epoch FROM clock_timestamp())) "
+            "ON CONFLICT (tenant, key) DO UPDATE SET admitted = true, holders = 0",
+            key,
+        )
+    return True
 
 
 async def close_sessions(conn: Any, tenant: str, keys: list[str]) -> None:

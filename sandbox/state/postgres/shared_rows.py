@@ -5,6 +5,7 @@ each method is one pooled connection over the SQL of its own module."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -13,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskStatus
 
+from sandbox.errors import SandboxError
 from sandbox.journal.queries import Event, EventPage
-from sandbox.state.postgres import engine_state, events, loops, tokens
+from sandbox.state.postgres import engine_state, events, loops, quotas, tokens
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.protocol import Refused, SharedPrune
 
@@ -30,7 +32,8 @@ class SharedRowsMixin:
     if TYPE_CHECKING:  # provided by PostgresStore
         url: StateUrl
         owner: str
-        lease_s: float
+        _unreleased_makes: set[str]  # makes whose release failed: retried (_retry_releases)
+        _unclosed: list[tuple[str, list[str]]]  # sessions whose close failed: retried
 
         def _conn(self) -> AbstractAsyncContextManager[Any]: ...
 
@@ -54,12 +57,13 @@ class SharedRowsMixin:
         until: float | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        tool: str | None = None,
     ) -> EventPage:
         """See :class:`~sandbox.state.protocol.EventStore`."""
         async with self._conn() as conn:
             return await events.page(
                 conn, tenant=tenant, session=session, trace_id=trace_id, since=since, until=until, cursor=cursor,
-                limit=limit,
+                limit=limit, tool=tool,
             )  # fmt: skip
 
     async def prune_events(self, *, max_age_s: float | None, max_bytes: int | None) -> SharedPrune:
@@ -120,16 +124,65 @@ class SharedRowsMixin:
             return await engine_state.claim_member(conn, container_id, session)
 
     async def take_sandbox(
-        self, tenant: str, scope_key: str, limit: int, listed: Callable[[], Awaitable[set[str]]]
+        self, tenant: str, sandbox: str, limit: int, listed: Callable[[], Awaitable[set[str]]]
     ) -> str | Refused | None:
-        """See :class:`~sandbox.state.protocol.SandboxMakes`."""
+        """See :class:`~sandbox.state.protocol.SandboxMakes`.
+
+        The make is recorded first (under the tenant's lock, engine_state.record_make), then the
+        engine is listed with no transaction or connection held: a make released meanwhile has
+        its sandbox in the list, and a make recorded after this one counts this one. One
+        tenant's slow engine list holds nobody's lock.
+        """
         async with self._conn() as conn:
-            return await engine_state.take_sandbox(conn, self.owner, self.lease_s, tenant, scope_key, limit, listed)
+            make_id, making = await engine_state.record_make(conn, self.owner, tenant, sandbox)
+        try:
+            live = await listed()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._drop_make(make_id)
+            raise
+        held = live | making
+        if sandbox in live:
+            await self._drop_make(make_id)
+            return None
+        if sandbox not in held and len(held) >= limit:
+            await self._drop_make(make_id)
+            return Refused("max_sandboxes", len(held), limit, 60)
+        return make_id
 
     async def release_sandbox(self, make_id: str) -> None:
-        """See :class:`~sandbox.state.protocol.SandboxMakes`."""
-        async with self._conn() as conn:
-            await engine_state.release_sandbox(conn, make_id)
+        """See :class:`~sandbox.state.protocol.SandboxMakes`; when the store does not answer, the
+        release raises and is retried with each lease renewal until it lands."""
+        try:
+            async with self._conn() as conn:
+                await engine_state.release_sandbox(conn, make_id)
+        except SandboxError:
+            self._unreleased_makes.add(make_id)
+            raise
+        self._unreleased_makes.discard(make_id)
+
+    async def _drop_make(self, make_id: str) -> None:
+        with contextlib.suppress(SandboxError):  # queued for the next renewal
+            await self.release_sandbox(make_id)
+
+    async def close_sessions(self, tenant: str, keys: list[str]) -> None:
+        """See :class:`~sandbox.state.protocol.QuotaStore`; retried like a release when the
+        store does not answer (a closed session must not keep its place)."""
+        try:
+            async with self._conn() as conn:
+                await quotas.close_sessions(conn, tenant, keys)
+        except SandboxError:
+            self._unclosed.append((tenant, keys))
+            raise
+
+    async def _retry_releases(self) -> None:
+        """What failed to go back while the store did not answer (each lease renewal)."""
+        for make_id in list(self._unreleased_makes):
+            await self._drop_make(make_id)
+        unclosed, self._unclosed = self._unclosed, []
+        for tenant, keys in unclosed:
+            with contextlib.suppress(SandboxError):  # queued again
+                await self.close_sessions(tenant, keys)
 
     async def session_record(self, tenant: str, session: str, kind: str, key: str) -> str | None:
         """See :class:`~sandbox.state.protocol.SessionRecords`."""

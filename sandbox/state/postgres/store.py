@@ -70,6 +70,8 @@ class PostgresStore(SharedRowsMixin):
         self._gone_owner: dict[str, str] = {}  # call id -> the gone owner it was found with (orphans)
         self._steady_since: float | None = time.monotonic()  # renewed without a miss since (monotonic)
         self._untrack_later: set[str] = set()  # unkeyed records whose removal failed: retried
+        self._unreleased_makes: set[str] = set()  # sandbox makes whose release failed: retried
+        self._unclosed: list[tuple[str, list[str]]] = []  # session closes that failed: retried
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Any]:
@@ -93,15 +95,10 @@ class PostgresStore(SharedRowsMixin):
         async with self._conn() as conn:
             return await quotas.reserve(conn, self.owner, self.lease_s, tenant, limits, calls, slots, session)
 
-    async def confirm_session(self, reservation: Reservation) -> None:
+    async def confirm_session(self, reservation: Reservation, limit: int) -> bool:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
         async with self._conn() as conn:
-            await quotas.confirm_session(conn, reservation)
-
-    async def close_sessions(self, tenant: str, keys: list[str]) -> None:
-        """See :class:`~sandbox.state.protocol.QuotaStore`."""
-        async with self._conn() as conn:
-            await quotas.close_sessions(conn, tenant, keys)
+            return await quotas.confirm_session(conn, reservation, limit)
 
     async def release(self, reservation: Reservation) -> None:
         """See :class:`~sandbox.state.protocol.QuotaStore`; when the store does not answer, the
@@ -315,6 +312,7 @@ class PostgresStore(SharedRowsMixin):
                 self._steady_since = time.monotonic()
             await self._retry_give_backs()
             await self._retry_untracks()
+            await self._retry_releases()
 
 
 async def _open_pool(url: StateUrl, pool_max: int) -> Any:
@@ -373,6 +371,7 @@ async def open_postgres(
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(store.wakeups.run)
+            await store.renew_lease()  # at once: what this owner records must never look like a dead owner's
             tg.start_soon(store._renew_forever)
             try:
                 yield store

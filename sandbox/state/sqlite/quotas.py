@@ -120,15 +120,33 @@ def _take_session(
     return None, key
 
 
-def confirm_session(db: sqlite3.Connection, reservation: Reservation) -> None:
-    """The claimed key is an open session (written again if a lost claim was cleaned up meanwhile)."""
+def confirm_session(db: sqlite3.Connection, reservation: Reservation, limit: int) -> bool:
+    """The claimed key is an open session now; if its claim went meanwhile, it takes a place
+    again only if one is free (postgres/quotas.py says why): False when none is."""
     if reservation.session is None:
-        return
-    db.execute(
-        "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) VALUES (?, ?, 1, 0, ?) "
-        "ON CONFLICT (tenant, key) DO UPDATE SET admitted = 1, holders = 0",
-        (reservation.tenant, reservation.session, time.time()),
-    )
+        return True
+    key = (reservation.tenant, reservation.session)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        updated = db.execute(
+            "UPDATE sbx_tenant_sessions SET admitted = 1, holders = 0 WHERE tenant = ? AND key = ?", key
+        ).rowcount
+        if not updated:
+            (held,) = db.execute(
+                "SELECT count(*) FROM sbx_tenant_sessions WHERE tenant = ?", (reservation.tenant,)
+            ).fetchone()
+            if limit and held >= limit:
+                db.execute("COMMIT")
+                return False
+            db.execute(
+                "INSERT INTO sbx_tenant_sessions (tenant, key, admitted, holders, at) VALUES (?, ?, 1, 0, ?)",
+                (*key, time.time()),
+            )
+        db.execute("COMMIT")
+        return True
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 def close_sessions(db: sqlite3.Connection, tenant: str, keys: list[str]) -> None:

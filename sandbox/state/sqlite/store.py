@@ -88,9 +88,9 @@ class SqliteStore:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
         return await self._run(quotas.reserve, self.owner, self.lease_s, tenant, limits, calls, slots, session)
 
-    async def confirm_session(self, reservation: Reservation) -> None:
+    async def confirm_session(self, reservation: Reservation, limit: int) -> bool:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
-        await self._run(quotas.confirm_session, reservation)
+        return await self._run(quotas.confirm_session, reservation, limit)
 
     async def close_sessions(self, tenant: str, keys: list[str]) -> None:
         """See :class:`~sandbox.state.protocol.QuotaStore`."""
