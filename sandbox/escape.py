@@ -1,4 +1,4 @@
-"""Making text chosen by a model or a sandbox safe to print on an operator's terminal.
+"""Making text chosen by a model or a sandbox safe to show to an operator (a terminal, or the console's pages).
 
 Tool names, arguments, paths and outputs come from the model or from inside the sandbox. Printed
 raw, an ESC, OSC, BEL, backspace, CR, C1 control or bidi override would replay on the terminal

@@ -19,10 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox import Orchestrator
-from sandbox.cli.escape import cut_marked, escape, escape_json, is_unsafe
 from sandbox.engine import spill
 from sandbox.engine.arguments import check_arguments
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.escape import cut_marked, escape, escape_json, is_unsafe
 from sandbox.fs.paths import WorkspacePath
 from sandbox.fs.safe import SafeRoot
 from sandbox.journal.redact import redact, redact_text

@@ -23,6 +23,8 @@ from sandbox._log import logger
 from sandbox.api.auth import current_caller, resolve_session
 from sandbox.api.bodies import BodyLimit
 from sandbox.api.call_routes import add_call_routes
+from sandbox.api.console.routes import add_console
+from sandbox.api.console.views import Auditor
 from sandbox.api.handle_routes import add_handle_routes
 from sandbox.api.limits import TenantLimits
 from sandbox.api.mcp_server import http_server
@@ -50,8 +52,9 @@ T = TypeVar("T")
 __all__ = ["create_app", "current_caller", "resolve_session"]
 
 
-def create_app(config: Config, orchestrator: Orchestrator | None = None) -> FastAPI:
-    """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given)."""
+def create_app(config: Config, orchestrator: Orchestrator | None = None, auditor: Auditor | None = None) -> FastAPI:
+    """The service over `config` (an Orchestrator is made, and recovered, at start-up unless given);
+    `auditor` gives the console's sandboxes page the audit's findings (api/console/views.py)."""
     metrics = Metrics()
     admission_of: list[Admission] = []  # made with the app (it reads the app's state)
     tenants = Tenants(config)
@@ -84,6 +87,7 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None) -> Fast
     add_read_routes(app, tenants, limits, metrics, session_for)
     add_call_routes(app, limits, metrics, admission, watch, session_for)
     add_handle_routes(app)
+    add_console(app, config, auditor)  # /ui, for operators (service.operator_tokens)
     return app
 
 

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandbox import __version__
+from sandbox.api.approval_decisions import Verdict, decide_approval
 from sandbox.api.auth import CallerDep
 from sandbox.api.bodies import mark_authenticated
 from sandbox.api.limits import TenantLimits
@@ -33,7 +34,6 @@ from sandbox.policy import explain_data
 from sandbox.tools import render
 
 Format = Literal["openai", "anthropic", "mcp"]
-Verdict = Literal["approve", "deny"]
 SessionQuery = Annotated[str, Query(max_length=256)]
 LOG_PAGE_MAX = 1000
 NEXT_CURSOR = "X-Next-Cursor"
@@ -154,15 +154,7 @@ def add_read_routes(
         pending = {a.id: a for a in await pending_of(o, who) if a.agent in mine}
         if approval_id not in pending:
             raise HTTPException(404, f"no pending approval {approval_id!r}")
-        store = o.approval_store
-        try:
-            if store is not None:  # the shared store: the waiting call may run on another replica
-                decided = await store.decide(approval_id, "approved" if verdict == "approve" else "denied")
-            else:
-                decided = o.approve(approval_id) if verdict == "approve" else o.deny(approval_id)
-        except SandboxError as exc:
-            raise HTTPException(409, exc.message) from exc
-        return decided.__dict__
+        return (await decide_approval(o, approval_id, verdict)).__dict__
 
     next_cursor_doc = {
         NEXT_CURSOR: {

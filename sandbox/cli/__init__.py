@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from sandbox import __version__
-from sandbox.cli.escape import escape, escape_json
 from sandbox.errors import ConfigError, SandboxError, UsageError
+from sandbox.escape import escape, escape_json
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `--help` stays cheap
     from sandbox.config import Config

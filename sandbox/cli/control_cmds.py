@@ -12,8 +12,8 @@ import anyio
 import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
-from sandbox.cli.escape import cut_marked, escape, escape_json
 from sandbox.errors import UsageError
+from sandbox.escape import cut_marked, escape, escape_json
 
 if TYPE_CHECKING:  # the journal (sqlite3) loads when a command uses it, not on every start
     from sandbox.journal.store import Approval, Event, Journal

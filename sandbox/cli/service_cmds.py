@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import click
 
@@ -37,12 +39,36 @@ def serve(state: State, host: str, port: int, grace: int) -> None:
     from sandbox.state.admin import check_store
 
     if not state.config.tenants:
-        raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see README, Service")
+        raise UsageError("the service needs tenants with tokens in the config (tenants: [...]); see docs/service.md")
     read_tokens(state.config.state_dir, strict=True)  # a damaged token file stops the start, said plainly
     check_journal(state.config.state_dir / "journal.sqlite3")  # so does a damaged journal (no traceback)
     # and a shared store that cannot be reached, refuses the login or has another schema version
     anyio.run(check_store, state.config.state.parsed(), state.config.state_dir)
-    serving.run(create_app(state.config), host=host, port=port, grace_s=grace)
+    app = create_app(state.config, auditor=_auditor(state.config))
+    serving.run(app, host=host, port=port, grace_s=grace)
+
+
+def _auditor(config: Any) -> Any:
+    """What the console's sandboxes page shows of the audit (sandbox/audit/run.py): its findings
+    and mount rows per container; the audit reads the Docker engine, so other backends have none."""
+    if config.runtime.backend != "docker":
+        return None
+
+    def audit() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        import dataclasses
+
+        import docker
+
+        from sandbox.audit.run import run_audit
+
+        client = docker.from_env()
+        try:
+            result = run_audit(config, client)
+        finally:
+            client.close()
+        return [dataclasses.asdict(f) for f in result.findings], result.mounts
+
+    return audit
 
 
 @main.group("tenants")

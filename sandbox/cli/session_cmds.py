@@ -9,7 +9,7 @@ import anyio
 import click
 
 from sandbox.cli import State, _emit, handled, json_option, main
-from sandbox.cli.escape import escape
+from sandbox.escape import escape
 
 if TYPE_CHECKING:
     from sandbox.engine.orchestrator import Orchestrator

@@ -12,8 +12,8 @@ import anyio
 import click
 
 from sandbox.cli import State, handled, json_option, main
-from sandbox.cli.escape import escape, escape_json
 from sandbox.errors import SandboxError, UsageError
+from sandbox.escape import escape, escape_json
 
 if TYPE_CHECKING:  # imported where used: the CLI starts without the engine
     from sandbox.engine.progress import ProgressEvent

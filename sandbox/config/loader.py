@@ -259,6 +259,13 @@ def _tenant_problems(config: Config) -> list[tuple[Loc, str]]:
     for j, token in enumerate(config.service.metrics_tokens):
         if token.sha256 in used:  # a scraper's token is never a tenant's (/metrics names them all)
             problems.append((("service", "metrics_tokens", j, "sha256"), "this token hash is also a tenant's"))
+    metrics = {t.sha256 for t in config.service.metrics_tokens}
+    for j, token in enumerate(config.service.operator_tokens):
+        # an operator decides every tenant's approvals: that power is never a tenant's or a scraper's
+        if token.sha256 in used or token.sha256 in metrics:
+            problems.append(
+                (("service", "operator_tokens", j, "sha256"), "this token hash is also a tenant's or a metrics token")
+            )
     for i, agent in enumerate(config.agents.list):
         if agent.tenant not in seen:
             problems.append(

@@ -489,6 +489,10 @@ class ServiceSection(StrictModel):
     # who may read /metrics (it names every tenant): tokens stored hashed, never a tenant's;
     # none configured: /metrics needs no token (keep it off the tenants' network then)
     metrics_tokens: list[TenantToken] = []
+    # who may open the approvals console at /ui (api/console/): operators of every tenant, with
+    # tokens of their own (stored hashed), never a tenant's; none configured: no console
+    operator_tokens: list[TenantToken] = []
+    console_session_hours: float = Field(8.0, gt=0, le=168)  # an operator's login lasts this long
     # the edge (api/connections.py, api/limits.py): what one client or tenant may hold open
     head_timeout_s: float = Field(5.0, gt=0, le=300)
     body_timeout_s: float = Field(30.0, gt=0, le=3600)  # from a complete head to the body's last byte

@@ -97,6 +97,7 @@ def page(
     until: float | None,
     cursor: str | None,
     limit: int,
+    tool: str | None = None,
 ) -> EventPage:
     """One page of events matching every filter given, newest first (see :meth:`Journal.page`)."""
     check_limit(limit)
@@ -108,7 +109,7 @@ def page(
     # same-named session (`main` is every tenant's)
     narrowest = next((c for c, v in (("trace_id", trace_id), ("session", session)) if v is not None), None)
     walked = {"tenant", narrowest}
-    for column, value in (("tenant", tenant), ("session", session), ("trace_id", trace_id)):
+    for column, value in (("tenant", tenant), ("session", session), ("trace_id", trace_id), ("tool", tool)):
         if value is not None:
             where.append(f"{'' if column in walked else '+'}{column} = ?")
             args.append(value)

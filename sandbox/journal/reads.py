@@ -83,14 +83,17 @@ class ReadsMixin:
         until: float | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        tool: str | None = None,
     ) -> EventPage:
-        """One page of events, newest first, reading only what it returns (O(limit) at any size).
+        """One page of events, newest first, reading only what it returns (O(limit) at any size;
+        with `tool` alone, what it passes on the way: that filter walks no index of its own).
 
         Args:
             tenant: only this tenant's events (inside the query: a busy neighbour never crowds
                 a tenant's page); None for every tenant (the operator's view).
             session: only this session key.
             trace_id: only this trace.
+            tool: only this tool's events (`egress`: the egress proxy's log lines).
             since: only events at or after this Unix time.
             until: only events at or before this Unix time.
             cursor: the `next_cursor` of the previous page; None for the newest page.
@@ -112,6 +115,7 @@ class ReadsMixin:
             until=until,
             cursor=cursor,
             limit=limit,
+            tool=tool,
         )
 
     def committed_after(self, after_id: int, limit: int, max_data: int = 64 * 1024) -> list[Event]:

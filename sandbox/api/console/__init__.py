@@ -1,0 +1,1 @@
+"""The approvals console for operators (`/ui`): see routes.py."""

@@ -1,0 +1,155 @@
+"""What the console's pages show, read from the orchestrator, its journal or the shared store,
+and the engine: every value a model or a sandbox chose is escaped here for display (control and
+format characters as visible `\\xNN` escapes, as `sandbox approvals show` prints them); the
+templates escape markup on top (Jinja2's autoescape)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from sandbox.config.models import Config
+from sandbox.engine.orchestrator import Orchestrator
+from sandbox.escape import escape, escape_json
+from sandbox.journal.queries import Event
+
+EVENTS_SHOWN = 200
+# what the CLI's serve command hands the console for the sandboxes page: the audit's findings and
+# mount rows per target (sandbox/audit/run.py), or None on a backend the audit does not read
+Auditor = Callable[[], tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]] | None]
+
+
+def tenant_of_agent(config: Config) -> dict[str, str]:
+    """Each configured agent's tenant."""
+    return {a.id: a.tenant for a in config.agents.list if a.tenant}
+
+
+async def pending_approvals(o: Orchestrator, config: Config) -> list[dict[str, Any]]:
+    """Every tenant's pending approvals, oldest first, ready to show."""
+    store = o.approval_store
+    found = await store.approvals("pending", raw=True) if store is not None else o.pending_approvals()
+    tenants = tenant_of_agent(config)
+    now = time.time()
+    return [
+        {
+            "id": a.id,
+            "tenant": tenants.get(a.agent, "?"),
+            "agent": escape(a.agent),
+            "session": escape(a.session),
+            "tool": escape(a.tool),
+            "arguments": escape_json(a.arguments, indent=2),
+            "waiting_s": max(0, int(now - a.created)),
+            "call_id": a.call_id,
+        }
+        for a in sorted(found, key=lambda a: a.created)
+    ]
+
+
+@dataclass
+class Node:
+    """A session in the tree: its children are the sessions it spawned."""
+
+    key: str
+    tenant: str
+    agent: str
+    status: str = "seen"
+    name: str = ""
+    task: str = ""
+    parent_view: str = ""
+    children: list[Node] = field(default_factory=list)
+
+
+async def session_tree(o: Orchestrator, config: Config) -> list[Node]:
+    """Sessions as trees: the registry's lineage (spawned sub-agents under their parents), and the
+    sessions seen in the newest events that spawned nothing."""
+    nodes: dict[tuple[str, str], Node] = {}
+    parents: dict[tuple[str, str], tuple[str, str]] = {}
+    registry = o.sessions._existing()  # read-only: None when nothing was ever spawned
+    if registry is not None:
+        for agent in config.agents.list:
+            rows = await anyio.to_thread.run_sync(registry.of_agent, agent.tenant or "", agent.id)
+            for child in rows:
+                me = (child.tenant, child.key)
+                nodes[me] = Node(
+                    escape(child.key), child.tenant, escape(child.agent), child.status, escape(child.name),
+                    escape(child.task[:300]), child.parent_view,
+                )  # fmt: skip
+                parents[me] = (child.tenant, child.parent)
+    for event in await recent_events(o, None, limit=EVENTS_SHOWN):
+        me = (event.tenant, event.session)
+        if me not in nodes and event.session:
+            nodes[me] = Node(escape(event.session), event.tenant, escape(event.agent))
+    roots: list[Node] = []
+    for me in list(nodes):
+        parent = parents.get(me)
+        if parent is not None and parent not in nodes:
+            nodes[parent] = Node(escape(parent[1]), parent[0], "")
+            roots.append(nodes[parent])
+    for me, node in nodes.items():
+        parent = parents.get(me)
+        (nodes[parent].children if parent is not None else roots).append(node)
+    return sorted({id(r): r for r in roots}.values(), key=lambda n: (n.tenant, n.key))
+
+
+async def recent_events(
+    o: Orchestrator, store: Any, *, session: str | None = None, tenant: str | None = None, tool: str | None = None,
+    limit: int = EVENTS_SHOWN,
+) -> list[Event]:  # fmt: skip
+    """The newest events (every replica's with a shared store), newest first."""
+    query: dict[str, Any] = {"tenant": tenant, "session": session, "tool": tool, "limit": limit}
+    if store is not None:
+        page = await store.events_page(**query)
+    elif o.journal is not None:
+        journal = o.journal
+        page = await anyio.to_thread.run_sync(lambda: journal.page(**query))
+    else:
+        return []
+    return list(page.events)
+
+
+def shown_event(event: Event) -> dict[str, Any]:
+    """One event, ready to show."""
+    return {
+        "at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.ts)),
+        "tenant": event.tenant,
+        "session": escape(event.session),
+        "tool": escape(event.tool),
+        "stage": escape(event.stage),
+        "duration_ms": f"{event.duration_ms:.0f}" if event.duration_ms is not None else "",
+        "data": escape_json(event.data)[:2000],
+        "trace": event.trace_id,
+    }
+
+
+async def sandboxes(o: Orchestrator, auditor: Auditor | None) -> tuple[list[dict[str, Any]], str]:
+    """This orchestrator's sandboxes with their mounts and audit findings, and a note (why the
+    audit is absent, when it is)."""
+    listed = await o.backend.list(instance=o.manager.instance)
+    audit = await anyio.to_thread.run_sync(auditor) if auditor is not None else None
+    findings, mounts = audit if audit is not None else ([], {})
+    rows = []
+    for s in sorted(listed, key=lambda s: (s.tenant or "", s.name)):
+        # the audit names a container `container NAME` or `container NAME (users, kind)`
+        targets = {t for t in [*mounts, *(f.get("target", "") for f in findings)] if _names(t, s.name)}
+        rows.append(
+            {
+                "name": escape(s.name),
+                "tenant": s.tenant or "",
+                "agent": escape(s.agent or ""),
+                "scope": escape(s.scope),
+                "session": escape(s.session or s.scope_key),
+                "status": s.status,
+                "mounts": [m for t in sorted(targets) for m in mounts.get(t, [])],
+                "findings": [f for f in findings if f.get("target") in targets],
+            }
+        )
+    note = "" if audit is not None else "the audit reads the Docker engine; this backend has none"
+    return rows, note
+
+
+def _names(target: str, name: str) -> bool:
+    return target == f"container {name}" or target.startswith(f"container {name} (")
