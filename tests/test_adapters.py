@@ -1,0 +1,144 @@
+"""The agent-framework adapters end to end, each with a scripted model (no network): the
+framework sees exactly the session's policy-filtered tools, a write then a read go through the
+session (policy, journal, the workspace), and a failure comes back the framework's way. The
+session runs in host mode here (no containers): what is tested is the adapter's mapping; the
+tools themselves are tested against the engine elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import Orchestrator, load_config_text
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # the frameworks take seconds to import
+
+
+@pytest.fixture
+async def session(tmp_path: Path) -> AsyncIterator[Any]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    config = load_config_text(f"""
+state_dir: {tmp_path / "state"}
+tools: {{profile: coding, deny: [exec, process]}}
+agents:
+  defaults: {{sandbox: {{mode: 'off'}}}}
+  list: [{{id: main, workspace: "{ws}"}}]
+""")
+    async with Orchestrator(config) as orch:
+        yield orch.session("agent:main:adapters")
+
+
+def _offered(session: Any) -> set[str]:
+    return {s["name"] for s in session.tool_schemas()}
+
+
+async def test_langchain_tools_run_through_the_session(session: Any) -> None:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from sandbox.adapters.langchain import langchain_tools
+
+    tools = {t.name: t for t in await langchain_tools(session)}
+    assert set(tools) == _offered(session) and "exec" not in tools  # the policy's tools, exactly
+    script = iter(
+        [
+            AIMessage("", tool_calls=[{"name": "write", "args": {"path": "a.txt", "content": "hi"}, "id": "c1"}]),
+            AIMessage("", tool_calls=[{"name": "read", "args": {"path": "a.txt"}, "id": "c2"}]),
+            AIMessage("", tool_calls=[{"name": "read", "args": {"path": "missing.txt"}, "id": "c3"}]),
+            AIMessage("done"),
+        ]
+    )
+    model = GenericFakeChatModel(messages=script)
+    messages: list[Any] = [HumanMessage("write a file, read it back")]
+    while True:  # the agent loop: the model's tool calls run, their messages go back to it
+        answer = await model.ainvoke(messages)
+        messages.append(answer)
+        if not answer.tool_calls:
+            break
+        for call in answer.tool_calls:
+            messages.append(await tools[call["name"]].ainvoke(call))
+    replies = [m for m in messages if isinstance(m, ToolMessage)]
+    assert [m.status for m in replies] == ["success", "success", "error"]
+    assert json.loads(replies[1].content)["content"] == "hi"
+    assert replies[2].content.startswith("FILE_NOT_FOUND:")
+
+
+async def test_pydantic_ai_agent_runs_the_sessions_tools(session: Any) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from sandbox.adapters.pydantic_ai import pydantic_ai_tools
+
+    seen: list[set[str]] = []
+    steps = iter(
+        [
+            [ToolCallPart("write", {"path": "b.txt", "content": "from pydantic-ai"}, tool_call_id="p1")],
+            [ToolCallPart("read", {"path": "b.txt"}, tool_call_id="p2")],
+            [ToolCallPart("read", {"path": "nope.txt"}, tool_call_id="p3")],
+            [TextPart("done")],
+        ]
+    )
+
+    def scripted(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        seen.append({t.name for t in info.function_tools})
+        return ModelResponse(parts=next(steps))
+
+    agent = Agent(FunctionModel(scripted), tools=await pydantic_ai_tools(session))
+    run = await agent.run("write a file, read it back")
+    assert run.output == "done"
+    assert seen[0] == _offered(session) and "exec" not in seen[0]
+    returns = [p for m in run.all_messages() for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
+    assert json.loads(returns[1].content)["content"] == "from pydantic-ai"
+    assert returns[2].content.startswith("FILE_NOT_FOUND:")
+    assert (Path(session.agent.workspace) / "b.txt").read_text() == "from pydantic-ai"
+
+
+async def test_openai_agents_runner_runs_the_sessions_tools(session: Any) -> None:
+    from agents import Agent, RunConfig, Runner
+
+    from sandbox.adapters.openai_agents import openai_agents_tools
+    from sandbox.adapters.scripted import ScriptedModel
+
+    model = ScriptedModel(
+        [
+            ("write", {"path": "c.txt", "content": "from the agents sdk"}),
+            ("read", {"path": "c.txt"}),
+            ("read", {"path": "gone.txt"}),
+        ]
+    )
+    agent = Agent(name="coder", instructions="be brief", tools=await openai_agents_tools(session), model=model)
+    # no trace leaves this machine (the SDK would export them to OpenAI with a key set)
+    result = await Runner.run(agent, "write a file, read it back", run_config=RunConfig(tracing_disabled=True))
+    assert result.final_output == "done"
+    assert model.offered[0] == _offered(session) and "exec" not in model.offered[0]
+    outputs = model.tool_outputs
+    assert json.loads(outputs[1])["content"] == "from the agents sdk"
+    assert outputs[2].startswith("error: FILE_NOT_FOUND:")
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("images")
+@pytest.mark.parametrize("example", ["langchain_agent.py", "pydantic_ai_agent.py", "openai_agents_agent.py"])
+def test_each_example_runs(example: str, tmp_path: Path) -> None:
+    """examples/ run offline with their scripted model, in a real sandbox (a real model is one
+    line away); the session is closed at the end, so its container goes."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / example), str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hello from the sandbox" in done.stdout, done.stdout
