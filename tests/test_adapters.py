@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ async def test_langchain_tools_run_through_the_session(session: Any) -> None:
             messages.append(await tools[call["name"]].ainvoke(call))
     replies = [m for m in messages if isinstance(m, ToolMessage)]
     assert [m.status for m in replies] == ["success", "success", "error"]
-    assert json.loads(replies[1].content)["content"] == "hi"
+    assert json.loads(str(replies[1].content))["content"] == "hi"
     assert replies[2].content.startswith("FILE_NOT_FOUND:")
 
 
@@ -80,7 +80,7 @@ async def test_pydantic_ai_agent_runs_the_sessions_tools(session: Any) -> None:
     from sandbox.adapters.pydantic_ai import pydantic_ai_tools
 
     seen: list[set[str]] = []
-    steps = iter(
+    steps: Iterator[list[Any]] = iter(
         [
             [ToolCallPart("write", {"path": "b.txt", "content": "from pydantic-ai"}, tool_call_id="p1")],
             [ToolCallPart("read", {"path": "b.txt"}, tool_call_id="p2")],
@@ -98,7 +98,7 @@ async def test_pydantic_ai_agent_runs_the_sessions_tools(session: Any) -> None:
     assert run.output == "done"
     assert seen[0] == _offered(session) and "exec" not in seen[0]
     returns = [p for m in run.all_messages() for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
-    assert json.loads(returns[1].content)["content"] == "from pydantic-ai"
+    assert json.loads(str(returns[1].content))["content"] == "from pydantic-ai"
     assert returns[2].content.startswith("FILE_NOT_FOUND:")
     assert (Path(session.agent.workspace) / "b.txt").read_text() == "from pydantic-ai"
 
