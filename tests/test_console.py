@@ -221,3 +221,27 @@ def test_sessions_show_sub_agents_under_the_session_that_spawned_them(console: A
     parent_at, child_at = page.index("<code>agent:alpha:parent</code>"), page.index(f"<code>{child}</code>")
     assert parent_at < child_at and "<ul>" in page[parent_at:child_at]  # nested under its parent
     assert "count &lt;b&gt;lines&lt;/b&gt;" in page and "<b>lines" not in page
+
+
+def test_the_operator_sees_the_arguments_exactly_as_they_will_run_never_masked(console: Any) -> None:
+    """The journal masks what looks like a secret when it shows an approval to anyone else; the
+    operator who decides must see what will run (a masked `AUTH=...` could hide the payload)."""
+    url, cfg = console
+    _pending(cfg, "ap-masked", "agent:alpha:m", {"command": 'AUTH="echo HIDDEN-PAYLOAD"; eval "$AUTH"'})
+    with _login(url) as (client, csrf):
+        page = client.get("/ui/approvals").text
+        assert "HIDDEN-PAYLOAD" in page
+        client.post("/ui/approvals/ap-masked/deny", data={"csrf": csrf})
+
+
+def test_long_arguments_are_cut_in_the_list_and_whole_on_their_own_page(console: Any) -> None:
+    url, cfg = console
+    command = "echo " + "x" * 40_000 + " THE-END"
+    _pending(cfg, "ap-long", "agent:alpha:l", {"command": command})
+    with _login(url) as (client, csrf):
+        listing = client.get("/ui/approvals").text
+        assert "THE-END" not in listing and "more characters" in listing and "/ui/approvals/ap-long" in listing
+        whole = client.get("/ui/approvals/ap-long")
+        assert whole.status_code == 200 and "THE-END" in whole.text
+        assert client.get("/ui/approvals/nope").status_code == 404
+        client.post("/ui/approvals/ap-long/deny", data={"csrf": csrf})

@@ -9,11 +9,12 @@ Off (404) unless `service.operator_tokens` names an operator.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import FastAPI, HTTPException, Query, Request
+import anyio
+from fastapi import FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -25,7 +26,7 @@ from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.escape import escape
 
-HERE = Path(__file__).parent
+HERE = FilePath(__file__).parent
 FORM_MAX_BYTES = 16 * 1024
 # no inline script or style, nothing from elsewhere, no framing, forms only to this site
 CSP = (
@@ -54,8 +55,10 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
         found: Orchestrator = request.app.state.orch
         return found
 
-    def page(template: str, login: OperatorSession | None, status: int = 200, **data: Any) -> HTMLResponse:
-        html = env.get_template(template).render(login=login, pages=PAGES, **data)
+    async def page(template: str, login: OperatorSession | None, status: int = 200, **data: Any) -> HTMLResponse:
+        # rendered in a worker thread: a page may carry a tenant's megabytes (a command's arguments)
+        found = env.get_template(template)
+        html = await anyio.to_thread.run_sync(lambda: found.render(login=login, pages=PAGES, **data))
         return HTMLResponse(html, status_code=status, headers=HEADERS)
 
     def operator(request: Request) -> OperatorSession:
@@ -80,7 +83,7 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
 
     @app.get("/ui/login", include_in_schema=False)
     async def login_page(request: Request) -> HTMLResponse:
-        return page("login.html", operators.of(request))
+        return await page("login.html", operators.of(request))
 
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> JSONResponse:
@@ -106,14 +109,24 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
     async def approvals(request: Request) -> HTMLResponse:
         login = operator(request)
         pending = await views.pending_approvals(orch(request), config)
-        return page("approvals.html", login, current="approvals", approvals=pending, reason_max=REASON_MAX)
+        return await page("approvals.html", login, current="approvals", approvals=pending, reason_max=REASON_MAX)
 
     @app.get("/ui/approvals/list", include_in_schema=False)
     async def approvals_fragment(request: Request) -> HTMLResponse:
         """The list alone, for the page's two-second refresh."""
         login = operator(request)
         pending = await views.pending_approvals(orch(request), config)
-        return page("_approval_list.html", login, approvals=pending, reason_max=REASON_MAX)
+        return await page("_approval_list.html", login, approvals=pending, reason_max=REASON_MAX)
+
+    @app.get("/ui/approvals/{approval_id}", include_in_schema=False)
+    async def approval_page(request: Request, approval_id: Annotated[str, Path(max_length=64)]) -> HTMLResponse:
+        """One pending approval with its arguments whole."""
+        login = operator(request)
+        found = await views.pending_approvals(orch(request), config, only=approval_id, cut=None)
+        if not found:
+            gone = "this approval is no longer pending"
+            return await page("decided.html", login, status=404, current="approvals", message=gone)
+        return await page("approval.html", login, current="approvals", approvals=found, reason_max=REASON_MAX)
 
     @app.post("/ui/approvals/{approval_id}/{verdict}", include_in_schema=False)
     async def decide(request: Request, approval_id: str, verdict: Verdict) -> Response:
@@ -121,10 +134,9 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
         fields = await form(request, login)
         reason = fields.get("reason", "").strip()
         reason = f"{reason} (operator {login.operator})" if reason else f"by operator {login.operator}"
-        pending = {a["id"] for a in await views.pending_approvals(orch(request), config)}
-        if approval_id not in pending:
+        if not await views.pending_approvals(orch(request), config, only=approval_id, cut=0):
             gone = "this approval is no longer pending"
-            return page("decided.html", login, status=409, current="approvals", message=gone)
+            return await page("decided.html", login, status=409, current="approvals", message=gone)
         await decide_approval(orch(request), approval_id, verdict, reason)
         return RedirectResponse("/ui/approvals", status_code=303, headers=HEADERS)
 
@@ -132,7 +144,7 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
     async def sessions(request: Request) -> HTMLResponse:
         login = operator(request)
         trees = await views.session_tree(orch(request), config)
-        return page("sessions.html", login, current="sessions", trees=trees)
+        return await page("sessions.html", login, current="sessions", trees=trees)
 
     @app.get("/ui/timeline", include_in_schema=False)
     async def timeline(
@@ -144,17 +156,17 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
         store = getattr(request.app.state, "store", None)
         found = await views.recent_events(orch(request), store, session=session, tenant=tenant or None)
         shown = [views.shown_event(e) for e in found]
-        return page("timeline.html", login, current="sessions", session=escape(session), events=shown)
+        return await page("timeline.html", login, current="sessions", session=escape(session), events=shown)
 
     @app.get("/ui/sandboxes", include_in_schema=False)
     async def sandboxes(request: Request) -> HTMLResponse:
         login = operator(request)
         rows, note = await views.sandboxes(orch(request), auditor)
-        return page("sandboxes.html", login, current="sandboxes", sandboxes=rows, note=note)
+        return await page("sandboxes.html", login, current="sandboxes", sandboxes=rows, note=note)
 
     @app.get("/ui/egress", include_in_schema=False)
     async def egress(request: Request) -> HTMLResponse:
         login = operator(request)
         store = getattr(request.app.state, "store", None)
         found = await views.recent_events(orch(request), store, tool="egress")
-        return page("egress.html", login, current="egress", events=[views.shown_event(e) for e in found])
+        return await page("egress.html", login, current="egress", events=[views.shown_event(e) for e in found])

@@ -15,6 +15,7 @@ import anyio
 from sandbox.config.models import Config
 from sandbox.engine.orchestrator import Orchestrator
 from sandbox.escape import escape, escape_json
+from sandbox.journal.approvals import Approval
 from sandbox.journal.queries import Event
 
 EVENTS_SHOWN = 200
@@ -28,25 +29,45 @@ def tenant_of_agent(config: Config) -> dict[str, str]:
     return {a.id: a.tenant for a in config.agents.list if a.tenant}
 
 
-async def pending_approvals(o: Orchestrator, config: Config) -> list[dict[str, Any]]:
-    """Every tenant's pending approvals, oldest first, ready to show."""
+ARGUMENTS_SHOWN = 16 * 1024  # characters of one approval's arguments in the list; its own page has them all
+
+
+async def pending_approvals(
+    o: Orchestrator, config: Config, *, only: str | None = None, cut: int | None = ARGUMENTS_SHOWN
+) -> list[dict[str, Any]]:
+    """Every tenant's pending approvals (or the one `only`), oldest first, ready to show: the
+    arguments exact (never masked: the operator approves what will run), their text made in a
+    worker thread (a tenant's megabyte command must not stall the event loop), and cut at `cut`
+    characters with the full length said (the approval's own page shows them whole)."""
     store = o.approval_store
-    found = await store.approvals("pending", raw=True) if store is not None else o.pending_approvals()
+    journal = o.journal
+    if store is not None:
+        found = await store.approvals("pending", raw=True)
+    elif journal is not None:
+        found = await anyio.to_thread.run_sync(lambda: journal.approvals("pending", raw=True))
+    else:
+        found = []
+    if only is not None:
+        found = [a for a in found if a.id == only]
     tenants = tenant_of_agent(config)
     now = time.time()
-    return [
-        {
+
+    def shown(a: Approval) -> dict[str, Any]:
+        text = escape_json(a.arguments, indent=2)
+        return {
             "id": a.id,
             "tenant": tenants.get(a.agent, "?"),
             "agent": escape(a.agent),
             "session": escape(a.session),
             "tool": escape(a.tool),
-            "arguments": escape_json(a.arguments, indent=2),
+            "arguments": text if cut is None else text[:cut],
+            "more": 0 if cut is None else max(0, len(text) - cut),
             "waiting_s": max(0, int(now - a.created)),
             "call_id": a.call_id,
         }
-        for a in sorted(found, key=lambda a: a.created)
-    ]
+
+    ordered = sorted(found, key=lambda a: a.created)
+    return await anyio.to_thread.run_sync(lambda: [shown(a) for a in ordered])
 
 
 @dataclass
