@@ -10,6 +10,7 @@ def test_all_is_sorted_and_complete() -> None:
         assert hasattr(sandbox, name), name
     public = {n for n in dir(sandbox) if not n.startswith("_")}
     modules = {
+        "adapters",
         "config",
         "engine",
         "errors",
