@@ -65,6 +65,17 @@ def escape_json(data: Any, *, indent: int | None = None) -> str:
     return "".join(ch if ch.isprintable() or ch == "\n" else json.dumps(ch)[1:-1] for ch in text)
 
 
+def escape_json_cut(data: Any, limit: int, *, indent: int | None = None) -> tuple[str, int]:
+    """The first `limit` characters of `data`'s JSON, escaped as :func:`escape_json` does, and how
+    many characters were left out: only what is shown is escaped (a tenant's megabytes cost one
+    `json.dumps`, never a character-by-character pass)."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False, default=str)
+    shown = text[:limit]
+    if not shown.isprintable():
+        shown = "".join(ch if ch.isprintable() or ch == "\n" else json.dumps(ch)[1:-1] for ch in shown)
+    return shown, max(0, len(text) - limit)
+
+
 def cut_marked(text: str, limit: int) -> str:
     """At most `limit` characters of `text`, and when cut, say how much: `… (+1,234 chars)`."""
     if len(text) <= limit:

@@ -186,11 +186,13 @@ def test_an_approval_made_in_the_console_lets_the_waiting_call_run(console: Any)
 def test_logout_needs_the_csrf_token_and_ends_the_login(console: Any) -> None:
     url, _ = console
     with _login(url) as (client, csrf):
+        cookie = client.cookies["sbx_console"]
         assert client.post("/ui/logout", data={}).status_code == 403
         assert client.get("/ui/approvals").status_code == 200
         assert client.post("/ui/logout", data={"csrf": csrf}).status_code == 303
-        client.cookies.clear()
-        assert client.get("/ui/approvals").status_code == 303
+    # the old cookie, replayed, is no login any more (the server forgot it, not just the browser)
+    replayed = httpx.get(f"{url}/ui/approvals", cookies={"sbx_console": cookie})
+    assert replayed.status_code == 303
 
 
 def test_an_operator_token_that_is_a_tenants_is_a_config_error(tmp_path: Path) -> None:
@@ -245,3 +247,67 @@ def test_long_arguments_are_cut_in_the_list_and_whole_on_their_own_page(console:
         assert whole.status_code == 200 and "THE-END" in whole.text
         assert client.get("/ui/approvals/nope").status_code == 404
         client.post("/ui/approvals/ap-long/deny", data={"csrf": csrf})
+
+
+def test_a_metrics_token_opens_no_console_and_the_cdn_docs_pages_are_off(tmp_path: Path) -> None:
+    """A scraper's token is no operator's; with the console on, FastAPI's /docs and /redoc (which
+    load scripts from a CDN into the console's origin) are not served."""
+    from sandbox.config import load_config_text
+
+    cfg = load_config_text(f"""
+state_dir: {tmp_path / "s"}
+service:
+  operator_tokens: [{{name: ops, sha256: {sha(OPERATOR)}}}]
+  metrics_tokens: [{{name: prom, sha256: {sha("sbx_metrics-token")}}}]
+tenants: [{{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+agents: {{list: [{{id: alpha, tenant: acme, workspace: "{tmp_path / "w"}"}}]}}
+""")
+    with serve(cfg) as url:
+        assert httpx.post(f"{url}/ui/login", headers={"Authorization": "Bearer sbx_metrics-token"}).status_code == 401
+        assert httpx.get(f"{url}/docs").status_code == 404 and httpx.get(f"{url}/redoc").status_code == 404
+        assert httpx.get(f"{url}/openapi.json").status_code == 200
+
+
+def test_the_cookie_is_secure_behind_a_tls_proxy_and_the_operator_name_survives_a_long_reason(console: Any) -> None:
+    url, cfg = console
+    answer = httpx.post(
+        f"{url}/ui/login", headers={"Authorization": f"Bearer {OPERATOR}", "X-Forwarded-Proto": "https"}
+    )
+    assert "Secure" in answer.headers["set-cookie"]
+    _pending(cfg, "ap-reason", "agent:alpha:r", {"command": "true"})
+    with _login(url) as (client, csrf):
+        client.post("/ui/approvals/ap-reason/deny", data={"csrf": csrf, "reason": "x" * 5000})
+    journal = Journal(cfg.state_dir / "journal.sqlite3")
+    try:
+        decided = journal.approval("ap-reason")
+    finally:
+        journal.close()
+    assert decided is not None and decided.reason.endswith("(operator ops)") and len(decided.reason) <= 1000
+
+
+def test_megabytes_of_arguments_or_event_data_cost_the_page_only_what_it_shows(console: Any) -> None:
+    """A tenant's real call with a 2 MB command waits for approval: the list shows 16 KiB of it
+    and says how much more; the session's timeline shows each event's data cut (the journal
+    reads at most a few KiB of it)."""
+    url, _ = console
+    answers: list[httpx.Response] = []
+    command = "echo " + "y" * 2_000_000
+
+    def call() -> None:
+        body = {"tool": "exec", "args": {"command": command}}
+        answers.append(httpx.post(f"{url}/v1/sessions/agent:alpha:huge/calls", headers=A, json=body, timeout=120))
+
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    with _login(url) as (client, csrf):
+        deadline = time.monotonic() + 60
+        while "agent:alpha:huge" not in (listing := client.get("/ui/approvals/list")).text:
+            assert time.monotonic() < deadline, "the call never asked for approval"
+            time.sleep(0.2)
+        assert len(listing.content) < 200_000 and "more characters" in listing.text
+        approval_id = listing.text.split('data-approval="', 1)[1].split('"', 1)[0]
+        assert client.post(f"/ui/approvals/{approval_id}/deny", data={"csrf": csrf}).status_code == 303
+        waiting.join(timeout=60)
+        assert answers and answers[0].json()["error"]["code"] == "APPROVAL_DENIED"
+        timeline = client.get("/ui/timeline", params={"session": "agent:alpha:huge"})
+        assert timeline.status_code == 200 and "proposed" in timeline.text and len(timeline.content) < 200_000

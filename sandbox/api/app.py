@@ -64,7 +64,17 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None, auditor
     lifespan = _lifespan(config, orchestrator, metrics, watch, mcp_sessions, admission_of)
 
     # the refusals every route may answer, documented so that clients (and the fuzzer) can check them
-    app = FastAPI(title="agent-sandbox", version="1", lifespan=lifespan, responses=ERROR_RESPONSES)
+    # with the console on, no Swagger or ReDoc pages: they load scripts from a CDN into the
+    # console's origin (the OpenAPI document stays at /openapi.json)
+    console = bool(config.service.operator_tokens)
+    app = FastAPI(
+        title="agent-sandbox",
+        version="1",
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+        docs_url=None if console else "/docs",
+        redoc_url=None if console else "/redoc",
+    )
     # set on SIGTERM/SIGINT (api/serving.py): streams end, new calls are refused, and calls still
     # running at the deadline are stopped
     app.state.stopping = False

@@ -87,6 +87,16 @@ def check_limit(limit: int) -> int:
     return limit
 
 
+def capped_columns(note: str) -> str:
+    """The events columns with `data` replaced by a note of its size when longer than the query's
+    first parameter (bounded memory, whatever an event holds); `note` says where it is whole."""
+    return (
+        "id, ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, "
+        "CASE WHEN length(data) > ? THEN json_object('truncated', json('true'), 'bytes', length(data), "
+        f"'note', '{note}') ELSE data END"
+    )
+
+
 def page(
     read: Read,
     *,
@@ -98,6 +108,7 @@ def page(
     cursor: str | None,
     limit: int,
     tool: str | None = None,
+    max_data: int | None = None,
 ) -> EventPage:
     """One page of events matching every filter given, newest first (see :meth:`Journal.page`)."""
     check_limit(limit)
@@ -128,9 +139,10 @@ def page(
     if until is not None:
         where.append("+ts <= ?")
         args.append(until)
+    columns, head = ("*", ()) if max_data is None else (capped_columns("whole in the journal"), (max_data,))
     rows = read(
-        f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",  # noqa: S608 - fixed words
-        (*args, limit + 1),
+        f"SELECT {columns} FROM events WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",  # noqa: S608 - fixed words
+        (*head, *args, limit + 1),
     )
     events = [event_of(row) for row in rows[:limit]]
     return EventPage(events, make_cursor(events[-1].id) if len(rows) > limit else None)

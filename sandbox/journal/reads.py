@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.journal.queries import Event, EventPage, event_of
+from sandbox.journal.queries import Event, EventPage, capped_columns, event_of
 from sandbox.journal.queries import page as _page
 from sandbox.journal.retention import file_bytes
 from sandbox.journal.schema import TERMINAL
 
 SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+REPLICA_NOTE = "whole in its replica''s journal"  # SQL text: '' is one quote
 SESSIONS_WINDOW = 10_000  # newest events of an agent a sessions list looks at
 
 
@@ -84,6 +85,7 @@ class ReadsMixin:
         cursor: str | None = None,
         limit: int = 100,
         tool: str | None = None,
+        max_data: int | None = None,
     ) -> EventPage:
         """One page of events, newest first, reading only what it returns (O(limit) at any size;
         with `tool` alone, what it passes on the way: that filter walks no index of its own).
@@ -94,6 +96,7 @@ class ReadsMixin:
             session: only this session key.
             trace_id: only this trace.
             tool: only this tool's events (`egress`: the egress proxy's log lines).
+            max_data: an event whose data is longer comes with a note of its size instead.
             since: only events at or after this Unix time.
             until: only events at or before this Unix time.
             cursor: the `next_cursor` of the previous page; None for the newest page.
@@ -116,6 +119,7 @@ class ReadsMixin:
             cursor=cursor,
             limit=limit,
             tool=tool,
+            max_data=max_data,
         )
 
     def committed_after(self, after_id: int, limit: int, max_data: int = 64 * 1024) -> list[Event]:
@@ -123,9 +127,8 @@ class ReadsMixin:
         than `max_data` comes as a note of its size (bounded memory, whatever an event holds).
         What is still queued waits: a shipper's read never drains the writer's queue."""
         rows = self._read(
-            "SELECT id, ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, "
-            "CASE WHEN length(data) > ? THEN json_object('truncated', json('true'), 'bytes', length(data), "
-            "'note', 'whole in its replica''s journal') ELSE data END FROM events WHERE id > ? ORDER BY id LIMIT ?",
+            f"SELECT {capped_columns(REPLICA_NOTE)} FROM events "  # noqa: S608 - fixed words
+            "WHERE id > ? ORDER BY id LIMIT ?",
             (max_data, after_id, limit),
             flush=False,
         )

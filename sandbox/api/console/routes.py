@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from sandbox._log import logger
 from sandbox.api.approval_decisions import REASON_MAX, Verdict, decide_approval
 from sandbox.api.console import views
 from sandbox.api.console.auth import COOKIE, Operators, OperatorSession, check_csrf
@@ -92,7 +93,8 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
         answer = JSONResponse({"operator": session.operator}, headers=HEADERS)
         answer.set_cookie(
             COOKIE, sid, max_age=int(operators.lifetime_s), path="/ui", httponly=True, samesite="strict",
-            secure=request.url.scheme == "https",
+            # Secure over HTTPS, also when a proxy in front ended TLS (this only ever adds the flag)
+            secure=request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https",
         )  # fmt: skip
         return answer
 
@@ -132,12 +134,15 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
     async def decide(request: Request, approval_id: str, verdict: Verdict) -> Response:
         login = operator(request)
         fields = await form(request, login)
-        reason = fields.get("reason", "").strip()
-        reason = f"{reason} (operator {login.operator})" if reason else f"by operator {login.operator}"
-        if not await views.pending_approvals(orch(request), config, only=approval_id, cut=0):
+        # the operator's name is added after the typed reason is cut, so it is never cut away
+        by = f"operator {login.operator}"
+        typed = fields.get("reason", "").strip()[: REASON_MAX - len(by) - 3]
+        reason = f"{typed} ({by})" if typed else f"by {by}"
+        if not await views.is_pending(orch(request), approval_id):
             gone = "this approval is no longer pending"
             return await page("decided.html", login, status=409, current="approvals", message=gone)
         await decide_approval(orch(request), approval_id, verdict, reason)
+        logger.bind(operator=login.operator, approval=approval_id, verdict=verdict).info("approval_decided_in_console")
         return RedirectResponse("/ui/approvals", status_code=303, headers=HEADERS)
 
     @app.get("/ui/sessions", include_in_schema=False)
@@ -158,10 +163,12 @@ def add_console(app: FastAPI, config: Config, auditor: views.Auditor | None = No
         shown = [views.shown_event(e) for e in found]
         return await page("timeline.html", login, current="sessions", session=escape(session), events=shown)
 
+    audit = views.CachedAudit(auditor) if auditor is not None else None
+
     @app.get("/ui/sandboxes", include_in_schema=False)
     async def sandboxes(request: Request) -> HTMLResponse:
         login = operator(request)
-        rows, note = await views.sandboxes(orch(request), auditor)
+        rows, note = await views.sandboxes(orch(request), audit)
         return await page("sandboxes.html", login, current="sandboxes", sandboxes=rows, note=note)
 
     @app.get("/ui/egress", include_in_schema=False)

@@ -29,14 +29,25 @@ function setUpLogin() {
 function setUpRefresh() {
   const box = document.querySelector("[data-refresh]");
   if (!box) return;
+  // never move the list under an operator who is typing a reason or pointing at a button:
+  // a tenant can make its own item vanish to shift another's Approve under the pointer
+  let pointing = false;
+  box.addEventListener("mouseenter", () => { pointing = true; });
+  box.addEventListener("mouseleave", () => { pointing = false; });
   async function refresh() {
-    // never replace the list under an operator who is typing a reason
-    if (box.contains(document.activeElement) && document.activeElement.tagName === "INPUT") return;
+    const typing = box.contains(document.activeElement) && document.activeElement.tagName === "INPUT";
+    if (typing || pointing) return;
     const answer = await fetch(box.dataset.refresh, { credentials: "same-origin" });
     if (answer.redirected || !answer.ok) return;
-    box.innerHTML = await answer.text();
+    const html = await answer.text();
+    if (!pointing) box.innerHTML = html;
   }
-  setInterval(() => { refresh().catch(() => {}); }, 2000);
+  // the next refresh is planned once this one is over: slow answers never pile up
+  async function loop() {
+    try { await refresh(); } catch (_) { /* the next round tries again */ }
+    setTimeout(loop, 2000);
+  }
+  setTimeout(loop, 2000);
 }
 
 document.addEventListener("DOMContentLoaded", () => { setUpLogin(); setUpRefresh(); });
