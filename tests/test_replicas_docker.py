@@ -120,10 +120,14 @@ def test_a_replica_killed_mid_call_has_its_calls_taken_over_by_the_other(tmp_pat
     assert b_stages[:1] == ["adopted"] and b_stages[-1] == "finished", b_stages
 
 
-def test_a_replica_restarting_after_another_adopted_its_call_leaves_it_be(tmp_path: Path, pg_url: str) -> None:
+@pytest.mark.parametrize("restart", ["while_b_runs_it", "after_b_finished_it"])
+def test_a_replica_restarting_after_another_adopted_its_call_leaves_it_be(
+    tmp_path: Path, pg_url: str, restart: str
+) -> None:
     """A hands a call over as it stops (SIGTERM, `service.handover`); B adopts it at once (A
     dropped its lease); A starts again and finds the call open in its journal: B holds the
-    record, so A lets it go (`adopted_elsewhere`) and never kills the command B waits for."""
+    record (or recorded its outcome already), so A lets it go (`adopted_elsewhere`) and never
+    kills the command B waits for."""
     anyio.run(migrate_store, parse_state_url(pg_url), tmp_path)
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -146,9 +150,13 @@ def test_a_replica_restarting_after_another_adopted_its_call_leaves_it_be(tmp_pa
         proc_a.send_signal(signal.SIGTERM)
         proc_a.wait(timeout=60)
         _until(lambda: "adopted" in _stages(tmp_path / "b", call_id), seconds=30)
-        _url_a2, again = _start(cfg_a)
+        if restart == "while_b_runs_it":
+            _url_a2, again = _start(cfg_a)
         found = httpx.get(f"{url_b}/v1/calls/{call_id}", params={"wait": 60}, headers=A, timeout=90).json()
         assert found["state"] == "finished" and found["result"]["output"]["output"] == "done\n", found
+        if restart == "after_b_finished_it":  # A comes back after B recorded the outcome
+            _url_a2, again = _start(cfg_a)
+            _until(lambda: _stages(tmp_path / "a", call_id)[-1:] == ["adopted_elsewhere"], seconds=60)
     finally:
         for proc in (proc_a, proc_b, again):
             if proc is not None:

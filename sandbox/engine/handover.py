@@ -116,10 +116,11 @@ async def adopt(orch: Orchestrator, last: Event, owner: str, started: Event) -> 
     store = orch.call_store
     if store is not None and not await store.adopt_call(last.call_id):
         record = await store.call_record(last.call_id)
-        if record is not None and record.state not in ("finished", "abandoned"):
+        if record is not None and record.state != "abandoned":
             # a live process holds its record (another replica adopted it, or will once this
-            # one's earlier lease runs out): it is that one's to watch; never killed from here
-            note_stage(orch, last, ADOPTED_ELSEWHERE, {"process_id": proc_id})
+            # one's earlier lease runs out), or already recorded its outcome (it ran it to the
+            # end while this one was away): that one's to report; never killed from here
+            note_stage(orch, last, ADOPTED_ELSEWHERE, {"process_id": proc_id, "state": record.state})
             return ""
         reason = "its record was settled while nobody ran it; the command was stopped"
         return await _abandon(orch, last, proc_id, reason)
