@@ -21,6 +21,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -43,6 +44,7 @@ class Agent:
         self.out = os.fdopen(1, "wb", buffering=0)
         self.children: dict[int, Child] = {}  # request id -> running command
         self.files = FileServer(self)
+        self.ports = PortRelay(self)
         os.set_blocking(0, False)
         self.sel.register(0, selectors.EVENT_READ, ("stdin", None))
 
@@ -55,15 +57,20 @@ class Agent:
             view = view[written or 0 :]
 
     def serve(self) -> None:
-        self.send({"t": "hello", "id": 0, "protocol": PROTOCOL, "pid": os.getpid(), "pidfd": hasattr(os, "pidfd_open")})
+        hello = {"t": "hello", "id": 0, "protocol": PROTOCOL, "pid": os.getpid(), "pidfd": hasattr(os, "pidfd_open")}
+        self.send({**hello, "ports": True})
         while True:
             polled = [c for c in self.children.values() if c.pidfd is None and c.status is None]
             timeout = NO_PIDFD_POLL_S if polled else None
-            for key, _ in self.sel.select(timeout):
+            for key, events in self.sel.select(timeout):
                 kind, child = key.data
                 if kind == "stdin":
                     if not self.read_requests():
                         return  # the orchestrator went away; running commands are its to kill
+                elif kind == "sock":
+                    if self.ports.streams.get(child.rid) is child:  # not closed earlier this round
+                        self.ports.ready(child, events)
+                    continue
                 elif self.children.get(child.rid) is not child:
                     continue  # finished by an earlier event of this round: its fds are closed
                 elif kind == "pipe":
@@ -115,6 +122,8 @@ class Agent:
                 self.send({"t": "pong", "id": rid})
             elif kind in FILE_REQUESTS:
                 self.files.handle(kind, rid, request, payload)
+            elif kind in PORT_REQUESTS:
+                self.ports.handle(kind, rid, request, payload)
             else:
                 self.send({"t": "error", "id": rid, "message": f"unknown request {kind!r}"})
         except FileProblem as problem:
@@ -476,6 +485,164 @@ class FileServer:
                 os.unlink(tmp, dir_fd=dfd)
             os.close(dfd)
             raise
+
+
+# -- a port on the sandbox's own loopback, for previews -------------------------------------
+
+PORT_REQUESTS = frozenset({"popen", "pdata", "pack", "pclose"})
+PORT_WINDOW = 256 << 10  # bytes sent and not yet acknowledged, per stream and direction
+MAX_PORT_STREAMS = 64
+TCP_ESTABLISHED = "01"
+
+
+class PortStream:
+    """One connection to a loopback port: what waits to be written to it, what was sent on."""
+
+    def __init__(self, rid: int, sock: socket.socket) -> None:
+        self.rid = rid
+        self.sock = sock
+        self.outbox = bytearray()
+        self.unacked = 0  # sent to the orchestrator, not yet acknowledged
+        self.events = 0  # what the selector watches for it
+
+
+class PortRelay:
+    """Connections to ports on this sandbox's loopback, carried over this stream (the sandbox
+    needs no network for a preview). A connection is kept only when the server that accepted it
+    runs as this agent's own user: where sessions share a sandbox with their own uids, a session
+    reaches its own servers, never another session's."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.streams: dict[int, PortStream] = {}
+
+    def handle(self, kind: str, rid: int, request: dict[str, object], payload: bytes) -> None:
+        if kind == "popen":
+            self.open(rid, request)
+            return
+        stream = self.streams.get(rid)
+        if stream is None:
+            return  # closed already (by either side): late data and acknowledgements are dropped
+        if kind == "pdata":
+            stream.outbox += payload
+            self.flush(stream)
+        elif kind == "pack":
+            stream.unacked = max(0, stream.unacked - int(request["n"]))  # type: ignore[call-overload]
+            self.watch(stream)
+        elif kind == "pclose":
+            self.close(stream, tell=False)
+
+    def open(self, rid: int, request: dict[str, object]) -> None:
+        port = request["port"]
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError("port must be a number from 1 to 65535")
+        if len(self.streams) >= MAX_PORT_STREAMS:
+            self.refuse(rid, "busy", f"{MAX_PORT_STREAMS} connections are open already")
+            return
+        sock = None
+        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            candidate = socket.socket(family, socket.SOCK_STREAM)
+            candidate.settimeout(2)  # loopback answers at once; a full backlog waits this long
+            try:
+                candidate.connect((host, port))
+            except OSError:
+                candidate.close()
+                continue
+            sock = candidate
+            break
+        if sock is None:
+            self.refuse(rid, "not_listening", f"nothing listens on port {port} of the sandbox's loopback")
+            return
+        owner = accepted_by(sock, port)
+        if owner != os.getuid():
+            sock.close()
+            self.refuse(rid, "not_owner", f"the server on port {port} does not run as this session's user")
+            return
+        sock.setblocking(False)
+        stream = PortStream(rid, sock)
+        self.streams[rid] = stream
+        self.watch(stream)
+        self.agent.send({"t": "popened", "id": rid})
+
+    def refuse(self, rid: int, why: str, message: str) -> None:
+        self.agent.send({"t": "prefused", "id": rid, "why": why, "message": message})
+
+    def watch(self, stream: PortStream) -> None:
+        """Read while the window has room; write while something waits."""
+        events = (selectors.EVENT_READ if stream.unacked < PORT_WINDOW else 0) | (
+            selectors.EVENT_WRITE if stream.outbox else 0
+        )
+        if events == stream.events:
+            return
+        if not stream.events:
+            self.agent.sel.register(stream.sock, events, ("sock", stream))
+        elif not events:
+            self.agent.sel.unregister(stream.sock)
+        else:
+            self.agent.sel.modify(stream.sock, events, ("sock", stream))
+        stream.events = events
+
+    def ready(self, stream: PortStream, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self.flush(stream)
+        if events & selectors.EVENT_READ and self.streams.get(stream.rid) is stream:
+            try:
+                data = stream.sock.recv(min(CHUNK, PORT_WINDOW - stream.unacked))
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.close(stream, tell=True)
+                return
+            stream.unacked += len(data)
+            self.agent.send({"t": "pdata", "id": stream.rid}, data)
+            self.watch(stream)
+
+    def flush(self, stream: PortStream) -> None:
+        sent = 0
+        try:
+            while stream.outbox:
+                written = stream.sock.send(stream.outbox)
+                del stream.outbox[:written]
+                sent += written
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.close(stream, tell=True)
+            return
+        if sent:
+            self.agent.send({"t": "pack", "id": stream.rid, "n": sent})
+        self.watch(stream)
+
+    def close(self, stream: PortStream, *, tell: bool) -> None:
+        if self.streams.pop(stream.rid, None) is None:
+            return
+        if stream.events:
+            self.agent.sel.unregister(stream.sock)
+        stream.sock.close()
+        if tell:
+            self.agent.send({"t": "pclosed", "id": stream.rid})
+
+
+def accepted_by(sock: socket.socket, port: int) -> int | None:
+    """The uid that owns the server side of this fresh loopback connection (the kernel's own
+    socket table: an accepted socket carries its listener's owner), None when it is not found."""
+    mine = sock.getsockname()[1]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as rows:
+                next(rows, None)
+                for row in rows:
+                    fields = row.split()
+                    if len(fields) < 8 or fields[3] != TCP_ESTABLISHED:
+                        continue
+                    local, remote = fields[1].rpartition(":")[2], fields[2].rpartition(":")[2]
+                    if int(local, 16) == port and int(remote, 16) == mine:
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def health() -> int:

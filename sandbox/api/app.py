@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskStatus
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import HTTPConnection
 
 from sandbox._log import logger
 from sandbox.api.auth import current_caller, resolve_session
@@ -29,6 +30,7 @@ from sandbox.api.handle_routes import add_handle_routes
 from sandbox.api.limits import TenantLimits
 from sandbox.api.mcp_server import http_server
 from sandbox.api.metrics import Metrics
+from sandbox.api.preview_routes import add_preview_routes
 from sandbox.api.progress_relay import ProgressRelay
 from sandbox.api.quotas import Admission
 from sandbox.api.read_routes import add_read_routes
@@ -90,13 +92,14 @@ def create_app(config: Config, orchestrator: Orchestrator | None = None, auditor
     app.add_middleware(BodyLimit)
     app.add_exception_handler(SandboxError, _sandbox_error)  # type: ignore[arg-type]
 
-    def session_for(request: Request, who: Caller, key: str, agent: str | None) -> Session:
+    def session_for(request: HTTPConnection, who: Caller, key: str, agent: str | None) -> Session:
         found: Orchestrator = request.app.state.orch
         return resolve_session(tenants, found, who, key, agent)
 
     add_read_routes(app, tenants, limits, metrics, session_for)
     add_call_routes(app, limits, metrics, admission, watch, session_for)
     add_handle_routes(app)
+    add_preview_routes(app, tenants, session_for)  # /v1/sessions/{key}/ports/..., /v1/previews/...
     add_console(app, config, auditor)  # /ui, for operators (service.operator_tokens)
     return app
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from sandbox._log import logger
 from sandbox.api.bodies import CONNECTION
@@ -135,6 +136,24 @@ class ConnectionGuard:
         return len(self._open)
 
 
+def guarded_websocket(guard: ConnectionGuard) -> type[WebSocketsSansIOProtocol]:
+    """uvicorn's websocket protocol (previews' websockets, api/preview_routes.py) still counted
+    by `guard`: an upgraded connection keeps its place until it closes. Its other bounds are
+    uvicorn's: pings every 20 s (a peer that does not answer in 20 s is closed), messages of at
+    most 16 MiB, no compression (serving.py)."""
+
+    class GuardedWebSocket(WebSocketsSansIOProtocol):
+        guard_conn: Conn | None = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.guard_conn is not None:
+                guard.forget(self.guard_conn)
+                self.guard_conn = None
+            super().connection_lost(exc)
+
+    return GuardedWebSocket
+
+
 def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol held to `guard`, with a request-head timeout."""
 
@@ -164,6 +183,20 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             self._disarm()
             self._body_done()
             super().connection_lost(exc)
+
+        def handle_websocket_upgrade(self) -> None:
+            conn, self._conn = self._conn, None  # the connection is the websocket's from now on
+            self._disarm()
+            self._body_done()
+            super().handle_websocket_upgrade()
+            upgraded = self.transport.get_protocol()
+            if conn is None:
+                return
+            conn.idle_for = lambda: -1.0  # in use while open: never closed as an idle one
+            if hasattr(upgraded, "guard_conn"):
+                upgraded.guard_conn = conn
+            else:
+                guard.forget(conn)
 
         def _idle(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
@@ -247,7 +280,8 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     return GuardedProtocol
 
 
-def protocol_for(service: ServiceSection) -> tuple[type[Any], ConnectionGuard]:
-    """The HTTP protocol class to give uvicorn (`http=`) and the guard it reports to."""
+def protocol_for(service: ServiceSection) -> tuple[type[Any], type[Any], ConnectionGuard]:
+    """The HTTP and websocket protocol classes to give uvicorn (`http=`, `ws=`) and the guard
+    both report to."""
     guard = ConnectionGuard(limits_of(service))
-    return guarded_protocol(guard), guard
+    return guarded_protocol(guard), guarded_websocket(guard), guard

@@ -57,14 +57,16 @@ def uvicorn_config(app: Any, *, host: str, port: int, graceful_s: int | None = N
     # httptools' guarded protocol: only the HTTP service needs it, not `sandbox mcp` over stdio (StopWatch)
     from sandbox.api.connections import protocol_for
 
-    protocol, guard = protocol_for(app.state.config.service)
+    protocol, websocket, guard = protocol_for(app.state.config.service)
     app.state.connections = guard
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         http=protocol,
-        ws="none",  # an upgraded connection would leave the guarded protocol (and its bounds)
+        ws=websocket,  # previews' websockets: an upgraded connection stays counted (api/connections.py)
+        ws_max_size=16 << 20,
+        ws_per_message_deflate=False,  # no compression: a small frame never inflates into a large one
         log_level="warning",
         timeout_graceful_shutdown=graceful_s,
     )

@@ -195,6 +195,13 @@ class Tenants:
         hash in constant time, with no early exit on a match."""
         return first_match(token, self._known_hashes())
 
+    def holder(self, tenant: str, token_name: str) -> Caller | None:
+        """The tenant's token named `token_name` while it is known (a revoked one is not)."""
+        for caller, _ in self._known_hashes():
+            if caller.tenant.id == tenant and caller.token_name == token_name:
+                return caller
+        return None
+
     def from_authorization(self, header: str | None) -> Caller | None:
         """The tenant of an `Authorization: Bearer <token>` header; None for anything else."""
         return self.authenticate(bearer_token(header))

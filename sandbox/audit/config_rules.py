@@ -11,6 +11,7 @@ from sandbox.audit.egress_rules import egress_findings
 from sandbox.audit.findings import Finding
 from sandbox.audit.isolation_rules import (
     browser_network_findings,
+    preview_findings,
     sender_findings,
     shared_bind_findings,
     shared_findings,
@@ -30,7 +31,7 @@ def audit_config(
 ) -> list[Finding]:
     """Every config rule for every agent; `senders` (agent -> senders seen) feeds SBX-S002."""
     findings: list[Finding] = workspace_findings(config) + shared_findings(config) + host_session_findings(config)
-    findings += sender_findings(config, senders or {})
+    findings += sender_findings(config, senders or {}) + preview_findings(config)
     tenants_by_source: dict[str, set[str]] = {}
     resolver = PolicyResolver(config)
     for agent_id in agent_ids(config):

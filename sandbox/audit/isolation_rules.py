@@ -21,6 +21,7 @@ from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.journal.store import Journal
 from sandbox.runtime.naming import Labels
+from sandbox.runtime.session_users import uses_session_users
 
 FIX_OWN_DIRS = "give every agent its own directory, outside the state_dir and every workspace_root"
 
@@ -83,6 +84,46 @@ def _mount_set(mounts: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, bool]
         for m in mounts
         if m.get("Type", "bind") == "bind"
     }
+
+
+def preview_findings(config: Config) -> list[Finding]:
+    """SBX-V001: an agent whose sandboxes' ports the service shows (previews, docs/preview.md);
+    SBX-V002: the same where sessions share a container and one uid, so a session's link reaches
+    whatever any session of that container serves on the port."""
+    out = []
+    for agent_id in agent_ids(config):
+        agent = effective_agent(config, agent_id)
+        cfg = agent.sandbox
+        if cfg.mode == "off" or not cfg.preview.ports:
+            continue
+        ports = ", ".join(map(str, cfg.preview.ports))
+        target = f"agent {agent_id} (config)"
+        key = f"{agent.key_path}.sandbox.preview.ports"
+        out.append(
+            Finding(
+                "SBX-V001",
+                "info",
+                "sandbox ports shown through the service",
+                f"{key} lists {ports}: a server a session starts on one of them is shown to its tenant's "
+                f"token and to anyone holding a link it makes (links last at most {cfg.preview.link_ttl_s} s)",
+                f"list only the ports people need to see; shorten {agent.key_path}.sandbox.preview.link_ttl_s",
+                target,
+            )
+        )
+        user = cfg.docker.user or "1000:1000"  # a workspace owner's uid is numeric too (runtime/spec.py)
+        if cfg.scope != "session" and not uses_session_users(cfg.session_users, cfg.scope, cfg.workspace_access, user):
+            out.append(
+                Finding(
+                    "SBX-V002",
+                    "medium",
+                    "previews of a container sessions share as one user",
+                    f"scope {cfg.scope} without uids per session: a link of one session reaches whatever any "
+                    f"session of the container serves on ports {ports}",
+                    "use scope: session, or session_users: on, so a session reaches only its own servers",
+                    target,
+                )
+            )
+    return out
 
 
 def live_shared_findings(config: Config, doc: Mapping[str, Any], target: str) -> list[Finding]:

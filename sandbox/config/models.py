@@ -306,6 +306,23 @@ class PoolConfig(StrictModel):
     size: int = Field(0, ge=0, le=64)  # started, unclaimed sandboxes kept per agent; 0: no pool
 
 
+def _unique_ports(ports: list[int]) -> list[int]:
+    if len(set(ports)) != len(ports):
+        raise ValueError(f"each port once (got {ports})")
+    return sorted(ports)
+
+
+class PreviewConfig(StrictModel):
+    """Preview URLs (docs/preview.md): ports on the sandbox's own loopback that the service may
+    show, through the sandbox's resident agent (the sandbox needs no network); none: no previews."""
+
+    ports: Annotated[list[Annotated[int, Field(ge=1, le=65535)]], AfterValidator(_unique_ports)] = Field(
+        default_factory=list, max_length=16
+    )
+    link_ttl_s: int = Field(3600, ge=60, le=7 * 86400)  # how long a signed link works, at most
+    max_connections: int = Field(16, ge=1, le=64)  # open at once per session, through one replica
+
+
 class PruneConfig(StrictModel):
     """When idle or old sandboxes are removed; 0 disables a rule."""
 
@@ -342,6 +359,7 @@ class SandboxConfig(StrictModel):
     egress: EgressConfig = EgressConfig()
     prune: PruneConfig = PruneConfig()
     pool: PoolConfig = PoolConfig()
+    preview: PreviewConfig = PreviewConfig()
     # seconds a sandbox nobody used stays running before the service pauses it (the cgroup
     # freezer: it costs no CPU; the next call thaws it); 0 never pauses. Docker only
     idle_pause_s: float = Field(0.0, ge=0)
@@ -493,6 +511,9 @@ class ServiceSection(StrictModel):
     # tokens of their own (stored hashed), never a tenant's; none configured: no console
     operator_tokens: list[TenantToken] = []
     console_session_hours: float = Field(8.0, gt=0, le=168)  # an operator's login lasts this long
+    # the key preview links are signed with (docs/preview.md): at least 32 random bytes; unset, a
+    # key is made once in the state dir. Replicas on one state store need this one file
+    preview_key_file: ConfigPath | None = None
     # the edge (api/connections.py, api/limits.py): what one client or tenant may hold open
     head_timeout_s: float = Field(5.0, gt=0, le=300)
     body_timeout_s: float = Field(30.0, gt=0, le=3600)  # from a complete head to the body's last byte

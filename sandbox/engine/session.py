@@ -25,6 +25,7 @@ from sandbox.fs.states import FileStates, SeenFiles, SharedFileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
 from sandbox.journal.retention import parse_age
 from sandbox.policy.resolver import ResolvedPolicy
+from sandbox.preview.closed import mark_closed
 from sandbox.runtime.backends import agent_files, host_shell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
@@ -249,6 +250,8 @@ class Session:
     async def release(self, *, reason: str) -> None:
         """Close this session alone (see :meth:`close`); `reason` goes on its cancelled approvals."""
         await end_session_work(self._orch, self, reason)
+        # its preview links end with it, also where its sandbox stays (agent, shared scope)
+        await anyio.to_thread.run_sync(mark_closed, self._orch.config.state_dir, self.agent.tenant, self.key)
         if self.sandboxed:
             await self._orch.manager.close_session(self.agent, self.key)
             await self._close_browser()
@@ -273,6 +276,16 @@ class Session:
             spec = self._orch.manager.spec_for(self.agent, self.key)
             if not await self._orch.backend.exists(spec.name):
                 return None
+        return await self._sandbox_shell()
+
+    async def running_sandbox(self) -> Sandbox | SessionShell | None:
+        """The session's sandbox as its own user sees it, when one runs (never made here: a
+        preview, api/preview_routes.py, starts nothing)."""
+        if not self.sandboxed:
+            return None
+        spec = self._orch.manager.spec_for(self.agent, self.key)
+        if not await self._orch.backend.exists(spec.name):
+            return None
         return await self._sandbox_shell()
 
     async def _sandbox_shell(self) -> Sandbox | SessionShell:

@@ -20,6 +20,7 @@ def explain_data(policy: ResolvedPolicy) -> dict[str, Any]:
             "workspace_access": status.workspace_access,
             "reason": status.reason,
         },
+        "preview": _preview(policy),
         "layers": [{"name": t.layer.name, "remaining": sorted(t.remaining)} for t in policy.trace],
         "tools": [
             {
@@ -36,6 +37,27 @@ def explain_data(policy: ResolvedPolicy) -> dict[str, Any]:
     }
 
 
+def _preview(policy: ResolvedPolicy) -> dict[str, Any]:
+    """Which of the sandbox's loopback ports the service may show (docs/preview.md)."""
+    preview = policy.agent.sandbox.preview
+    ports = list(preview.ports) if policy.sandbox.sandboxed else []
+    return {
+        "ports": ports,
+        "link_ttl_s": preview.link_ttl_s,
+        "max_connections": preview.max_connections,
+        "key": f"{policy.agent.key_path}.sandbox.preview.ports",
+    }
+
+
+def _preview_text(policy: ResolvedPolicy) -> str:
+    found = _preview(policy)
+    if not found["ports"]:
+        why = "not sandboxed" if not policy.sandbox.sandboxed else f"{found['key']} lists none"
+        return f"off ({why})"
+    ports = ", ".join(map(str, found["ports"]))
+    return f"ports {ports} of the sandbox's loopback, links for at most {found['link_ttl_s']} s"
+
+
 def explain_text(policy: ResolvedPolicy) -> str:
     """The human rendering of `sandbox explain`."""
     status = policy.sandbox
@@ -44,6 +66,7 @@ def explain_text(policy: ResolvedPolicy) -> str:
         f"session  {policy.session.raw}",
         f"sandbox  {'yes' if status.sandboxed else 'no'}: {status.reason}",
         f"         scope {status.scope}, workspace {status.workspace_access}",
+        f"preview  {_preview_text(policy)}",
         f"layers   {' -> '.join(t.layer.name for t in policy.trace)}",
         "",
         f"{'tool':<18} {'':<7} {'decided by':<22} {'pattern':<16} why / fix",

@@ -208,6 +208,27 @@ class AgentChannel(Protocol):
         """Run argv in the sandbox through the agent (file listings: `find -P`)."""
         ...
 
+    async def open_port(self, port: int) -> PortStream:
+        """A connection to `port` on the sandbox's own loopback (previews); PortUnreachable
+        when nothing of this user's listens there."""
+        ...
+
+
+class PortStream(Protocol):
+    """One connection to a sandbox's loopback port, carried by its agent (runtime/agent/ports.py)."""
+
+    async def read(self, max_bytes: int = ...) -> bytes:
+        """What the server sent next; b"" once it closed its side."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send `data` to the server (waits while the agent's window is full)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection (twice is fine)."""
+        ...
+
 
 class OneShot(Protocol):
     """Sandboxes made for one skill call and removed after it (a capability: `Sandbox.one_shot`)."""

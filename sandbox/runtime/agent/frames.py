@@ -41,6 +41,7 @@ class Hello(_Frame):
     protocol: int = Field(ge=0, le=MAX_INT)
     pid: int = Field(ge=1, le=MAX_INT)
     pidfd: bool
+    ports: bool = False  # it carries connections to the sandbox's loopback ports (previews)
 
 
 class Started(_Frame):
@@ -95,8 +96,39 @@ class Failed(_Frame):
     message: str = Field(max_length=1000)
 
 
+class PortOpened(_Frame):
+    t: Literal["popened"]
+    id: int = Field(ge=1, le=MAX_INT)
+
+
+class PortRefused(_Frame):
+    t: Literal["prefused"]
+    id: int = Field(ge=1, le=MAX_INT)
+    why: Literal["busy", "not_listening", "not_owner"]
+    message: str = Field(max_length=300)
+
+
+class PortData(_Frame):
+    t: Literal["pdata"]
+    id: int = Field(ge=1, le=MAX_INT)
+
+
+class PortAck(_Frame):
+    t: Literal["pack"]
+    id: int = Field(ge=1, le=MAX_INT)
+    n: int = Field(ge=1, le=MAX_INT)
+
+
+class PortClosed(_Frame):
+    t: Literal["pclosed"]
+    id: int = Field(ge=1, le=MAX_INT)
+
+
+PortFrame = PortOpened | PortRefused | PortData | PortAck | PortClosed
+PORT_FRAMES = (PortOpened, PortRefused, PortData, PortAck, PortClosed)
 Frame = Annotated[
-    Hello | Started | Out | Exit | Reply | Failed | Data | FileInfo | FileRefused, Field(discriminator="t")
+    Hello | Started | Out | Exit | Reply | Failed | Data | FileInfo | FileRefused | PortFrame,
+    Field(discriminator="t"),
 ]
 _FRAME: TypeAdapter[Frame] = TypeAdapter(Frame)
 
@@ -151,7 +183,7 @@ class FrameReader:
                 frame = _FRAME.validate_json(head)
             except ValidationError as exc:
                 raise FrameError(f"the agent sent a frame that is not in the protocol: {_short(exc)}") from None
-            if payload and not isinstance(frame, (Out, Data)):
+            if payload and not isinstance(frame, (Out, Data, PortData)):
                 raise FrameError(f"the agent sent a payload with a {frame.t!r} frame")
             out.append((frame, payload))
         return out

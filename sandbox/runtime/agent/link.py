@@ -26,9 +26,10 @@ import anyio
 import anyio.lowlevel
 
 from sandbox._log import logger
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import PortUnreachable, SandboxUnavailable
 from sandbox.runtime.agent.exec_path import PROTOCOL
 from sandbox.runtime.agent.frames import (
+    PORT_FRAMES,
     Data,
     Exit,
     Failed,
@@ -38,10 +39,12 @@ from sandbox.runtime.agent.frames import (
     FrameReader,
     Hello,
     Out,
+    PortData,
     Reply,
     Started,
 )
 from sandbox.runtime.agent.frames import encode as encode_frame
+from sandbox.runtime.agent.ports import OPEN_TIMEOUT_S, PortTunnel
 from sandbox.runtime.agent.transport import AgentStarter, AgentTransport
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
@@ -93,6 +96,7 @@ class AgentLink:
         self._write_lock = anyio.Lock()
         self._hello: Hello | None = None
         self._tagged: dict[str, int] = {}  # a call id -> its last request's id (for the signal frame)
+        self._ports: dict[int, PortTunnel] = {}  # open connections to the sandbox's loopback ports
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -230,6 +234,56 @@ class AgentLink:
         self._raise_if_failed(call)
         return (time.perf_counter() - start) * 1000
 
+    async def open_port(self, port: int) -> PortTunnel:
+        """A connection to `port` on the sandbox's own loopback, carried by this agent
+        (runtime/agent/ports.py); close it with `aclose` (or use it as a context manager).
+
+        Raises:
+            PortUnreachable: nothing listens there, the server runs as another user, too many
+                connections are open, or this agent cannot carry ports (an older image).
+            AgentUnavailable: the agent did not answer in time, or the link died.
+        """
+        if self._hello is not None and not self._hello.ports:
+            raise PortUnreachable(
+                "no_relay", "this sandbox's agent cannot carry ports (an older image): run `sandbox images build`"
+            )
+        call = self._new()  # an id (and a pending entry that only the link's death fills)
+        tunnel = self._ports[call.id] = PortTunnel(self, call.id, port)
+        try:
+            await self._send({"t": "popen", "id": call.id, "port": port})
+            with anyio.move_on_after(OPEN_TIMEOUT_S):
+                await self._wait(lambda: tunnel.opened or tunnel.refused is not None or call.error is not None)
+            if not tunnel.opened and tunnel.refused is None and call.error is None:
+                self._fail(f"the agent did not answer port request {call.id} within {OPEN_TIMEOUT_S:.0f} s")
+            self._raise_if_failed(call)
+        except BaseException:
+            self._ports.pop(call.id, None)
+            raise
+        finally:
+            self._pending.pop(call.id, None)
+        if tunnel.refused is not None:
+            self._ports.pop(call.id, None)
+            raise PortUnreachable(tunnel.refused.why, tunnel.refused.message)
+        return tunnel
+
+    async def wait_port(self, done: Callable[[], bool]) -> None:
+        """Until `done()` (a tunnel's condition); AgentUnavailable when the link died first."""
+        await self._wait(done)
+        if not done():
+            raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
+
+    async def send_port(self, header: dict[str, Any], payload: bytes = b"", *, quiet: bool = False) -> None:
+        """One frame of a tunnel (`quiet`: a dead link is no error, for a close)."""
+        try:
+            await self._send(header, payload)
+        except AgentUnavailable:
+            if not quiet:
+                raise
+
+    def forget_port(self, rid: int) -> None:
+        """A tunnel was closed: frames that still arrive for it are dropped."""
+        self._ports.pop(rid, None)
+
     def check(self) -> bool:
         """Whether the link still looks alive, without waiting: a stream the engine already
         ended (the container stopped, the agent died while idle) is found dead before a request
@@ -327,7 +381,7 @@ class AgentLink:
             if frame.id >= self._next:
                 self._fail(f"the agent answered request {frame.id}, which was never made")
                 return
-            if isinstance(frame, (Out, Data)) and not payload:
+            if isinstance(frame, (Out, Data, PortData)) and not payload:
                 self._fail(f"the agent sent an empty {frame.t!r} frame (never sent by a working agent)")
                 return
             if isinstance(frame, Hello):
@@ -339,6 +393,13 @@ class AgentLink:
             if isinstance(frame, Failed) and frame.id == 0:
                 self._fail(f"the agent reported: {frame.message}")
                 return
+            if isinstance(frame, PORT_FRAMES):
+                tunnel = self._ports.get(frame.id)
+                broken = tunnel.on_frame(frame, payload) if tunnel is not None else None
+                if broken:
+                    self._fail(broken)
+                    return
+                continue  # a closed tunnel's late frames are dropped
             call = self._pending.get(frame.id)
             if call is None:
                 continue  # an answer to a call that stopped waiting (timed out, cancelled)

@@ -1,0 +1,1 @@
+"""Preview URLs: a web server in a sandbox, shown through the service (docs/preview.md)."""
