@@ -10,6 +10,7 @@ DevTools through a loopback-published port."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,7 +97,7 @@ tools: {{profile: full, approvals: {{require: [exec], timeout_s: 120}}}}
 service: {{operator_tokens: [{{name: ops, sha256: {sha(OPERATOR)}}}]}}
 tenants: [{{id: acme, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
 agents:
-  defaults: {{sandbox: {{mode: all, scope: session, workspace_access: rw}}}}
+  defaults: {{sandbox: {{mode: all, scope: session, workspace_access: rw, preview: {{ports: [8000]}}}}}}
   list: [{{id: alpha, tenant: acme, workspace: {ws}}}]
 """)
     port = free_port()
@@ -190,3 +191,113 @@ def test_an_approval_made_in_the_browser_lets_the_waiting_call_run(chromium: str
         finally:
             browser.close()
     print(f"console screenshots: {SHOTS}")
+
+
+# a page the sandbox serves, as an attacker writes it: it knows a pending approval's id (APPROVAL)
+# and tries, from the operator's own browser, everything the service's origin would allow it
+ATTACK_PAGE = """<!doctype html><title>attack</title><pre id=result>running</pre>
+<form id=f method=post action="/ui/approvals/APPROVAL/approve" target=sink>
+<input name=reason value=forged><input name=csrf value=guess></form><iframe name=sink></iframe>
+<script>
+const out = {};
+function done() { document.getElementById("result").textContent = JSON.stringify(out); }
+try { out.cookie = document.cookie; } catch (e) { out.cookie = "refused: " + e.name; }
+try { localStorage.setItem("x", "1"); out.storage = "allowed"; } catch (e) { out.storage = "refused: " + e.name; }
+out.origin = String(self.origin);
+document.getElementById("f").submit();
+fetch("/ui/approvals/APPROVAL", {credentials: "include"})
+  .then(r => r.text()).then(t => { out.read = "read " + t.length; })
+  .catch(e => { out.read = "refused: " + e.name; })
+  .then(() => fetch("/ui/approvals/APPROVAL/approve", {method: "POST", mode: "no-cors", credentials: "include",
+                     body: new URLSearchParams({reason: "forged", csrf: "guess"})}))
+  .then(() => { out.post = "sent"; }, e => { out.post = "refused: " + e.name; })
+  .then(done);
+</script>"""
+
+
+def _pending(service: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = httpx.get(f"{service}/v1/approvals", headers=A, timeout=30).json()
+    return found
+
+
+def _approve_next(service: str, seconds: float = 60) -> None:
+    """Approve, over the tenant's API, the next call that asks (this test's own setup calls)."""
+    deadline = time.monotonic() + seconds
+    while not (pending := _pending(service)):
+        assert time.monotonic() < deadline, "no call asked for approval"
+        time.sleep(0.2)
+    decided = httpx.post(f"{service}/v1/approvals/{pending[0]['id']}/approve", headers=A, timeout=30)
+    assert decided.status_code == 200, decided.text
+
+
+def test_a_preview_page_cannot_read_the_console_or_act_as_its_operator(chromium: str, service: str) -> None:
+    """The operator is logged in to the console in this browser; a page a sandbox serves (through a
+    preview link, on the service's own host and port) tries to read the console, approve a waiting
+    call by a forged form and by fetch, and touch the service's cookies and storage. It is an
+    opaque origin (CSP sandbox): every attempt fails and the call stays waiting."""
+    from playwright.sync_api import sync_playwright
+
+    key = "agent:alpha:pv1"
+
+    def call(tool: str, args: dict[str, Any], into: list[httpx.Response]) -> threading.Thread:
+        def run() -> None:
+            into.append(
+                httpx.post(
+                    f"{service}/v1/sessions/{key}/calls", headers=A, json={"tool": tool, "args": args}, timeout=180
+                )
+            )
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    started: list[httpx.Response] = []
+    server = call("exec", {"command": "python3 -m http.server 8000 --bind 127.0.0.1", "background": True}, started)
+    _approve_next(service)
+    server.join(timeout=120)
+    assert started and started[0].json()["ok"], started
+    victim: list[httpx.Response] = []
+    waiting = call("exec", {"command": "echo the-forged-approval-ran"}, victim)
+    deadline = time.monotonic() + 60
+    while not (pending := _pending(service)):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    approval = pending[0]["id"]
+    page_text = ATTACK_PAGE.replace("APPROVAL", approval)
+    wrote = httpx.post(
+        f"{service}/v1/sessions/{key}/calls", headers=A, timeout=60,
+        json={"tool": "write", "args": {"path": "attack.html", "content": page_text}},
+    )  # fmt: skip
+    assert wrote.json()["ok"], wrote.text
+    link = httpx.post(f"{service}/v1/sessions/{key}/preview-links", headers=A, json={"port": 8000}, timeout=30)
+    assert link.status_code == 200, link.text
+
+    with sync_playwright() as p:
+        browser = p.chromium.connect_over_cdp(chromium)
+        try:
+            context = browser.new_context()
+            page = context.new_page()
+            page.goto(f"{service}/ui/login")
+            page.fill("#token", OPERATOR)
+            page.click("#login-button")
+            page.wait_for_url("**/ui/approvals")
+            page.wait_for_selector("section.approval", timeout=60_000)  # the operator sees the waiting call
+            assert [c for c in context.cookies() if c["path"] == "/ui"]  # logged in: the cookie is in this browser
+            page.goto(f"{service}{link.json()['url']}attack.html")
+            page.wait_for_function("document.getElementById('result').textContent !== 'running'", timeout=30_000)
+            result = json.loads(page.inner_text("#result"))
+            _shot(page, "7-preview-attack")
+            # still logged in, and the console still shows the call waiting
+            page.goto(f"{service}/ui/approvals")
+            page.wait_for_selector("section.approval", timeout=30_000)
+        finally:
+            browser.close()
+    assert result["origin"] == "null", result  # an opaque origin, not the service's
+    assert result["cookie"].startswith("refused") and result["storage"].startswith("refused"), result
+    assert result["read"].startswith("refused"), result  # the console's page was never readable
+    assert [a["id"] for a in _pending(service)] == [approval]  # neither the form nor the fetch approved it
+    assert not victim  # the call still waits
+    denied = httpx.post(f"{service}/v1/approvals/{approval}/deny", headers=A, timeout=30)
+    assert denied.status_code == 200
+    waiting.join(timeout=120)
+    assert victim and victim[0].json()["ok"] is False and "the-forged-approval-ran" not in victim[0].text

@@ -17,6 +17,7 @@ def test_all_is_sorted_and_complete() -> None:
         "escape",
         "tools",
         "policy",
+        "preview",
         "runtime",
         "fs",
         "cli",

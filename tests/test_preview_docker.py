@@ -212,6 +212,32 @@ def test_a_session_cannot_preview_another_sessions_server_in_a_shared_sandbox(ma
         httpx.delete(f"{url}/v1/sessions/bob", headers=A, timeout=120)
 
 
+def test_the_typed_clients_make_links_and_explain_shows_the_ports(served: str) -> None:
+    from sandbox.client import AsyncClient, Client, ServiceError
+
+    url = served
+    start_server(url, A, "web")
+    with Client(url, TOKEN_A) as client:
+        session = client.session("web")
+        link = session.preview_link(PORT, ttl_s=120)
+        assert link.url.startswith(f"{url}/v1/previews/") and link.port == PORT
+        assert b"preview ok" in httpx.get(link.url, timeout=30).content
+        explained = session.explain()
+        assert explained.preview is not None and explained.preview.ports == [PORT, SILENT_PORT]
+        with pytest.raises(ServiceError) as refused:
+            session.preview_link(22)
+        assert refused.value.status == 403
+
+    async def through_async() -> str:
+        async with AsyncClient(url, TOKEN_A) as aclient:
+            return (await aclient.session("web").preview_link(PORT)).url
+
+    import anyio
+
+    assert b"preview ok" in httpx.get(anyio.run(through_async), timeout=30).content
+    httpx.delete(f"{url}/v1/sessions/web", headers=A, timeout=120)
+
+
 def _b64(data: bytes) -> str:
     import base64
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from starlette.websockets import WebSocket
 
 from sandbox.api.app import create_app
 from sandbox.api.serving import uvicorn_config
@@ -19,11 +21,48 @@ A = {"Authorization": f"Bearer {TOKEN_A}"}
 SCRAPER = "sbx_metrics-scraper"
 
 
-def test_websocket_upgrades_are_not_served(tmp_path: Path) -> None:
-    """uvicorn hands an upgraded connection to its websocket protocol when a websocket library is
-    installed: out of the guarded protocol and its bounds. The service serves no websocket."""
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_an_upgraded_websocket_keeps_its_place_in_the_guard_until_it_closes(tmp_path: Path) -> None:
+    """Previews serve websockets (api/preview_routes.py): uvicorn hands an upgraded connection to
+    its websocket protocol, out of the guarded HTTP one. It stays counted while open (never closed
+    as idle), and its place is given back when it closes, cleanly or not; a refused upgrade gives
+    it back too. Without that, each websocket would leak a place until no tenant got in."""
+    from websockets.asyncio.client import connect
+
     app = create_app(config(tmp_path, "{}"))
-    assert uvicorn_config(app, host="127.0.0.1", port=0).ws == "none"
+
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        async for text in websocket.iter_text():
+            await websocket.send_text(text)
+
+    app.add_api_websocket_route("/test-echo", echo)
+    assert uvicorn_config(app, host="127.0.0.1", port=0).ws_per_message_deflate is False
+    async with serving(app) as url:
+        guard = app.state.connections
+        ws_url = url.replace("http://", "ws://")
+
+        async def settled(count: int) -> None:
+            with anyio.fail_after(10):
+                while guard.count() != count:
+                    await anyio.sleep(0.02)
+
+        for _ in range(3):
+            async with connect(f"{ws_url}/test-echo") as ws:
+                await ws.send("hi")
+                assert await ws.recv() == "hi"
+                assert guard.count() == 1
+                assert [c.idle_for() for c in guard._open] == [-1.0]  # in use: never closed as idle
+            await settled(0)
+        abrupt = await connect(f"{ws_url}/test-echo")
+        await settled(1)
+        abrupt.transport.abort()  # no close frame: the socket just goes
+        await settled(0)
+        await abrupt.close()
+        with pytest.raises(Exception, match="403"):  # no such websocket route: refused at the handshake
+            await connect(f"{ws_url}/v1/none")
+        await settled(0)
 
 
 @pytest.mark.slow

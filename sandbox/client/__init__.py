@@ -14,7 +14,7 @@ from sandbox.client.errors import (
     ServiceError,
     ServiceTransportError,
 )
-from sandbox.client.models import Agent, CallState, Explain, LogPage, SandboxInfo, SessionEvent
+from sandbox.client.models import Agent, CallState, Explain, LogPage, PreviewLink, SandboxInfo, SessionEvent
 from sandbox.client.protocol import ToolSession
 from sandbox.client.sync import CallHandle, Client, ClientSession, EventStream
 from sandbox.client.wire import RetryPolicy
@@ -43,6 +43,7 @@ __all__ = [
     "Explain",
     "LogPage",
     "NotFoundError",
+    "PreviewLink",
     "RateLimitedError",
     "RetryPolicy",
     "SandboxInfo",

@@ -23,6 +23,7 @@ from sandbox.client.models import (
     Explain,
     Format,
     LogPage,
+    PreviewLink,
     SandboxInfo,
     SessionEvent,
 )
@@ -67,6 +68,11 @@ class AsyncClient:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    @property
+    def base_url(self) -> str:
+        """The service's address, without a trailing slash."""
+        return str(self._http.base_url).rstrip("/")
 
     async def aclose(self) -> None:
         """Close the connections."""
@@ -239,6 +245,21 @@ class AsyncClientSession:
     async def explain(self) -> Explain:
         """The policy decision per tool for this session."""
         return await self._client.explain(self._key, agent=self._agent)
+
+    async def preview_link(self, port: int, *, ttl_s: int | None = None) -> PreviewLink:
+        """A signed link to `port` of the session's running sandbox, for a browser (docs/preview.md):
+        it works for `ttl_s` seconds (at most, and by default, the agent's
+        `sandbox.preview.link_ttl_s`), and ends sooner when the session closes.
+
+        Raises:
+            ServiceError: the port is not in `sandbox.preview.ports` (403), the session has no
+                running sandbox (404), `ttl_s` is too long (400).
+        """
+        body = {"port": port, **({"ttl_s": ttl_s} if ttl_s is not None else {})}
+        path = wire.session_path(self._key, "preview-links")
+        answer = await self._client.request("POST", path, json=body, params=wire.params(agent=self._agent))
+        link = PreviewLink.model_validate_json(answer.content)
+        return link.model_copy(update={"url": self._client.base_url + link.url})
 
     def events(self) -> AsyncEventStream:
         """The session's progress events: `async with session.events() as events: async for e in events`.

@@ -78,6 +78,15 @@ class ExplainSandbox(_Answer):
     reason: str
 
 
+class ExplainPreview(_Answer):
+    """Which ports of the sandbox's loopback the service shows (docs/preview.md)."""
+
+    ports: list[int]
+    link_ttl_s: int
+    max_connections: int
+    key: str
+
+
 class Explain(_Answer):
     """`GET /v1/explain`: the shape of `sandbox explain --json`."""
 
@@ -85,8 +94,19 @@ class Explain(_Answer):
     session: str
     sandboxed: bool
     sandbox: ExplainSandbox
+    preview: ExplainPreview | None = None
     layers: list[ExplainLayer]
     tools: list[ExplainTool]
+
+
+class PreviewLink(_Answer):
+    """`POST /v1/sessions/{key}/preview-links`: a signed link to a port of the session's sandbox;
+    `url` is absolute (the client's base URL joined), for a browser."""
+
+    url: str
+    session: str
+    port: int
+    expires_at: str
 
 
 class SessionEvent(_Answer):

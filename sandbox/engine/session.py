@@ -250,8 +250,8 @@ class Session:
     async def release(self, *, reason: str) -> None:
         """Close this session alone (see :meth:`close`); `reason` goes on its cancelled approvals."""
         await end_session_work(self._orch, self, reason)
-        # its preview links end with it, also where its sandbox stays (agent, shared scope)
-        await anyio.to_thread.run_sync(mark_closed, self._orch.config.state_dir, self.agent.tenant, self.key)
+        if self.agent.sandbox.preview.ports:  # its preview links end with it, also where its sandbox stays
+            await anyio.to_thread.run_sync(mark_closed, self._orch.config.state_dir, self.agent.tenant, self.key)
         if self.sandboxed:
             await self._orch.manager.close_session(self.agent, self.key)
             await self._close_browser()

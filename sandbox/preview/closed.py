@@ -27,7 +27,7 @@ def _note(state_dir: Path, tenant: str, session: str) -> Path:
 def mark_closed(state_dir: Path, tenant: str, session: str, *, now: float | None = None) -> None:
     """Note that the session closed now (links made before are refused from now on)."""
     note = _note(state_dir, tenant, session)
-    note.parent.mkdir(mode=0o700, exist_ok=True)
+    note.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     stamp = time.time() if now is None else now
     note.touch()
     os.utime(note, (stamp, stamp))
