@@ -126,6 +126,106 @@ async def test_openai_agents_runner_runs_the_sessions_tools(session: Any) -> Non
     assert outputs[2].startswith("error: FILE_NOT_FOUND:")
 
 
+@pytest.fixture
+async def approving(tmp_path: Path) -> AsyncIterator[Any]:
+    """A session whose `write` waits for a human (tools.approvals), `read` does not."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    config = load_config_text(f"""
+state_dir: {tmp_path / "state"}
+tools: {{profile: coding, deny: [exec, process], approvals: {{require: [write], timeout_s: 5}}}}
+agents:
+  defaults: {{sandbox: {{mode: 'off'}}}}
+  list: [{{id: main, workspace: "{ws}"}}]
+""")
+    async with Orchestrator(config) as orch:
+        yield orch.session("agent:main:approvals")
+
+
+def _approved_stages(session: Any) -> list[str]:
+    """The reasons of the session's `approved` stages, and whether any call waited."""
+    journal = session._orch.journal
+    events = journal.events(session=session.key)
+    assert not [e for e in events if e.stage == "awaiting_approval"]  # nothing ever waited in the service
+    return [str(e.data.get("reason", "")) for e in events if e.stage == "approved"]
+
+
+async def test_pydantic_ai_pauses_for_approval_its_own_way(approving: Any) -> None:
+    """With approvals="framework", a write (which needs approval) ends the run with PydanticAI's
+    DeferredToolRequests and nothing is written; resumed with the human's "yes", it runs,
+    journaled approved by the caller; with "no", it is never sent. A read does not pause."""
+    from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from sandbox.adapters.pydantic_ai import pydantic_ai_tools
+
+    workspace = Path(approving.agent.workspace)
+    steps: Iterator[list[Any]] = iter(
+        [
+            [ToolCallPart("read", {"path": "none.txt"}, tool_call_id="r1")],
+            [ToolCallPart("write", {"path": "yes.txt", "content": "approved"}, tool_call_id="w1")],
+            [ToolCallPart("write", {"path": "no.txt", "content": "denied"}, tool_call_id="w2")],
+            [TextPart("done")],
+        ]
+    )
+
+    def scripted(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=next(steps))
+
+    tools = await pydantic_ai_tools(approving, approvals="framework")
+    agent = Agent(FunctionModel(scripted), tools=tools, output_type=[str, DeferredToolRequests])
+    first = await agent.run("write two files")
+    assert isinstance(first.output, DeferredToolRequests)
+    assert [(c.tool_name, c.tool_call_id) for c in first.output.approvals] == [("write", "w1")]
+    assert not (workspace / "yes.txt").exists() and _approved_stages(approving) == []
+    second = await agent.run(
+        message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"w1": True})
+    )
+    assert (workspace / "yes.txt").read_text() == "approved"
+    assert isinstance(second.output, DeferredToolRequests) and second.output.approvals[0].tool_call_id == "w2"
+    third = await agent.run(
+        message_history=second.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"w2": False})
+    )
+    assert third.output == "done" and not (workspace / "no.txt").exists()
+    reasons = _approved_stages(approving)
+    assert len(reasons) == 1 and reasons[0].startswith("approved by the caller before the call: approved in PydanticAI")
+    # the default leaves approvals to the service: a write would wait there (here: for 5 s, then time out)
+    assert approving.approval_required("write", {"path": "x"}) and not approving.approval_required("read", {})
+
+
+async def test_openai_agents_pause_for_approval_their_own_way(approving: Any) -> None:
+    """With approvals="framework", the SDK's needs_approval interrupts the run before a write;
+    once the application approves the interruption and runs on, the write runs, journaled
+    approved by the caller; a rejected one is never sent."""
+    from agents import Agent, RunConfig, Runner
+
+    from sandbox.adapters.openai_agents import openai_agents_tools
+    from sandbox.adapters.scripted import ScriptedModel
+
+    workspace = Path(approving.agent.workspace)
+    model = ScriptedModel(
+        [("write", {"path": "sdk-yes.txt", "content": "approved"}), ("write", {"path": "sdk-no.txt", "content": "x"})]
+    )
+    tools = await openai_agents_tools(approving, approvals="framework")
+    agent = Agent(name="coder", instructions="be brief", tools=tools, model=model)
+    config = RunConfig(tracing_disabled=True)
+    first = await Runner.run(agent, "write two files", run_config=config)
+    assert [i.raw_item.name for i in first.interruptions] == ["write"]
+    assert not (workspace / "sdk-yes.txt").exists() and _approved_stages(approving) == []
+    state = first.to_state()
+    state.approve(first.interruptions[0])
+    second = await Runner.run(agent, state, run_config=config)
+    assert (workspace / "sdk-yes.txt").read_text() == "approved"
+    assert [i.raw_item.name for i in second.interruptions] == ["write"]
+    state = second.to_state()
+    state.reject(second.interruptions[0])
+    third = await Runner.run(agent, state, run_config=config)
+    assert third.final_output == "done" and not (workspace / "sdk-no.txt").exists()
+    reasons = _approved_stages(approving)
+    assert len(reasons) == 1 and "approved in the OpenAI Agents SDK" in reasons[0]
+
+
 @pytest.mark.docker
 @pytest.mark.usefixtures("images")
 @pytest.mark.parametrize("example", ["langchain_agent.py", "pydantic_ai_agent.py", "openai_agents_agent.py"])

@@ -285,3 +285,43 @@ def test_a_submitted_call_is_a_handle_in_both_clients(url: str) -> None:
                 )
 
     anyio.run(through_the_async_client)
+
+
+@pytest.mark.anyio
+async def test_an_adapter_over_the_client_pauses_in_its_framework_and_the_service_journals_it(url: str) -> None:
+    """The PydanticAI adapter on an AsyncClientSession, approvals="framework": the service says
+    which call would wait (POST .../approval-check, tenant-scoped), the framework pauses, and the
+    call it then sends with `approved` runs without waiting, journaled approved by the caller."""
+    from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from sandbox.adapters.pydantic_ai import pydantic_ai_tools
+
+    async with AsyncClient(url, TOKEN_A) as client, AsyncClient(url, TOKEN_B) as stranger:
+        session = client.session("agent:alpha:framework-approvals")
+        assert await session.approval_required("write", {"path": "f.txt", "content": "x"})
+        assert not await session.approval_required("read", {"path": "f.txt"})
+        with pytest.raises(NotFoundError):  # another tenant's agent is not there at all
+            await stranger.session("agent:alpha:framework-approvals").approval_required("write", {})
+        steps: Iterator[list[Any]] = iter(
+            [[ToolCallPart("write", {"path": "framework.txt", "content": "ok"}, tool_call_id="w1")], [TextPart("done")]]
+        )
+
+        def scripted(messages: list[Any], info: AgentInfo) -> ModelResponse:
+            return ModelResponse(parts=next(steps))
+
+        tools = await pydantic_ai_tools(session, approvals="framework")
+        agent = Agent(FunctionModel(scripted), tools=tools, output_type=[str, DeferredToolRequests])
+        first = await agent.run("write it")
+        assert isinstance(first.output, DeferredToolRequests) and await client.approvals() == []
+        second = await agent.run(
+            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={"w1": True})
+        )
+        assert second.output == "done"
+        read = await session.call("read", {"path": "framework.txt"})
+        assert read.ok and read.output["content"] == "ok"
+        events = (await client.logs(session="agent:alpha:framework-approvals")).events
+        reasons = [str(e.data.get("reason", "")) for e in events if e.stage == "approved"]
+        assert reasons and reasons[0].startswith("approved by the caller before the call: approved in PydanticAI")
+        assert not [e for e in events if e.stage == "awaiting_approval"]

@@ -4,9 +4,10 @@ reads."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sandbox.tools.spec import ToolResult
 
@@ -30,6 +31,18 @@ async def tool_specs(session: Any) -> list[ToolSpec]:
         ToolSpec(f["function"]["name"], f["function"].get("description", ""), f["function"].get("parameters", {}))
         for f in found
     ]
+
+
+# who approves a call that waits for a human: the service (the call waits, for the console, the
+# CLI or POST /v1/approvals/...), or the framework's own pause, before the call is sent
+Approvals = Literal["service", "framework"]
+
+
+async def approval_required(session: Any, name: str, arguments: dict[str, Any]) -> bool:
+    """Whether the call would wait for a human: the library's `approval_required` (plain), or
+    the client's (awaited: `POST .../approval-check`)."""
+    found = session.approval_required(name, arguments)
+    return bool(await found if inspect.isawaitable(found) else found)
 
 
 def output_text(result: ToolResult) -> str:

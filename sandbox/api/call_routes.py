@@ -89,7 +89,7 @@ def add_call_routes(
                 admission=admission, metrics=metrics, watch=watch,
             )  # fmt: skip
         async with admission.admit(orch(request), who, session):
-            result = await _unless_gone(request, watch, session.call(body.tool, body.args))
+            result = await _unless_gone(request, watch, session.call(body.tool, body.args, approved=body.approved))
         if result is None:
             return _stopped(request, "call")
         metrics.record(who.tenant.id, result)

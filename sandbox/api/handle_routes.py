@@ -72,7 +72,7 @@ async def submitted_call(
     guard = AsyncExitStack()
     await guard.enter_async_context(admission.admit(orch, who, session))  # a 429 is answered here
     try:
-        handle = await session.submit(body.tool, body.args, idempotency_key=key, guard=guard)
+        handle = await session.submit(body.tool, body.args, idempotency_key=key, guard=guard, approved=body.approved)
     except SandboxError as exc:
         if "idempotency_key" in exc.details:
             return key_refusal(exc)

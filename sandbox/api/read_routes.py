@@ -19,12 +19,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandbox import __version__
 from sandbox.api.approval_decisions import Verdict, decide_approval
-from sandbox.api.auth import CallerDep
+from sandbox.api.auth import CallerDep, current_caller
 from sandbox.api.bodies import mark_authenticated
 from sandbox.api.limits import TenantLimits
 from sandbox.api.metrics import Metrics
 from sandbox.api.read_pool import ReadPool
 from sandbox.api.readiness import SingleFlight
+from sandbox.api.requests import ApprovalCheck, json_body, read_body
 from sandbox.api.tenants import Caller, Tenants, tenant_agents
 from sandbox.config.merge import probe_agent_id
 from sandbox.engine.orchestrator import Orchestrator, Session
@@ -130,6 +131,16 @@ def add_read_routes(
     ) -> dict[str, Any]:
         limits.read(who)
         return explain_data(session_for(request, who, session, agent).policy)
+
+    # the body is read by hand, after the token (FastAPI reads a body parameter before it checks one)
+    @app.post("/v1/sessions/{key}/approval-check", openapi_extra=json_body(ApprovalCheck))
+    async def approval_check(request: Request, key: str) -> dict[str, bool]:
+        """Whether this call would wait for a human (`tools.approvals`): what an agent framework
+        asks before it pauses for its own approval (docs/adapters.md). Counts as a read."""
+        who = await current_caller(request)
+        limits.read(who)
+        body = await read_body(request, ApprovalCheck)
+        return {"required": session_for(request, who, key, body.agent).approval_required(body.tool, body.args)}
 
     @app.get("/v1/sandboxes")
     async def sandboxes(request: Request, who: CallerDep) -> list[dict[str, Any]]:

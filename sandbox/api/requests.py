@@ -20,6 +20,23 @@ class CallRequest(BaseModel):
     agent: str | None = Field(None, description="The agent; default: the key's, else the tenant's default.")
     tool: str = Field(min_length=1, max_length=128)
     args: dict[str, Any] = Field(default_factory=dict)
+    approved: str | None = Field(
+        None,
+        max_length=300,
+        description="Approved by the caller, who asked a human first (an agent framework's own pause): "
+        "a call that needs approval is journaled approved with this reason and does not wait. "
+        "The tenant may decide its own approvals anyway (POST /v1/approvals/{id}/approve).",
+    )
+
+
+class ApprovalCheck(BaseModel):
+    """`POST /v1/sessions/{key}/approval-check`: would this call wait for a human?"""
+
+    model_config = {"extra": "forbid"}
+
+    agent: str | None = None
+    tool: str = Field(min_length=1, max_length=128)
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class BatchItem(BaseModel):

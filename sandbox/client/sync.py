@@ -201,7 +201,12 @@ class ClientSession:
         return self._key
 
     def call(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        approved: str | None = None,
     ) -> ToolResult:
         """Run one tool call; a tool's failure is the ToolResult's `error`, not an exception.
         With `idempotency_key` it runs once for the key (a repeat, after a lost answer, gets the
@@ -211,7 +216,7 @@ class ClientSession:
             ServiceError: the service refused the request (auth, tenancy, quota, stopping; the
                 key used for another call: INVALID_ARGUMENTS).
         """
-        body = wire.call_body(name, arguments, self._agent)
+        body = wire.call_body(name, arguments, self._agent, approved)
         path = wire.session_path(self._key, "calls")
         response = self._client.request("POST", path, json=body, headers=wire.key_headers(idempotency_key))
         return wire.tool_result(response)
@@ -229,6 +234,13 @@ class ClientSession:
         """Run a batch (1-64 calls) as the engine does; the library's BatchResult."""
         body = wire.batch_body(calls, mode, self._agent)
         return wire.batch_result(self._client.request("POST", wire.session_path(self._key, "batches"), json=body))
+
+    def approval_required(self, name: str, arguments: Mapping[str, Any] | None = None) -> bool:
+        """Whether this call would wait for a human (`tools.approvals`); with `call(...,
+        approved=REASON)` an agent framework pauses for its own approval first (docs/adapters.md)."""
+        body = wire.call_body(name, arguments, self._agent)
+        answer = self._client.request("POST", wire.session_path(self._key, "approval-check"), json=body)
+        return bool(answer.json()["required"])
 
     def tools(self, format: Format = "openai") -> list[dict[str, Any]]:
         """What this session's model is offered, in `format`."""

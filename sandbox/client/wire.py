@@ -113,9 +113,11 @@ def ended_result(found: CallState) -> ToolResult | None:
     return ToolResult(ok=False, tool=found.tool, call_id=found.call_id, trace_id="", error=error)
 
 
-def call_body(tool: str, arguments: Mapping[str, Any] | None, agent: str | None) -> dict[str, Any]:
-    """The body of `POST /v1/sessions/{key}/calls`."""
-    return params(agent=agent) | {"tool": tool, "args": dict(arguments or {})}
+def call_body(
+    tool: str, arguments: Mapping[str, Any] | None, agent: str | None, approved: str | None = None
+) -> dict[str, Any]:
+    """The body of `POST /v1/sessions/{key}/calls` (and of an approval check, without `approved`)."""
+    return params(agent=agent, approved=approved) | {"tool": tool, "args": dict(arguments or {})}
 
 
 def batch_body(calls: Iterable[BatchCall], mode: str, agent: str | None) -> dict[str, Any]:

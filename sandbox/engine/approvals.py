@@ -112,6 +112,23 @@ class ApprovalGate:
             raise
         return await self._settle(ctx, approval.id, arguments)
 
+    async def approved_by_caller(self, ctx: TaskContext, arguments: dict[str, object], reason: str) -> Approval:
+        """Record an approval the caller made before the call (an agent framework's own pause,
+        sandbox/adapters/): pending with the exact arguments, then approved at once, with a
+        reason that says so. Only a caller who may decide this tenant's approvals anyway can
+        pass it (the library's caller; the service's tenant, like POST /v1/approvals/{id}/approve).
+        """
+        approval = Approval(
+            id=new_id("a"), call_id=ctx.call_id, trace_id=ctx.trace_id, session=ctx.session, agent=ctx.agent,
+            tool=ctx.tool, arguments=dict(arguments), status="pending", reason="", created=time.time(), decided=None,
+        )  # fmt: skip
+        said = f"approved by the caller before the call: {reason[:300]}"
+        if self.store is not None:
+            await self.store.add_approval(approval)
+            return await self.store.decide(approval.id, "approved", said)
+        self.journal.add_approval(approval)
+        return self.journal.decide(approval.id, "approved", said)
+
     async def _until_decided(self, approval_id: str) -> None:
         """Return once the approval is decided (the caller bounds the wait)."""
         if self.store is not None:

@@ -66,6 +66,7 @@ class Call:
     task: ctxvars.TaskContext
     started: float = field(default_factory=time.perf_counter)
     warnings: list[str] = field(default_factory=list)
+    approved: str | None = None  # approved by the caller before the call (its reason): no wait
 
     @property
     def tool(self) -> str:
@@ -154,6 +155,7 @@ def open_call(
     sender: str | None,
     trace_id: str | None,
     call_id: str | None = None,
+    approved: str | None = None,
 ) -> Call:
     """Stage 1, context: the call's ids and who is asking (DESIGN.md, "The path of one tool call")."""
     started = time.perf_counter()
@@ -168,7 +170,7 @@ def open_call(
         sender=sender,
     )
     shown = tool if len(tool) > MAX_TOOL_NAME else name  # only a cut name is longer
-    return Call(engine=engine, policy=policy, name=shown, task=task, started=started)
+    return Call(engine=engine, policy=policy, name=shown, task=task, started=started, approved=approved)
 
 
 @contextmanager

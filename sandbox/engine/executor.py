@@ -68,6 +68,7 @@ async def execute(
     trace_id: str | None = None,
     refused: SandboxError | None = None,
     call_id: str | None = None,
+    approved: str | None = None,
 ) -> ToolResult:
     """Run one tool call, each stage journaled: proposed, policy, validation, hooks and loop
     detection, approval, limits, the runtime (with retries), shaping, after hooks.
@@ -78,7 +79,9 @@ async def execute(
 
     Every failure comes back as a ToolResult with an error code; nothing raises.
     """
-    call = open_call(engine, policy, name, tenant=tenant, sender=sender, trace_id=trace_id, call_id=call_id)
+    call = open_call(
+        engine, policy, name, tenant=tenant, sender=sender, trace_id=trace_id, call_id=call_id, approved=approved
+    )
     with bound(call):
         try:
             return await _stages(call, arguments, refused, make_context, spill)

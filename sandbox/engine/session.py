@@ -95,18 +95,27 @@ class Session:
         return [{"name": s.name, "description": s.description, "parameters": s.json_schema()} for s in self.tools()]
 
     async def call(
-        self, name: str, arguments: Any = None, *, trace_id: str | None = None, idempotency_key: str | None = None
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        trace_id: str | None = None,
+        idempotency_key: str | None = None,
+        approved: str | None = None,
     ) -> ToolResult:
         """Run one tool call; every failure comes back as a ToolResult with an error code.
 
         With `idempotency_key`, the call runs once for that key (in this tenant, for
         `journal.idempotency_ttl`): a repeat returns the first call's result (engine/once.py).
+        With `approved` (a reason), a call that needs approval is approved by the caller itself,
+        who asked a human first (an agent framework's pause, sandbox/adapters/): it is journaled
+        approved with that reason and does not wait. See :meth:`approval_required`.
         """
-        run = partial(self._execute, name, arguments, trace_id=trace_id)
+        run = partial(self._execute, name, arguments, trace_id=trace_id, approved=approved)
         if idempotency_key is None:
             tracked = self._orch.tracked_calls
             if tracked is None:
-                return await self._execute(name, arguments, trace_id=trace_id)
+                return await run()
             return await call_tracked(tracked, self.ask(name, arguments, None), run)
         ask = self.ask(name, arguments, idempotency_key)
         return await call_once(self._orch.call_store, ask, run, kept=self._orch.handover.kept)
@@ -119,6 +128,7 @@ class Session:
         idempotency_key: str | None = None,
         trace_id: str | None = None,
         guard: AbstractAsyncContextManager[Any] | None = None,
+        approved: str | None = None,
     ) -> CallHandle:
         """Start a call that runs on its own (engine/handles.py): its handle, at once. With a key
         already held by the same call, that call's handle; nothing new runs. `guard` is held
@@ -128,9 +138,19 @@ class Session:
             SandboxError: INVALID_ARGUMENTS for a malformed key, a key used for another call, or
                 an orchestrator without a journal.
         """
-        run = partial(self._execute, name, arguments, trace_id=trace_id)
+        run = partial(self._execute, name, arguments, trace_id=trace_id, approved=approved)
         ask = self.ask(name, arguments, idempotency_key)
         return await submit_call(self._orch.calls, ask, run, guard, kept=self._orch.handover.kept)
+
+    def approval_required(self, name: str, arguments: Any = None) -> bool:
+        """Whether a call of `name` with `arguments` would wait for a human (tools.approvals, the
+        tool's own flag): what an agent framework asks before it pauses for its own approval."""
+        gate = self._orch.engine.approvals
+        wanted = tool_name(name)
+        if gate is None or wanted not in self._orch.registry:
+            return False
+        params = arguments if isinstance(arguments, dict) else {}
+        return gate.required(self._orch.registry.get(wanted), self.agent.id, self.sender, params)
 
     def ask(self, name: str, arguments: Any, key: str | None) -> Ask:
         """What a call record of this session is made of (engine/once.py)."""
@@ -173,7 +193,13 @@ class Session:
         return await self._execute(name, arguments, refused=error)
 
     async def _run(
-        self, name: str, arguments: Any, trace_id: str | None, refused: SandboxError | None, call_id: str | None
+        self,
+        name: str,
+        arguments: Any,
+        trace_id: str | None,
+        refused: SandboxError | None,
+        call_id: str | None,
+        approved: str | None = None,
     ) -> ToolResult:
         return await execute(
             self._orch.engine,
@@ -187,6 +213,7 @@ class Session:
             trace_id=trace_id,
             refused=refused,
             call_id=call_id,
+            approved=approved,
         )
 
     def in_use(self) -> contextlib.AbstractContextManager[None]:
@@ -209,10 +236,11 @@ class Session:
         trace_id: str | None = None,
         refused: SandboxError | None = None,
         call_id: str | None = None,
+        approved: str | None = None,
     ) -> ToolResult:
         # a sandbox a call uses is never paused under it (sandbox.idle_pause_s)
         with self.in_use():
-            result = await self._run(name, arguments, trace_id, refused, call_id)
+            result = await self._run(name, arguments, trace_id, refused, call_id, approved)
         egress = self.sandboxed and self.agent.sandbox.docker.network == EGRESS_NETWORK
         registry = self._orch.registry
         ran_inside = result.tool in registry and registry.get(result.tool).category not in HOST_SIDE_CATEGORIES

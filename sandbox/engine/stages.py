@@ -156,6 +156,10 @@ async def await_approval(call: Call, checked: Checked) -> Refusal | None:
     approvals = call.engine.approvals
     if approvals is None or not approvals.required(checked.spec, call.task.agent, call.task.sender, checked.params):
         return None
+    if call.approved is not None:  # decided by the caller already (an agent framework's pause)
+        approval = await approvals.approved_by_caller(call.task, checked.params, call.approved)
+        call.journal("approved", approval_id=approval.id, reason=approval.reason)
+        return None
     call.journal("awaiting_approval")
     call.event("queued", awaiting_approval=True)
     try:
