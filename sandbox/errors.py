@@ -166,8 +166,9 @@ class SandboxUnavailable(SandboxError):
 class PortUnreachable(SandboxUnavailable):
     """A sandbox's loopback port cannot be reached for a preview (runtime/agent/ports.py).
 
-    `why`: busy (too many connections), not_listening, not_owner (the server runs as another
-    user), no_relay (an agent too old to carry ports), closed (the server closed it)."""
+    `why`: busy (too many connections), not_listening, not_accepting (its backlog is full),
+    not_owner (the server runs as another user), no_relay (an agent too old to carry ports),
+    closed (the server closed it)."""
 
     def __init__(self, why: str, message: str) -> None:
         super().__init__(message, why=why)

@@ -111,6 +111,7 @@ def test_a_server_in_a_sandbox_without_network_is_shown_with_the_tenants_token(
 
     ws_url = url.replace("http://", "ws://") + f"/v1/sessions/web/ports/{PORT}/ws"
     with connect(ws_url, additional_headers=A, open_timeout=30) as ws:
+        assert ws.recv(timeout=30) == "hello"  # what the server said with its handshake answer
         for text in ("hello", "x" * 70000):
             ws.send(text)
             assert ws.recv(timeout=30) == "echo:" + text
@@ -158,6 +159,7 @@ def test_a_signed_link_opens_the_port_until_it_expires_or_the_session_closes(ser
     assert relative.status_code == 200 and relative.json()["path"] == "/echo"
     ws_url = url.replace("http://", "ws://") + link["url"] + "ws"
     with connect(ws_url, open_timeout=30) as ws:
+        assert ws.recv(timeout=30) == "hello"
         ws.send("through the link")
         assert ws.recv(timeout=30) == "echo:through the link"
 
@@ -210,6 +212,30 @@ def test_a_session_cannot_preview_another_sessions_server_in_a_shared_sandbox(ma
         after = httpx.get(url + link["url"], timeout=30)
         assert after.status_code == 410 and "closed" in after.json()["detail"]
         httpx.delete(f"{url}/v1/sessions/bob", headers=A, timeout=120)
+
+
+def test_a_preview_never_starts_restarts_or_replaces_a_sandbox(
+    make_config: Any, docker_client: Any, instance: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link holder (no token) or the tenant asking for a stopped session's port gets a 404,
+    and the container stays as it is: stopped, not started again or replaced by a new one."""
+    from sandbox.runtime import manager
+
+    monkeypatch.setattr(manager, "REVALIDATE_AFTER_S", 0.0)  # every lookup asks the engine
+    with serve(config(make_config)) as url:
+        start_server(url, A, "web")
+        link = httpx.post(f"{url}/v1/sessions/web/preview-links", headers=A, json={"port": PORT}, timeout=30).json()
+        assert httpx.get(url + link["url"], timeout=30).status_code == 200
+        [box] = docker_client.containers.list(filters={"label": f"io.agent-sandbox.instance={instance}"})
+        box.stop(timeout=1)
+        for attempt in (url + link["url"], f"{url}/v1/sessions/web/ports/{PORT}/"):
+            answer = httpx.get(attempt, headers=A, timeout=60)
+            assert answer.status_code == 404 and "no running sandbox" in answer.json()["detail"]
+        made = httpx.post(f"{url}/v1/sessions/web/preview-links", headers=A, json={"port": PORT}, timeout=30)
+        assert made.status_code == 404
+        found = docker_client.containers.list(all=True, filters={"label": f"io.agent-sandbox.instance={instance}"})
+        assert [(c.id, c.status) for c in found] == [(box.id, "exited")]
+        httpx.delete(f"{url}/v1/sessions/web", headers=A, timeout=120)
 
 
 def test_the_typed_clients_make_links_and_explain_shows_the_ports(served: str) -> None:

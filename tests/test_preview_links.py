@@ -25,7 +25,7 @@ from sandbox.preview.links import KEY_FILE, LinkRefused, PreviewLink, load_key, 
 KEY = b"k" * 32
 NOW = 1_800_000_000
 LINK = PreviewLink(
-    tenant="acme", token="ci", agent="alpha", session="agent:alpha:web", port=8000,
+    tenant="acme", token="ci", token_sha="0123456789abcdef", agent="alpha", session="agent:alpha:web", port=8000,
     sandbox="c0ffee" * 10, issued=NOW - 5, expires=NOW + 600,
 )  # fmt: skip
 
@@ -109,21 +109,32 @@ def test_credentials_never_reach_the_sandbox_and_cookies_never_reach_the_browser
         [
             (b"Authorization", b"Bearer sbx_secret"), (b"Cookie", b"sbx_console=abc"), (b"Host", b"svc:8787"),
             (b"Connection", b"keep-alive, X-Secret"), (b"Transfer-Encoding", b"chunked"), (b"Forwarded", b"for=1"),
-            (b"Accept", b"text/html"), (b"X-Forwarded-For", b"10.0.0.1"),
+            (b"Accept", b"text/html"), (b"X-Forwarded-For", b"10.0.0.1"), (b"X-Secret", b"named by Connection"),
         ],
         port=5173, prefix="/v1/previews/LINK", host=b"svc:8787", scheme="http",
     )  # fmt: skip
     names = [k.lower() for k, _ in sent]
-    for gone in (b"authorization", b"cookie", b"connection", b"transfer-encoding", b"forwarded", b"x-forwarded-for"):
+    for gone in (b"authorization", b"cookie", b"connection", b"transfer-encoding", b"forwarded", b"x-forwarded-for",
+                 b"x-secret"):  # fmt: skip
         assert gone not in names
     assert (b"host", b"localhost:5173") in sent and (b"accept", b"text/html") in [(k.lower(), v) for k, v in sent]
     assert names.count(b"host") == 1
     back = response_headers(
         [(b"Set-Cookie", b"sbx_console=forged; Path=/ui"), (b"Content-Type", b"text/html"),
-         (b"Referrer-Policy", b"unsafe-url"), (b"Upgrade", b"h2c")]
+         (b"Referrer-Policy", b"unsafe-url"), (b"Upgrade", b"h2c"), (b"Clear-Site-Data", b'"cookies"'),
+         (b"NEL", b'{"report_to":"x"}'), (b"Report-To", b"{}"), (b"Strict-Transport-Security", b"max-age=1"),
+         (b"Alt-Svc", b'h3=":443"'), (b"WWW-Authenticate", b"Basic"), (b"Connection", b"X-Internal"),
+         (b"X-Internal", b"1"), (b"X-App", b"1"), (b"ETag", b'"1"'), (b"Content-Length", b"10")],
+        200,
     )  # fmt: skip
     lowered = {k.lower(): v for k, v in back}
-    assert b"set-cookie" not in lowered and b"upgrade" not in lowered
+    for gone in (b"set-cookie", b"upgrade", b"clear-site-data", b"nel", b"report-to", b"strict-transport-security",
+                 b"alt-svc", b"www-authenticate", b"x-internal", b"connection"):  # fmt: skip
+        assert gone not in lowered, gone
+    assert lowered[b"x-app"] == b"1" and lowered[b"etag"] == b'"1"' and lowered[b"content-length"] == b"10"
+    for status, extra in ((304, []), (204, []), (200, [(b"Transfer-Encoding", b"chunked")])):
+        framed = {k.lower() for k, _ in response_headers([(b"Content-Length", b"1234"), *extra], status)}
+        assert b"content-length" not in framed and b"transfer-encoding" not in framed
     assert lowered[b"referrer-policy"] == b"no-referrer"
     csp = lowered[b"content-security-policy"]
     assert csp.startswith(b"sandbox ") and b"allow-same-origin" not in csp
@@ -154,3 +165,31 @@ def test_time_is_not_frozen_by_the_tests() -> None:
     # the links above use a fixed clock; a link made now verifies now
     now_link = replace(LINK, issued=time.time(), expires=int(time.time()) + 60)
     assert verify(KEY, sign(KEY, now_link)) == now_link
+
+
+def test_a_link_names_its_token_by_hash_so_a_token_made_again_under_its_name_is_another(tmp_path: Path) -> None:
+    """Revoking a leaked token and making its replacement under the same name (a rotation) must
+    not bring the leaked token's links back; nor may a stored token that shares a config token's
+    name keep its links after it is revoked."""
+    from sandbox.api.tenants import Tenants, bearer_token, create_token, revoke_token, token_hash
+
+    config = load_config_text(f"""
+state_dir: {tmp_path}
+tenants: [{{id: acme, tokens: [{{name: ci, sha256: {"a" * 64}}}]}}]
+agents: {{list: [{{id: alpha, tenant: acme, default: true}}]}}
+""")
+    tenants = Tenants(config)
+    leaked = create_token(config, "acme", "deploy")
+    prefix = token_hash(bearer_token(f"Bearer {leaked}") or "")[:16]  # what a link records
+    assert tenants.holder("acme", "deploy", prefix) is not None
+    revoke_token(config, "acme", "deploy")
+    assert tenants.holder("acme", "deploy", prefix) is None
+    create_token(config, "acme", "deploy")  # the replacement, same name
+    assert tenants.holder("acme", "deploy", prefix) is None
+    twin = create_token(config, "acme", "ci")  # a stored token named like the config's
+    twin_prefix = token_hash(twin)[:16]
+    assert tenants.holder("acme", "ci", twin_prefix) is not None
+    revoke_token(config, "acme", "ci")
+    assert tenants.holder("acme", "ci", twin_prefix) is None
+    assert tenants.holder("acme", "ci", "a" * 16) is not None  # the config's own token still holds
+    assert tenants.holder("acme", "ci", "") is None  # no prefix, no match

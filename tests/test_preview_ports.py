@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -217,3 +218,55 @@ async def test_a_hostile_agents_port_frames_end_the_link(tmp_path: Path, frames:
     finally:
         link.close()
         starter.reap()
+
+
+async def test_a_stalled_preview_does_not_stall_the_link(link: AgentLink, echo_port: int, tmp_path: Path) -> None:
+    """A tunnel nobody reads (a browser that paused a download) fills the agent's output; the
+    agent then reads no request until someone takes it. A request written meanwhile (a file
+    write of several frames, an upload) reads the stream as it writes, so it goes through."""
+    stalled = [await link.open_port(echo_port) for _ in range(3)]
+    for stream in stalled:  # each server sends 2 MiB that nobody reads
+        await stream.write((0).to_bytes(4, "big") + (2 << 20).to_bytes(4, "big"))
+    await anyio.sleep(0.5)
+    header = {"t": "fwrite", "root": str(tmp_path), "parts": ["big.bin"], "mode": 0o600}
+    with anyio.fail_after(20):
+        wrote, _ = await link.file_request(header, [os.urandom(64 << 10) for _ in range(8)])
+    assert wrote.t == "file" and (tmp_path / "big.bin").stat().st_size == 8 * (64 << 10)
+    assert link.dead is None and (await link.run(["true"])).exit_code == 0
+    for stream in stalled:
+        assert len(stream._inbox) <= PORT_WINDOW  # each held at most its window meanwhile
+        await stream.aclose()
+
+
+@pytest.mark.slow
+async def test_a_server_that_does_not_accept_is_refused_without_stalling_the_agent(link: AgentLink) -> None:
+    """A server whose backlog is full: each open is refused after the agent's connect bound,
+    all at once rather than one after another, and the agent runs commands meanwhile."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)  # and never accepts
+    port = server.getsockname()[1]
+    filler = [socket.create_connection(("127.0.0.1", port), timeout=2)]  # the one place the backlog has
+    whys: list[str] = []
+
+    async def one() -> None:
+        try:
+            async with await link.open_port(port):
+                whys.append("opened")
+        except PortUnreachable as exc:
+            whys.append(exc.why)
+
+    try:
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(one)
+            await anyio.sleep(0.5)
+            assert (await link.run(["true"])).exit_code == 0  # the agent is not stuck in a connect
+        assert whys == ["not_accepting"] * 6, whys
+        assert time.monotonic() - started < 9  # together, not 6 x 5 s
+        assert link.dead is None
+    finally:
+        for s in filler:
+            s.close()
+        server.close()

@@ -26,6 +26,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 
 PROTOCOL = 1
 HEAD = struct.Struct(">II")
@@ -61,7 +62,7 @@ class Agent:
         self.send({**hello, "ports": True})
         while True:
             polled = [c for c in self.children.values() if c.pidfd is None and c.status is None]
-            timeout = NO_PIDFD_POLL_S if polled else None
+            timeout = NO_PIDFD_POLL_S if polled else self.ports.next_deadline()
             for key, events in self.sel.select(timeout):
                 kind, child = key.data
                 if kind == "stdin":
@@ -80,6 +81,7 @@ class Agent:
                     child.reap(self)
             for child in [c for c in self.children.values() if c.pidfd is None and c.status is None]:
                 child.poll(self)
+            self.ports.expire()
 
     def read_requests(self) -> bool:
         try:
@@ -492,18 +494,23 @@ class FileServer:
 PORT_REQUESTS = frozenset({"popen", "pdata", "pack", "pclose"})
 PORT_WINDOW = 256 << 10  # bytes sent and not yet acknowledged, per stream and direction
 MAX_PORT_STREAMS = 64
+CONNECT_S = 5.0  # a server that has not accepted by then (its backlog full) is refused, not waited for
 TCP_ESTABLISHED = "01"
+LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
 
 
 class PortStream:
     """One connection to a loopback port: what waits to be written to it, what was sent on."""
 
-    def __init__(self, rid: int, sock: socket.socket) -> None:
+    def __init__(self, rid: int, sock: socket.socket, port: int, index: int) -> None:
         self.rid = rid
         self.sock = sock
+        self.port = port
+        self.index = index  # which of LOOPBACKS
         self.outbox = bytearray()
         self.unacked = 0  # sent to the orchestrator, not yet acknowledged
         self.events = 0  # what the selector watches for it
+        self.deadline: float | None = None  # while it connects (never blocking the agent's loop)
 
 
 class PortRelay:
@@ -539,30 +546,67 @@ class PortRelay:
         if len(self.streams) >= MAX_PORT_STREAMS:
             self.refuse(rid, "busy", f"{MAX_PORT_STREAMS} connections are open already")
             return
-        sock = None
-        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-            candidate = socket.socket(family, socket.SOCK_STREAM)
-            candidate.settimeout(2)  # loopback answers at once; a full backlog waits this long
-            try:
-                candidate.connect((host, port))
-            except OSError:
-                candidate.close()
-                continue
-            sock = candidate
-            break
-        if sock is None:
+        self.connect(rid, port, 0)
+
+    def connect(self, rid: int, port: int, index: int) -> None:
+        """Start connecting to the loopback address `index` (IPv4, then IPv6), without waiting:
+        the answer goes once the selector says the socket is writable (see `ready`)."""
+        if index >= len(LOOPBACKS):
             self.refuse(rid, "not_listening", f"nothing listens on port {port} of the sandbox's loopback")
             return
-        owner = accepted_by(sock, port)
-        if owner != os.getuid():
-            sock.close()
-            self.refuse(rid, "not_owner", f"the server on port {port} does not run as this session's user")
+        family, host = LOOPBACKS[index]
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 in this sandbox
+            self.connect(rid, port, index + 1)
             return
         sock.setblocking(False)
-        stream = PortStream(rid, sock)
+        code = sock.connect_ex((host, port))
+        stream = PortStream(rid, sock, port, index)
         self.streams[rid] = stream
+        if code in (0, 115):  # connected, or EINPROGRESS: the selector says when
+            stream.deadline = time.monotonic() + CONNECT_S
+            stream.events = selectors.EVENT_WRITE
+            self.agent.sel.register(sock, selectors.EVENT_WRITE, ("sock", stream))
+            return
+        del self.streams[rid]
+        sock.close()
+        self.connect(rid, port, index + 1)
+
+    def connected(self, stream: PortStream) -> None:
+        """The connect of `stream` finished: keep it if our own user's server accepted it."""
+        error = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self.agent.sel.unregister(stream.sock)
+        stream.events = 0
+        stream.deadline = None
+        if error:
+            del self.streams[stream.rid]
+            stream.sock.close()
+            self.connect(stream.rid, stream.port, stream.index + 1)
+            return
+        if accepted_by(stream.sock, stream.port) != os.getuid():
+            del self.streams[stream.rid]
+            stream.sock.close()
+            self.refuse(
+                stream.rid, "not_owner", f"the server on port {stream.port} does not run as this session's user"
+            )
+            return
         self.watch(stream)
-        self.agent.send({"t": "popened", "id": rid})
+        self.agent.send({"t": "popened", "id": stream.rid})
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the first connect in progress gives up (None: none is)."""
+        pending = [s.deadline for s in self.streams.values() if s.deadline is not None]
+        return max(0.0, min(pending) - time.monotonic()) if pending else None
+
+    def expire(self) -> None:
+        """Refuse the connects whose server did not accept in time (a full backlog)."""
+        now = time.monotonic()
+        for stream in [s for s in self.streams.values() if s.deadline is not None and s.deadline <= now]:
+            self.close(stream, tell=False)
+            self.refuse(
+                stream.rid, "not_accepting", f"the server on port {stream.port} did not accept in {CONNECT_S:.0f} s"
+            )
 
     def refuse(self, rid: int, why: str, message: str) -> None:
         self.agent.send({"t": "prefused", "id": rid, "why": why, "message": message})
@@ -583,6 +627,9 @@ class PortRelay:
         stream.events = events
 
     def ready(self, stream: PortStream, events: int) -> None:
+        if stream.deadline is not None:
+            self.connected(stream)
+            return
         if events & selectors.EVENT_WRITE:
             self.flush(stream)
         if events & selectors.EVENT_READ and self.streams.get(stream.rid) is stream:

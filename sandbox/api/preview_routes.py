@@ -33,7 +33,7 @@ from starlette.requests import HTTPConnection
 from sandbox.api.auth import CallerDep, current_caller
 from sandbox.api.bodies import mark_authenticated
 from sandbox.api.requests import json_body, read_body
-from sandbox.api.tenants import Caller, Tenants
+from sandbox.api.tenants import Caller, Tenants, bearer_token, token_hash
 from sandbox.engine.orchestrator import Session
 from sandbox.preview.access import Openings, PreviewRefused, check_port, running_sandbox_id
 from sandbox.preview.closed import closed_since
@@ -100,9 +100,11 @@ def add_preview_routes(
                 400, f"ttl_s {ttl} is longer than {session.agent.key_path}.sandbox.preview.link_ttl_s ({most})"
             )
         expires = int(time.time() + ttl)
+        token = bearer_token(request.headers.get("authorization")) or ""
         grant = PreviewLink(
             tenant=who.tenant.id,
             token=who.token_name,
+            token_sha=token_hash(token)[:16],
             agent=session.agent.id,
             session=session.key,
             port=port,
@@ -166,7 +168,7 @@ def add_preview_routes(
             grant = verify(signing_key(), link)
         except LinkRefused as exc:
             raise HTTPException(401, str(exc)) from None
-        who = tenants.holder(grant.tenant, grant.token)
+        who = tenants.holder(grant.tenant, grant.token, grant.token_sha)
         if who is None:
             raise HTTPException(401, "the token that made this link was revoked; ask for a new one")
         if closed_since(config.state_dir, grant.tenant, grant.session, grant.issued):
@@ -210,7 +212,7 @@ def add_preview_routes(
         except BaseException:
             await exits.aclose()
             raise
-        return _Streamed(answer.status, response_headers(answer.headers), upstream.body(), exits)
+        return _Streamed(answer.status, response_headers(answer.headers, answer.status), upstream.body(), exits)
 
     async def _relay(
         websocket: WebSocket, session: Session, port: int, *, made_for: str | None, prefix_parts: int

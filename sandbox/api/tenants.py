@@ -195,10 +195,13 @@ class Tenants:
         hash in constant time, with no early exit on a match."""
         return first_match(token, self._known_hashes())
 
-    def holder(self, tenant: str, token_name: str) -> Caller | None:
-        """The tenant's token named `token_name` while it is known (a revoked one is not)."""
-        for caller, _ in self._known_hashes():
-            if caller.tenant.id == tenant and caller.token_name == token_name:
+    def holder(self, tenant: str, token_name: str, sha_prefix: str) -> Caller | None:
+        """The tenant's token named `token_name` whose sha256 starts with `sha_prefix` (at least 16
+        hex digits), while it is known: a revoked one is not, nor one made again under its name."""
+        if len(sha_prefix) < 16:
+            return None
+        for caller, digest in self._known_hashes():
+            if caller.tenant.id == tenant and caller.token_name == token_name and digest.lower().startswith(sha_prefix):
                 return caller
         return None
 

@@ -311,14 +311,12 @@ class Session:
         preview, api/preview_routes.py, starts nothing)."""
         if not self.sandboxed:
             return None
-        spec = self._orch.manager.spec_for(self.agent, self.key)
-        if not await self._orch.backend.exists(spec.name):
-            return None
-        return await self._sandbox_shell()
+        box = await self._orch.manager.live(self.agent, self.key)
+        return None if box is None else await self._sandbox_shell(box)
 
-    async def _sandbox_shell(self) -> Sandbox | SessionShell:
+    async def _sandbox_shell(self, box: Sandbox | None = None) -> Sandbox | SessionShell:
         """The sandbox as this session's commands see it: as its own uid where sessions share it."""
-        box = await self._orch.manager.sandbox_for(self.agent, self.key)
+        box = box or await self._orch.manager.sandbox_for(self.agent, self.key)
         shared = self._orch.shared_uids
         if shared is not None and box.spec.session_users:  # replicas agree on each session's uid
             return SessionShell(box, await shared.user(box.spec, self.key))

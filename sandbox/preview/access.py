@@ -91,7 +91,9 @@ class Openings:
                     raise PreviewRefused(503, "this sandbox has no resident agent, which previews need")
                 stream = await link.open_port(port)
             except PortUnreachable as exc:
-                raise PreviewRefused(503 if exc.why in ("busy", "no_relay") else 502, exc.message) from None
+                raise PreviewRefused(
+                    503 if exc.why in ("busy", "no_relay", "not_accepting") else 502, exc.message
+                ) from None
             except SandboxError as exc:
                 raise PreviewRefused(503, exc.message) from None
             try:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpcore
 
+from sandbox.errors import SandboxError
+
 if TYPE_CHECKING:
     from sandbox.runtime.protocol import PortStream
 
@@ -54,7 +56,33 @@ ISOLATION = (
     (b"referrer-policy", b"no-referrer"),
     (b"x-content-type-options", b"nosniff"),
 )
-NOT_RETURNED = HOP_BY_HOP | {b"set-cookie", b"set-cookie2", b"referrer-policy"}
+# what the browser may get from the sandbox's server: an allowlist. Anything else may act on the
+# service's whole origin or host (Set-Cookie, Clear-Site-Data, NEL and Report-To, HSTS, Alt-Svc,
+# a Basic-auth prompt in the service's name), so it is dropped
+RETURNED = frozenset(
+    {
+        b"accept-ranges",
+        b"age",
+        b"cache-control",
+        b"date",
+        b"etag",
+        b"expires",
+        b"last-modified",
+        b"link",
+        b"location",
+        b"pragma",
+        b"retry-after",
+        b"server-timing",
+        b"timing-allow-origin",
+        b"vary",
+        b"refresh",
+        b"permissions-policy",
+        b"content-security-policy",
+        b"content-security-policy-report-only",
+    }
+)
+RETURNED_PREFIXES = (b"content-", b"x-", b"access-control-", b"cross-origin-")
+NOT_RETURNED = HOP_BY_HOP | {b"x-content-type-options"}  # (ours is added)
 
 
 class _TunnelStream(httpcore.AsyncNetworkStream):
@@ -63,12 +91,18 @@ class _TunnelStream(httpcore.AsyncNetworkStream):
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         with anyio.move_on_after(timeout):
-            return await self._stream.read(max_bytes)
+            try:
+                return await self._stream.read(max_bytes)
+            except SandboxError as exc:
+                raise httpcore.ReadError(exc.message) from None
         raise httpcore.ReadTimeout(f"the sandbox's server sent nothing for {timeout} s")
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         with anyio.move_on_after(timeout) as scope:
-            await self._stream.write(buffer)
+            try:
+                await self._stream.write(buffer)
+            except SandboxError as exc:  # the server closed, or the agent went: httpcore's own error
+                raise httpcore.WriteError(exc.message) from None
         if scope.cancelled_caught:
             raise httpcore.WriteTimeout(f"the sandbox's server took nothing for {timeout} s")
 
@@ -107,12 +141,21 @@ class _TunnelBackend(httpcore.AsyncNetworkBackend):
         await anyio.sleep(seconds)
 
 
+def _named_by_connection(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    """The headers a `Connection` header names: hop-by-hop too, whatever they are called."""
+    return {
+        name.strip().lower() for k, v in headers if k.lower() == b"connection" for name in v.split(b",") if name.strip()
+    }
+
+
 def request_headers(
     headers: Iterable[tuple[bytes, bytes]], *, port: int, prefix: str, host: bytes, scheme: str
 ) -> list[tuple[bytes, bytes]]:
     """What the sandbox's server is told: the browser's headers, minus credentials and hop-by-hop
     ones, with Host `localhost:PORT` (what a dev server expects) and where it is shown."""
-    kept = [(k, v) for k, v in headers if k.lower() not in NOT_FORWARDED]
+    given = list(headers)
+    dropped = NOT_FORWARDED | _named_by_connection(given)
+    kept = [(k, v) for k, v in given if k.lower() not in dropped]
     return [
         (b"host", f"localhost:{port}".encode()),
         *kept,
@@ -122,10 +165,23 @@ def request_headers(
     ]
 
 
-def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """What the browser is told: the server's headers, minus cookies and hop-by-hop ones, plus the
-    isolation headers."""
-    return [(k, v) for k, v in headers if k.lower() not in NOT_RETURNED] + list(ISOLATION)
+def response_headers(headers: Iterable[tuple[bytes, bytes]], status: int) -> list[tuple[bytes, bytes]]:
+    """What the browser is told: the server's headers that act on this answer alone (RETURNED),
+    plus the isolation headers. A length goes only where it frames the body as sent: never with
+    1xx, 204 or 304, nor beside a chunked encoding (httpcore took the chunks apart)."""
+    given = list(headers)
+    dropped = NOT_RETURNED | _named_by_connection(given)
+    chunked = any(k.lower() == b"transfer-encoding" for k, _ in given)
+    no_length = chunked or status < 200 or status in (204, 304)
+    kept = []
+    for k, v in given:
+        name = k.lower()
+        if name in dropped or not (name in RETURNED or name.startswith(RETURNED_PREFIXES)):
+            continue
+        if name == b"content-length" and no_length:
+            continue
+        kept.append((k, v))
+    return kept + list(ISOLATION)
 
 
 class Upstream:

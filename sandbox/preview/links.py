@@ -40,6 +40,7 @@ class PreviewLink:
 
     tenant: str
     token: str  # the name of the tenant's token that made it (revoking the token ends the link)
+    token_sha: str  # the start of that token's sha256: a token made again under the name is another
     agent: str
     session: str
     port: int

@@ -10,7 +10,7 @@ side closing closes the other, with its code.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -24,7 +24,7 @@ from websockets.uri import parse_uri
 if TYPE_CHECKING:
     from sandbox.runtime.protocol import PortStream
 
-MAX_MESSAGE = 16 << 20
+MAX_MESSAGE = 4 << 20  # each way (uvicorn's ws_max_size for the browser's side: api/serving.py)
 HANDSHAKE_TIMEOUT_S = 30.0
 
 
@@ -50,6 +50,7 @@ async def relay(browser: WebSocket, stream: PortStream, *, port: int, target: st
     proto.send_request(request)
     await _flush(proto, stream)
     accepted = None
+    early: list[Frame] = []  # frames that came with the handshake's answer (a server that speaks first)
     with anyio.move_on_after(HANDSHAKE_TIMEOUT_S):
         while accepted is None:
             data = await stream.read()
@@ -59,13 +60,15 @@ async def relay(browser: WebSocket, stream: PortStream, *, port: int, target: st
             for event in proto.events_received():
                 if isinstance(event, Response):
                     accepted = event
+                elif isinstance(event, Frame):
+                    early.append(event)
     if accepted is None or proto.state is not State.OPEN:
         await browser.close(code=1011, reason="the sandbox's server did not accept the websocket")
         return
     await browser.accept(subprotocol=proto.subprotocol)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_from_browser, browser, proto, stream, tg.cancel_scope)
-        tg.start_soon(_from_sandbox, browser, proto, stream, tg.cancel_scope)
+        tg.start_soon(_from_sandbox, browser, proto, stream, tg.cancel_scope, early)
 
 
 async def _from_browser(browser: WebSocket, proto: ClientProtocol, stream: PortStream, done: anyio.CancelScope) -> None:
@@ -89,17 +92,26 @@ async def _from_browser(browser: WebSocket, proto: ClientProtocol, stream: PortS
     done.cancel()
 
 
-async def _from_sandbox(browser: WebSocket, proto: ClientProtocol, stream: PortStream, done: anyio.CancelScope) -> None:
+async def _from_sandbox(
+    browser: WebSocket, proto: ClientProtocol, stream: PortStream, done: anyio.CancelScope, early: list[Frame]
+) -> None:
     parts: list[bytes] = []
     kind = Opcode.TEXT
     code, reason = 1011, "the sandbox's server closed the connection"
     while True:
-        data = await stream.read()
-        if data:
-            proto.receive_data(data)
+        ended = False
+        if early:
+            arrived: list[Any] = [*early]
+            early.clear()
         else:
-            proto.receive_eof()
-        for frame in proto.events_received():
+            data = await stream.read()
+            ended = not data
+            if ended:
+                proto.receive_eof()
+            else:
+                proto.receive_data(data)
+            arrived = list(proto.events_received())
+        for frame in arrived:
             if not isinstance(frame, Frame):
                 continue
             if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
@@ -119,7 +131,7 @@ async def _from_sandbox(browser: WebSocket, proto: ClientProtocol, stream: PortS
                 else:
                     await browser.send_bytes(whole)
         await _flush(proto, stream)  # pongs, and the answer to a close
-        if proto.state is State.CLOSED or not data:
+        if proto.state is State.CLOSED or ended:
             if proto.close_rcvd is not None:
                 code, reason = proto.close_rcvd.code, proto.close_rcvd.reason
             break

@@ -106,6 +106,32 @@ class SandboxManager:
         entry = self._entries.get(spec.identity)
         return entry is not None and not entry.sandbox.gone and time.monotonic() - entry.checked_at < REVALIDATE_AFTER_S
 
+    async def live(self, agent: EffectiveAgent, session: str) -> Sandbox | None:
+        """The session's sandbox while it runs, never made, restarted or replaced here: this
+        manager's (checked recently), else the engine's running container that serves the spec as
+        it is (a backend that can say so: `adopt`); None otherwise. Previews use it: a link must
+        not start or replace a sandbox."""
+        spec = self.spec_for(agent, session)
+        self._claim(spec)
+        entry = self._entries.get(spec.identity)
+        if self.known_live(spec) and entry is not None:
+            box = entry.sandbox
+        else:
+            adopt = getattr(self.backend, "adopt", None)
+            if adopt is None:  # a backend that cannot say: only what this manager holds
+                return entry.sandbox if entry is not None and not entry.sandbox.gone else None
+            image = await self.backend.image_id(spec.image)
+            found: Sandbox | None = await adopt(
+                spec_from_config(self.config, agent, session, self.instance, image_id=image)
+            )
+            if found is None:
+                return None
+            box = found
+        if spec.name in self.paused:  # thawed like any use (not made)
+            await self._thaw(spec)
+        _remember(self.used_at, spec.name, time.monotonic())
+        return box
+
     async def sandbox_for(self, agent: EffectiveAgent, session: str) -> Sandbox:
         """The live sandbox of a session: cached, adopted, or created (once per identity)."""
         spec = self.spec_for(agent, session)

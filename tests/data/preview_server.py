@@ -59,8 +59,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Upgrade", "websocket")
         self.send_header("Connection", "Upgrade")
         self.send_header("Sec-WebSocket-Accept", accept)
-        self.end_headers()
-        self.wfile.flush()
+        # it speaks first, in the same write as its answer (as a dev server's "connected" does)
+        self._headers_buffer.append(b"\r\n\x81\x05hello")  # type: ignore[attr-defined]
+        self.flush_headers()
         sock = self.rfile
         while True:
             head = sock.read(2)

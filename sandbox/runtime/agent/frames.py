@@ -104,7 +104,7 @@ class PortOpened(_Frame):
 class PortRefused(_Frame):
     t: Literal["prefused"]
     id: int = Field(ge=1, le=MAX_INT)
-    why: Literal["busy", "not_listening", "not_owner"]
+    why: Literal["busy", "not_listening", "not_accepting", "not_owner"]
     message: str = Field(max_length=300)
 
 

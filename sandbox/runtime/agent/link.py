@@ -258,6 +258,9 @@ class AgentLink:
             self._raise_if_failed(call)
         except BaseException:
             self._ports.pop(call.id, None)
+            if self.dead is None:  # cancelled after asking: the agent may open it, so it closes it
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    await self.send_port({"t": "pclose", "id": call.id}, quiet=True)
             raise
         finally:
             self._pending.pop(call.id, None)
@@ -329,7 +332,7 @@ class AgentLink:
                 raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
             with anyio.move_on_after(WRITE_TIMEOUT_S) as scope:
                 try:
-                    await self.transport.send(data)
+                    await self._send_reading(data)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     self._fail("the link was closed while a request was being written")
                     raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}") from None
@@ -339,6 +342,24 @@ class AgentLink:
             if scope.cancelled_caught:
                 self._fail(f"the agent did not read its requests for {WRITE_TIMEOUT_S:.0f} s")
                 raise AgentUnavailable(f"the sandbox's agent is gone: {self.dead}")
+
+    async def _send_reading(self, data: bytes) -> None:
+        """Write `data`, reading the stream meanwhile: an agent whose output nobody read (a preview
+        whose browser stalled, a command nobody waits for) is blocked writing it and reads no
+        request until its output is taken. What is read is dispatched as always, and bounded
+        (the tunnels' windows, the captures' maxima)."""
+        sent = False
+
+        async def drain() -> None:
+            await self._wait(lambda: sent)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            try:
+                await self.transport.send(data)
+            finally:
+                sent = True
+                tg.cancel_scope.cancel()
 
     async def _wait(self, done: Callable[[], bool]) -> None:
         """Until `done()` or the link is dead: read the stream, or wait for whoever reads it."""
@@ -361,7 +382,8 @@ class AgentLink:
                 if not data:
                     self._fail(self._ended())
                 else:
-                    await self._dispatch(data)
+                    with anyio.CancelScope(shield=True):  # a frame read is always dispatched whole
+                        await self._dispatch(data)
             finally:
                 self._reading = False
                 changed, self._changed = self._changed, anyio.Event()

@@ -169,6 +169,20 @@ class DockerBackend:
         made = await self._create(spec.engine_spec())
         return DockerSandbox(self, made.id, spec)
 
+    async def adopt(self, spec: SandboxSpec) -> DockerSandbox | None:
+        """The running container that serves `spec` as it is, never made, restarted or removed
+        here (a preview reaches only what runs: api/preview_routes.py); None otherwise."""
+        attrs = await self.find(spec.name)
+        if attrs is None or not (attrs.get("State") or {}).get("Running"):
+            return None
+        try:
+            if not await reusable(self, attrs, spec):
+                return None
+        except SandboxUnavailable:  # another tenant's or scope's under this name
+            return None
+        self.workspace_ids[attrs["Id"]] = recorded_id(attrs["Config"].get("Labels") or {})
+        return DockerSandbox(self, attrs["Id"], spec)
+
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
         # no-follow from a trusted root: a planted link cannot aim a root mkdir or chown elsewhere
         if spec.workspace.host_path is not None:  # a volume is the engine's to make
