@@ -1,14 +1,17 @@
 """Benchmark: many idle sandboxes on one host.
 
-Run: python bench/scale.py [count] [parallelism]   (defaults 200 and 8; needs the engine and
-`sandbox images build`; removes everything it made)
+Run: python bench/scale.py [count] [parallelism] [idle_s] [health_interval_s]   (defaults 200,
+8, 150 and 0; needs the engine and `sandbox images build`; removes everything it made)
 
 Creates `count` session-scoped sandboxes through the orchestrator with `parallelism` creations
 in flight, then the same number of raw `containers.run` of the same image with the same
 parallelism (the baseline, same run). Reports the wall time of each, the memory one idle
 sandbox costs the host (MemAvailable before and after, divided by the count: container, shim,
-its tini and sleep), what its resident agent adds once started (one command in each), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with
-all of them present.
+its tini and sleep), what its resident agent adds once started (one command in each), the
+host's load average once they have all sat idle for `idle_s` (with `docker.health_interval_s`
+as given: 0, the default, runs no Docker health check; 60 was the image's old every-minute
+exec), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with all of them
+present.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from sandbox.runtime.protocol import RunRequest
 
 COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 PARALLEL = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+IDLE_S = float(sys.argv[3]) if len(sys.argv) > 3 else 150.0
+HEALTH_S = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 IMAGE = "sandbox-exec:latest"
 LABEL = "io.agent-sandbox.bench-scale"
 
@@ -47,6 +52,11 @@ def mem_available_mib() -> float:
 def settle() -> float:
     time.sleep(3)  # let the page cache and the engine settle before reading memory
     return mem_available_mib()
+
+
+def load_average() -> float:
+    """The host's 1-minute load average."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 async def in_parallel(jobs: list, parallel: int) -> float:
@@ -69,7 +79,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config_text(
             f"state_dir: {tmp}/state\ninstance: scale\n"
-            "agents: {defaults: {sandbox: {mode: all, scope: session}}}\n"
+            f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{health_interval_s: {HEALTH_S}}}}}}}}}\n"
         )
         agent = effective_agent(config, "main")
         backend = DockerBackend(max_threads=max(32, PARALLEL * 2))
@@ -98,6 +108,9 @@ async def main() -> None:
         agents_s = await in_parallel([first_command(i) for i in range(COUNT)], PARALLEL)
         after_agents = settle()
         agent_mib = (after - after_agents) / COUNT
+        load_before = load_average()
+        await anyio.sleep(IDLE_S)  # all idle: what they cost now is their keep-alive (and any health check)
+        load_idle = load_average()
         start = time.perf_counter()
         listed = await lifecycle.rows(manager)
         list_s = time.perf_counter() - start
@@ -136,6 +149,9 @@ async def main() -> None:
     )
     print(f"{'host memory per idle sandbox (MiB)':<52} {per_sandbox_mib:>10.1f} {raw_per_mib:>10.1f}")
     print(f"{'+ its resident agent, started (MiB)':<52} {agent_mib:>10.1f}")
+    print(f"{'= per idle sandbox with its agent (MiB)':<52} {per_sandbox_mib + agent_mib:>10.1f}")
+    print(f"{f'load average (1 min) after {IDLE_S:.0f} s idle (before)':<52} {load_idle:>10.2f} {load_before:>10.2f}")
+    print(f"{'docker.health_interval_s (0: none)':<52} {HEALTH_S:>10}")
     print(f"{'first command in all, agents starting (wall s)':<52} {agents_s:>10.1f}")
     print(f"{'sandbox list with all present (s, rows)':<52} {list_s:>10.2f} {len(listed):>10}")
     print(f"{'prune --dry-run with all present (s)':<52} {prune_s:>10.2f} {len(pruned):>10}")

@@ -186,7 +186,10 @@ async def test_images_without_a_working_agent_fall_back_to_docker_exec(make_conf
 async def test_explain_and_the_health_check_name_the_agent(
     make_config: Any, docker_client: Any, tmp_path: Path, instance: str
 ) -> None:
-    """explain says which path a sandbox uses; the container's health check is the agent's, and it passes."""
+    """explain says which path a sandbox uses. By default Docker runs no health check on a sandbox
+    (no exec a minute each: the agent's own traffic is its health); with
+    `docker.health_interval_s` the image's check (the agent's `--health`) runs at that interval,
+    and it passes."""
     for mode, expected in (
         ("auto", "agent (resident agent /usr/local/lib/sandbox-agent/agent.py)"),
         ("off", "docker exec (docker.agent is off)"),
@@ -199,13 +202,21 @@ async def test_explain_and_the_health_check_name_the_agent(
         shown = run_cli("explain", "--session", "agent:main:x", "--json", config=path)
         assert json.loads(shown.stdout)["container"]["exec_path"] == expected
         assert f"exec       {expected}" in run_cli("explain", "--session", "agent:main:x", config=path).stdout
-    config = config_for(make_config)
-    async with Orchestrator(config) as orch:
-        box: Any = await orch.session("agent:a:health").sandbox()
+    async with Orchestrator(config_for(make_config)) as orch:
+        box: Any = await orch.session("agent:a:quiet").sandbox()
         container = docker_client.containers.get(box.id)
-        health = container.attrs["Config"]["Healthcheck"]["Test"]
-        assert health[-1] == "--health" and "agent.py" in health[-2]
-        assert container.exec_run(health[1:], user="1000").exit_code == 0
+        assert container.attrs["Config"]["Healthcheck"]["Test"] == ["NONE"]
+        assert "Health" not in container.attrs["State"]  # nothing runs, nothing is reported
+    checked = make_config(
+        "agents: {defaults: {sandbox: {mode: all, docker: {health_interval_s: 60}}}, list: [{id: a}]}"
+    )
+    async with Orchestrator(checked) as orch:
+        box = await orch.session("agent:a:health").sandbox()
+        container = docker_client.containers.get(box.id)
+        health = container.attrs["Config"]["Healthcheck"]
+        assert health["Test"][-1] == "--health" and "agent.py" in health["Test"][-2]  # the image's own
+        assert health["Interval"] == 60 * 1_000_000_000
+        assert container.exec_run(health["Test"][1:], user="1000").exit_code == 0
 
 
 async def test_the_agent_runs_under_gvisor(make_config: Any, docker_client: Any) -> None:

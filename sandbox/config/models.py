@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -210,6 +211,18 @@ class DockerConfig(StrictModel):
     dangerously_allow_system_paths: bool = False
     dangerously_allow_credential_paths: bool = False
     dangerously_allow_sockets: bool = False
+    # Docker's own health check of the sandbox: 0 (the default) runs none, since the resident
+    # agent answers every call and a dead one is found and replaced (docs/security.md, CIS
+    # 5.27); N runs the image's check (the agent's --health, an exec) every N seconds: 1,000
+    # sandboxes at 60 s are 17 execs a second
+    health_interval_s: int = Field(0, ge=0, le=86400)
+
+    @field_validator("health_interval_s")
+    @classmethod
+    def _health_floor(cls, value: int) -> int:
+        if 0 < value < 30:
+            raise ValueError(f"0 (no Docker health check) or at least 30 seconds (got {value})")
+        return value
 
 
 class BrowserConfig(StrictModel):

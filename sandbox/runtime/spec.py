@@ -340,6 +340,7 @@ def build_spec(
             docker.apparmor_profile,
         ],
         "dns": [docker.dns, docker.extra_hosts],
+        "health": docker.health_interval_s,
         "egress": egress,
         "layout": MOUNT_LAYOUT_VERSION,
         "session_users": session_users,

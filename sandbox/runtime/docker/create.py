@@ -62,5 +62,14 @@ def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
         "dns": list(d.dns) or None,
         "extra_hosts": dict(h.split(":", 1) for h in d.extra_hosts) or None,
         "runtime": d.runtime,
+        "healthcheck": health_check(d.health_interval_s),
     }
     return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def health_check(interval_s: int) -> dict[str, Any]:
+    """Docker's health check of a sandbox: none (`NONE`: the image's HEALTHCHECK is off; the
+    resident agent's own traffic is the health), or the image's own check every `interval_s`."""
+    if not interval_s:
+        return {"test": ["NONE"]}
+    return {"test": [], "interval": interval_s * 1_000_000_000}  # [] and no timeout: the image's
