@@ -19,7 +19,7 @@ from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
 from sandbox.engine.handles import CallHandle, submit_call
 from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, call_tracked, key_problem, recorded
-from sandbox.errors import ErrorCode, SandboxError
+from sandbox.errors import ErrorCode, SandboxError, unavailable_when_full
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates, SeenFiles, SharedFileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
@@ -36,7 +36,7 @@ from sandbox.sessions.service import BoundSessions, end_session_work
 from sandbox.tools.availability import offered
 from sandbox.tools.context import ToolContext
 from sandbox.tools.process_table import FileProcessTable, ProcessTable, SharedProcessTable
-from sandbox.tools.spec import ToolResult, ToolSpec
+from sandbox.tools.spec import ErrorInfo, ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # Docker is imported when a sandbox is first needed: host sessions never load it
     from sandbox.engine.orchestrator import Orchestrator
@@ -257,8 +257,21 @@ class Session:
     async def _settled(self, result: ToolResult) -> ToolResult:
         # a call's record is complete when its caller sees the result (the last stages and its
         # loop history were queued); waiting yields the loop, so concurrent calls share a commit
-        if self._orch.journal is not None:
-            await self._orch.journal.settle(result.call_id)
+        journal = self._orch.journal
+        if journal is None:
+            return result
+        registry = self._orch.registry
+        if not (result.tool in registry and registry.get(result.tool).read_only):
+            await journal.settle(result.call_id)
+            return result
+        # a call that only read waited for no commit before it ran (it protects nothing); what it
+        # read reaches the caller only once its record is on disk, else the caller gets why not
+        try:
+            await journal.commit(result.call_id)
+        except SandboxError as exc:
+            error = unavailable_when_full(exc)
+            info = ErrorInfo(code=error.code.value, message=error.message, retryable=error.retryable)
+            return result.model_copy(update={"ok": False, "output": None, "error": info})
         return result
 
     async def reset_loops(self) -> None:
@@ -358,8 +371,11 @@ class Session:
         return await self._context(task)
 
     async def _context(self, task: TaskContext) -> ToolContext:
-        if self._orch.journal is not None:
-            # the handler runs next: the call's stages must be durable first (INTERNAL if not)
+        registry = self._orch.registry
+        reads_only = task.tool in registry and registry.get(task.tool).read_only
+        if self._orch.journal is not None and not reads_only:
+            # the handler runs next: the call's stages must be durable first (INTERNAL if not); a
+            # call that only reads protects nothing by waiting (its stages go with its end)
             await self._orch.journal.commit(task.call_id)
         if self.child is not None:
             current = await anyio.to_thread.run_sync(self._orch.sessions.lineage, self.key)

@@ -146,6 +146,8 @@ class NodesArgs(ToolArgs):
 
 
 # Tools that change something are never retried automatically: running them twice is not safe.
+# tools that change nothing: no stage of theirs must be durable before or after they run
+_READS_ONLY = frozenset({"read", "memory_search", "memory_get", "sessions_list", "sessions_history", "session_status"})
 _CHANGES_THINGS = frozenset(
     {
         "exec",
@@ -175,7 +177,8 @@ def _spec(
     sandboxed: bool,
 ) -> ToolSpec:
     retry = SIDE_EFFECTS if name in _CHANGES_THINGS else RetryPolicy()
-    return ToolSpec(name, description, params, category, risk, timeout, sandboxed, retry=retry)  # type: ignore[arg-type]
+    reads_only = name in _READS_ONLY
+    return ToolSpec(name, description, params, category, risk, timeout, sandboxed, retry=retry, read_only=reads_only)  # type: ignore[arg-type]
 
 
 BUILTIN_SPECS: tuple[ToolSpec, ...] = (

@@ -51,6 +51,9 @@ class ToolSpec:
     permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     version: str = "1"
     requires_approval: bool = False
+    # it only reads (a file, the memory, the sessions): its stages need not be on disk before
+    # it runs, nor its result before the caller gets it (docs/engine.md, "What is on disk when")
+    read_only: bool = False
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, without pydantic's title noise."""
