@@ -353,13 +353,18 @@ class AgentLink:
         async def drain() -> None:
             await self._wait(lambda: sent)
 
+        failed: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(drain)
             try:
                 await self.transport.send(data)
+            except Exception as exc:  # raised as itself below, not inside the group's ExceptionGroup
+                failed = exc
             finally:
                 sent = True
                 tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
 
     async def _wait(self, done: Callable[[], bool]) -> None:
         """Until `done()` or the link is dead: read the stream, or wait for whoever reads it."""
