@@ -197,6 +197,6 @@ async def test_the_signal_frame_reaches_the_process_group_of_a_tagged_command(li
                 # reaped between the two looks: its /proc entry is gone too (ProcessLookupError)
                 if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
                     break  # dead, not yet reaped by the agent
-            except ProcessLookupError:
+            except (ProcessLookupError, FileNotFoundError):  # gone (the /proc entry too, between the looks)
                 break
             await anyio.sleep(0.05)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from sandbox.errors import PortUnreachable
@@ -146,26 +147,30 @@ async def test_nothing_listening_is_a_refusal_and_the_link_lives_on(link: AgentL
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a server of another user needs root to start")
 async def test_a_server_of_another_user_is_refused(link: AgentLink, tmp_path: Path) -> None:
-    # the agent runs as this test's user (root); the server as nobody: what a session reaching
-    # another session's server in a shared sandbox looks like
-    ready = tmp_path / "port"
+    # the agent runs as this test's user (root); the server as nobody, from its first syscall on
+    # (a listener made by root and handed down would be root's until it accepts: the kernel names
+    # an accepted connection's owner by who made the listener, then by who accepted it)
     code = (
         "import os, socket, sys, time\n"
+        "os.setuid(65534)\n"
         "s = socket.create_server(('127.0.0.1', 0))\n"
-        f"open({str(ready)!r}, 'w').write(str(s.getsockname()[1])); os.setuid(65534)\n"
+        "print(s.getsockname()[1], flush=True)\n"
         "while True:\n    c, _ = s.accept(); time.sleep(5)\n"
     )
-    server = subprocess.Popen([sys.executable, "-c", code])
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
+        assert server.stdout is not None
         with anyio.fail_after(10):
-            while not ready.exists() or not ready.read_text():
-                await anyio.sleep(0.02)
+            line = await anyio.to_thread.run_sync(server.stdout.readline)
+        port = int(line)
         with pytest.raises(PortUnreachable, match=r"does not run as this session's user") as caught:
-            await link.open_port(int(ready.read_text()))
+            await link.open_port(port)
         assert caught.value.why == "not_owner" and link.dead is None
     finally:
         server.kill()
         server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 async def test_an_agent_too_old_to_carry_ports_says_so(tmp_path: Path) -> None:
