@@ -22,6 +22,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.service_helpers import TOKEN_A, TOKEN_B, serve, sha
+from tests.test_service_docker import call as service_call
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("images")]
 
@@ -50,9 +51,7 @@ agents:
 
 
 def call(url: str, headers: dict[str, str], key: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/sessions/{key}/calls", headers=headers, json={"tool": tool, "args": args}, timeout=120)
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
+    body = service_call(url, headers, key, tool, args)
     assert body["ok"], body
     return body
 
