@@ -7,7 +7,9 @@ baseline on the same container), so a busy engine or a noisy neighbour weighs on
 - exec `true` through the whole pipeline vs `exec_run(["true"])`;
 - read and write of 4 KiB through the tools vs `get_archive` / `put_archive`;
 - the HTTP service's overhead: a `read` through `POST /v1/sessions/{key}/calls` on `sandbox
-  serve` in its own process (loopback) minus the same call through the library, in ms.
+  serve` in its own process (loopback) minus the same call through the library, in ms;
+- a new session's first `exec true` from the warm pool (refilled between rounds, outside the
+  timing) vs a raw cold `containers.run(image, "true", remove=True)`.
 
 The thresholds are today's ratios with a margin for this noisy 2-core machine (about 2x): a gate
 against regressions, not the goals of issue 29, which the other benches report.
@@ -64,12 +66,14 @@ async def measure(rounds: int, tmp: Path) -> dict[str, tuple[list[float], list[f
         f"state_dir: {tmp}/state\ninstance: gate{os.getpid()}\n"
         f"tenants: [{{id: acme, tokens: [{{name: gate, sha256: {sha(TOKEN_A)}}}]}}]\n"
         "agents: {defaults: {sandbox: {mode: all, scope: agent, workspace_access: rw}}, "
-        f"list: [{{id: a, tenant: acme, workspace: '{ws}'}}]}}\n"
+        f"list: [{{id: a, tenant: acme, workspace: '{ws}'}}, "
+        "{id: p, tenant: acme, sandbox: {scope: session, workspace_access: none, pool: {size: 1}}}]}\n"
     )
     config = load_config_text(text)
     (tmp / "sandbox.yaml").write_text(text)
     client = docker.from_env()
-    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in ("exec", "read", "write", "http")}
+    names = ("exec", "read", "write", "http", "pool")
+    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
     # the service in a process of its own, as it runs: its event loop is not this one's
     with serve_process(tmp / "sandbox.yaml") as (url, _proc):
         try:
@@ -89,6 +93,7 @@ async def _rounds(
             box = await session.sandbox()
             assert box is not None
             container = client.containers.get(box.id)
+            box_image = container.image.id
             archive = tar_of("f.txt", CONTENT.encode())
             headers = {"Authorization": f"Bearer {TOKEN_A}"}
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
@@ -117,6 +122,10 @@ async def _rounds(
                         lambda: _ms_sync(lambda: container.put_archive("/workspace", archive)),
                     ),
                     "http": (lambda: _ms(over_http), lambda: _ms(lambda: ok("read", {"path": "f.txt"}))),
+                    "pool": (
+                        lambda: pooled_first_call(orch),
+                        lambda: _ms_sync(lambda: client.containers.run(box_image, ["true"], remove=True)),
+                    ),
                 }
                 for round_ in range(rounds + 3):  # three warm-up rounds, not kept
                     for name, (ours, baseline) in pairs.items():
@@ -126,6 +135,18 @@ async def _rounds(
                             samples[name][1].append(theirs)
             for info in await orch.manager.list():
                 await orch.backend.remove(info.id)
+
+
+_pooled = iter(range(1_000_000))
+
+
+async def pooled_first_call(orch: Orchestrator) -> float:
+    """A new session's first call, its pool member ready (filled, and closed after: untimed)."""
+    await orch.fill_pools()
+    session = orch.session(f"agent:p:gate-pool-{next(_pooled)}")
+    took = await _ms(lambda: session.call("exec", {"command": "true"}))
+    await session.close()
+    return took
 
 
 def verdicts(
