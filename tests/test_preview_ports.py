@@ -85,13 +85,25 @@ def pattern(n: int) -> bytes:
     return (b"0123456789abcdef" * (n // 16 + 1))[:n]
 
 
+class Reader:
+    """Exactly n bytes at a time from a tunnel (a read may end past them: the rest is kept)."""
+
+    def __init__(self, stream: object) -> None:
+        self.stream = stream
+        self.kept = bytearray()
+
+    async def exactly(self, n: int) -> bytes:
+        while len(self.kept) < n:
+            chunk = await self.stream.read()  # type: ignore[attr-defined]
+            assert chunk, f"the stream ended after {len(self.kept)} of {n} bytes"
+            self.kept += chunk
+        out = bytes(self.kept[:n])
+        del self.kept[:n]
+        return out
+
+
 async def read_exactly(stream: object, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = await stream.read()  # type: ignore[attr-defined]
-        assert chunk, f"the stream ended after {len(out)} of {n} bytes"
-        out += chunk
-    return bytes(out)
+    return await Reader(stream).exactly(n)
 
 
 async def test_bytes_cross_both_ways_whole_and_in_order_past_the_window(link: AgentLink, echo_port: int) -> None:
@@ -100,8 +112,9 @@ async def test_bytes_cross_both_ways_whole_and_in_order_past_the_window(link: Ag
     async with await link.open_port(echo_port) as stream:
         await stream.write(len(sent).to_bytes(4, "big") + back.to_bytes(4, "big"))
         await stream.write(sent)
-        assert await read_exactly(stream, 32) == hashlib.sha256(sent).digest()
-        assert await read_exactly(stream, back) == pattern(back)
+        reader = Reader(stream)
+        assert await reader.exactly(32) == hashlib.sha256(sent).digest()
+        assert await reader.exactly(back) == pattern(back)
         assert await stream.read() == b""  # the server closed its side
     assert link.dead is None and not link._ports
 
