@@ -91,7 +91,22 @@ def docker_client() -> Iterator[object]:
             remove_container(container)
             hostfirewall.remove_tagged(container.name)  # its rule on the upstream bridge
     remove_run_networks(client)
+    remove_run_volumes(client)
     client.close()
+
+
+def remove_run_volumes(client: object) -> None:
+    """Remove the workspace volumes this run's sandboxes made (a volume outlives its container by
+    design: the test that made it is done with it)."""
+    from sandbox.runtime.naming import Labels
+
+    for volume in client.volumes.list(filters={"label": Labels.INSTANCE}):  # type: ignore[attr-defined]
+        if not str((volume.attrs.get("Labels") or {}).get(Labels.INSTANCE, "")).startswith(RUN_ID):
+            continue
+        try:
+            volume.remove(force=True)
+        except Exception as exc:  # still in use by a container of another fixture: report, go on
+            print(f"could not remove test volume {volume.name}: {exc}", file=sys.stderr)
 
 
 def remove_container(container: Any) -> None:
