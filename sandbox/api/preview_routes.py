@@ -178,12 +178,7 @@ def add_preview_routes(
     async def _proxy(
         request: Request, session: Session, port: int, *, made_for: str | None, prefix_parts: int
     ) -> Response:
-        raw = request.scope.get("raw_path") or request.url.path.encode()
-        parts = raw.split(b"/", prefix_parts)
-        prefix = b"/".join(parts[:prefix_parts]).decode(errors="replace")
-        target = b"/" + (parts[prefix_parts] if len(parts) > prefix_parts else b"")
-        if request.url.query:
-            target += b"?" + request.url.query.encode()
+        prefix, target = _split(request, prefix_parts)
         exits = AsyncExitStack()
         try:
             stream = await exits.enter_async_context(openings.port(session, port, made_for=made_for))
@@ -217,16 +212,25 @@ def add_preview_routes(
     async def _relay(
         websocket: WebSocket, session: Session, port: int, *, made_for: str | None, prefix_parts: int
     ) -> None:
-        raw = websocket.scope.get("raw_path") or websocket.url.path.encode()
-        parts = raw.split(b"/", prefix_parts)
-        target = "/" + (parts[prefix_parts].decode(errors="replace") if len(parts) > prefix_parts else "")
-        if websocket.url.query:
-            target += "?" + websocket.url.query
+        _, raw_target = _split(websocket, prefix_parts)
+        target = raw_target.decode(errors="replace")
         try:
             async with openings.port(session, port, made_for=made_for) as stream:
                 await relay(websocket, stream, port=port, target=target)
         except PreviewRefused as exc:
             await websocket.close(code=1011 if exc.status >= 500 else 1008, reason=exc.message[:120])
+
+
+def _split(connection: HTTPConnection, prefix_parts: int) -> tuple[str, bytes]:
+    """The route's prefix (`/v1/previews/LINK`), and the target in the sandbox: the rest of the
+    path as the client sent it (still percent-encoded) and the query."""
+    raw = connection.scope.get("raw_path") or connection.url.path.encode()
+    parts = raw.split(b"/", prefix_parts)
+    prefix = b"/".join(parts[:prefix_parts]).decode(errors="replace")
+    target = b"/" + (parts[prefix_parts] if len(parts) > prefix_parts else b"")
+    if connection.url.query:
+        target += b"?" + connection.url.query.encode()
+    return prefix, target
 
 
 async def _journal_link(request: Request, session: Session, grant: PreviewLink) -> None:

@@ -84,19 +84,7 @@ class ApprovalGate:
             SandboxError: APPROVAL_DENIED (with the reason), APPROVAL_TIMEOUT (also when the
                 expiry cannot be recorded), INTERNAL when the approval cannot be read back.
         """
-        approval = Approval(
-            id=new_id("a"),
-            call_id=ctx.call_id,
-            trace_id=ctx.trace_id,
-            session=ctx.session,
-            agent=ctx.agent,
-            tool=ctx.tool,
-            arguments=dict(arguments),
-            status="pending",
-            reason="",
-            created=time.time(),
-            decided=None,
-        )
+        approval = _pending(ctx, arguments)
         if self.store is not None:
             await self.store.add_approval(approval)
         else:
@@ -118,10 +106,7 @@ class ApprovalGate:
         reason that says so. Only a caller who may decide this tenant's approvals anyway can
         pass it (the library's caller; the service's tenant, like POST /v1/approvals/{id}/approve).
         """
-        approval = Approval(
-            id=new_id("a"), call_id=ctx.call_id, trace_id=ctx.trace_id, session=ctx.session, agent=ctx.agent,
-            tool=ctx.tool, arguments=dict(arguments), status="pending", reason="", created=time.time(), decided=None,
-        )  # fmt: skip
+        approval = _pending(ctx, arguments)
         said = f"approved by the caller before the call: {reason[:300]}"
         if self.store is not None:
             await self.store.add_approval(approval)
@@ -186,3 +171,20 @@ class ApprovalGate:
                 approval_id=approval_id,
             )
         return current
+
+
+def _pending(ctx: TaskContext, arguments: dict[str, object]) -> Approval:
+    """A new pending approval of the call `ctx`, with its exact arguments."""
+    return Approval(
+        id=new_id("a"),
+        call_id=ctx.call_id,
+        trace_id=ctx.trace_id,
+        session=ctx.session,
+        agent=ctx.agent,
+        tool=ctx.tool,
+        arguments=dict(arguments),
+        status="pending",
+        reason="",
+        created=time.time(),
+        decided=None,
+    )

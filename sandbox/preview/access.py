@@ -19,7 +19,8 @@ from sandbox.errors import PortUnreachable, SandboxError
 
 if TYPE_CHECKING:
     from sandbox.engine.orchestrator import Session
-    from sandbox.runtime.protocol import PortStream
+    from sandbox.runtime.protocol import PortStream, Sandbox
+    from sandbox.runtime.session_users import SessionShell
 
 
 class PreviewRefused(Exception):
@@ -46,10 +47,14 @@ def check_port(session: Session, port: int) -> None:
 
 async def running_sandbox_id(session: Session) -> str:
     """The id of the session's running sandbox (404 when it has none: a preview never starts one)."""
+    return (await _running(session)).id
+
+
+async def _running(session: Session) -> Sandbox | SessionShell:
     box = await session.running_sandbox()
     if box is None:
         raise PreviewRefused(404, f"session {session.key!r} has no running sandbox; run a command in it first")
-    return box.id
+    return box
 
 
 class Openings:
@@ -78,9 +83,7 @@ class Openings:
             )
         self._open[key] += 1
         try:
-            box = await session.running_sandbox()
-            if box is None:
-                raise PreviewRefused(404, f"session {session.key!r} has no running sandbox; run a command in it first")
+            box = await _running(session)
             if made_for is not None and box.id != made_for:
                 raise PreviewRefused(
                     410, "the link was made for a sandbox this session no longer has; ask for a new one"
