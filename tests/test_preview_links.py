@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -193,3 +194,54 @@ agents: {{list: [{{id: alpha, tenant: acme, default: true}}]}}
     assert tenants.holder("acme", "ci", twin_prefix) is None
     assert tenants.holder("acme", "ci", "a" * 16) is not None  # the config's own token still holds
     assert tenants.holder("acme", "ci", "") is None  # no prefix, no match
+
+
+@pytest.mark.anyio
+async def test_a_session_holds_at_most_max_connections_and_gives_each_back() -> None:
+    """`sandbox.preview.max_connections` open at once per session (429 past it, naming the key);
+    a closed one, or one whose opening failed, gives its place back; other sessions are not held."""
+    from types import SimpleNamespace
+
+    from sandbox.preview.access import Openings, PreviewRefused
+
+    closed: list[int] = []
+
+    class Stream:
+        async def aclose(self) -> None:
+            closed.append(1)
+
+    class Link:
+        async def open_port(self, port: int) -> Stream:
+            return Stream()
+
+    class Box:
+        id = "c1"
+
+        async def agent_link(self) -> Link:
+            return Link()
+
+    def session(key: str, box: Box | None) -> Any:
+        preview = SimpleNamespace(ports=[8000], max_connections=2, link_ttl_s=600)
+        agent = SimpleNamespace(sandbox=SimpleNamespace(preview=preview), tenant="acme", key_path="agents.list[0]")
+
+        async def running_sandbox() -> Box | None:
+            return box
+
+        return SimpleNamespace(key=key, agent=agent, sandboxed=True, running_sandbox=running_sandbox)
+
+    openings = Openings()
+    web = session("web", Box())
+    async with openings.port(web, 8000), openings.port(web, 8000):
+        with pytest.raises(PreviewRefused) as refused:
+            async with openings.port(web, 8000):
+                pass
+        assert refused.value.status == 429 and "sandbox.preview.max_connections" in refused.value.message
+        async with openings.port(session("other", Box()), 8000):  # another session: its own places
+            pass
+    async with openings.port(web, 8000):  # both given back
+        pass
+    with pytest.raises(PreviewRefused) as gone:
+        async with openings.port(session("web", None), 8000):
+            pass
+    assert gone.value.status == 404
+    assert len(closed) == 4 and not openings._open  # every opened stream closed, no place kept
