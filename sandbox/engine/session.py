@@ -29,7 +29,7 @@ from sandbox.preview.closed import mark_closed
 from sandbox.runtime.backends import agent_files, host_shell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
-from sandbox.runtime.session_users import SessionShell, session_shell
+from sandbox.runtime.session_users import SessionShell, SessionUser, session_shell, uid_scope
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
@@ -60,6 +60,8 @@ class Session:
         self._agent = orchestrator.sessions.child_agent(policy.agent, child) if child else policy.agent
         self._files: WorkspaceFiles | None = None
         self._host_shell: Shell | None = None
+        # this session's uid in each shared container it used (a uid is never given to another)
+        self._session_users: dict[str, SessionUser] = {}
 
     @property
     def key(self) -> str:
@@ -301,6 +303,7 @@ class Session:
         self._orch.forget_session(self)
         self._files = None
         self._host_shell = None
+        self._session_users.clear()
 
     @overload
     async def shell(self, *, create: Literal[True] = True) -> Shell: ...
@@ -330,11 +333,20 @@ class Session:
     async def _sandbox_shell(self, box: Sandbox | None = None) -> Sandbox | SessionShell:
         """The sandbox as this session's commands see it: as its own uid where sessions share it."""
         box = box or await self._orch.manager.sandbox_for(self.agent, self.key)
+        if not box.spec.session_users:
+            return box  # no thread hop per call for what needs no file
         shared = self._orch.shared_uids
-        if shared is not None and box.spec.session_users:  # replicas agree on each session's uid
+        if shared is not None:  # replicas agree on each session's uid
             return SessionShell(box, await shared.user(box.spec, self.key))
-        registry = self._orch.config.state_dir / "session-users"
-        return await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
+        scope = uid_scope(box.spec)
+        user = self._session_users.get(scope)
+        if user is None:
+            registry = self._orch.config.state_dir / "session-users"
+            shell = await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
+            if not isinstance(shell, SessionShell):  # cannot be: the spec asks for session users
+                return shell
+            user = self._session_users[scope] = shell.session_user
+        return SessionShell(box, user)
 
     async def sandbox(self) -> Sandbox | None:
         """The live sandbox of this session (created on first use); None when not sandboxed."""

@@ -41,6 +41,7 @@ OUTPUTS = (".sandbox", "outputs")  # in the workspace
 # a tenant without max_workspace_bytes: what its long outputs in flight may hold at once
 CAPTURE_MAX_BYTES = 4 * 1024**3
 LEFTOVER_GRACE_S = 120.0  # a capture older than the longest command plus this is a crash's leftover
+SWEEP_EVERY_S = 60.0  # a tenant's capture folder is swept for leftovers at most this often
 
 
 @dataclass(frozen=True)
@@ -152,18 +153,43 @@ _budgets_lock = threading.Lock()
 
 def tenant_capture_budget(ctx: ToolContext) -> SpillBudget:
     """The budget a tenant's captures in flight share (this process): its max_workspace_bytes."""
-    limit = CAPTURE_MAX_BYTES
-    for tenant in ctx.config.tenants:
-        if tenant.id == ctx.agent.tenant and (bytes_ := parse_size(tenant.quotas.max_workspace_bytes)):
-            limit = bytes_
-    folder = capture_folder(ctx.config.state_dir, ctx.agent.tenant)
-    key = (os.fspath(folder), limit)
+    key = _budget_key(ctx)
+    folder = Path(key[0])
+    limit = key[1]
     with _budgets_lock:
         budget = _budgets.get(key)
         if budget is None:
             # what another process (or a crash) holds there counts from the start
             budget = _budgets[key] = SpillBudget(limit, sum(size for _, size in _captures(folder)))
         return budget
+
+
+def _budget_key(ctx: ToolContext) -> tuple[str, int]:
+    limit = CAPTURE_MAX_BYTES
+    for tenant in ctx.config.tenants:
+        if tenant.id == ctx.agent.tenant and (bytes_ := parse_size(tenant.quotas.max_workspace_bytes)):
+            limit = bytes_
+    return os.fspath(capture_folder(ctx.config.state_dir, ctx.agent.tenant)), limit
+
+
+def _budget_known(ctx: ToolContext) -> bool:
+    with _budgets_lock:
+        return _budget_key(ctx) in _budgets
+
+
+_swept: dict[str, float] = {}  # capture folder -> when it was last swept (monotonic)
+_swept_lock = threading.Lock()
+
+
+def _sweep_due(folder: Path, *, mark: bool = True) -> bool:
+    """Whether `folder` was not swept for leftovers within SWEEP_EVERY_S (`mark`: and it is now)."""
+    now = time.monotonic()
+    with _swept_lock:
+        last = _swept.get(os.fspath(folder))
+        due = last is None or now - last >= SWEEP_EVERY_S
+        if due and mark:
+            _swept[os.fspath(folder)] = now
+        return due
 
 
 def _captures(folder: Path) -> list[tuple[os.DirEntry[str], int]]:
@@ -209,10 +235,15 @@ async def new_capture(ctx: ToolContext) -> OutputCapture:
     folder = capture_folder(ctx.config.state_dir, ctx.agent.tenant)
 
     def prepare() -> tuple[int, SpillBudget]:  # walks folders: off the event loop
-        remove_leftovers(folder, ctx.config.tools.exec.max_timeout_s + LEFTOVER_GRACE_S)
+        if _sweep_due(folder):
+            remove_leftovers(folder, ctx.config.tools.exec.max_timeout_s + LEFTOVER_GRACE_S)
         return quota_room(ctx.files.quota), tenant_capture_budget(ctx)
 
-    room, budget = await anyio.to_thread.run_sync(prepare)
+    quota = ctx.files.quota
+    walks = _sweep_due(folder, mark=False) or not _budget_known(ctx) or (quota is not None and not quota.cached())
+    # what needs no walk (a recent sweep, a known budget, fresh measurements) is done here: a
+    # thread hop costs an exec call more than the work
+    room, budget = await anyio.to_thread.run_sync(prepare) if walks else prepare()
     return OutputCapture(
         folder / f"{ctx.call_id}{SUFFIX}", max_bytes=max_bytes, spill_max_bytes=room, spill_budget=budget
     )

@@ -347,7 +347,14 @@ class AgentLink:
         """Write `data`, reading the stream meanwhile: an agent whose output nobody read (a preview
         whose browser stalled, a command nobody waits for) is blocked writing it and reads no
         request until its output is taken. What is read is dispatched as always, and bounded
-        (the tunnels' windows, the captures' maxima)."""
+        (the tunnels' windows, the captures' maxima).
+
+        A request that fits in the stream's buffer (nearly all) is written at once: no task, no
+        wait."""
+        taken = self.transport.send_nowait(data)
+        if taken >= len(data):
+            return
+        data = data[taken:]
         sent = False
 
         async def drain() -> None:

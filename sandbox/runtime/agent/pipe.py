@@ -63,6 +63,12 @@ class PipeTransport:
                 continue
             view = view[sent:]
 
+    def send_nowait(self, data: bytes) -> int:
+        try:
+            return os.write(self._in, data)
+        except BlockingIOError:
+            return 0
+
     def ended(self) -> bool:
         poller = select.poll()
         poller.register(self._out, select.POLLIN)

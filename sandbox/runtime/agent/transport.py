@@ -47,6 +47,11 @@ class AgentTransport(Protocol):
         """
         ...
 
+    def send_nowait(self, data: bytes) -> int:
+        """Write what of `data` the stream takes now, without waiting; how many bytes (0 where the
+        stream cannot tell without waiting). Raises as :meth:`send` does."""
+        ...
+
     def ended(self) -> bool:
         """Whether the stream is already known to have ended, without waiting or consuming bytes
         (only asked while nobody is in `receive`). False when unsure."""

@@ -98,6 +98,12 @@ class DockerExecStream:
                 continue
             view = view[sent:]
 
+    def send_nowait(self, data: bytes) -> int:
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+
     def ended(self) -> bool:
         poller = select.poll()  # not select(): a busy host has fds past 1024
         poller.register(self._sock, select.POLLIN)

@@ -90,7 +90,8 @@ async def run_within_quota(
     # measured before the command starts: measured beside it, a command that writes fast (the
     # resident agent starts it in milliseconds) had written it all before the first look, and
     # growth past the limit was never seen
-    start = await anyio.to_thread.run_sync(quota.measure)
+    small = quota.measure_small()  # a small workspace: no thread hop before every command
+    start = small if small is not None else await anyio.to_thread.run_sync(quota.measure)
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
