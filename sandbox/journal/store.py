@@ -1,7 +1,8 @@
 """The journal: an append-only SQLite log (WAL) of every stage of every call, and the approvals.
 
-Event writes leave the event loop: :meth:`Journal.append` queues them for a writer thread that
-commits in batches (see writer.py), and :meth:`Journal.commit` is the barrier a call awaits
+Event writes do not wait on the event loop: :meth:`Journal.append` queues them, a writer thread
+commits them in batches (or the barrier itself when nothing else writes, never waiting for a lock;
+see writer.py), and :meth:`Journal.commit` is the barrier a call awaits
 before it runs, so a crash (kill -9) never loses the record of a call that ran, and a journal
 that cannot be written fails the call instead of letting it run unrecorded. Reads and the
 approval writes stay synchronous: they first write whatever is queued, on the same connection
@@ -123,7 +124,7 @@ class Journal(ReadsMixin, NotesMixin):
             if isinstance(exc, SandboxError):
                 raise
             raise SandboxError(ErrorCode.INTERNAL, damaged_message(path, exc)) from exc
-        self._writer = Writer(self._db, self._lock, path.name)
+        self._writer = Writer(self._db, self._lock, path.name, round(busy_timeout_s * 1000))
         _OPEN.add(self)
 
     def _start_heartbeat(self) -> None:
