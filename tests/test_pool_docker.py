@@ -102,6 +102,28 @@ async def test_a_session_with_a_workspace_already_keeps_it(make_config: Any) -> 
         assert {i.id for i in await members(orch)} == pooled  # the pool was not used
 
 
+async def test_a_session_whose_sandbox_exists_takes_no_member(make_config: Any) -> None:
+    """A session that has a sandbox already (an earlier process made it) is not asked about first:
+    the hand-over's rename to its name is refused, so it keeps its own container and the member
+    goes back to the pool unchanged, free for the next session."""
+    config = pool_config(make_config, 1, extra=", workspace_access: rw")
+    async with Orchestrator(config) as orch:
+        await exec_ok(orch, "agent:main:had", "echo mine > /tmp/marker")
+        first: Any = await orch.session("agent:main:had").sandbox()
+    async with Orchestrator(config) as orch:  # a new process: nothing of the session is cached
+        await orch.fill_pools()
+        pooled = {i.id for i in await members(orch)}
+        assert pooled and first.id not in pooled
+        assert (await exec_ok(orch, "agent:main:had", "cat /tmp/marker")) == "mine\n"
+        box: Any = await orch.session("agent:main:had").sandbox()
+        assert box.id == first.id
+        assert {i.id for i in await members(orch)} == pooled  # untouched, still under pool names
+        pool: Any = orch.manager.pool
+        assert not any(pool.claims.claimed(member) for member in pooled)  # and free
+        box2: Any = await orch.session("agent:main:next").sandbox()
+        assert box2.id in pooled  # the next new session takes it
+
+
 async def test_drifted_and_stopped_members_are_removed_never_handed_out(
     make_config: Any, docker_client: Any, tmp_path: Path
 ) -> None:

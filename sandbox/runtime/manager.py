@@ -230,7 +230,9 @@ class SandboxManager:
 
     async def _from_pool(self, spec: SandboxSpec) -> Sandbox | None:
         """A warm container for a session that has none yet (never in place of an existing one)."""
-        if self.pool is None or not self.pool.wanted(spec) or await self.backend.exists(spec.name):
+        if self.pool is None or not self.pool.wanted(spec):
+            return None
+        if not self.pool.claim_checks_name and await self.backend.exists(spec.name):
             return None
         return await self.pool.claim(spec)
 

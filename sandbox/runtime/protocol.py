@@ -345,6 +345,10 @@ class Freezer(Protocol):
 class WarmPool(Protocol):
     """Started sandboxes kept per agent for sessions to claim (a capability: `Backend.warm_pool`)."""
 
+    # whether `claim` itself hands nothing over to a session whose sandbox exists already (Docker:
+    # the rename to its name fails); otherwise the manager asks the engine before each claim
+    claim_checks_name: bool
+
     def pooled_agents(self) -> list[EffectiveAgent]:
         """Configured agents whose sandboxes are pooled."""
         ...

@@ -32,7 +32,7 @@ import anyio.to_thread
 
 from sandbox._log import logger
 from sandbox.config.merge import EffectiveAgent
-from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime import pool_plan
 from sandbox.runtime.docker.sandbox import DockerSandbox
 from sandbox.runtime.naming import Labels
@@ -118,6 +118,8 @@ class PoolClaims:
 class WarmPool:
     """The pools of one manager: filling, claiming, sweeping."""
 
+    claim_checks_name = True  # the hand-over's rename fails on a name in use (see _hand_over)
+
     def __init__(self, manager: SandboxManager, backend: DockerBackend) -> None:
         self.manager = manager
         self.backend = backend
@@ -172,7 +174,10 @@ class WarmPool:
             candidates = self._free.setdefault(key, []) if source == "made here" else await self._members(key)
             while candidates:
                 info = candidates.pop(0)
-                box = await self._try(info, spec)
+                try:
+                    box = await self._try(info, spec)
+                except NotForPool:
+                    return None  # the session has a sandbox (or a workspace) of its own already
                 if box is not None:
                     return box
         self.wake.set()  # empty: fill now, for the next session
@@ -197,6 +202,12 @@ class WarmPool:
         self._claiming.add(info.id)
         try:
             await self._hand_over(info, spec)
+        except NotForPool:
+            # nothing was handed over: the member stays free for the next session
+            self.claims.drop(info.id)
+            self._free.setdefault(spec.pool_key or "", []).insert(0, info)
+            self._claiming.discard(info.id)
+            raise
         except BaseException as exc:
             # claimed means never handed to anyone else: it goes
             with anyio.CancelScope(shield=True):
@@ -221,13 +232,27 @@ class WarmPool:
             return False
 
     async def _hand_over(self, info: SandboxInfo, spec: SandboxSpec) -> None:
+        """Give the member the session's scratch folder and name. The rename is also the check that
+        the session has no sandbox yet (a name is taken only once): no engine call asks it first.
+
+        Raises:
+            NotForPool: the session has a sandbox or a scratch folder already (nothing changed).
+        """
+        moved: tuple[Path, Path] | None = None
         if spec.workspace_access == "none":
             scratch = info.labels.get(Labels.POOL_SCRATCH)
             if not scratch or spec.scratch_folder is None:
                 raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
-            source = Path(scratch)
-            await anyio.to_thread.run_sync(_move_scratch, source, spec.scratch_folder)
-        await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
+            moved = (Path(scratch), spec.scratch_folder)
+            await anyio.to_thread.run_sync(_move_scratch, *moved)
+        try:
+            await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
+        except SandboxError as exc:
+            if exc.code != ErrorCode.CONFLICT or not await self.backend.exists(spec.name):
+                raise
+            if moved is not None:  # back where the member expects it
+                await anyio.to_thread.run_sync(os.rename, moved[1], moved[0])
+            raise NotForPool(f"{spec.name} exists already") from exc
 
     def _made(self, box: Sandbox, spec: SandboxSpec) -> None:
         """A member just started is known free without asking the engine."""
@@ -314,12 +339,16 @@ class WarmPool:
         await anyio.to_thread.run_sync(_remove_scratch, info)
 
 
+class NotForPool(Exception):
+    """The session already has a sandbox or a workspace of its own: no member is handed to it."""
+
+
 def _move_scratch(source: Path, target: Path) -> None:
     """Give the pool container's scratch folder the session's path. The container keeps the
     folder (a bind mount holds it, not its path); the host-side file tools find it there now."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if os.path.lexists(target):
-        raise SandboxUnavailable(f"{target} exists already; the session keeps its own workspace")
+        raise NotForPool(f"{target} exists already; the session keeps its own workspace")
     os.rename(source, target)
 
 

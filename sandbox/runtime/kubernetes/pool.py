@@ -87,6 +87,8 @@ def frees_a_place(what: str, pod: dict[str, Any]) -> bool:
 class KubernetesWarmPool:
     """The warm pools of one manager on a cluster (the WarmPool capability)."""
 
+    claim_checks_name = False  # a claim patches labels: the manager asks for the session's pod first
+
     def __init__(self, manager: SandboxManager, backend: KubernetesBackend) -> None:
         self.manager = manager
         self.backend = backend
