@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from sandbox import Orchestrator
+from sandbox.runtime import manager as manager_module
 from sandbox.runtime.docker.pool import CLAIM_GRACE_S
 from sandbox.runtime.naming import Labels
 from sandbox.runtime.protocol import unclaimed
@@ -411,3 +412,28 @@ async def test_a_real_engine_restart_under_a_warm_pool(make_config: Any, second_
         assert stopped == [], [c.name for c in stopped]
         for info in await orch.manager.list():
             await orch.manager.remove(info)
+
+
+async def test_a_session_revalidated_is_not_offered_a_member(make_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every 30 s a session's cached sandbox is looked at again; that session has a sandbox, so the
+    engine is asked (one call) and no member is claimed for it (with replicas sharing claims in
+    PostgreSQL, a refused claim would take the member out of every replica's pool)."""
+    async with Orchestrator(pool_config(make_config, 1, extra=", workspace_access: rw")) as orch:
+        await orch.fill_pools()
+        await exec_ok(orch, "agent:main:live", "true")
+        await orch.fill_pools()
+        pooled = {i.id for i in await members(orch)}
+        pool: Any = orch.manager.pool
+        claimed: list[str] = []
+        claim = pool.claim
+
+        async def counted(spec: Any) -> Any:
+            claimed.append(spec.session)
+            return await claim(spec)
+
+        monkeypatch.setattr(pool, "claim", counted)
+        monkeypatch.setattr(manager_module, "REVALIDATE_AFTER_S", 0.0)  # every call revalidates
+        for _ in range(3):
+            await exec_ok(orch, "agent:main:live", "true")
+        assert claimed == []
+        assert {i.id for i in await members(orch)} == pooled

@@ -9,6 +9,7 @@ The workspace stays shared between them (group-writable), as README says.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,28 @@ async def test_another_session_cannot_forge_or_read_a_durable_calls_outcome(make
         result = await handle.result(timeout_s=30)
         assert result.output is not None and result.output["exit_code"] == 3, result
         assert result.output["output"] == f"{SECRET}\n"  # her own output, nothing injected
+
+
+async def test_a_registry_removed_by_hand_never_leaves_two_sessions_on_one_uid(make_config: Any) -> None:
+    """A session remembers its uid between calls (no file walk per call), but checks the
+    registry's entry before each use: when an operator removed the registry and another session
+    was given that uid meanwhile, the first session is allocated a uid again, never shares one."""
+    config = agent_config(make_config)
+    async with Orchestrator(config) as orch:
+        alice, bob = orch.session("agent:main:alice"), orch.session("agent:main:bob")
+        first = await alice.call("exec", {"command": "id -u"})
+        assert first.ok, first
+        uid = int(first.output["output"].strip())
+        box: Any = await alice.sandbox()
+        registry = registry_of(config.state_dir / "session-users", box.spec)
+        for entry in registry.iterdir():  # the operator's clean-up
+            entry.unlink()
+        # another session is given Alice's old uid (as a fresh registry could hand it out)
+        (registry / str(uid)).write_text('{"session": "agent:main:bob", "token": "b0b"}')
+        again = await alice.call("exec", {"command": "id -u"})
+        assert again.ok, again
+        now = int(again.output["output"].strip())
+        assert now != uid
+        assert json.loads((registry / str(now)).read_text())["session"] == "agent:main:alice"
+        assert json.loads((registry / str(uid)).read_text())["session"] == "agent:main:bob"
+        assert (await bob.call("exec", {"command": "true"})).ok

@@ -8,6 +8,7 @@ import pytest
 
 from sandbox.config import load_config_text
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.fs import quota as quota_module
 from sandbox.fs.quota import WorkspaceQuota
 from sandbox.runtime.naming import tenant_dir_name
 from sandbox.runtime.spec import scratch_workspace, tenant_workspaces
@@ -187,3 +188,37 @@ def test_an_old_scratch_workspace_never_overwrites_a_new_one(tmp_path: Path) -> 
     _prepare_scratch(workspace, None, None)
     assert (workspace / "new.txt").read_text() == "new" and not (workspace / "old.txt").exists()
     assert (root / name / "old.txt").read_text() == "old"
+
+
+def test_a_small_workspace_is_measured_on_the_callers_thread_as_a_full_walk_would(tmp_path: Path) -> None:
+    """exec measures before each command: a few files are walked at once (no thread hop), and
+    give what the full measurement gives."""
+    quota, mine, _ = quotas(tmp_path, 10 * MIB, 100 * MIB)
+    fill(mine, "a.bin", 64 * 1024)
+    fill(mine / "sub", "b.bin", 8 * 1024)
+    assert quota.outer is not None
+    quota.outer.used(fresh=True)  # the tenant's measurement is fresh
+    small = quota.measure_small()
+    assert small is not None and small == quota.measure()
+
+
+def test_a_workspace_too_big_to_walk_at_once_is_left_to_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More than SMALL_WALK entries, a folder whose listing is large (one that held many files
+    keeps its size on ext4), or a stale measurement of the tenant: None, and exec measures in a
+    worker thread instead, never blocking the event loop for a hostile workspace's shape."""
+    quota, mine, _ = quotas(tmp_path, 10 * MIB, 100 * MIB)
+    assert quota.outer is not None
+    quota.outer.used(fresh=True)
+    for i in range(quota_module.SMALL_WALK + 1):
+        fill(mine, f"f{i}", 1)
+    assert quota.measure_small() is None
+    for i in range(quota_module.SMALL_WALK + 1):
+        (mine / f"f{i}").unlink()
+    assert quota.measure_small() is not None
+    monkeypatch.setattr(quota_module, "SMALL_DIR_BYTES", 0)  # any folder's listing is "large"
+    assert quota.measure_small() is None
+    monkeypatch.undo()
+    monkeypatch.setattr(quota_module, "CACHE_S", 0.0)  # the tenant's measurement is stale
+    assert quota.measure_small() is None

@@ -29,7 +29,7 @@ from sandbox.preview.closed import mark_closed
 from sandbox.runtime.backends import agent_files, host_shell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
-from sandbox.runtime.session_users import SessionShell, SessionUser, session_shell, uid_scope
+from sandbox.runtime.session_users import SessionShell, SessionUser, session_shell, still_held, uid_scope
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
@@ -339,9 +339,11 @@ class Session:
         if shared is not None:  # replicas agree on each session's uid
             return SessionShell(box, await shared.user(box.spec, self.key))
         scope = uid_scope(box.spec)
+        registry = self._orch.config.state_dir / "session-users"
         user = self._session_users.get(scope)
+        if user is not None and not still_held(registry, box.spec, self.key, user):
+            user = None  # the registry changed under us (removed by hand): allocate again
         if user is None:
-            registry = self._orch.config.state_dir / "session-users"
             shell = await anyio.to_thread.run_sync(session_shell, box, registry, self.key)
             if not isinstance(shell, SessionShell):  # cannot be: the spec asks for session users
                 return shell

@@ -21,6 +21,7 @@ from sandbox.errors import ErrorCode, SandboxError
 
 CACHE_S = 2.0  # a measurement is reused this long (writes in between are added to it)
 SMALL_WALK = 64  # entries a folder may hold to be measured on the event loop (about 0.1 ms)
+SMALL_DIR_BYTES = 64 * 1024  # and the size each of its folders may have (a listing reads all of it)
 _UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
@@ -43,9 +44,12 @@ def disk_usage(root: Path, max_entries: int | None = None) -> int:
     total = 0
     seen = 0
     try:
-        device = os.lstat(root).st_dev
+        top = os.lstat(root)
     except FileNotFoundError:
         return 0
+    device = top.st_dev
+    if max_entries is not None and top.st_size > SMALL_DIR_BYTES:
+        raise TooManyEntries(root)
     stack = [os.fspath(root)]
     while stack:
         folder = stack.pop()
@@ -66,6 +70,10 @@ def disk_usage(root: Path, max_entries: int | None = None) -> int:
                     continue  # a mount below the workspace is not the workspace's disk
                 total += st.st_blocks * 512
                 if stat.S_ISDIR(st.st_mode):
+                    # a folder that once held many entries keeps its size (ext4 never shrinks one):
+                    # listing it scans every block, however few entries are left
+                    if max_entries is not None and st.st_size > SMALL_DIR_BYTES:
+                        raise TooManyEntries(root)
                     stack.append(entry.path)
     return total
 
@@ -191,7 +199,9 @@ class WorkspaceQuota:
 
     def measure_small(self, max_entries: int = SMALL_WALK) -> list[int] | None:
         """:meth:`measure` without blocking for long, or None: this quota's folders walked only
-        when they hold at most `max_entries` entries, the containing levels only from fresh
+        when they hold at most `max_entries` entries, none of its folders larger than
+        SMALL_DIR_BYTES (a folder emptied of 400,000 files lists in milliseconds), the
+        containing levels only from fresh
         cached measurements. A small workspace is measured in microseconds on the caller's
         thread; anything more is :meth:`measure`'s, in a worker thread."""
         now = time.monotonic()

@@ -12,8 +12,9 @@ call's few rows take about 0.1 ms, less than waking the thread and being woken b
 waits there: the connection's lock is only tried, another process's lock is not waited for
 (busy timeout 0 for that transaction), and any error gives the batches back to the thread, which
 writes them with the normal timeout and reports failures. Checkpoints, the one step that can
-take long (they copy the log into the database), are the thread's alone: the connection does
-none on its own (wal_autocheckpoint=0), the thread runs one every CHECKPOINT_EVERY transactions.
+take long (they copy the log into the database), never run on the caller's thread: that one
+transaction runs with wal_autocheckpoint=0 (every other write, the thread's and a prune's, keeps
+SQLite's own), and the thread runs one every CHECKPOINT_EVERY transactions.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import anyio.to_thread
 from sandbox._log import logger
 
 MAX_FAILURES = 1024  # failures kept for a barrier to report; older ones were logged and dropped
-CHECKPOINT_EVERY = 200  # transactions between checkpoints (a few pages each: SQLite's own is 1,000 pages)
+CHECKPOINT_EVERY = 200  # transactions between the thread's checkpoints (a few pages each)
+AUTOCHECKPOINT_PAGES = 1000  # SQLite's own default: every other write (the thread's, a prune's) keeps it
 
 Statement = tuple[str, list[tuple[Any, ...]]]  # SQL, and the rows it runs for (executemany)
 
@@ -59,7 +61,6 @@ class Writer:
         self._db = db
         self._busy_timeout_ms = busy_timeout_ms
         self._since_checkpoint = 0  # transactions since the last checkpoint
-        db.execute("PRAGMA wal_autocheckpoint=0")  # the thread checkpoints (see the module's docstring)
         self._lock = lock
         self._name = name
         self._cond = threading.Condition()  # guards the queue, the counters and the waiters
@@ -169,6 +170,7 @@ class Writer:
                 self._writing += len(batches)
             try:
                 self._db.execute("PRAGMA busy_timeout=0")  # another process's lock: not waited for here
+                self._db.execute("PRAGMA wal_autocheckpoint=0")  # nor a checkpoint: the thread runs those
                 self._transaction(batches)
             except sqlite3.Error:
                 with self._cond:  # back to the front, in order: the thread writes them (or reports why not)
@@ -179,6 +181,7 @@ class Writer:
             finally:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+                    self._db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
             with self._cond:
                 self._writing -= len(batches)
                 if self._since_checkpoint >= CHECKPOINT_EVERY:

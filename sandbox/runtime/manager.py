@@ -156,7 +156,7 @@ class SandboxManager:
                 return entry.sandbox
             image = await self.backend.image_id(spec.image)
             full = spec_from_config(self.config, agent, session, self.instance, image_id=image)
-            sandbox = await self._from_pool(full) or await self.backend.ensure(full)
+            sandbox = await self._from_pool(full, known=entry is not None) or await self.backend.ensure(full)
 
             async def revive() -> str:
                 # the container died under us: make a new one (once, under the identity's lock)
@@ -228,11 +228,16 @@ class SandboxManager:
         except Exception:  # an agent no longer configured has no pool
             return 0
 
-    async def _from_pool(self, spec: SandboxSpec) -> Sandbox | None:
-        """A warm container for a session that has none yet (never in place of an existing one)."""
+    async def _from_pool(self, spec: SandboxSpec, *, known: bool) -> Sandbox | None:
+        """A warm container for a session that has none yet (never in place of an existing one).
+
+        The engine is asked first, unless the pool's claim checks the name itself and the session
+        is new to this process (`known`: its sandbox is only being revalidated, so it most likely
+        exists) and no claim store is shared (a replica's claim there is not given back)."""
         if self.pool is None or not self.pool.wanted(spec):
             return None
-        if not self.pool.claim_checks_name and await self.backend.exists(spec.name):
+        ask_first = known or not self.pool.claim_checks_name or self.shared_pool_claims is not None
+        if ask_first and await self.backend.exists(spec.name):
             return None
         return await self.pool.claim(spec)
 

@@ -289,6 +289,14 @@ def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbo
     return SessionShell(sandbox, allocate(registry_of(registry_root, spec), session, gid))
 
 
+def still_held(registry_root: Path, spec: Any, session: str, user: SessionUser) -> bool:
+    """Whether the registry still gives `user`'s uid to `session` (a small file read: a cached
+    uid is checked before each use, so a registry removed by hand never leaves two sessions on
+    one uid)."""
+    found = _read(registry_of(registry_root, spec) / str(user.uid))
+    return found is not None and found == (session, user.token)
+
+
 def registry_of(registry_root: Path, spec: Any) -> Path:
     """The uid registry of one container (its tenant and scope key; config changes keep it)."""
     return registry_root / uid_scope(spec)

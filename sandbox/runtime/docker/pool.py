@@ -177,7 +177,7 @@ class WarmPool:
                 try:
                     box = await self._try(info, spec)
                 except NotForPool:
-                    return None  # the session has a sandbox (or a workspace) of its own already
+                    return None  # the session has a sandbox of its own already
                 if box is not None:
                     return box
         self.wake.set()  # empty: fill now, for the next session
@@ -232,27 +232,25 @@ class WarmPool:
             return False
 
     async def _hand_over(self, info: SandboxInfo, spec: SandboxSpec) -> None:
-        """Give the member the session's scratch folder and name. The rename is also the check that
-        the session has no sandbox yet (a name is taken only once): no engine call asks it first.
+        """Give the member the session's name, then its scratch folder. The rename is also the
+        check that the session has no sandbox yet (a name is taken only once). It comes first, so
+        a refused one has changed nothing; a scratch move that fails after it removes the member
+        (in _try), and the session gets a container of its own on what is at its path.
 
         Raises:
-            NotForPool: the session has a sandbox or a scratch folder already (nothing changed).
+            NotForPool: the session's name is in use (nothing was changed).
         """
-        moved: tuple[Path, Path] | None = None
-        if spec.workspace_access == "none":
-            scratch = info.labels.get(Labels.POOL_SCRATCH)
-            if not scratch or spec.scratch_folder is None:
-                raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
-            moved = (Path(scratch), spec.scratch_folder)
-            await anyio.to_thread.run_sync(_move_scratch, *moved)
+        scratch = info.labels.get(Labels.POOL_SCRATCH)
+        if spec.workspace_access == "none" and (not scratch or spec.scratch_folder is None):
+            raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
         try:
             await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
         except SandboxError as exc:
             if exc.code != ErrorCode.CONFLICT or not await self.backend.exists(spec.name):
                 raise
-            if moved is not None:  # back where the member expects it
-                await anyio.to_thread.run_sync(os.rename, moved[1], moved[0])
             raise NotForPool(f"{spec.name} exists already") from exc
+        if spec.workspace_access == "none" and scratch and spec.scratch_folder is not None:
+            await anyio.to_thread.run_sync(_move_scratch, Path(scratch), spec.scratch_folder)
 
     def _made(self, box: Sandbox, spec: SandboxSpec) -> None:
         """A member just started is known free without asking the engine."""
@@ -340,7 +338,7 @@ class WarmPool:
 
 
 class NotForPool(Exception):
-    """The session already has a sandbox or a workspace of its own: no member is handed to it."""
+    """The session already has a sandbox of its own: no member is handed to it."""
 
 
 def _move_scratch(source: Path, target: Path) -> None:
@@ -348,7 +346,7 @@ def _move_scratch(source: Path, target: Path) -> None:
     folder (a bind mount holds it, not its path); the host-side file tools find it there now."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if os.path.lexists(target):
-        raise NotForPool(f"{target} exists already; the session keeps its own workspace")
+        raise SandboxUnavailable(f"{target} exists already; the session keeps its own workspace")
     os.rename(source, target)
 
 
