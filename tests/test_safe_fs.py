@@ -126,20 +126,74 @@ def test_atomic_write_creates_parents_and_leaves_no_temp(tree: tuple[SafeRoot, P
 
 @pytest.mark.anyio
 async def test_file_states_are_written_only_when_they_change(tmp_path: Path) -> None:
-    """Reading a file again unchanged rewrites nothing (the state file keeps its inode); a new
-    version, of this file or another, is written; a fresh reader sees what was recorded."""
+    """Reading a file again unchanged writes nothing; a new version, of this file or another, is
+    one line appended; a fresh reader sees what was recorded."""
     from sandbox.fs.states import FileStates, digest
 
     path = tmp_path / "file-states.json"
     states = FileStates(path)
     await states.record("/ws/a.txt", b"one", 1)
-    inode = path.stat().st_ino
+    size = path.stat().st_size
     await states.record("/ws/a.txt", b"one", 1)
-    assert path.stat().st_ino == inode
+    assert path.stat().st_size == size
     await states.record("/ws/a.txt", b"two", 2)
-    assert path.stat().st_ino != inode
+    assert path.stat().st_size > size and len(path.read_text().splitlines()) == 2
     await states.record("/ws/b.txt", b"two", 2)
     again = FileStates(path)
     seen = await again.get("/ws/a.txt")
     assert seen is not None and seen.sha256 == digest(b"two")
     assert await again.get("/ws/b.txt") is not None
+
+
+@pytest.mark.anyio
+async def test_file_states_cost_one_line_per_new_file_however_many_were_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session that has seen many files (a tenant reading a huge tree) records the next one by
+    appending one line, not by rewriting the map on the event loop; the newest MAX_SEEN are
+    kept, and the log is compacted to them once it holds twice as many lines."""
+    from sandbox.fs import states as states_module
+    from sandbox.fs.states import FileStates
+
+    monkeypatch.setattr(states_module, "MAX_SEEN", 10)
+    path = tmp_path / "file-states.json"
+    states = FileStates(path)
+    for i in range(15):
+        await states.record(f"/ws/f{i}", b"x", i)
+    before, inode, head = path.stat().st_size, path.stat().st_ino, path.read_bytes()
+    await states.record("/ws/new", b"y", 99)
+    after = path.read_bytes()
+    assert after.startswith(head) and path.stat().st_ino == inode  # nothing rewritten
+    line = after[before:]
+    assert line.count(b"\n") == 1 and b"/ws/new" in line  # one line appended
+    for i in range(16, 30):
+        await states.record(f"/ws/f{i}", b"x", i)
+    assert len(path.read_text().splitlines()) <= 2 * 10 + 1  # compacted
+    fresh = FileStates(path)
+    assert await fresh.get("/ws/f29") is not None and await fresh.get("/ws/f20") is not None
+    assert await fresh.get("/ws/f0") is None  # the oldest went: an edit asks for a read first
+
+
+@pytest.mark.anyio
+async def test_file_states_read_a_line_only_once_it_is_whole_and_take_the_old_format(tmp_path: Path) -> None:
+    """A line another holder is still appending is not read half; a damaged line is skipped; a
+    file written in the old format (one JSON object) is read and rewritten as a log."""
+    import json
+
+    from sandbox.fs.states import FileStates, digest
+
+    path = tmp_path / "file-states.json"
+    path.write_text(json.dumps({"/ws/old": {"sha256": digest(b"old"), "mtime_ns": 5}}))
+    states = FileStates(path)
+    seen = await states.get("/ws/old")
+    assert seen is not None and seen.sha256 == digest(b"old")
+    assert json.loads(path.read_text().splitlines()[0])["k"] == "/ws/old"  # now a log
+    with path.open("a") as log:
+        log.write("not json\n")
+        log.write('{"k": "/ws/torn", "h": "ab')  # half a line
+    assert await states.get("/ws/torn") is None
+    with path.open("a") as log:
+        log.write('cd", "t": 7}\n')
+    torn = await states.get("/ws/torn")
+    assert torn is not None and torn.sha256 == "abcd" and torn.mtime_ns == 7
+    assert await states.get("/ws/old") is not None
