@@ -171,7 +171,7 @@ async def test_file_states_cost_one_line_per_new_file_however_many_were_seen(
     assert len(path.read_text().splitlines()) <= 2 * 10 + 1  # compacted
     fresh = FileStates(path)
     assert await fresh.get("/ws/f29") is not None and await fresh.get("/ws/f20") is not None
-    assert await fresh.get("/ws/f0") is None  # the oldest went: an edit asks for a read first
+    assert await fresh.get("/ws/f0") is None  # the oldest went: as if never read
 
 
 @pytest.mark.anyio

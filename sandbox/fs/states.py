@@ -70,7 +70,7 @@ class SharedFileStates:
         await self.store.put_session_record(self.tenant, self.session, KIND, key, value)
 
 
-MAX_SEEN = 4096  # files one session's record keeps; the oldest go (an edit of one asks for a read first)
+MAX_SEEN = 4096  # files one session's record keeps; the oldest go (as if never read)
 
 
 class FileStates:
@@ -81,10 +81,10 @@ class FileStates:
     appended since it last looked, so neither grows with the number of files a session has seen
     (rewriting the whole map on every new file cost 28 ms of the event loop at 10,000 files).
     At most MAX_SEEN files are kept; when the log holds twice that many lines it is rewritten
-    whole (atomically), with only the newest MAX_SEEN. A line another holder appends at the
-    moment of that rewrite can be lost: its session is then asked to read the file again
-    before an edit, never allowed a blind one. A file in the old format (one JSON object) is
-    read once and rewritten as a log.
+    whole (atomically), with only the newest MAX_SEEN. A file forgotten that way, or whose line
+    another holder appended at the moment of that rewrite, is as if never read: an edit of it
+    has no CONFLICT check (its `old_string` must still match the current text exactly). A file
+    in the old format (one JSON object) is read once and rewritten as a log.
 
     Args:
         path: the file of one session.
