@@ -136,6 +136,7 @@ async def test_drifted_and_stopped_members_are_removed_never_handed_out(
         await orch.fill_pools()
         drifted = {i.id for i in await members(orch)}
         stopped_one = next(iter(drifted))
+        first_instance = orch.manager.instance
     docker_client.containers.get(stopped_one).kill()
     new = make_config(
         "agents: {defaults: {sandbox: {mode: all, scope: session, pool: {size: 1}, docker: {memory: 768m}}}}",
@@ -146,7 +147,11 @@ async def test_drifted_and_stopped_members_are_removed_never_handed_out(
         assert box.id not in drifted
         removed = await orch.manager.pool.sweep()
         assert len(removed) == 2
-        left = {c.id for c in docker_client.containers.list(all=True, filters={"label": Labels.POOL})}
+        # this test's instance only, without an inspect per container (another run's container
+        # being removed, or an engine's stale entry, is none of its business)
+        assert orch.manager.instance == first_instance  # the drifted members are listed too
+        mine = {"label": [Labels.POOL, f"{Labels.INSTANCE}={orch.manager.instance}"]}
+        left = {c.id for c in docker_client.containers.list(all=True, sparse=True, filters=mine)}
         assert not drifted & left
 
 
@@ -285,7 +290,8 @@ async def test_pool_containers_stopped_under_the_pool_cost_a_cold_start_not_a_fa
         await orch.fill_pools()
         now = {i.id: i.status for i in await members(orch)}
         assert len(now) == 2 and not dead & set(now) and set(now.values()) == {"running"}
-        left = docker_client.containers.list(all=True, filters={"label": Labels.POOL, "status": "exited"})
+        mine = {"label": [Labels.POOL, f"{Labels.INSTANCE}={orch.manager.instance}"], "status": "exited"}
+        left = docker_client.containers.list(all=True, sparse=True, filters=mine)
         assert not dead & {c.id for c in left}
 
 

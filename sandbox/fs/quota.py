@@ -141,9 +141,9 @@ class WorkspaceQuota:
         result rather than walking again (a tenant's folders can hold many files)."""
         asked = time.monotonic()
         with self._lock:
-            cached = self._cache.get(self._name)
+            cached = self._fresh_locked(self._name, asked)
             walking = self._walks.setdefault(self._name, threading.Lock())
-        if cached is not None and not fresh and asked - cached.at < CACHE_S:
+        if cached is not None and not fresh:
             return cached.used
         with walking:
             with self._lock:
@@ -155,15 +155,16 @@ class WorkspaceQuota:
                 self._cache[self._name] = _Measure(time.monotonic(), used)
             return used
 
+    def _fresh_locked(self, name: tuple[str, ...], now: float) -> _Measure | None:
+        """The measurement of `name` if younger than CACHE_S (the caller holds `_lock`)."""
+        found = self._cache.get(name)
+        return found if found is not None and now - found.at < CACHE_S else None
+
     def cached(self) -> bool:
         """Whether every level with a limit has a measurement young enough to be used unwalked."""
         now = time.monotonic()
         with self._lock:
-            for level in self.levels:
-                found = self._cache.get(level._name)
-                if found is None or now - found.at >= CACHE_S:
-                    return False
-        return True
+            return all(self._fresh_locked(level._name, now) is not None for level in self.levels)
 
     def charge(self, grown: int) -> None:
         """Add a write's growth to the cached measurements (so writes in a burst add up)."""
@@ -201,18 +202,18 @@ class WorkspaceQuota:
         """:meth:`measure` without blocking for long, or None: this quota's folders walked only
         when they hold at most `max_entries` entries, none of its folders larger than
         SMALL_DIR_BYTES (a folder emptied of 400,000 files lists in milliseconds), the
-        containing levels only from fresh
-        cached measurements. A small workspace is measured in microseconds on the caller's
-        thread; anything more is :meth:`measure`'s, in a worker thread."""
+        containing levels only from fresh cached measurements. A small workspace is measured in
+        microseconds on the caller's thread; anything more is :meth:`measure`'s, in a worker
+        thread."""
         now = time.monotonic()
         outer: list[int] = []
         level = self.outer
         with self._lock:
             while level is not None:
-                found = self._cache.get(level._name)
-                if level.limit > 0 and (found is None or now - found.at >= CACHE_S):
+                found = self._fresh_locked(level._name, now) if level.limit > 0 else None
+                if level.limit > 0 and found is None:
                     return None
-                outer.append(found.used if level.limit > 0 and found is not None else 0)
+                outer.append(found.used if found is not None else 0)
                 level = level.outer
         try:
             used = sum(disk_usage(Path(name), max_entries) for name in self._name)

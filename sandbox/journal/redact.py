@@ -7,6 +7,7 @@ stays readable, so a reviewer of the journal still sees what was run.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 MASK = "***"
@@ -94,11 +95,8 @@ def _mask_random_run(m: re.Match[str]) -> str:
     return MASK if looks_random else run
 
 
-def _mask_tokens(text: str) -> str:
-    for needles, pattern in SECRET_VALUES:
-        if _has(text, needles):
-            text = pattern.sub(MASK, text)
-    return text
+Guard = Callable[[str, str], bool]  # (the text now, the original text case-folded) -> can it match?
+Step = Callable[[str], str]
 
 
 def _has(text: str, needles: tuple[str, ...]) -> bool:
@@ -108,37 +106,50 @@ def _has(text: str, needles: tuple[str, ...]) -> bool:
     return False
 
 
+def _token_step(needles: tuple[str, ...], pattern: re.Pattern[str]) -> tuple[Guard, Step]:
+    return (lambda text, _folded: _has(text, needles)), (lambda text: pattern.sub(MASK, text))
+
+
+# Key blocks first (their body must not be cut by the token shapes), assignments last. Each step
+# has a guard: a literal every one of its matches needs (masking adds no letters, so the original
+# text's case-folded form still answers for the name patterns; `casefold`, not `lower`, since
+# re.IGNORECASE matches `ſ` with `s`).
+_STEPS: list[tuple[Guard, Step]] = [
+    (lambda text, _: "-----BEGIN " in text, _mask_pem),
+    (lambda text, _: "://" in text, lambda text: _URL_PASSWORD.sub(lambda m: m.group("pre") + MASK, text)),
+    (
+        lambda _, folded: "bearer" in folded or "author" in folded,
+        lambda text: _BEARER.sub(lambda m: m.group("pre") + MASK, text),
+    ),
+    *(_token_step(needles, pattern) for needles, pattern in SECRET_VALUES),
+    (
+        lambda text, folded: "=" in text and _has(folded, _NAME_NEEDLES),
+        lambda text: _ASSIGN_EQ.sub(_mask_assignment, text),
+    ),
+    (
+        lambda text, folded: ":" in text and _has(folded, _NAME_NEEDLES),
+        lambda text: _ASSIGN_COLON.sub(_mask_assignment, text),
+    ),
+]
+
+
 def redact_text(text: str) -> str:
     """`text` with every secret shape masked (key blocks, URL passwords, tokens, assignments).
 
-    Key blocks first (their body must not be cut by the token shapes), assignments last. Each
-    step runs only when the text holds a literal every one of its matches needs: the result is
-    the same as running them all (tests/test_redact_prefilter.py checks it against that)."""
-    if "-----BEGIN " in text:
-        text = _mask_pem(text)
-    folded = text.casefold()  # not lower(): re.IGNORECASE matches `ſ` with `s`, lower() keeps it
-    if "://" in text:
-        text = _URL_PASSWORD.sub(lambda m: m.group("pre") + MASK, text)
-    if "bearer" in folded or "author" in folded:
-        text = _BEARER.sub(lambda m: m.group("pre") + MASK, text)
-    text = _mask_tokens(text)
-    if _has(folded, _NAME_NEEDLES):  # masking adds no letters: `folded` still answers
-        if "=" in text:
-            text = _ASSIGN_EQ.sub(_mask_assignment, text)
-        if ":" in text:
-            text = _ASSIGN_COLON.sub(_mask_assignment, text)
+    A step runs only when its guard says it can match: the result is the same as running them
+    all (:func:`redact_text_unfiltered`; tests/test_redact_prefilter.py checks it)."""
+    folded = text.casefold()
+    for can_match, step in _STEPS:
+        if can_match(text, folded):
+            text = step(text)
     return text
 
 
 def redact_text_unfiltered(text: str) -> str:
-    """Every step on the whole text, no literal first: what :func:`redact_text` must equal."""
-    text = _mask_pem(text)
-    text = _URL_PASSWORD.sub(lambda m: m.group("pre") + MASK, text)
-    text = _BEARER.sub(lambda m: m.group("pre") + MASK, text)
-    for _, pattern in SECRET_VALUES:
-        text = pattern.sub(MASK, text)
-    text = _ASSIGN_EQ.sub(_mask_assignment, text)
-    return _ASSIGN_COLON.sub(_mask_assignment, text)
+    """Every step on the whole text, no guard: what :func:`redact_text` must equal."""
+    for _, step in _STEPS:
+        text = step(text)
+    return text
 
 
 def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT) -> Any:

@@ -123,10 +123,7 @@ class Writer:
             target = self._seq
             if self._done >= target:
                 return
-        if self._commit_here():
-            with self._cond:
-                if self._done >= target:
-                    return
+        self._commit_here()  # nearly always writes it, here; otherwise the thread does
         with self._cond:
             if self._done >= target:
                 return

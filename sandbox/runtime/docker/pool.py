@@ -206,7 +206,6 @@ class WarmPool:
             # nothing was handed over: the member stays free for the next session
             self.claims.drop(info.id)
             self._free.setdefault(spec.pool_key or "", []).insert(0, info)
-            self._claiming.discard(info.id)
             raise
         except BaseException as exc:
             # claimed means never handed to anyone else: it goes
@@ -240,17 +239,20 @@ class WarmPool:
         Raises:
             NotForPool: the session's name is in use (nothing was changed).
         """
-        scratch = info.labels.get(Labels.POOL_SCRATCH)
-        if spec.workspace_access == "none" and (not scratch or spec.scratch_folder is None):
-            raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
+        move: tuple[Path, Path] | None = None  # the member's scratch folder -> the session's
+        if spec.workspace_access == "none":
+            scratch = info.labels.get(Labels.POOL_SCRATCH)
+            if not scratch or spec.scratch_folder is None:
+                raise SandboxUnavailable(f"pool container {info.name} has no scratch workspace")
+            move = (Path(scratch), spec.scratch_folder)
         try:
             await self.backend.call("rename pooled sandbox", self.backend.client.api.rename, info.id, spec.name)
         except SandboxError as exc:
             if exc.code != ErrorCode.CONFLICT or not await self.backend.exists(spec.name):
                 raise
             raise NotForPool(f"{spec.name} exists already") from exc
-        if spec.workspace_access == "none" and scratch and spec.scratch_folder is not None:
-            await anyio.to_thread.run_sync(_move_scratch, Path(scratch), spec.scratch_folder)
+        if move is not None:
+            await anyio.to_thread.run_sync(_move_scratch, *move)
 
     def _made(self, box: Sandbox, spec: SandboxSpec) -> None:
         """A member just started is known free without asking the engine."""
