@@ -12,6 +12,13 @@ library only, no imports from the orchestrator. `--health` is the container's he
 
 Frame: 4-byte big-endian header length, 4-byte big-endian payload length, a JSON header (an
 object with "t", the type, and "id", the request's number), then the payload bytes.
+
+`--link`: the frames may go over two FIFOs instead, which the orchestrator made in a folder
+bind-mounted into this sandbox, so they do not pass through the engine's stream proxy. The first
+line on stdin names them (a path without its `.up`/`.down`; an empty line: no FIFOs). The agent
+answers one byte on stdout before any frame: `F` (the frames go over the FIFOs from now on) or
+`S` (they stay on stdin and stdout). Either way stdin stays the life line: when it ends, the
+agent exits.
 """
 
 from __future__ import annotations
@@ -39,15 +46,45 @@ NO_PIDFD_POLL_S = 0.05  # without pidfd_open (old kernels), how often exits are 
 class Agent:
     """The request loop: stdin frames in, stdout frames out, commands as children."""
 
-    def __init__(self) -> None:
+    def __init__(self, link: bool = False) -> None:
         self.sel = selectors.DefaultSelector()
         self.inbox = bytearray()
-        self.out = os.fdopen(1, "wb", buffering=0)
+        self.requests = 0  # where frames come from: stdin, or the link's `.down` FIFO
+        self.stdout = self.out = os.fdopen(1, "wb", buffering=0)  # the life line keeps its stdout
+        if link:
+            self.open_link(read_line(0))
         self.children: dict[int, Child] = {}  # request id -> running command
         self.files = FileServer(self)
         self.ports = PortRelay(self)
-        os.set_blocking(0, False)
-        self.sel.register(0, selectors.EVENT_READ, ("stdin", None))
+        os.set_blocking(self.requests, False)
+        self.sel.register(self.requests, selectors.EVENT_READ, ("stdin", None))
+        if self.requests != 0:
+            os.set_blocking(0, False)
+            self.sel.register(0, selectors.EVENT_READ, ("lifeline", None))
+
+    def open_link(self, name: str) -> None:
+        """Move the frames to the FIFOs `name`.up (ours to write) and `name`.down (to read), and
+        say on stdout whether that worked (`F`) or the frames stay on the stream (`S`)."""
+        verdict = b"S"
+        if name:
+            fds: list[int] = []
+            try:
+                # the orchestrator holds `.up`'s read end open already: a non-blocking open for
+                # writing succeeds only then (ENXIO otherwise), and never waits
+                fds.append(os.open(name + ".up", os.O_WRONLY | os.O_NONBLOCK))
+                fds.append(os.open(name + ".down", os.O_RDONLY | os.O_NONBLOCK))
+                if not all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in fds):
+                    raise OSError("not a FIFO")
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+            else:
+                os.set_blocking(fds[0], True)  # a full FIFO waits in send, as a full stdout does
+                self.out, self.requests = os.fdopen(fds[0], "wb", buffering=0), fds[1]
+                verdict = b"F"
+        written = 0
+        while not written:
+            written = self.stdout.write(verdict) or 0
 
     def send(self, header: dict[str, object], payload: bytes = b"") -> None:
         head = json.dumps(header, separators=(",", ":")).encode()
@@ -68,6 +105,10 @@ class Agent:
                 if kind == "stdin":
                     if not self.read_requests():
                         return  # the orchestrator went away; running commands are its to kill
+                elif kind == "lifeline":  # with the link, stdin carries nothing but its end
+                    with contextlib.suppress(BlockingIOError):
+                        if not os.read(0, CHUNK):
+                            return
                 elif kind == "sock":
                     if self.ports.streams.get(child.rid) is child:  # not closed earlier this round
                         self.ports.ready(child, events)
@@ -85,7 +126,7 @@ class Agent:
 
     def read_requests(self) -> bool:
         try:
-            data = os.read(0, CHUNK)
+            data = os.read(self.requests, CHUNK)
         except BlockingIOError:
             return True
         if not data:
@@ -701,12 +742,23 @@ def health() -> int:
         return 1
 
 
+def read_line(fd: int, limit: int = 4096) -> str:
+    """One line from `fd` (blocking), a byte at a time: nothing after it is consumed."""
+    line = bytearray()
+    while len(line) < limit:
+        byte = os.read(fd, 1)
+        if not byte or byte == b"\n":
+            break
+        line += byte
+    return line.decode("utf-8", "replace")
+
+
 def main() -> int:
     if sys.argv[1:] == ["--health"]:
         return health()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the orchestrator closed the stream
-        Agent().serve()
+        Agent(link=sys.argv[1:] == ["--link"]).serve()
     return 0
 
 

@@ -11,6 +11,8 @@ from sandbox.audit.findings import Finding
 from sandbox.audit.ownership import write_problem
 from sandbox.audit.rule_helpers import Doc
 from sandbox.config.binds import CONTAINER_WORKDIR, SYSTEM_PATHS, credential_paths
+from sandbox.runtime.agent.fifo_link import INSIDE
+from sandbox.runtime.spec import AGENT_LINKS_DIR
 
 
 def _relation(path: str, blocked: str) -> str | None:
@@ -29,6 +31,7 @@ def _relation(path: str, blocked: str) -> str | None:
 VOLUME_DEVICE = "_volume_device"
 _SCRATCH_NAME = re.compile(r"[0-9a-f]{32}")  # naming.scratch_dir_name
 _TENANT_DIR = re.compile(r"[0-9a-f]{16}")  # naming.tenant_dir_name
+LINK_FIX = "remove the sandbox (`sandbox rm`): the orchestrator makes its link folder read-only, 0711"
 
 
 def is_scratch(real: str, scratch_roots: Sequence[str]) -> bool:
@@ -42,6 +45,24 @@ def is_scratch(real: str, scratch_roots: Sequence[str]) -> bool:
     grandparent, tenant_dir = os.path.split(parent)
     roots = {root.rstrip("/") for root in scratch_roots}
     return parent in roots or (bool(_TENANT_DIR.fullmatch(tenant_dir)) and grandparent in roots)
+
+
+def agent_link_problem(real: str, m: dict[str, Any]) -> str | None:
+    """What is wrong with a mount at the agents' link folder (runtime/link_folders.py): it must
+    be one of ours (a 32-hex folder in an `agent-links` folder), read-only, and unlistable (0711)
+    so nothing inside finds a FIFO it was not told of; None: nothing."""
+    parent, name = os.path.split(real.rstrip("/"))
+    if not (_SCRATCH_NAME.fullmatch(name) and os.path.basename(parent) == AGENT_LINKS_DIR):
+        return "the source is not one of the orchestrator's link folders"
+    if m.get("RW"):
+        return "mounted read-write (the sandbox could plant files where its agents' FIFOs are made)"
+    try:
+        mode = os.stat(real).st_mode & 0o7777
+    except OSError:
+        return None  # not on this host (audited from elsewhere): the spelling is all there is
+    if mode & 0o066:
+        return f"mode {mode:o}: readable or writable by the sandbox (0711 expected)"
+    return None
 
 
 def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]:
@@ -63,6 +84,15 @@ def mounts(doc: Doc, t: str, scratch_roots: Sequence[str] = ()) -> list[Finding]
         real = os.path.realpath(source) if source else source
         dest = str(m.get("Destination") or "")
         where = f"{label} -> {dest}" + (f" (resolves to {real})" if real != source else "")
+        if dest == INSIDE and kind == "bind":
+            # the agents' FIFOs, under the state dir wherever that lies (/root included)
+            link_problem = agent_link_problem(real, m)
+            if link_problem is None:
+                continue
+            out.append(
+                Finding("SBX-M009", "high", "agent link folder not private", f"{where}: {link_problem}", LINK_FIX, t)
+            )
+            continue
         if str(m.get("Propagation") or "") in ("shared", "rshared"):
             out.append(
                 Finding(

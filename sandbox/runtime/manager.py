@@ -21,9 +21,10 @@ from sandbox.config.merge import EffectiveAgent, effective_agent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import owner_alive, owner_here
-from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, instance_id, scope_key
+from sandbox.runtime import link_folders
+from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, Labels, instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
-from sandbox.runtime.spec import SandboxSpec, spec_from_config
+from sandbox.runtime.spec import AGENT_LINKS_DIR, SandboxSpec, spec_from_config
 
 if TYPE_CHECKING:  # the engine is imported where a sandbox is first needed, not before
     from sandbox.journal.store import Journal
@@ -300,7 +301,8 @@ class SandboxManager:
         """Remove half-created containers whose creating process is gone (crash recovery)."""
         removed = []
         host = socket.gethostname()
-        for info in await self.list():
+        found = await self.list()
+        for info in found:
             if CREATING_MARK not in info.name:
                 continue
             creator = info.labels.get(CREATOR_LABEL, "")
@@ -321,6 +323,9 @@ class SandboxManager:
         egress = self.backend.egress()
         if egress is not None:
             removed += await egress.sweep(self.instance)
+        in_use = [info.labels.get(Labels.AGENT_LINK, "") for info in found]
+        root = str(self.config.state_dir / AGENT_LINKS_DIR)
+        removed += await anyio.to_thread.run_sync(link_folders.sweep, root, in_use, time.time())
         return removed
 
     def last_used(self) -> dict[str, str]:

@@ -41,6 +41,7 @@ class Labels:
     # a warm-pool member (runtime/docker/pool.py): its pool key, and its scratch folder until claimed
     POOL = f"{LABEL_PREFIX}.pool"
     POOL_SCRATCH = f"{LABEL_PREFIX}.pool-scratch"
+    AGENT_LINK = f"{LABEL_PREFIX}.agent-link"  # the host folder of its agents' FIFOs (runtime/link_folders.py)
 
 
 NAME_HASH_LENGTH = 24  # 96 bits: keys differing only in case or punctuation never meet

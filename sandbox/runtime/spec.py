@@ -78,6 +78,9 @@ class SandboxSpec:
     for_engine: bool = False  # mounts already include the protected ones (see engine_spec)
     # `network: egress`: the proxy's policy (runtime/docker/egress.py), None for every other network
     egress: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    # where this host keeps the agents' FIFO folders (runtime/agent/fifo_link.py); the backend
+    # decides whether its engine can mount them
+    agent_links: str = field(default="", hash=False, compare=False)
     pool_member: bool = False  # made for the warm pool, before any session (runtime/docker/pool.py)
 
     @property
@@ -164,6 +167,7 @@ class SandboxSpec:
 
 
 EGRESS_NETWORK = "egress"
+AGENT_LINKS_DIR = "agent-links"  # in the state dir: one folder per sandbox, its agents' FIFOs
 
 
 def egress_policy(agent: EffectiveAgent) -> dict[str, Any]:
@@ -371,8 +375,9 @@ def build_spec(
 def spec_from_config(
     config: Config, agent: EffectiveAgent, session: str, instance: str, image_id: str | None = None
 ) -> SandboxSpec:
-    """:func:`build_spec` with the config-wide inputs (skills, protected paths) filled in."""
-    return build_spec(
+    """:func:`build_spec` with the config-wide inputs (skills, protected paths, the state dir's
+    folder of agent links) filled in."""
+    spec = build_spec(
         agent,
         session,
         instance,
@@ -381,3 +386,4 @@ def spec_from_config(
         protected_paths=config.tools.fs.protected_paths,
         remote=config.runtime.backend == "kubernetes",
     )
+    return dataclasses.replace(spec, agent_links=str(config.state_dir / AGENT_LINKS_DIR))

@@ -11,6 +11,7 @@ from sandbox.runtime.naming import LABEL_PREFIX
 PROTOCOL = 1  # the resident agent's protocol this orchestrator speaks (runtime/agent/frames.py)
 AGENT_LABEL = f"{LABEL_PREFIX}.resident-agent"  # not `.agent`: containers carry that one (the agent id)
 AGENT_PROTOCOL_LABEL = f"{LABEL_PREFIX}.resident-agent-protocol"
+AGENT_LINK_LABEL = f"{LABEL_PREFIX}.resident-agent-link"  # "fifo": the agent takes `--link`
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class ExecPath:
     kind: str
     reason: str
     agent_path: str | None = None
+    link: bool = False  # the agent can move its frames to FIFOs (runtime/agent/fifo_link.py)
 
     def describe(self) -> str:
         """One line for explain and doctor."""
@@ -40,4 +42,4 @@ def path_from_labels(labels: Mapping[str, str] | None, mode: str) -> ExecPath:
             f"the image's agent speaks protocol {found.get(AGENT_PROTOCOL_LABEL)!r}, this orchestrator {PROTOCOL}; "
             "rebuild it with `sandbox images build`",
         )
-    return ExecPath("agent", f"resident agent {path}", path)
+    return ExecPath("agent", f"resident agent {path}", path, link=found.get(AGENT_LINK_LABEL) == "fifo")

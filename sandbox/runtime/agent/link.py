@@ -28,6 +28,7 @@ import anyio.lowlevel
 from sandbox._log import logger
 from sandbox.errors import PortUnreachable, SandboxUnavailable
 from sandbox.runtime.agent.exec_path import PROTOCOL
+from sandbox.runtime.agent.fifo_link import LINK_FLAG
 from sandbox.runtime.agent.frames import (
     PORT_FRAMES,
     Data,
@@ -101,14 +102,18 @@ class AgentLink:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, starter: AgentStarter, container_id: str, agent_path: str, user: str | None) -> AgentLink:
-        """Start the agent in the container and wait for its hello.
+    async def open(
+        cls, starter: AgentStarter, container_id: str, agent_path: str, user: str | None, *, link: bool = False
+    ) -> AgentLink:
+        """Start the agent in the container and wait for its hello (`link`: the agent takes
+        `--link`, and the starter may move its frames to FIFOs, runtime/agent/fifo_link.py).
 
         Raises:
             SandboxGone: the container is gone or stopped (from the starter).
             AgentUnavailable: the agent did not start or did not greet in time.
         """
-        transport = await starter.start(container_id, ["/usr/bin/python3", "-I", "-S", agent_path], user)
+        argv = ["/usr/bin/python3", "-I", "-S", agent_path, *([LINK_FLAG] if link else [])]
+        transport = await starter.start(container_id, argv, user)
         return await cls.greeted(transport, container_id, user)
 
     @classmethod

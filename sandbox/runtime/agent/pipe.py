@@ -14,10 +14,13 @@ import select
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import anyio
 
+from sandbox.runtime.agent.fifo_link import LinkPlace, LinkRefused, offer_link, unwrapped, wants_link
 from sandbox.runtime.agent.frames import STDERR_KEPT
+from sandbox.runtime.agent.link import AgentUnavailable
 from sandbox.runtime.agent.transport import AgentTransport
 
 
@@ -98,8 +101,10 @@ class LocalAgents:
         *,
         env: Mapping[str, str] | None = None,
         preexec_fn: Callable[[], None] | None = None,
+        link_folder: Path | None = None,
     ) -> None:
         self.labels = dict(labels) if labels is not None else None  # the "image"'s labels
+        self._link_folder = link_folder  # an agent started with `--link` gets FIFOs here
         self._env = dict(env or {})
         self._preexec_fn = preexec_fn
         self.started: list[PipeTransport] = []
@@ -120,9 +125,18 @@ class LocalAgents:
         )
         transport = PipeTransport(proc)
         self.started.append(transport)
-        return transport
+        if not wants_link(argv):
+            return transport
+        folder = self._link_folder
+        place = LinkPlace(folder, str(folder), os.geteuid()) if folder is not None else None
+        try:
+            return await offer_link(transport, place)
+        except (LinkRefused, OSError) as exc:
+            transport.close()
+            raise AgentUnavailable(f"the agent's link could not be set up: {exc}") from exc
 
     async def kill(self, container_id: str, transport: AgentTransport) -> None:
+        transport = unwrapped(transport)
         if isinstance(transport, PipeTransport) and transport.proc.poll() is None:
             transport.proc.kill()
             self.killed.append(transport.proc.pid)

@@ -71,7 +71,7 @@ class ResidentAgents:
             if container_id in self._refused:
                 return None
             try:
-                link = await AgentLink.open(self._starter, container_id, path.agent_path, user)
+                link = await AgentLink.open(self._starter, container_id, path.agent_path, user, link=path.link)
             except AgentUnavailable as exc:
                 # the image says it has an agent, but it does not run here (no python for this
                 # user, a full pids limit, a custom image): commands still run, by docker exec

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import docker.errors
 
+from sandbox.runtime.agent.fifo_link import LinkRefused, offer_link, unwrapped, wants_link
 from sandbox.runtime.agent.frames import STDERR_KEPT, FrameError
 from sandbox.runtime.agent.link import AgentUnavailable
 from sandbox.runtime.docker.exec import close_exec_socket, create_exec
@@ -74,6 +75,13 @@ class DockerExecStream:
     @property
     def stderr(self) -> bytes:
         return bytes(self._demux.stderr)
+
+    def drain(self) -> None:
+        """Read what waits on the socket now into the stderr kept (only for a life line, whose
+        frames go elsewhere: stdout bytes read here are dropped)."""
+        with contextlib.suppress(OSError, FrameError):
+            while data := self._sock.recv(65536):
+                self._demux.feed(data)
 
     async def receive(self, max_bytes: int) -> bytes:
         while True:
@@ -141,8 +149,20 @@ class DockerAgents:
             close_exec_socket(raw)
             raise AgentUnavailable("the engine's transport is not a plain socket; the agent is not used")
         sock.setblocking(False)
-        return DockerExecStream(sock, raw, exec_id)
+        stream = DockerExecStream(sock, raw, exec_id)
+        if not wants_link(argv):
+            return stream
+        try:  # its frames over FIFOs beside the engine, where this sandbox has a link folder
+            return await offer_link(stream, await self._backend.links.place(container_id, user))
+        except BaseException as exc:
+            stream.close()
+            with anyio.CancelScope(shield=True):
+                await self.kill(container_id, stream)
+            if isinstance(exc, LinkRefused | OSError):
+                raise AgentUnavailable(f"the agent's link could not be set up: {exc}") from exc
+            raise
 
     async def kill(self, container_id: str, transport: AgentTransport) -> None:
-        if isinstance(transport, DockerExecStream):
-            await self._backend.call("kill agent", kill_exec, self._backend.client.api, container_id, transport.exec_id)
+        stream = unwrapped(transport)
+        if isinstance(stream, DockerExecStream):
+            await self._backend.call("kill agent", kill_exec, self._backend.client.api, container_id, stream.exec_id)

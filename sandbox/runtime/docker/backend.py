@@ -20,9 +20,11 @@ from sandbox._log import logger
 from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.journal.owners import current_owner
-from sandbox.runtime import egress_secrets, protocol
+from sandbox.runtime import egress_secrets, link_folders, protocol
+from sandbox.runtime.agent.fifo_link import INSIDE
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.docker import egress, egress_make, netsweep, procfs
+from sandbox.runtime.docker.agent_links import AgentLinkFolders
 from sandbox.runtime.docker.agent_stream import DockerAgents
 from sandbox.runtime.docker.browser import BrowserManager
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
@@ -79,6 +81,7 @@ class DockerBackend:
         self.agents = ResidentAgents(DockerAgents(self))
         self.pool_claims: PoolClaims | None = None  # set by the manager that owns the state dir
         self.workspace_ids: dict[str, str] = {}  # container id -> its workspace's id at creation
+        self.links = AgentLinkFolders(self)  # each sandbox's folder of agent FIFOs
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -235,6 +238,10 @@ class DockerBackend:
             await self.call("create workspace volume", self.client.volumes.create, name=name, labels=labels)
         if spec.docker.ulimits:
             kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
+        link_folder = await self.links.new_folder(spec)
+        if link_folder is not None:  # the agents' FIFOs (runtime/agent/fifo_link.py), read-only
+            kwargs["labels"][Labels.AGENT_LINK] = link_folder
+            kwargs["mounts"].append(DockerMount(INSIDE, link_folder, type="bind", read_only=True))
         if spec.egress is not None:
             # the proxy and the internal network first: the sandbox is created on that network
             owner = egress.EdgeOwner.of(spec)
@@ -247,7 +254,12 @@ class DockerBackend:
             kwargs["dns"] = [edge.proxy_address]
 
         def create_and_start() -> str:
-            container = self.client.containers.create(**kwargs)
+            try:
+                container = self.client.containers.create(**kwargs)
+            except docker.errors.APIError as exc:
+                if not self.links.unseen(exc, kwargs):
+                    raise
+                container = self.client.containers.create(**kwargs)  # without it: the agents keep the stream
             try:
                 container.start()
             except Exception:
@@ -255,8 +267,17 @@ class DockerBackend:
                 raise
             return str(container.id)
 
-        container_id = await self.call("create sandbox", create_and_start)
+        try:
+            container_id = await self.call("create sandbox", create_and_start)
+        except BaseException:
+            if link_folder is not None:
+                link_folders.remove(link_folder)
+            raise
         self.workspace_ids[container_id] = made_on or ""
+        if link_folder is not None and Labels.AGENT_LINK not in kwargs["labels"]:
+            link_folders.remove(link_folder)  # the engine could not see it
+            link_folder = None
+        self.links.made(container_id, link_folder, spec.user)
         try:
             sandbox = DockerSandbox(self, container_id, spec)
             await procfs.hide_processes(self, container_id, spec)  # before any session runs in it
@@ -347,11 +368,15 @@ class DockerBackend:
                 if "already in progress" not in str(exc):
                     raise
             netsweep.remove_networks_of(self.client, attrs)  # its egress edge, or its own browser network, goes with it
+            folder = ((attrs.get("Config") or {}).get("Labels") or {}).get(Labels.AGENT_LINK)
+            if folder:
+                link_folders.remove(folder)
             return str(attrs.get("Id", ""))
 
         removed = await self.call("remove sandbox", rm)
         if removed:
             self.agents.forget(removed)
+            self.links.forget(removed)
             self.workspace_ids.pop(removed, None)
             if self.pool_claims is not None:
                 self.pool_claims.drop(removed)

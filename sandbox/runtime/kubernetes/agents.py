@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import anyio
 
+from sandbox.runtime.agent.fifo_link import wants_link
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.agent.transport import AgentTransport
 from sandbox.runtime.kubernetes.exec_ws import ExecTransport, exec_url, open_exec
@@ -63,6 +64,8 @@ class PodExecStarter:
                 f"exec cannot run as user {user!r} on Kubernetes (Pod Security restricted); "
                 "a session with its own uid gets a Pod of its own"
             )
+        if wants_link(argv):  # a Pod has no link folder: the agent keeps the exec stream
+            argv = argv[:-1]
         namespace = self._namespace if isinstance(self._namespace, str) else self._namespace(container_id)
         url = exec_url(self._api, namespace, container_id, argv)
         headers = self._headers if isinstance(self._headers, Mapping) else await self._headers()
