@@ -4,7 +4,10 @@ Every round runs each measurement once, in the same order, so the engine is as b
 stage as for the baseline (a raw `exec_run` on a plain container of the same image):
 
   engine        raw `exec_run(["true"])` (the baseline every ratio is against)
-  frame         the resident agent's bare round trip (a ping through the engine's exec stream)
+  frame         the resident agent's bare round trip (a ping over its link: the FIFOs beside the
+                engine where the sandbox has a link folder, else the engine's exec stream)
+  stream        the same ping to a second agent of the same sandbox over the exec stream (what
+                the frame costs without the FIFO link)
   spawn         the agent running `/bin/true`, less the ping: fork, exec and reap in the sandbox
   shell         the agent running the command as exec runs it (the kill-group shell wrapper)
   journal       one call's stages queued and awaited durable (the barrier before a handler)
@@ -35,6 +38,7 @@ from _stats import pct
 
 from sandbox import Orchestrator, load_config_text
 from sandbox.runtime import shellwrap
+from sandbox.runtime.agent.link import AgentLink
 
 IMAGE = "sandbox-exec:latest"
 
@@ -71,6 +75,11 @@ async def measure(orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
     assert (await sess.call("exec", {"command": "true"})).ok
     box = await sess.sandbox()
     link = await box.backend.agents.link(box.id, box.spec, None)
+    path = await box.backend.agents.exec_path(box.spec, box.id)
+    stream_link = await AgentLink.open(box.backend.agents._starter, box.id, path.agent_path, None, link=False)
+    print(
+        f"the agent's link: {type(link.transport).__name__}; the second agent's: {type(stream_link.transport).__name__}"
+    )
     quota = sess._files.quota  # the session's workspace quota, as exec measures it
     wrapped = shellwrap.wrapped_argv("true", "c_bench", shellwrap.PID_DIR)
     journal = orch.journal
@@ -103,6 +112,7 @@ async def measure(orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
     steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         ("engine", engine),
         ("frame", link.ping),
+        ("stream", stream_link.ping),
         ("run", lambda: link.run(["/bin/true"])),
         ("shell", lambda: link.run(wrapped, environment={"SBX_CALL": "c_bench"})),
         ("journal", journal_barrier),
@@ -118,6 +128,7 @@ async def measure(orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
             start = time.perf_counter()
             await step()
             samples[name].append(ms_since(start))
+    stream_link.close()
     return samples
 
 
@@ -126,7 +137,8 @@ def report(samples: dict[str, list[float]], rounds: int) -> None:
     engine = p50["engine"]
     rows = [
         ("engine", "raw exec_run on a plain container (baseline)", p50["engine"]),
-        ("frame", "agent round trip (ping) through the exec stream", p50["frame"]),
+        ("frame", "agent round trip (ping) over its link", p50["frame"]),
+        ("stream", "the same over the engine's exec stream", p50["stream"]),
         ("spawn", "fork + exec + reap of /bin/true in the sandbox", max(0.0, p50["run"] - p50["frame"])),
         ("shell", "agent runs the wrapped command (frame + spawn + wrapper)", p50["shell"]),
         ("journal", "a call's stages made durable (one barrier)", p50["journal"]),

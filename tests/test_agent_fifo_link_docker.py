@@ -156,3 +156,19 @@ async def test_prune_sweeps_a_leftover_folder_and_keeps_live_ones(make_config: A
         assert str(old) in removed and not old.exists()
         assert os.path.isdir(live) and young.is_dir()
         assert (await orch.session("agent:a:p").call("exec", {"command": "echo still"})).output["output"] == "still\n"
+
+
+async def test_garbage_on_a_linked_agents_stdout_reaches_no_frame(make_config: Any) -> None:
+    """Once linked, the agent's stdout (the engine's stream) is only its life line: what the
+    sandbox writes there is no frame, so the call that wrote it ends normally on the same agent."""
+    async with Orchestrator(config_for(make_config)) as orch:
+        sess = orch.session("agent:a:g")
+        _, link = await linked_box(orch, "agent:a:g")
+        assert isinstance(link.transport, FifoTransport)
+        forged = 'printf \'\\000\\000\\000\\022\\000\\000\\000\\000{"t":"boom","id":1}\' > /proc/$PPID/fd/1'
+        result = await sess.call("exec", {"command": f"{forged}; head -c 300000 /dev/zero > /proc/$PPID/fd/1; echo ok"})
+        assert result.ok and result.output["output"] == "ok\n", result
+        assert link.dead is None and (await sess.call("exec", {"command": "echo $PPID"})).output["output"] == (
+            f"{link.agent_pid}\n"
+        )
+        assert len(link.transport.stderr) <= 64 << 10  # the life line's bytes are drained, not kept

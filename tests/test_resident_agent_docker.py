@@ -76,16 +76,21 @@ async def agent_pids(sess: Any) -> list[str]:
     return str(out["stdout"]).split()
 
 
+# where the agent (the command's parent) writes its frames: the FIFO of its link (the unlinked
+# `<token>.up`), else its stdout, the engine's exec stream
+FRAMES_OUT = 'out=/proc/$PPID/fd/1; for f in /proc/$PPID/fd/*; do case "$(readlink $f)" in *.up*) out=$f;; esac; done'
+
+
 @pytest.mark.parametrize(
     ("attack", "words"),
     [
         ("kill -9 $PPID", "stream ended"),
-        ("printf 'garbage-garbage-garbage' > /proc/$PPID/fd/1", "over the limits"),
+        (f"{FRAMES_OUT}; printf 'garbage-garbage-garbage' > $out", "over the limits"),
         # a header announcing a 1 GiB payload: refused from the 8 header bytes, nothing waited for
-        ("printf '\\000\\000\\000\\020\\100\\000\\000\\000' > /proc/$PPID/fd/1", "over the limits"),
+        (f"{FRAMES_OUT}; printf '\\000\\000\\000\\020\\100\\000\\000\\000' > $out", "over the limits"),
         # a well-formed frame that is not in the protocol
         (
-            'printf \'\\000\\000\\000\\022\\000\\000\\000\\000{"t":"boom","id":1}\' > /proc/$PPID/fd/1',
+            f'{FRAMES_OUT}; printf \'\\000\\000\\000\\022\\000\\000\\000\\000{{"t":"boom","id":1}}\' > $out',
             "not in the protocol",
         ),
     ],

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 # docker's own multiplexing header of an attached stream without a TTY: stream, 0, 0, 0, size
 DOCKER_HEAD = struct.Struct(">BxxxI")
+DRAIN_READS = 16  # a life line's drain reads at most 1 MiB at once
 
 
 class DockerDemux:
@@ -78,9 +79,13 @@ class DockerExecStream:
 
     def drain(self) -> None:
         """Read what waits on the socket now into the stderr kept (only for a life line, whose
-        frames go elsewhere: stdout bytes read here are dropped)."""
+        frames go elsewhere: stdout bytes read here are dropped). Bounded: a sandbox writing
+        without pause into the agent's stdout cannot keep the event loop here."""
         with contextlib.suppress(OSError, FrameError):
-            while data := self._sock.recv(65536):
+            for _ in range(DRAIN_READS):
+                data = self._sock.recv(65536)
+                if not data:
+                    return
                 self._demux.feed(data)
 
     async def receive(self, max_bytes: int) -> bytes:
