@@ -1,7 +1,7 @@
 """Benchmark: where the time of one `exec true` goes, stage by stage, interleaved with raw docker.
 
-Every round runs each measurement once, in the same order, so the engine is as busy for each
-stage as for the baseline (a raw `exec_run` on a plain container of the same image):
+Every round runs each measurement once (the order rotated from round to round), so the engine
+is as busy for each stage as for the baseline (a raw `exec_run` on a plain container of the same image):
 
   engine        raw `exec_run(["true"])` (the baseline every ratio is against)
   frame         the resident agent's bare round trip (a ping over its link: the FIFOs beside the
@@ -13,6 +13,7 @@ stage as for the baseline (a raw `exec_run` on a plain container of the same ima
   journal       one call's stages queued and awaited durable (the barrier before a handler)
   quota         the workspace measurement taken before a command starts
   tool          exec `true` through the whole pipeline (policy, journal, limits, agent)
+  tool_s        the same in a second orchestrator whose agents keep the exec stream (no FIFO link)
   pipeline      tool less shell: what the orchestrator adds around the agent's run
 
 The last lines name the floor: what one call cannot go under on this machine (frame + spawn).
@@ -54,25 +55,33 @@ async def main(rounds: int) -> None:
         ws = Path(tmp) / "ws"
         ws.mkdir()
         os.chown(ws, 1000, 1000)
-        config = load_config_text(
-            f"state_dir: {tmp}/state\ninstance: bench-floor\n"
-            "agents: {defaults: {sandbox: {mode: all, scope: agent, workspace_access: rw}}, "
-            f"list: [{{id: a, workspace: '{ws}'}}]}}\n"
-        )
+
+        def config(name: str) -> Any:
+            return load_config_text(
+                f"state_dir: {tmp}/{name}\ninstance: {name}\n"
+                "agents: {defaults: {sandbox: {mode: all, scope: agent, workspace_access: rw}}, "
+                f"list: [{{id: a, workspace: '{ws}'}}]}}\n"
+            )
+
         try:
-            async with Orchestrator(config) as orch:
-                samples = await measure(orch, plain, rounds)
-                for info in await orch.manager.list():
-                    await orch.manager.remove(info)
+            async with Orchestrator(config("bench-floor")) as orch, Orchestrator(config("bench-floor-s")) as plain_orch:
+                # the same sandbox config, its agents kept on the engine's exec stream
+                plain_orch.manager.backend.links.refuse("bench: the exec stream, for comparison")
+                samples = await measure(orch, plain_orch, plain, rounds)
+                for one in (orch, plain_orch):
+                    for info in await one.manager.list():
+                        await one.manager.remove(info)
         finally:
             plain.remove(force=True)
             client.close()
     report(samples, rounds)
 
 
-async def measure(orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
+async def measure(orch: Any, stream_orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
     sess = orch.session("agent:a:bench")
     assert (await sess.call("exec", {"command": "true"})).ok
+    stream_sess = stream_orch.session("agent:a:bench")
+    assert (await stream_sess.call("exec", {"command": "true"})).ok
     box = await sess.sandbox()
     link = await box.backend.agents.link(box.id, box.spec, None)
     path = await box.backend.agents.exec_path(box.spec, box.id)
@@ -109,6 +118,9 @@ async def measure(orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
     async def tool() -> None:
         assert (await sess.call("exec", {"command": "true"})).ok
 
+    async def tool_over_stream() -> None:
+        assert (await stream_sess.call("exec", {"command": "true"})).ok
+
     steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
         ("engine", engine),
         ("frame", link.ping),
@@ -118,13 +130,17 @@ async def measure(orch: Any, plain: Any, rounds: int) -> dict[str, list[float]]:
         ("journal", journal_barrier),
         ("quota", quota_measure),
         ("tool", tool),
+        ("tool_stream", tool_over_stream),
     ]
     samples: dict[str, list[float]] = {name: [] for name, _ in steps}
     for _ in range(5):  # warm-up
         for _, step in steps:
             await step()
-    for _ in range(rounds):
-        for name, step in steps:
+    for index in range(rounds):
+        # rotated each round: no stage always runs right after the engine's exec (whose
+        # clean-up still holds the CPU then)
+        turn = index % len(steps)
+        for name, step in steps[turn:] + steps[:turn]:
             start = time.perf_counter()
             await step()
             samples[name].append(ms_since(start))
@@ -144,6 +160,7 @@ def report(samples: dict[str, list[float]], rounds: int) -> None:
         ("journal", "a call's stages made durable (one barrier)", p50["journal"]),
         ("quota", "workspace measured before the command starts", p50["quota"]),
         ("tool", "exec `true` through the whole pipeline", p50["tool"]),
+        ("tool_s", "the same, its agent on the exec stream", p50["tool_stream"]),
         ("pipeline", "tool less shell: the orchestrator around the run", max(0.0, p50["tool"] - p50["shell"])),
     ]
     load = os.getloadavg()[0]

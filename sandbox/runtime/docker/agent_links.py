@@ -41,13 +41,18 @@ class AgentLinkFolders:
             self._refusal = link_folders.refused_here() or ""
         return self._refusal or None
 
+    def refuse(self, reason: str) -> None:
+        """Give no new sandbox a folder, and no agent FIFOs, from now on (the agents started
+        already keep their links)."""
+        self._refusal = reason
+
     def unseen(self, exc: docker.errors.APIError, kwargs: dict[str, Any]) -> bool:
         """Whether a create failed because the engine cannot see the link folder in `kwargs`;
         if so, the folder's mount and label are taken out of them, and later sandboxes get none."""
         folder = kwargs["labels"].get(Labels.AGENT_LINK)
         if not folder or "bind source path does not exist" not in str(exc) or folder not in str(exc):
             return False
-        self._refusal = "the engine does not see this process's state dir at the same path"
+        self.refuse("the engine does not see this process's state dir at the same path")
         kwargs["labels"].pop(Labels.AGENT_LINK)
         kwargs["mounts"] = [m for m in kwargs["mounts"] if m.get("Source") != folder]
         return True
@@ -79,6 +84,6 @@ class AgentLinkFolders:
             self._known[container_id] = known
         folder, default_user = known
         uid = uid_of(user or default_user)
-        if not folder or uid is None or not can_own(uid):
+        if not folder or uid is None or not can_own(uid) or self.refusal is not None:
             return None
         return LinkPlace(Path(folder), INSIDE, uid)

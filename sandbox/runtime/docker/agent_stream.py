@@ -163,8 +163,8 @@ class DockerAgents:
             stream.close()
             with anyio.CancelScope(shield=True):
                 await self.kill(container_id, stream)
-            if isinstance(exc, LinkRefused | OSError):
-                raise AgentUnavailable(f"the agent's link could not be set up: {exc}") from exc
+            if isinstance(exc, LinkRefused | OSError | anyio.BrokenResourceError | anyio.ClosedResourceError):
+                raise AgentUnavailable(f"the agent's link could not be set up: {exc!r}") from exc
             raise
 
     async def kill(self, container_id: str, transport: AgentTransport) -> None:

@@ -15,11 +15,13 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.policy.resolver import ResolvedPolicy
+from sandbox.runtime import link_folders
 from sandbox.runtime.agent.exec_path import path_from_labels
+from sandbox.runtime.agent.fifo_link import INSIDE
 from sandbox.runtime.docker.create import create_kwargs
 from sandbox.runtime.naming import instance_id
 from sandbox.runtime.seccomp import describe_security_opts
-from sandbox.runtime.spec import spec_from_config
+from sandbox.runtime.spec import SandboxSpec, spec_from_config
 
 
 def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveAgent | None = None) -> dict[str, Any]:
@@ -71,7 +73,8 @@ def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveA
                 "from": m.origin,
             }
             for m in spec.engine_mounts
-        ],
+        ]
+        + _link_mount(spec),
         "escape_hatches": [
             k
             for k in (
@@ -92,6 +95,21 @@ def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveA
         "exec_path": _exec_path(spec.image, docker.agent),
     }
     return facts
+
+
+def _link_mount(spec: SandboxSpec) -> list[dict[str, str]]:
+    """The agents' link folder an exec sandbox is made with (docs/resident-agent.md), unless this
+    host makes none; the engine may still refuse it (then the sandbox is made without)."""
+    if spec.kind != "exec" or not spec.agent_links or link_folders.refused_here() is not None:
+        return []
+    return [
+        {
+            "host": f"{spec.agent_links}/<32 hex, one per sandbox>",
+            "container": INSIDE,
+            "mode": "ro",
+            "from": "the resident agents' FIFO link (0711: unlistable)",
+        }
+    ]
 
 
 def _live_state(name: str) -> str:
