@@ -14,14 +14,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
+from sandbox.runtime import link_folders
 from sandbox.runtime.agent import fifo_link
 from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_LINK_LABEL, AGENT_PROTOCOL_LABEL, path_from_labels
 from sandbox.runtime.agent.fifo_link import FifoTransport, LinkPlace, LinkRefused, offer_link, uid_of
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.agent.pipe import LocalAgents, PipeTransport
 from sandbox.runtime.agent.resident import ResidentAgents
+from sandbox.runtime.docker.agent_links import folder_in
+from sandbox.runtime.naming import Labels
 from tests.test_agent_link_pipe import AGENT, a_spec
 
 pytestmark = pytest.mark.anyio
@@ -187,3 +191,110 @@ def test_only_an_image_that_says_so_is_offered_the_link() -> None:
     assert path_from_labels(LABELS, "auto").link
     assert not path_from_labels({AGENT_LABEL: "/a.py", AGENT_PROTOCOL_LABEL: "1"}, "auto").link
     assert not path_from_labels(LABELS, "off").link
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.slow
+async def test_refused_and_cancelled_links_leave_no_fd_and_no_fifo(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fifo_link, "VERDICT_TIMEOUT_S", 30.0)
+    agents = LocalAgents(LABELS, link_folder=folder)
+    try:
+        await AgentLink.open(agents, "warm-up", str(AGENT), None, link=True)  # lazily opened things
+        before = open_fds()
+        for body in ("w(b'F')", "w(b'X')"):
+            with pytest.raises(AgentUnavailable):
+                await AgentLink.open(agents, "container-id", stand_in(tmp_path, body), None, link=True)
+        with anyio.move_on_after(0.5) as waited:  # an agent that never answers, and a caller who gives up
+            await AgentLink.open(agents, "container-id", stand_in(tmp_path, "pass"), None, link=True)
+        assert waited.cancelled_caught
+        for transport in agents.started[1:]:
+            transport.close()  # the pipes of the stand-ins (what the starter's caller closes)
+        assert os.listdir(folder) == [] and open_fds() == before
+    finally:
+        agents.reap()
+
+
+async def test_a_receive_woken_before_close_never_reads_the_fd_number_reused() -> None:
+    """FIFO ends are plain fd numbers: once closed, the next open gets the same number (another
+    agent's FIFO). A receive whose wait had already been woken when `close` ran must fail, not
+    read what the new file holds."""
+
+    class Lifeline:
+        name, stderr = "lifeline", b""
+
+        def ended(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            pass
+
+    up_r, up_w = os.pipe()
+    down_r, down_w = os.pipe()
+    transport = FifoTransport(Lifeline(), up_r, down_w)  # type: ignore[arg-type]
+    outcome: list[object] = []
+
+    async def receive() -> None:
+        try:
+            outcome.append(await transport.receive(100))
+        except anyio.ClosedResourceError:
+            outcome.append("closed")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(receive)
+        await anyio.wait_all_tasks_blocked()
+        os.write(up_w, b"ours")  # the wait is woken: in the loop's next round its task is due...
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()  # ...after this one, which runs first:
+        transport.close()  # the link is closed before the woken task runs
+        other_r, other_w = os.pipe()  # the same number now: another agent's FIFO
+        os.write(other_w, b"ANOTHER TENANT'S FRAME")
+    assert outcome == ["closed"], outcome
+    for fd in (up_w, down_r, other_r, other_w):
+        os.close(fd)
+    with pytest.raises(anyio.ClosedResourceError):
+        transport.send_nowait(b"x")
+    assert transport.ended()
+
+
+def test_the_folder_is_read_from_the_mounts_and_only_when_shaped_like_ours(tmp_path: Path) -> None:
+    """An image's labels merge into the container's: a label naming a folder is never believed.
+    Only a read-only bind at /run/agent-link of `<...>/agent-links/<32 hex>` is a link folder."""
+    ours = f"{tmp_path}/state/agent-links/{'a' * 32}"
+
+    def attrs(source: str, rw: bool = False, dest: str = fifo_link.INSIDE) -> dict[str, object]:
+        mount = {"Type": "bind", "Source": source, "Destination": dest, "RW": rw}
+        return {"Config": {"Labels": {Labels.AGENT_LINK: "/etc"}}, "Mounts": [mount]}
+
+    assert folder_in(attrs(ours)) == ours
+    assert folder_in({"Config": {"Labels": {Labels.AGENT_LINK: ours}}, "Mounts": []}) is None  # a label alone
+    assert folder_in(attrs(ours, rw=True)) is None
+    assert folder_in(attrs(ours, dest="/workspace")) is None
+    assert folder_in(attrs("/etc")) is None and folder_in(attrs(f"/etc/{'a' * 32}")) is None
+
+
+def test_removal_touches_only_fifos_in_a_folder_shaped_like_ours(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "precious" / ("b" * 32)  # named like ours, not in an agent-links folder
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "data.txt").write_text("keep")
+    link_folders.remove(elsewhere)
+    assert (elsewhere / "data.txt").read_text() == "keep"
+    root = tmp_path / "agent-links"
+    folder = link_folders.make(str(root))
+    os.mkfifo(folder / "x.up")
+    (folder / "planted.txt").write_text("not a FIFO")
+    link_folders.remove(folder)
+    assert sorted(os.listdir(folder)) == ["planted.txt"]  # the FIFO went, the rest and the folder stay
+    (folder / "planted.txt").unlink()
+    link_folders.remove(folder)
+    assert not folder.exists()
+    target = link_folders.make(str(root))
+    link = root / ("c" * 32)
+    link.symlink_to(target)
+    os.mkfifo(target / "y.up")
+    link_folders.remove(link)  # never through a link
+    assert os.listdir(target) == ["y.up"]

@@ -171,4 +171,14 @@ async def test_garbage_on_a_linked_agents_stdout_reaches_no_frame(make_config: A
         assert link.dead is None and (await sess.call("exec", {"command": "echo $PPID"})).output["output"] == (
             f"{link.agent_pid}\n"
         )
-        assert len(link.transport.stderr) <= 64 << 10  # the life line's bytes are drained, not kept
+
+
+async def test_a_restarted_orchestrator_links_the_agents_of_a_sandbox_it_finds(make_config: Any) -> None:
+    """The folder is read back from the container's mounts (not from a label, which an image can
+    carry): a new process on the same state dir finds the sandbox and links its new agent."""
+    async with Orchestrator(config_for(make_config)) as orch:
+        box, link = await linked_box(orch, "agent:a:r")
+        assert isinstance(link.transport, FifoTransport)
+    async with Orchestrator(config_for(make_config)) as orch:
+        again, link = await linked_box(orch, "agent:a:r")
+        assert again.id == box.id and isinstance(link.transport, FifoTransport)

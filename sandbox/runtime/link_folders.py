@@ -15,6 +15,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from sandbox.runtime.spec import AGENT_LINKS_DIR
+
 OFF_ENV = "SANDBOX_AGENT_LINK"  # "stream": no FIFO links on this host
 SWEEP_AFTER_S = 600  # a younger folder may belong to a container being made right now
 _FOLDER = re.compile(r"[0-9a-f]{32}")
@@ -38,34 +40,45 @@ def make(root: str) -> Path:
     return folder
 
 
-def remove(folder: str | Path, root: str | None = None) -> None:
-    """Remove a link folder and the FIFOs left in it; nothing else. The path comes from a
-    container label (the engine's data): only a folder named as ours is touched, under `root`
-    when given, and only FIFOs in it are unlinked (a planted label cannot delete files)."""
-    path = Path(folder)
-    if not _FOLDER.fullmatch(path.name) or (root is not None and path.parent != Path(root)):
+def is_link_folder(path: str) -> bool:
+    """Whether `path` is shaped like one of ours: a 32-hex folder in an `agent-links` folder."""
+    folder = Path(path)
+    return folder.is_absolute() and bool(_FOLDER.fullmatch(folder.name)) and folder.parent.name == AGENT_LINKS_DIR
+
+
+def remove(folder: str | Path) -> None:
+    """Remove a link folder and the FIFOs left in it; nothing else. The path comes from the
+    engine's data: only a folder shaped like ours is touched, never through a link, and only
+    FIFOs in it are unlinked (a forged path cannot delete files)."""
+    if not is_link_folder(str(folder)):
         return
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(path):
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for entry in os.scandir(fd):
             if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-        with contextlib.suppress(OSError):  # not empty: something not ours, left in place
-            path.rmdir()
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):  # not empty (something not ours, left in place), or gone
+        os.rmdir(folder)
 
 
 def sweep(root: str, in_use: Iterable[str], now: float) -> list[str]:
     """Remove the link folders under `root` that no container names (`in_use`: the folders
     in the link labels of every container of this instance), once older than
     :data:`SWEEP_AFTER_S`; the folders removed."""
-    keep = {str(Path(p)) for p in in_use}
+    keep = {Path(p).name for p in in_use}  # by name: 128 random bits each, however the root is spelled
     gone: list[str] = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(root):
-            if not _FOLDER.fullmatch(entry.name) or entry.path in keep or not entry.is_dir(follow_symlinks=False):
+            if not _FOLDER.fullmatch(entry.name) or entry.name in keep or not entry.is_dir(follow_symlinks=False):
                 continue
             if now - entry.stat(follow_symlinks=False).st_mtime >= SWEEP_AFTER_S:
-                remove(entry.path, root)
+                remove(entry.path)
                 if not os.path.exists(entry.path):
                     gone.append(entry.path)
     return gone

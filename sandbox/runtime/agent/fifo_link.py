@@ -89,9 +89,17 @@ class FifoTransport:
             drain()
         return self.lifeline.stderr
 
+    def _open(self) -> None:
+        # Plain fd numbers, unlike a socket object: once closed, the number is the next open's
+        # (another agent's FIFO). A wait that was already woken when `close` ran must not touch it.
+        if self._closed:
+            raise anyio.ClosedResourceError
+
     async def receive(self, max_bytes: int) -> bytes:
         while True:
+            self._open()
             await anyio.wait_readable(self._up)
+            self._open()
             try:
                 return os.read(self._up, max_bytes)  # b"": every writer is gone (the agent died)
             except BlockingIOError:
@@ -100,6 +108,7 @@ class FifoTransport:
     async def send(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
+            self._open()
             try:
                 sent = os.write(self._down, view)
             except BlockingIOError:
@@ -108,12 +117,15 @@ class FifoTransport:
             view = view[sent:]
 
     def send_nowait(self, data: bytes) -> int:
+        self._open()
         try:
             return os.write(self._down, data)
         except BlockingIOError:
             return 0
 
     def ended(self) -> bool:
+        if self._closed:
+            return True
         poller = select.poll()
         poller.register(self._up, select.POLLIN)
         events = dict(poller.poll(0)).get(self._up, 0)
@@ -222,19 +234,40 @@ async def offer_link(stream: AgentTransport, place: LinkPlace | None) -> AgentTr
 
 def _make_fifos(place: LinkPlace) -> tuple[str, int] | None:
     """Two FIFOs for one agent in `place`, and our read end of `.up` (open before the agent
-    is told their name); None when they cannot be made (the agent keeps the stream)."""
+    is told their name); None when they cannot be made (the agent keeps the stream). Made and
+    owned through the folder's fd and their own, never by following a link."""
     token = secrets.token_hex(16)
-    base = place.host / token
-    paths = (Path(f"{base}.up"), Path(f"{base}.down"))
+    names = (f"{token}.up", f"{token}.down")
     try:
-        for path in paths:
-            os.mkfifo(path, 0o600)
-            os.chown(path, place.uid, -1)
-            os.chmod(path, 0o600)  # mkfifo's mode passed the umask
-        return token, os.open(paths[0], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        folder = os.open(place.host, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        _unlink(paths)
         return None
+    up = -1
+    try:
+        for name in names:
+            os.mkfifo(name, 0o600, dir_fd=folder)
+            # a read end opens at once (O_NONBLOCK); `.up`'s stays ours, `.down`'s only to own it
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            try:
+                if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not our FIFO")
+                os.fchown(fd, place.uid, -1)
+                os.fchmod(fd, 0o600)  # mkfifo's mode passed the umask
+            except BaseException:
+                os.close(fd)
+                raise
+            if name.endswith(".up"):
+                up = fd
+            else:
+                os.close(fd)
+        return token, up
+    except OSError:
+        if up >= 0:
+            os.close(up)
+        _unlink((place.host / names[0], place.host / names[1]))
+        return None
+    finally:
+        os.close(folder)
 
 
 def _unlink(paths: tuple[Path, Path]) -> None:

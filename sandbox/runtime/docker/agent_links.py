@@ -79,11 +79,21 @@ class AgentLinkFolders:
             attrs = await self._backend.find(container_id)
             if attrs is None:
                 return None
-            config = attrs.get("Config") or {}
-            known = (str((config.get("Labels") or {}).get(Labels.AGENT_LINK) or ""), str(config.get("User") or ""))
+            known = (folder_in(attrs) or "", str((attrs.get("Config") or {}).get("User") or ""))
             self._known[container_id] = known
         folder, default_user = known
         uid = uid_of(user or default_user)
         if not folder or uid is None or not can_own(uid) or self.refusal is not None:
             return None
         return LinkPlace(Path(folder), INSIDE, uid)
+
+
+def folder_in(attrs: dict[str, Any]) -> str | None:
+    """The link folder a container was made with, from its mounts (what the engine really binds),
+    never from a label, which the image's own labels can supply: a read-only bind at
+    :data:`INSIDE` of a folder shaped like ours (runtime/link_folders.py)."""
+    for mount in attrs.get("Mounts") or []:
+        if mount.get("Destination") == INSIDE and mount.get("Type") == "bind" and not mount.get("RW"):
+            source = str(mount.get("Source") or "")
+            return source if link_folders.is_link_folder(source) else None
+    return None

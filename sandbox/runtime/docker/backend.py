@@ -24,7 +24,7 @@ from sandbox.runtime import egress_secrets, link_folders, protocol
 from sandbox.runtime.agent.fifo_link import INSIDE
 from sandbox.runtime.agent.resident import ResidentAgents
 from sandbox.runtime.docker import egress, egress_make, netsweep, procfs
-from sandbox.runtime.docker.agent_links import AgentLinkFolders
+from sandbox.runtime.docker.agent_links import AgentLinkFolders, folder_in
 from sandbox.runtime.docker.agent_stream import DockerAgents
 from sandbox.runtime.docker.browser import BrowserManager
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
@@ -238,10 +238,6 @@ class DockerBackend:
             await self.call("create workspace volume", self.client.volumes.create, name=name, labels=labels)
         if spec.docker.ulimits:
             kwargs["ulimits"] = [Ulimit(name=k, soft=v.soft, hard=v.hard) for k, v in spec.docker.ulimits.items()]
-        link_folder = await self.links.new_folder(spec)
-        if link_folder is not None:  # the agents' FIFOs (runtime/agent/fifo_link.py), read-only
-            kwargs["labels"][Labels.AGENT_LINK] = link_folder
-            kwargs["mounts"].append(DockerMount(INSIDE, link_folder, type="bind", read_only=True))
         if spec.egress is not None:
             # the proxy and the internal network first: the sandbox is created on that network
             owner = egress.EdgeOwner.of(spec)
@@ -252,6 +248,11 @@ class DockerBackend:
             # listens for DNS: never to the host's resolvers (which some engines reach from the
             # host's namespace, CVE-2024-29018)
             kwargs["dns"] = [edge.proxy_address]
+
+        link_folder = await self.links.new_folder(spec)
+        if link_folder is not None:  # the agents' FIFOs (runtime/agent/fifo_link.py), read-only
+            kwargs["labels"][Labels.AGENT_LINK] = link_folder
+            kwargs["mounts"].append(DockerMount(INSIDE, link_folder, type="bind", read_only=True))
 
         def create_and_start() -> str:
             try:
@@ -368,7 +369,7 @@ class DockerBackend:
                 if "already in progress" not in str(exc):
                     raise
             netsweep.remove_networks_of(self.client, attrs)  # its egress edge, or its own browser network, goes with it
-            folder = ((attrs.get("Config") or {}).get("Labels") or {}).get(Labels.AGENT_LINK)
+            folder = folder_in(attrs)
             if folder:
                 link_folders.remove(folder)
             return str(attrs.get("Id", ""))
