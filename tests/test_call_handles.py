@@ -77,6 +77,23 @@ async def test_cancel_kills_the_command_and_says_who(tmp_path: Path) -> None:
     assert not (tmp_path / "ws" / "late.txt").exists()
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["running", "while-starting"])
+async def test_cancel_leaves_nothing_of_a_command_that_ignores_term(tmp_path: Path, early: bool) -> None:
+    """A cancelled durable call's command gets TERM, a grace period, then KILL, and the cancel's
+    caller finds nothing left; also when the cancel lands while the start helper still runs (the
+    process table has no entry yet: the KILL must still come)."""
+    marker = "27.777" if early else "27.778"
+    async with Orchestrator(_config(tmp_path)) as orch:
+        session = orch.session(agent="a", key="agent:a:term")
+        handle = await session.submit("exec", {"command": f"trap '' TERM; sleep {marker}"})
+        with anyio.fail_after(10):
+            while not _running(marker if early else f"sleep {marker}"):
+                await anyio.sleep(0.01 if early else 0.05)
+        assert await handle.cancel(by="the test") is True
+        assert (await handle.result()).error.code == "CONFLICT"
+        assert _running(marker) == []
+
+
 async def test_a_submitted_key_repeated_is_the_same_call(tmp_path: Path) -> None:
     async with Orchestrator(_config(tmp_path)) as orch:
         session = orch.session(agent="a", key="agent:a:h3")

@@ -125,12 +125,13 @@ echo started
 )
 
 # The deadline of a background command: not tagged itself, it marks the timeout, kills every
-# tagged process (also those that left the group), then the whole group (itself included).
+# tagged process (also those that left the group), then the whole group (itself included). Its
+# trap is set before its sleep starts: a TERM at any moment leaves no sleep behind.
 _WATCHDOG = f"""
 d="$0"; id="$1"; t="$2"; pg="$3"
-sleep "$t" & s=$!
-trap 'kill $s 2>/dev/null; exit 0' TERM
-wait $s || exit 0
+trap 'kill $! 2>/dev/null; exit 0' TERM
+sleep "$t" &
+wait $! || exit 0
 for f in "$d/$id".exit-*; do [ -e "$f" ] && exit 0; done
 : > "$d/$id.timeout"
 for p in /proc/[0-9]*; do

@@ -5,18 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Unpack
 
 import anyio
-from anyio.abc import ByteReceiveStream
 
 from sandbox.runtime import proc_kill, shellwrap
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, argv_options
 
+EXIT_POLL_S = 0.01  # without pidfds, how often an exit is looked for
 KILL_CONFIRM_S = 5.0  # how long a cancelled call waits for its killed processes to be gone
 
 
@@ -64,7 +65,7 @@ class HostShell:
             )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self._kill_confirmed(call_id)
+                await self.kill(call_id, "KILL")  # confirmed: see kill
             raise
         if result.timed_out or result.overflowed:
             with anyio.CancelScope(shield=True):
@@ -81,30 +82,23 @@ class HostShell:
     async def kill(
         self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
     ) -> None:
-        """Signal everything `call_id` started (read from /proc: no shell, no fork per process)."""
+        """Signal everything `call_id` started (read from /proc: no shell, no fork per process);
+        a KILL returns once none of it is left (bounded by KILL_CONFIRM_S)."""
         del user, pid_dir  # the host reads /proc: no pid file needed
         shellwrap.check_call_id(call_id)
         if signal not in shellwrap.SIGNALS:
             raise ValueError(f"bad signal {signal!r}")
 
-        def kill_now() -> None:
+        def kill_now() -> bool:
             members = proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True)
             proc_kill.signal_members(members, signal)
+            return bool(members.pids)
 
-        await anyio.to_thread.run_sync(kill_now)
-
-    async def _kill_confirmed(self, call_id: str) -> None:
-        """KILL everything `call_id` started and wait (bounded) until none of it is left: a killed
-        process takes a moment to exit, and whoever cancelled the call reads "killed" as "gone"."""
+        # a KILL waits (bounded) until none of it is left: a killed process takes a moment to
+        # exit, and whoever killed it (a cancel, a durable call's stop) reads "killed" as "gone"
         deadline = time.monotonic() + KILL_CONFIRM_S
-        while True:
-            await self.kill(call_id, "KILL")
-            left = await anyio.to_thread.run_sync(
-                lambda: proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True)
-            )
-            if not left.pids or time.monotonic() > deadline:
-                return
-            await anyio.sleep(0.01)
+        while await anyio.to_thread.run_sync(kill_now) and signal == "KILL" and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.01)  # processes on the host: no event to wait on
 
     async def _exec(
         self,
@@ -119,31 +113,83 @@ class HostShell:
         cwd = Path(workdir) if workdir and workdir.startswith("/") else self.workspace / (workdir or "")
         start = time.perf_counter()
         capture = capture or OutputCapture()
-        process = await anyio.open_process(argv, cwd=cwd, env=dict(env), start_new_session=True)
+        # subprocess, not anyio.open_process: under uvloop a child also inherits copies of its
+        # stdio sockets, so a detached job it starts (a durable call's command, its watchdog)
+        # held our pipes open and this waited for their end. close_fds leaves it 0, 1 and 2.
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            process = subprocess.Popen(  # noqa: ASYNC220 - a fork and exec, as open_process does
+                argv,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
 
-        async def pump(stream: ByteReceiveStream | None, which: int) -> None:
-            if stream is None:
-                return
-            async for chunk in stream:
+        async def pump(fd: int, which: int) -> None:
+            os.set_blocking(fd, False)
+            while True:
+                await anyio.wait_readable(fd)
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    return
                 if not capture.add(which, chunk):
                     scope.cancel()  # over the output maximum: stop waiting; the caller kills
                     return
                 if on_output is not None:
                     on_output(chunk)
 
-        async with process:
+        try:
             with anyio.move_on_after(timeout_s) as scope:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump, process.stdout, 1)
-                    tg.start_soon(pump, process.stderr, 2)
-                await process.wait()
+                    tg.start_soon(pump, out_r, 1)
+                    tg.start_soon(pump, err_r, 2)
+                await _exited(process)
             timed_out = scope.cancelled_caught and not capture.overflowed
             if scope.cancelled_caught and process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
+        finally:
+            if process.returncode is None:  # cancelled: nothing of it outlives the wait
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                with anyio.CancelScope(shield=True):
+                    await _exited(process)
+            for fd in (out_r, err_r):
+                anyio.notify_closing(fd)
+                os.close(fd)
         return ExecResult.from_capture(
             capture,
             exit_code=None if scope.cancelled_caught else process.returncode,
             duration_ms=(time.perf_counter() - start) * 1000,
             timed_out=timed_out,
         )
+
+
+async def _exited(process: subprocess.Popen[bytes]) -> None:
+    """Wait for `process` to exit, and reap it: on its pidfd where the kernel has them."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfds (an old kernel), or reaped already
+        while process.poll() is None:  # noqa: ASYNC110 - nothing to wait on without a pidfd
+            await anyio.sleep(EXIT_POLL_S)
+        return
+    try:
+        while process.poll() is None:
+            await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)

@@ -60,7 +60,9 @@ async def stop(ctx: ToolContext, proc_id: str) -> None:
     """TERM, a grace period, then KILL everything the process started."""
     await ctx.shell.kill(proc_id, "TERM")
     with anyio.move_on_after(KILL_GRACE_S):
-        while (await processes.peek(ctx, proc_id))["status"] == "running":  # noqa: ASYNC110 - a process in the sandbox
+        # its records, not its table entry: a start cancelled part-way has removed the entry
+        # already, and the KILL below must still come
+        while (await processes.poll_raw(ctx, proc_id, 0, 0))[0] == "running":  # noqa: ASYNC110 - a process in the sandbox
             await anyio.sleep(0.05)
     await ctx.shell.kill(proc_id, "KILL")
 
