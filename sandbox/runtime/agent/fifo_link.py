@@ -25,13 +25,13 @@ import contextlib
 import errno
 import os
 import secrets
-import select
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
+from sandbox.runtime.agent.fd_stream import FdDuplex
 from sandbox.runtime.agent.transport import AgentTransport
 
 INSIDE = "/run/agent-link"  # where a sandbox sees its link folder
@@ -70,13 +70,12 @@ def can_own(uid: int) -> bool:
     return os.geteuid() in (0, uid)
 
 
-class FifoTransport:
+class FifoTransport(FdDuplex):
     """Frames over two FIFOs, the exec stream kept as the life line (an AgentTransport)."""
 
     def __init__(self, lifeline: AgentTransport, up: int, down: int) -> None:
+        super().__init__(up, down)
         self.lifeline = lifeline
-        self._up, self._down = up, down
-        self._closed = False
 
     @property
     def name(self) -> str:
@@ -89,56 +88,15 @@ class FifoTransport:
             drain()
         return self.lifeline.stderr
 
-    def _open(self) -> None:
-        # Plain fd numbers, unlike a socket object: once closed, the number is the next open's
-        # (another agent's FIFO). A wait that was already woken when `close` ran must not touch it.
-        if self._closed:
-            raise anyio.ClosedResourceError
-
-    async def receive(self, max_bytes: int) -> bytes:
-        while True:
-            self._open()
-            await anyio.wait_readable(self._up)
-            self._open()
-            try:
-                return os.read(self._up, max_bytes)  # b"": every writer is gone (the agent died)
-            except BlockingIOError:
-                continue
-
-    async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            self._open()
-            try:
-                sent = os.write(self._down, view)
-            except BlockingIOError:
-                await anyio.wait_writable(self._down)
-                continue
-            view = view[sent:]
-
-    def send_nowait(self, data: bytes) -> int:
-        self._open()
-        try:
-            return os.write(self._down, data)
-        except BlockingIOError:
-            return 0
-
     def ended(self) -> bool:
-        if self._closed:
-            return True
-        poller = select.poll()
-        poller.register(self._up, select.POLLIN)
-        events = dict(poller.poll(0)).get(self._up, 0)
-        hung_up = bool(events & select.POLLHUP) and not events & select.POLLIN
-        return hung_up or self.lifeline.ended()
+        return self._hung_up() or self.lifeline.ended()
 
     def close(self) -> None:
         if self._closed:
             return
         self.stderr  # noqa: B018 - kept before the stream closes: a dead link's log says what it said
-        self._closed = True
-        for fd in (self._up, self._down):
-            anyio.notify_closing(fd)  # a waiting receive or send wakes (ClosedResourceError)
+        self._mark_closed()
+        for fd in (self._read_fd, self._write_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.lifeline.close()  # the agent's stdin ends: it exits

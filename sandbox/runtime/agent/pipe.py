@@ -10,31 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import anyio
-
+from sandbox.runtime.agent.fd_stream import FdDuplex
 from sandbox.runtime.agent.fifo_link import LinkPlace, LinkRefused, offer_link, unwrapped, wants_link
 from sandbox.runtime.agent.frames import STDERR_KEPT
 from sandbox.runtime.agent.link import AgentUnavailable
 from sandbox.runtime.agent.transport import AgentTransport
 
 
-class PipeTransport:
+class PipeTransport(FdDuplex):
     """A child process's stdin and stdout (an AgentTransport); its stderr is kept for the log."""
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        super().__init__(proc.stdout.fileno(), proc.stdin.fileno())
         self.proc = proc
-        self._in, self._out, self._err = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
-        for fd in (self._in, self._out, self._err):
-            os.set_blocking(fd, False)
+        self._err = proc.stderr.fileno()
+        os.set_blocking(self._err, False)
         self._stderr = bytearray()
-        self._closed = False
 
     @property
     def name(self) -> str:
@@ -48,43 +45,14 @@ class PipeTransport:
                     self._stderr = (self._stderr + chunk)[-STDERR_KEPT:]
         return bytes(self._stderr)
 
-    async def receive(self, max_bytes: int) -> bytes:
-        while True:
-            await anyio.wait_readable(self._out)
-            try:
-                return os.read(self._out, max_bytes)
-            except BlockingIOError:
-                continue
-
-    async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                sent = os.write(self._in, view)
-            except BlockingIOError:
-                await anyio.wait_writable(self._in)
-                continue
-            view = view[sent:]
-
-    def send_nowait(self, data: bytes) -> int:
-        try:
-            return os.write(self._in, data)
-        except BlockingIOError:
-            return 0
-
     def ended(self) -> bool:
-        poller = select.poll()
-        poller.register(self._out, select.POLLIN)
-        events = dict(poller.poll(0)).get(self._out, 0)
-        return bool(events & select.POLLHUP) and not events & select.POLLIN  # no data left, writer gone
+        return self._hung_up()  # no data left, writer gone
 
     def close(self) -> None:
         if self._closed:
             return
         self.stderr  # noqa: B018 - kept before the pipe closes: a dead link's log says what it said
-        self._closed = True
-        for fd in (self._out, self._in):
-            anyio.notify_closing(fd)  # a reader or writer waiting on it wakes (ClosedResourceError)
+        self._mark_closed()
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError):

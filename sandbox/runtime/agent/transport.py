@@ -4,7 +4,9 @@ A transport is one duplex byte stream to one agent process: its stdin one way, i
 frames) the other, its stderr kept aside for the log. It only moves bytes; frames, request ids,
 timeouts and what a hostile agent may do are the link's (runtime/agent/link.py). Implemented by
 Docker's attached exec socket (runtime/docker/agent_stream.py, which strips the engine's stream
-header) and by a local subprocess's pipes (runtime/agent/pipe.py, for tests without an engine).
+header), by two FIFOs beside the engine with that socket as the life line
+(runtime/agent/fifo_link.py), and by a local subprocess's pipes (runtime/agent/pipe.py, for
+tests without an engine).
 A Kubernetes pods/exec websocket (v5.channel.k8s.io) fits the same shape: `send` is a channel-0
 message, `receive` returns channel-1 payloads (channel 2 goes to `stderr`, channel 3's status
 ends the stream), and `close` sends CLOSE `[255, 0]` for stdin before closing the socket.
