@@ -17,7 +17,7 @@ from sandbox import Orchestrator
 from sandbox.audit.mount_rules import mounts as mount_findings
 from sandbox.runtime import link_folders
 from sandbox.runtime.agent import fifo_link
-from sandbox.runtime.agent.fifo_link import INSIDE, FifoTransport
+from sandbox.runtime.agent.fifo_link import INSIDE, FifoTransport, unwrapped
 from sandbox.runtime.docker.agent_links import AgentLinkFolders
 from sandbox.runtime.docker.agent_stream import DockerExecStream
 from sandbox.runtime.naming import Labels
@@ -34,6 +34,11 @@ async def linked_box(orch: Orchestrator, session: str) -> tuple[Any, Any]:
     box: Any = await sess.sandbox()
     links = [link for (cid, _), link in box.backend.agents._links.items() if cid == box.id]
     return box, links[-1]  # the newest: this session's (with session users, one per session)
+
+
+def on_the_stream(transport: Any) -> bool:
+    """Whether an agent's frames go over the engine's exec stream (replayed or not), not FIFOs."""
+    return not isinstance(transport, FifoTransport) and isinstance(unwrapped(transport), DockerExecStream)
 
 
 def inspected(box: Any) -> dict[str, Any]:
@@ -112,14 +117,14 @@ async def test_without_the_link_the_agent_keeps_the_stream(make_config: Any, mon
     monkeypatch.setenv(link_folders.OFF_ENV, "stream")
     async with Orchestrator(config_for(make_config)) as orch:
         box, link = await linked_box(orch, "agent:a:s")
-        assert isinstance(link.transport, DockerExecStream)
+        assert on_the_stream(link.transport)
         assert Labels.AGENT_LINK not in inspected(box)["Config"]["Labels"]
         assert not [m for m in inspected(box)["Mounts"] if m["Destination"] == INSIDE]
     # a sandbox made without a folder keeps the stream when a later process could link
     monkeypatch.delenv(link_folders.OFF_ENV)
     async with Orchestrator(config_for(make_config)) as orch:
         again, link = await linked_box(orch, "agent:a:s")
-        assert again.id == box.id and isinstance(link.transport, DockerExecStream)
+        assert again.id == box.id and on_the_stream(link.transport)
 
 
 async def test_an_engine_that_cannot_see_the_folder_costs_only_the_link(
@@ -135,7 +140,7 @@ async def test_an_engine_that_cannot_see_the_folder_costs_only_the_link(
     monkeypatch.setattr(AgentLinkFolders, "new_folder", not_on_the_engines_host)
     async with Orchestrator(config_for(make_config)) as orch:
         box, link = await linked_box(orch, "agent:a:far")
-        assert isinstance(link.transport, DockerExecStream)
+        assert on_the_stream(link.transport)
         assert Labels.AGENT_LINK not in inspected(box)["Config"]["Labels"]
         assert box.backend.links.refusal == "the engine does not see this process's state dir at the same path"
 
