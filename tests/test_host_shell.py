@@ -1,5 +1,5 @@
-"""Commands on the host (runtime/host/shell.py, `mode: off`) under both event loops the service
-may run on: a command inherits no descriptor but its stdin, stdout and stderr, so a detached job
+"""Commands on the host (runtime/host/shell.py, `mode: off`; host-run skills share its
+runtime/host_process.py) under both event loops the service may run on: a command inherits no descriptor but its stdin, stdout and stderr, so a detached job
 it starts never holds its output open; a killed call leaves nothing behind, even a command that
 ignores TERM. uvloop's children kept copies of their stdio sockets: a durable call's start then
 waited for its whole command, and failed past 30 s."""
@@ -17,6 +17,7 @@ import pytest
 from sandbox.runtime import proc_kill
 from sandbox.runtime.host.shell import HostShell
 from sandbox.runtime.protocol import RunRequest
+from sandbox.runtime.skill_spec import run_on_host
 
 pytestmark = pytest.mark.anyio
 
@@ -65,3 +66,8 @@ async def test_a_kill_returns_once_a_term_ignoring_command_is_gone(tmp_path: Pat
         await host.kill(call_id, "KILL")
         assert not proc_kill.members_of(proc_kill.all_pids(), call_id, skip_unreadable=True).pids
         tg.cancel_scope.cancel()
+
+
+async def test_a_host_skill_inherits_only_its_three_streams_too(tmp_path: Path) -> None:
+    result = await run_on_host(["sh", "-c", "ls /proc/$$/fd"], {"PATH": "/usr/bin:/bin"}, str(tmp_path), 10)
+    assert result.exit_code == 0 and sorted(result.stdout.split()) == [b"0", b"1", b"2"], result.stdout

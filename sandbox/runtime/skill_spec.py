@@ -14,24 +14,19 @@ host process started from an argv with a minimal environment (none of the orches
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import posixpath
 import re
-import signal
 import stat
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import anyio
 
 from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
+from sandbox.runtime.host_process import run_process
 from sandbox.runtime.naming import container_name
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
@@ -225,31 +220,6 @@ def minimal_env(workdir: str, extra: Mapping[str, str]) -> dict[str, str]:
 
 async def run_on_host(argv: Sequence[str], env: Mapping[str, str], workdir: str, timeout_s: float) -> ExecResult:
     """Run `argv` (no shell) in its own process group; on timeout the whole group is killed."""
-    capture = OutputCapture(max_bytes=MAX_OUTPUT)
-    start = time.perf_counter()
-    process = await anyio.open_process(list(argv), cwd=workdir, env=dict(env), start_new_session=True)
-
-    async def pump(stream: Any, which: int) -> None:
-        async for chunk in stream:
-            if not capture.add(which, chunk):
-                scope.cancel()
-                return
-
-    async with process:
-        try:
-            with anyio.move_on_after(timeout_s) as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump, process.stdout, 1)
-                    tg.start_soon(pump, process.stderr, 2)
-                await process.wait()
-        finally:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-    stopped = scope.cancelled_caught
-    return ExecResult.from_capture(
-        capture,
-        exit_code=None if stopped else process.returncode,
-        duration_ms=(time.perf_counter() - start) * 1000,
-        timed_out=stopped and not capture.overflowed,
+    return await run_process(
+        argv, env=env, cwd=workdir, timeout_s=timeout_s, capture=OutputCapture(max_bytes=MAX_OUTPUT)
     )

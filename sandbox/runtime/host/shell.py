@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,10 +11,10 @@ from typing import Unpack
 import anyio
 
 from sandbox.runtime import proc_kill, shellwrap
+from sandbox.runtime.host_process import run_process
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, argv_options
 
-EXIT_POLL_S = 0.01  # without pidfds, how often an exit is looked for
 KILL_CONFIRM_S = 5.0  # how long a cancelled call waits for its killed processes to be gone
 
 
@@ -111,85 +108,4 @@ class HostShell:
     ) -> ExecResult:
         self._pid_dir.mkdir(parents=True, exist_ok=True)
         cwd = Path(workdir) if workdir and workdir.startswith("/") else self.workspace / (workdir or "")
-        start = time.perf_counter()
-        capture = capture or OutputCapture()
-        # subprocess, not anyio.open_process: under uvloop a child also inherits copies of its
-        # stdio sockets, so a detached job it starts (a durable call's command, its watchdog)
-        # held our pipes open and this waited for their end. close_fds leaves it 0, 1 and 2.
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            process = subprocess.Popen(  # noqa: ASYNC220 - a fork and exec, as open_process does
-                argv,
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except BaseException:
-            os.close(out_r)
-            os.close(err_r)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-
-        async def pump(fd: int, which: int) -> None:
-            os.set_blocking(fd, False)
-            while True:
-                await anyio.wait_readable(fd)
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    return
-                if not capture.add(which, chunk):
-                    scope.cancel()  # over the output maximum: stop waiting; the caller kills
-                    return
-                if on_output is not None:
-                    on_output(chunk)
-
-        try:
-            with anyio.move_on_after(timeout_s) as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(pump, out_r, 1)
-                    tg.start_soon(pump, err_r, 2)
-                await _exited(process)
-            timed_out = scope.cancelled_caught and not capture.overflowed
-            if scope.cancelled_caught and process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-        finally:
-            if process.returncode is None:  # cancelled: nothing of it outlives the wait
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                with anyio.CancelScope(shield=True):
-                    await _exited(process)
-            for fd in (out_r, err_r):
-                anyio.notify_closing(fd)
-                os.close(fd)
-        return ExecResult.from_capture(
-            capture,
-            exit_code=None if scope.cancelled_caught else process.returncode,
-            duration_ms=(time.perf_counter() - start) * 1000,
-            timed_out=timed_out,
-        )
-
-
-async def _exited(process: subprocess.Popen[bytes]) -> None:
-    """Wait for `process` to exit, and reap it: on its pidfd where the kernel has them."""
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except (AttributeError, OSError):  # no pidfds (an old kernel), or reaped already
-        while process.poll() is None:  # noqa: ASYNC110 - nothing to wait on without a pidfd
-            await anyio.sleep(EXIT_POLL_S)
-        return
-    try:
-        while process.poll() is None:
-            await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
+        return await run_process(argv, env=env, cwd=str(cwd), timeout_s=timeout_s, capture=capture, on_output=on_output)
