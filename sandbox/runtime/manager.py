@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import socket
 import time
@@ -22,6 +21,7 @@ from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.runtime import link_folders
+from sandbox.runtime.last_used import LastUsed
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, Labels, instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
 from sandbox.runtime.spec import AGENT_LINKS_DIR, SandboxSpec, spec_from_config
@@ -67,7 +67,7 @@ class SandboxManager:
         self._specs: OrderedDict[tuple[str, str, str], SandboxSpec] = OrderedDict()
         self._locks: dict[str, anyio.Lock] = {}  # only while held or awaited (see _locked)
         self._names: OrderedDict[str, str] = OrderedDict()  # container name -> the identity it was handed to
-        self._last_used_path = config.state_dir / "last-used.json"
+        self._last_used = LastUsed(config.state_dir / "last-used.json")
         self._last_used_written: OrderedDict[str, float] = OrderedDict()
         # pausing idle sandboxes (lifecycle.pause_idle): what this process paused, when it last
         # handed each sandbox out, and the calls using each one now (never paused under a call)
@@ -330,23 +330,13 @@ class SandboxManager:
 
     def last_used(self) -> dict[str, str]:
         """Container name -> ISO time of last use (kept in the state dir; labels are immutable)."""
-        try:
-            data = json.loads(self._last_used_path.read_text())
-            return {str(k): str(v) for k, v in data.items()}
-        except (OSError, ValueError):
-            return {}
+        return self._last_used.read()
 
     def _touch(self, name: str, now: float, *, force: bool = False) -> None:
         if not force and now - self._last_used_written.get(name, 0.0) < LAST_USED_EVERY_S:
             return
         _remember(self._last_used_written, name, now)
-        data = self.last_used()
-        data[name] = datetime.now(UTC).isoformat(timespec="seconds")
-        path = self._last_used_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        self._last_used.touch(name)
 
 
 def _remember(cache: OrderedDict[_K, _V], key: _K, value: _V) -> None:

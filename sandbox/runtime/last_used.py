@@ -1,0 +1,74 @@
+"""When each sandbox was last used, kept in the state dir (labels are immutable): what `prune`'s
+idle rule and `sandbox list` read.
+
+Written off the event loop, in one worker thread, batched: the file holds every sandbox's time,
+so rewriting it on the loop cost a new session's first call 0.6 ms here, and grows with the
+number of sandboxes. A time not yet on disk is still in :meth:`LastUsed.read`; one lost in a
+crash (written within milliseconds) costs only an older "last used" for prune's idle rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sandbox._log import logger
+
+# one thread for the process: the writes are small, and their order per file is kept
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-used")
+
+
+class LastUsed:
+    """The last-use times of one state dir's sandboxes."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._pending: dict[str, str] = {}  # name -> ISO time, not yet written
+        self._writing: dict[str, str] = {}  # taken by the write under way (read still sees them)
+
+    def read(self) -> dict[str, str]:
+        """Container name -> ISO time of last use (what is on disk, and what is about to be)."""
+        with self._lock:
+            unwritten = {**self._writing, **self._pending}
+        return {**self._on_disk(), **unwritten}
+
+    def touch(self, name: str) -> None:
+        """Record `name` as used now; written soon, in the background."""
+        with self._lock:
+            first = not self._pending
+            self._pending[name] = datetime.now(UTC).isoformat(timespec="seconds")
+        if first:  # one write takes everything pending when it runs
+            _WRITER.submit(self._write)
+
+    def flush(self) -> None:
+        """Write what is pending now (tests, and the end of a process)."""
+        self._write()
+
+    def _on_disk(self) -> dict[str, str]:
+        try:
+            data = json.loads(self._path.read_text())
+            return {str(k): str(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _write(self) -> None:
+        with self._lock:
+            self._writing, self._pending = {**self._writing, **self._pending}, {}
+            taken = dict(self._writing)
+        if not taken:
+            return
+        try:
+            data = {**self._on_disk(), **taken}
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(self._path)
+        except OSError as exc:  # a full disk: the times stay approximate, the calls go on
+            logger.bind(path=str(self._path)).warning("last_used_not_written", error=str(exc))
+        finally:
+            with self._lock:
+                self._writing = {}

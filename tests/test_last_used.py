@@ -1,0 +1,37 @@
+"""Last-use times are written off the event loop (runtime/last_used.py): a touch is in what is
+read at once, on disk soon after, and merged with what another process wrote."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sandbox.runtime.last_used import LastUsed
+
+
+def test_a_touch_is_read_at_once_and_written_merged_with_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "last-used.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"other": "2026-01-01T00:00:00+00:00"}))  # another process's
+    record = LastUsed(path)
+    record.touch("sbx-a")
+    assert set(record.read()) == {"other", "sbx-a"}
+    deadline = time.monotonic() + 10
+    while "sbx-a" not in json.loads(path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    on_disk = json.loads(path.read_text())
+    assert set(on_disk) == {"other", "sbx-a"} and on_disk["other"] == "2026-01-01T00:00:00+00:00"
+    record.touch("sbx-b")
+    record.flush()
+    assert set(json.loads(path.read_text())) == {"other", "sbx-a", "sbx-b"}
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_an_unwritable_state_dir_costs_only_the_record(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    record = LastUsed(blocker / "last-used.json")  # its folder is a file: every write fails
+    record.touch("sbx-a")
+    record.flush()
+    assert record.read() == {}  # lost, and said in the log; nothing raised into the call
