@@ -15,9 +15,15 @@ import pytest
 
 from sandbox.runtime.docker import hostfirewall
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("iptables") is None, reason="needs root and iptables (CI has both)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("iptables") is None, reason="needs root and iptables (CI has both)"
+    ),
+    # one after another, and never beside an engine test: INPUT is one chain for the whole host,
+    # and these tests put rules at its top that another test's guard would move (a flake seen
+    # once in nine quick loops, when two of them ran on two workers at once)
+    pytest.mark.xdist_group("docker"),
+]
 
 
 def listed(chain: str) -> list[str]:
