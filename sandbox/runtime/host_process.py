@@ -35,12 +35,18 @@ async def run_process(
     on_output: Callable[[bytes], None] | None = None,
 ) -> ExecResult:
     """Run `argv` (no shell) in a session of its own until it exits and its output ends, or
-    `timeout_s` passes, or `capture` is full; then nothing of its process group is left. A
-    cancelled caller leaves nothing either."""
+    `timeout_s` passes, or `capture` is full. Stopped by a timeout, a full capture or a cancelled
+    caller, its whole process group is killed; a job it detached from its output and left
+    running after a normal exit is its caller's to kill (by the call's tag, runtime/proc_kill)."""
     start = time.perf_counter()
     capture = capture or OutputCapture()
     out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    try:
+        err_r, err_w = os.pipe()
+    except BaseException:
+        os.close(out_r)
+        os.close(out_w)
+        raise
     try:
         process = subprocess.Popen(  # noqa: ASYNC220 - a fork and exec, as open_process does
             list(argv),

@@ -42,11 +42,18 @@ class LastUsed:
             first = not self._pending
             self._pending[name] = datetime.now(UTC).isoformat(timespec="seconds")
         if first:  # one write takes everything pending when it runs
-            _WRITER.submit(self._write)
+            try:
+                _WRITER.submit(self._write)
+            except RuntimeError:  # the interpreter is shutting down: no more threads
+                self._write()
 
     def flush(self) -> None:
-        """Write what is pending now (tests, and the end of a process)."""
-        self._write()
+        """Write what is pending, and wait for it (on the writer's thread: two writes of one file
+        at once would lose one's names)."""
+        try:
+            _WRITER.submit(self._write).result()
+        except RuntimeError:
+            self._write()
 
     def _on_disk(self) -> dict[str, str]:
         try:
