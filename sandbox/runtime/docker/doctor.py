@@ -17,6 +17,7 @@ from sandbox.config.models import Config
 from sandbox.errors import SandboxError
 from sandbox.journal.retention import Retention
 from sandbox.journal.store import Journal
+from sandbox.runtime import link_folders
 from sandbox.runtime.agent.exec_path import path_from_labels
 from sandbox.runtime.checks import Check
 from sandbox.runtime.docker import procfs
@@ -144,12 +145,25 @@ def _exec_path_check(client: Any, config: Config) -> Check:
         return Check("warn", "exec path", f"cannot read the labels of {docker_cfg.image}: {exc.__class__.__name__}")
     path = path_from_labels(labels, docker_cfg.agent)
     if path.kind == "agent":
-        return Check("ok", "exec path", f"{docker_cfg.image}: {path.describe()}; it is also the container health check")
+        return Check("ok", "exec path", f"{docker_cfg.image}: {path.describe()}; {_link_words(path.link)}")
     return Check(
         "warn",
         "exec path",
         f"{docker_cfg.image}: {path.describe()}: every command pays a Docker exec round trip",
         "build the image from images/sandbox (or add the agent and its labels to yours)",
+    )
+
+
+def _link_words(link: bool) -> str:
+    """What carries the agent's frames here (docs/resident-agent.md, the link beside the engine)."""
+    if not link:
+        return "its frames go over the engine's exec stream (the image's agent takes no FIFO link)"
+    refused = link_folders.refused_here()
+    if refused is not None:
+        return f"its frames go over the engine's exec stream ({refused})"
+    return (
+        "its frames go over two FIFOs beside the engine where the engine can bind the state dir's "
+        "agent-links folder, else over its exec stream"
     )
 
 
