@@ -22,7 +22,7 @@ import pytest
 from sandbox import Orchestrator
 from sandbox.runtime import manager as manager_module
 from sandbox.runtime.docker.pool import CLAIM_GRACE_S
-from sandbox.runtime.naming import Labels
+from sandbox.runtime.naming import CREATING_MARK, Labels
 from sandbox.runtime.protocol import unclaimed
 from tests.cli_helpers import run_cli
 
@@ -443,3 +443,25 @@ async def test_a_session_revalidated_is_not_offered_a_member(make_config: Any, m
             await exec_ok(orch, "agent:main:live", "true")
         assert claimed == []
         assert {i.id for i in await members(orch)} == pooled
+
+
+async def test_a_member_another_process_is_still_making_is_neither_swept_nor_claimed(
+    make_config: Any, docker_client: Any
+) -> None:
+    """Another process on the state dir (the service beside a library caller) lists a member
+    while it is still being made: under its `-creating-` name, not running yet. It was swept as a
+    stopped member, its scratch folder with it, and the maker's start failed ("bind source path
+    does not exist", seen once in CI's speed gate). Now it is left to its maker."""
+    async with Orchestrator(pool_config(make_config, size=1)) as orch:
+        assert await orch.fill_pools() == 1
+        (member,) = await members(orch)
+        container = docker_client.containers.get(member.id)
+        container.stop(timeout=1)  # as between create and start: not running
+        container.rename(f"{member.name[:40]}{CREATING_MARK}0123abcd")
+        pool = orch.manager.pool
+        assert pool is not None
+        assert member.id not in {info.id for info, _ in await pool.stale()}
+        assert await orch.fill_pools() == 1  # listed again: it is no free member, a new one is made
+        box: Any = await orch.session("agent:main:fresh").sandbox()
+        assert box.id != member.id  # not handed out either
+        assert docker_client.containers.get(member.id).status == "exited"  # left to its maker

@@ -35,7 +35,7 @@ from sandbox.config.merge import EffectiveAgent
 from sandbox.errors import ErrorCode, SandboxError, SandboxUnavailable
 from sandbox.runtime import pool_plan
 from sandbox.runtime.docker.sandbox import DockerSandbox
-from sandbox.runtime.naming import Labels
+from sandbox.runtime.naming import CREATING_MARK, Labels
 from sandbox.runtime.protocol import Sandbox, SandboxInfo, pool_member, under_pool_name
 from sandbox.runtime.spec import SandboxSpec
 
@@ -259,8 +259,11 @@ class WarmPool:
         self._free.setdefault(spec.pool_key or "", []).append(_member_info(box.id, spec))
 
     def _free_name(self, info: SandboxInfo) -> bool:
-        """Still under its pool name: never handed out (a hand-over renames it)."""
-        return under_pool_name(info)
+        """Still under its pool name: never handed out (a hand-over renames it), and made: a
+        member still being made (by this or another process on the state dir, under its
+        `-creating-` name) is neither claimed nor swept as stale (it is not running yet); one whose
+        maker died is removed by cleanup_orphans, by its creator's liveness."""
+        return under_pool_name(info) and CREATING_MARK not in info.name
 
     async def _members(self, key: str) -> list[SandboxInfo]:
         found = await self.backend.list(instance=self.manager.instance, kind="exec")
