@@ -144,7 +144,17 @@ async def test_browsers_of_two_tenants_are_isolated(
         probe = docker_client.containers.get(canary.id).exec_run(
             ["python3", "-c", f"import socket; socket.create_connection(('{canary_ip}', 8080), timeout=3)"]
         )
-        assert probe.exit_code == 0 and "canary accepted" in canary.logs().decode()
+        # the connect returns once the kernel queues it; the canary logs after its accept(), so wait for that
+        assert probe.exit_code == 0 and _wait_logged(canary, "canary accepted")
+
+
+def _wait_logged(container: Any, line: str) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if line in container.logs().decode():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _wait_accept(canary: Canary) -> bool:
