@@ -103,7 +103,7 @@ def test_doctor_all_ok_and_images_idempotent(cfg: Path) -> None:
     assert doctor.returncode == 0, checks
     assert {c["status"] for c in checks} == {"ok"}, checks
     (path,) = [c for c in checks if c["name"] == "exec path"]
-    assert "agent (resident agent /usr/local/lib/sandbox-agent/agent.py)" in path["detail"], path
+    assert "agent (resident agent /usr/local/lib/sandbox-agent/agent.pyc)" in path["detail"], path
     assert "two FIFOs beside the engine" in path["detail"], path
     build = cli(cfg, "images", "build")
     assert build.returncode == 0 and "up to date" in build.stderr + build.stdout

@@ -14,6 +14,8 @@ from sandbox.runtime.docker.freeze import _idle_process
         "/sbin/docker-init -- /usr/bin/tini -- sleep infinity",
         "/usr/bin/tini -- sleep infinity",
         "sleep infinity",
+        "/usr/bin/python3 -I -S /usr/local/lib/sandbox-agent/agent.pyc",
+        "/usr/bin/python3 -I -S /usr/local/lib/sandbox-agent/agent.pyc --link",
         "/usr/bin/python3 -I -S /usr/local/lib/sandbox-agent/agent.py",
         "python3 -I -S /opt/sandbox-agent/agent.py",
     ],
@@ -27,6 +29,7 @@ def test_the_sandbox_s_own_processes_are_idle(args: str) -> None:
     [
         "python my_agent.py",
         "python3 /workspace/agent.py",
+        "python3 /workspace/agent.pyc",
         "martini",
         "sleep infinity && make",
         "sh -c sleep infinity; curl x",

@@ -4,6 +4,7 @@ costing only that sandbox's call. Images without a working agent fall back to do
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -68,6 +69,32 @@ async def test_the_agent_path_gives_what_docker_exec_gives(make_config: Any) -> 
     assert results["auto"] == results["off"]
     assert results["auto"][0]["exit_code"] == 3 and results["auto"][3]["exit_code"] == 137
     assert results["auto"][6]["error"] == "TIMEOUT" and results["auto"][3]["error"] == "KILLED"
+
+
+# run in the sandbox by its own Python: what the image's agent.pyc was compiled from
+PYC_CHECK = """
+import hashlib, importlib.util, sys
+d = "/usr/local/lib/sandbox-agent/"
+src, pyc = open(d + "agent.py", "rb").read(), open(d + "agent.pyc", "rb").read()
+print(pyc[:4] == importlib.util.MAGIC_NUMBER, int.from_bytes(pyc[4:8], "little"),
+      pyc[8:16] == importlib.util.source_hash(src), hashlib.sha256(src).hexdigest())
+"""
+
+
+async def test_the_agent_runs_compiled_from_this_repository_s_source(make_config: Any) -> None:
+    """The agent runs from the image's agent.pyc (compiling the source at every start costs each
+    agent about 2 MiB more), and that file was compiled from images/sandbox/sandbox_agent.py as it
+    is here: its header carries the hash of the source it came from."""
+    source = (Path(__file__).resolve().parent.parent / "images" / "sandbox" / "sandbox_agent.py").read_bytes()
+    async with Orchestrator(config_for(make_config)) as orch:
+        sess = orch.session("agent:a:compiled")
+        cmdline = str((await outputs(sess, "tr '\\0' ' ' < /proc/$PPID/cmdline"))["stdout"]).split()
+        assert cmdline[:4] == ["/usr/bin/python3", "-I", "-S", "/usr/local/lib/sandbox-agent/agent.pyc"]
+        checked = await outputs(sess, f"python3 -I -S -c '{PYC_CHECK}'")
+        # its magic is this Python's, its flags say a checked hash (0b11), and the hash is the source's
+        magic, flags, same_source, sha = str(checked["stdout"]).split()
+        assert (magic, flags, same_source) == ("True", "3", "True"), checked
+        assert sha == hashlib.sha256(source).hexdigest()  # the image's source is this repository's
 
 
 async def agent_pids(sess: Any) -> list[str]:
@@ -165,7 +192,7 @@ def odd_images(docker_client: Any, run_id: str) -> Iterator[dict[str, str]]:
         "old": f"sandbox-exec-oldagent:{run_id}",
     }
     dockerfiles = {
-        "broken": "FROM sandbox-exec:latest\nUSER 0\nRUN rm /usr/local/lib/sandbox-agent/agent.py\nUSER 1000:1000\n",
+        "broken": "FROM sandbox-exec:latest\nUSER 0\nRUN rm /usr/local/lib/sandbox-agent/agent.py*\nUSER 1000:1000\n",
         "old": 'FROM sandbox-exec:latest\nLABEL io.agent-sandbox.resident-agent-protocol="0"\n',
     }
     for kind, tag in tags.items():
@@ -196,7 +223,7 @@ async def test_explain_and_the_health_check_name_the_agent(
     `docker.health_interval_s` the image's check (the agent's `--health`) runs at that interval,
     and it passes."""
     for mode, expected in (
-        ("auto", "agent (resident agent /usr/local/lib/sandbox-agent/agent.py)"),
+        ("auto", "agent (resident agent /usr/local/lib/sandbox-agent/agent.pyc)"),
         ("off", "docker exec (docker.agent is off)"),
     ):
         path = tmp_path / f"{mode}.yaml"
@@ -219,7 +246,7 @@ async def test_explain_and_the_health_check_name_the_agent(
         box = await orch.session("agent:a:health").sandbox()
         container = docker_client.containers.get(box.id)
         health = container.attrs["Config"]["Healthcheck"]
-        assert health["Test"][-1] == "--health" and "agent.py" in health["Test"][-2]  # the image's own
+        assert health["Test"][-1] == "--health" and health["Test"][-2].endswith("/agent.pyc")  # the image's own
         assert health["Interval"] == 60 * 1_000_000_000
         assert container.exec_run(health["Test"][1:], user="1000").exit_code == 0
 

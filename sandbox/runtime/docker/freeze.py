@@ -23,7 +23,11 @@ BASELINE = frozenset(
         "sleep infinity",
     }
 )
-AGENTS = ("/usr/local/lib/sandbox-agent/agent.py", "/opt/sandbox-agent/agent.py")
+AGENTS = (
+    "/usr/local/lib/sandbox-agent/agent.pyc",  # compiled in the image (images/sandbox/Dockerfile)
+    "/usr/local/lib/sandbox-agent/agent.py",  # images built before it was
+    "/opt/sandbox-agent/agent.py",  # the Kubernetes copy
+)
 
 
 def _idle_process(args: str) -> bool:
