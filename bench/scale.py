@@ -16,6 +16,7 @@ present.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,44 @@ def mem_available_mib() -> float:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _anon_mib(pid: str) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) / 1024
+    except OSError:  # gone meanwhile
+        pass
+    return 0.0
+
+
+def anon_by_part() -> dict[str, float]:
+    """Anonymous memory (MiB) of the processes that make up the cost, by part: the resident
+    agents, the shims, the engine (dockerd, containerd) and this orchestrator process; what
+    MemAvailable loses beyond them is the kernel's (page tables, stacks, cgroups, pipes) and the
+    sandboxes' own keep-alive (tini, sleep)."""
+    parts = {"agents": 0.0, "shims": 0.0, "engine": 0.0, "orchestrator": 0.0}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        name = args[0].rsplit(b"/", 1)[-1]
+        if proc.name == str(os.getpid()):
+            part = "orchestrator"
+        elif any(b"/sandbox-agent/agent" in a for a in args):
+            part = "agents"
+        elif name.startswith(b"containerd-shim"):
+            part = "shims"
+        elif name in (b"dockerd", b"containerd"):
+            part = "engine"
+        else:
+            continue
+        parts[part] += _anon_mib(proc.name)
+    return parts
 
 
 def settle() -> float:
@@ -86,6 +125,7 @@ async def main() -> None:
         manager = SandboxManager(config, backend)
         await manager.sandbox_for(agent, "agent:main:warmup")  # image checks, thread pool
         before = settle()
+        parts_before = anon_by_part()
 
         def make(i: int):  # type: ignore[no-untyped-def]
             async def job() -> None:
@@ -95,6 +135,7 @@ async def main() -> None:
 
         ours_s = await in_parallel([make(i) for i in range(COUNT)], PARALLEL)
         after = settle()
+        parts_after = anon_by_part()
         per_sandbox_mib = (before - after) / COUNT
 
         def first_command(i: int):  # type: ignore[no-untyped-def]
@@ -107,6 +148,7 @@ async def main() -> None:
         # each sandbox's resident agent starts with its first command
         agents_s = await in_parallel([first_command(i) for i in range(COUNT)], PARALLEL)
         after_agents = settle()
+        parts_agents = anon_by_part()
         agent_mib = (after - after_agents) / COUNT
         load_before = load_average()
         await anyio.sleep(IDLE_S)  # all idle: what they cost now is their keep-alive (and any health check)
@@ -150,6 +192,14 @@ async def main() -> None:
     print(f"{'host memory per idle sandbox (MiB)':<52} {per_sandbox_mib:>10.1f} {raw_per_mib:>10.1f}")
     print(f"{'+ its resident agent, started (MiB)':<52} {agent_mib:>10.1f}")
     print(f"{'= per idle sandbox with its agent (MiB)':<52} {per_sandbox_mib + agent_mib:>10.1f}")
+    print("  where it goes, per sandbox (anonymous MiB; sandbox / its agent):")
+    for part in ("agents", "shims", "engine", "orchestrator"):
+        made = (parts_after[part] - parts_before[part]) / COUNT
+        started = (parts_agents[part] - parts_after[part]) / COUNT
+        print(f"{'    ' + part:<52} {made:>10.2f} {started:>10.2f}")
+    rest = per_sandbox_mib - sum(parts_after[p] - parts_before[p] for p in parts_after) / COUNT
+    rest_agent = agent_mib - sum(parts_agents[p] - parts_after[p] for p in parts_after) / COUNT
+    print(f"{'    the rest (kernel, tini and sleep, page cache)':<52} {rest:>10.2f} {rest_agent:>10.2f}")
     print(f"{f'load average (1 min) after {IDLE_S:.0f} s idle (before)':<52} {load_idle:>10.2f} {load_before:>10.2f}")
     print(f"{'docker.health_interval_s (0: none)':<52} {HEALTH_S:>10}")
     print(f"{'first command in all, agents starting (wall s)':<52} {agents_s:>10.1f}")

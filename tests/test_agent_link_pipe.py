@@ -10,12 +10,14 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from sandbox.config import effective_agent, load_config_text
 from sandbox.runtime.agent import link as agent_link
+from sandbox.runtime.agent import resident
 from sandbox.runtime.agent.exec_path import AGENT_LABEL, AGENT_PROTOCOL_LABEL
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.agent.pipe import LocalAgents
@@ -200,3 +202,60 @@ async def test_the_signal_frame_reaches_the_process_group_of_a_tagged_command(li
             except (ProcessLookupError, FileNotFoundError):  # gone (the /proc entry too, between the looks)
                 break
             await anyio.sleep(0.05)
+
+
+class FailingFor(LocalAgents):
+    """LocalAgents whose agents cannot start for the users in `failing` (a fault, as when another
+    session filled the sandbox's pids limit just then)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__(labels)
+        self.failing: set[str] = set()
+        self.attempts: list[str | None] = []
+
+    async def start(self, container_id: str, argv: list[str], user: str | None) -> Any:
+        self.attempts.append(user)
+        if user in self.failing:
+            raise AgentUnavailable("fork: Resource temporarily unavailable")
+        return await super().start(container_id, argv, user)
+
+
+async def test_one_user_s_failed_start_keeps_only_that_user_on_docker_exec_and_only_for_a_while(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A session whose agent could not start (another session filled the pids limit at that
+    moment) uses docker exec; the other sessions of the container keep their agents, and its own
+    is tried again after 30 s, then after twice as long each time it fails again."""
+    clock = [1000.0]
+    monkeypatch.setattr(resident, "clock", lambda: clock[0])
+    agents = FailingFor(LABELS)
+    registry = ResidentAgents(agents)
+    spec = a_spec(tmp_path)
+    try:
+        agents.failing = {"2001"}
+        assert await registry.link("box", spec, "2001") is None
+        path = await registry.exec_path(spec, "box", "2001")
+        assert path.kind == "docker exec" and "user 2001" in path.reason and "Resource temporarily" in path.reason
+        other = await registry.link("box", spec, "2002")  # another session of the same container
+        assert other is not None and (await other.run(["true"])).exit_code == 0
+        assert (await registry.exec_path(spec, "box", "2002")).kind == "agent"
+        assert await registry.link("box", spec, "2001") is None and agents.attempts.count("2001") == 1
+        clock[0] += 31  # tried again: still failing, now for 60 s
+        assert await registry.link("box", spec, "2001") is None and agents.attempts.count("2001") == 2
+        clock[0] += 45
+        assert await registry.link("box", spec, "2001") is None and agents.attempts.count("2001") == 2
+        agents.failing.clear()  # the pids are free again
+        clock[0] += 16
+        again = await registry.link("box", spec, "2001")
+        assert again is not None and (await again.run(["true"])).exit_code == 0
+        assert (await registry.exec_path(spec, "box", "2001")).kind == "agent"
+        assert agents.attempts.count("2001") == 3
+    finally:
+        agents.reap()
+
+
+def test_the_wait_between_tries_doubles_up_to_half_an_hour() -> None:
+    waits = [resident.RETRY_FIRST_S]
+    while waits[-1] < resident.RETRY_MAX_S:
+        waits.append(min(waits[-1] * 2, resident.RETRY_MAX_S))
+    assert waits[:3] == [30.0, 60.0, 120.0] and waits[-1] == 1800.0

@@ -2,14 +2,16 @@
 
 An image that carries the agent says so in its labels (images/sandbox/Dockerfile); its
 sandboxes get one agent per user, started on first use and restarted after it dies. Every
-other sandbox, a config with `docker.agent: off`, and a container where the agent could not
-start use plain docker exec (`explain` and `doctor` say which, and why).
+other sandbox and a config with `docker.agent: off` use plain docker exec (`explain` and
+`doctor` say which, and why); so does a user whose agent could not start in a container, until
+it is tried again there (after 30 s, then twice as long each time it fails, up to 30 minutes).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,6 +25,21 @@ if TYPE_CHECKING:
     from sandbox.runtime.spec import SandboxSpec
 
 IMAGE_CACHE_S = 10.0
+# An agent that could not start is tried again after this, then after twice as long each time
+# it fails again: a pids limit or memory another session filled for a moment must not keep a
+# user on docker exec for good, and an image that cannot run it costs one failed start per period.
+RETRY_FIRST_S = 30.0
+RETRY_MAX_S = 1800.0
+clock = time.monotonic  # the refusals' clock (tests move it)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one user's agent is not used in a container, and until when."""
+
+    why: str
+    until: float  # clock()
+    wait_s: float  # the period that ended a failed start (doubled at the next)
 
 
 class ResidentAgents:
@@ -34,17 +51,25 @@ class ResidentAgents:
         self._links: dict[tuple[str, str], AgentLink] = {}
         self._locks: defaultdict[tuple[str, str], anyio.Lock] = defaultdict(anyio.Lock)
         self._paths: dict[tuple[str, str], tuple[float, ExecPath]] = {}
-        self._refused: dict[str, str] = {}  # container id -> why its agent is not used
+        # (container id, user) -> why that user's agent is not used there: one user's agent that
+        # cannot start (a session filled the pids limit as it did) leaves the others' alone
+        self._refused: dict[tuple[str, str], Refusal] = {}
         self.started = 0  # agents started by this backend (restarts included)
 
-    async def exec_path(self, spec: SandboxSpec, container_id: str | None = None) -> ExecPath:
-        """The path commands of `spec`'s sandbox take (`container_id`: also its own history)."""
-        if container_id and container_id in self._refused:
-            return ExecPath("docker exec", f"the agent could not start here: {self._refused[container_id]}")
+    async def exec_path(self, spec: SandboxSpec, container_id: str | None = None, user: str | None = None) -> ExecPath:
+        """The path commands of `spec`'s sandbox take (`container_id`: also its own history, for
+        `user`, or for any user when None)."""
+        now = clock()
+        for (refused_id, refused_user), refusal in self._refused.items():
+            if refused_id == container_id and user in (None, refused_user) and now < refusal.until:
+                return ExecPath(
+                    "docker exec",
+                    f"the agent could not start here for user {refused_user}: {refusal.why} "
+                    f"(tried again in {refusal.until - now:.0f} s)",
+                )
         mode = spec.docker.agent
         key = (spec.image, mode)
         cached = self._paths.get(key)
-        now = time.monotonic()
         if cached and now - cached[0] < IMAGE_CACHE_S:
             return cached[1]
         found = await self._starter.image_labels(spec.image) if mode != "off" else None
@@ -58,7 +83,7 @@ class ResidentAgents:
         link = self._links.get(key)
         if link is not None and link.check():
             return link
-        path = await self.exec_path(spec, container_id)
+        path = await self.exec_path(spec, container_id, key[1])
         if path.agent_path is None:
             return None
         async with self._locks[key]:
@@ -68,16 +93,21 @@ class ResidentAgents:
             if link is not None:  # a dead one: a stopped or lying agent must not linger
                 del self._links[key]
                 await self._starter.kill(container_id, link.transport)
-            if container_id in self._refused:
+            refused = self._refused.get(key)
+            if refused is not None and clock() < refused.until:
                 return None
             try:
                 link = await AgentLink.open(self._starter, container_id, path.agent_path, user, link=path.link)
             except AgentUnavailable as exc:
                 # the image says it has an agent, but it does not run here (no python for this
                 # user, a full pids limit, a custom image): commands still run, by docker exec
-                self._refused[container_id] = exc.message
-                logger.bind(container=spec.name).warning("agent_unavailable_fallback", reason=exc.message)
+                wait_s = RETRY_FIRST_S if refused is None else min(refused.wait_s * 2, RETRY_MAX_S)
+                self._refused[key] = Refusal(exc.message, clock() + wait_s, wait_s)
+                logger.bind(container=spec.name, user=key[1]).warning(
+                    "agent_unavailable_fallback", reason=exc.message, retry_s=wait_s
+                )
                 return None
+            self._refused.pop(key, None)
             self._links[key] = link
             self.started += 1
             return link
@@ -88,7 +118,8 @@ class ResidentAgents:
             self._links.pop(key).close("the sandbox was removed")
         for key in [k for k in self._locks if k[0] == container_id]:
             self._locks.pop(key, None)
-        self._refused.pop(container_id, None)
+        for key in [k for k in self._refused if k[0] == container_id]:
+            del self._refused[key]
 
     def close(self, container_id: str, user: str) -> None:
         """Close one user's agent in a container (root's, once setup is done: no root process
