@@ -85,6 +85,7 @@ class FakeSandbox:
         self._spec = spec
         self.gone = False
         self.killed: list[tuple[str, str]] = []  # (call id, signal)
+        self.ended_users: list[str] = []  # users whose processes end_user killed
 
     @property
     def id(self) -> str:
@@ -136,6 +137,11 @@ class FakeSandbox:
         """Record the kill."""
         del user, pid_dir
         self.killed.append((call_id, signal))
+
+    async def end_user(self, user: str) -> bool:
+        """Record it; nothing ever runs."""
+        self.ended_users.append(user)
+        return True
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Nothing ever runs."""

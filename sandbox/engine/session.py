@@ -283,7 +283,8 @@ class Session:
     async def close(self) -> list[str]:
         """End the session and every session it spawned (deepest first); return the keys closed.
 
-        For each: pending approvals are denied, background processes killed, a session-scoped
+        For each: pending approvals are denied, background processes killed (with session users,
+        every process of the session's uid in the container, detached or not), a session-scoped
         sandbox is removed (agent and shared ones stay). What the orchestrator holds in memory for
         the session goes too (its cached policy, its in-memory loop history), so a service that
         opens and closes sessions for weeks stays flat.

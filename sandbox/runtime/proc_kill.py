@@ -74,6 +74,46 @@ def members_of(pids: Iterable[int], call_id: str, *, skip_unreadable: bool = Fal
     return Members(members, groups=tuple(sorted(g for g in groups if g > 1)))
 
 
+def host_uid(pid: int, uid: int) -> int | None:
+    """The host's number for `uid` as the process `pid` sees it (its user namespace's map, so
+    an engine with userns-remap is read right); None when `pid` is gone or `uid` is not mapped."""
+    try:
+        with open(f"/proc/{pid}/uid_map") as f:
+            return mapped_uid(f.read(), uid)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def mapped_uid(uid_map: str, uid: int) -> int | None:
+    """`uid` through a uid_map's lines (`inside outside count`); None when no line maps it."""
+    for line in uid_map.splitlines():
+        inside, outside, count = (int(n) for n in line.split())
+        if inside <= uid < inside + count:
+            return outside + uid - inside
+    return None
+
+
+def owned_by(pids: Iterable[int], uid: int) -> Members:
+    """Which of `pids` run as the host uid `uid` (real, effective or saved: a process that
+    changed one of them is still the user's). The caller's own process is never one."""
+    me = os.getpid()
+    found = []
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                if str(uid) in line.split()[1:4]:
+                    found.append(pid)
+                break
+    return Members(tuple(found))
+
+
 def all_pids() -> list[int]:
     """Every pid this process can see."""
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]

@@ -268,6 +268,12 @@ class Sandbox(Shell, Protocol):
         """Pids of processes a call started that are still alive."""
         ...
 
+    async def end_user(self, user: str) -> bool:
+        """KILL every process `user` runs in the sandbox, its resident agent included (a closed
+        session's uid, with session users: what it left running must not outlive it). True when
+        none is known to be left."""
+        ...
+
     async def agent_link(self, user: str | None = None) -> AgentChannel | None:
         """The resident agent of this sandbox for `user` (started when needed); None when the
         backend has no resident agents. SandboxUnavailable when it has them but this sandbox

@@ -267,6 +267,12 @@ class SessionShell:
         """Pids `call_id` started that are still alive."""
         return await self.sandbox.alive(call_id, user=user or self.session_user.user)
 
+    async def end_processes(self) -> bool:
+        """KILL everything the session's uid runs in the sandbox (the session is closing: what
+        it left running in the background, `setsid` or not, must not outlive it in a container
+        other sessions share). True when nothing of it is known to be left."""
+        return await self.sandbox.end_user(self.session_user.user)
+
     async def agent_link(self, user: str | None = None) -> AgentChannel | None:
         """The session uid's own resident agent (never another session's)."""
         return await self.sandbox.agent_link(user or self.session_user.user)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import docker.errors
 
-from sandbox.runtime.proc_kill import Members, members_of, signal_members
+from sandbox.runtime.proc_kill import Members, host_uid, members_of, owned_by, signal_members
 
 ROUNDS = 6  # waits 0.05 s, 0.1 s, ... 1.6 s between rounds: about 3 s in all
 
@@ -61,7 +62,36 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
     Returns True when the kill is confirmed (nothing of the call is left), False when something
     survived every round, None when the processes are not visible from this host.
     """
-    members = call_members(api, container_id, call_id)
+    return _signal_until_gone(api, container_id, lambda: call_members(api, container_id, call_id), signal)
+
+
+def user_members(api: Any, container_id: str, uid: int) -> Members:
+    """The container's processes that run as `uid` (the container's number for it)."""
+    pids = container_pids(api, container_id)
+    if pids is None:
+        return Members((), visible=False)
+    if not pids:
+        return Members(())
+    try:
+        # the container's uid as the host numbers it (the same unless the engine remaps users)
+        mapped = next((m for m in (host_uid(pid, uid) for pid in pids) if m is not None), None)
+        if mapped is None:
+            return Members((), visible=False)
+        return owned_by(pids, mapped)
+    except PermissionError:
+        return Members((), visible=False)
+
+
+def kill_user(api: Any, container_id: str, uid: int) -> bool | None:
+    """KILL every process of `uid` in the container from the host until none is left (a
+    closed session's, with session users). Returns as :func:`kill_call` does."""
+    if uid == 0:
+        return False  # never the container's root: its init and keep-alive are not a session's
+    return _signal_until_gone(api, container_id, lambda: user_members(api, container_id, uid), "KILL")
+
+
+def _signal_until_gone(api: Any, container_id: str, members_now: Callable[[], Members], signal: str) -> bool | None:
+    members = members_now()
     if not members.visible:
         return None
     signal_members(members, signal)
@@ -69,21 +99,23 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
         return True
     for round_ in range(ROUNDS):
         time.sleep(0.05 * 2**round_)  # killed processes take a moment to exit (longer on a busy host)
-        members = call_members(api, container_id, call_id)
+        members = members_now()
         if not members.visible:
             return None  # not seeing the processes is not seeing them gone: the caller checks inside
         if not members.pids:
             return True
+        # from the second round the container is frozen (the cgroup freezer) while its members
+        # are listed and signalled: nothing can fork in between
         frozen = round_ > 0 and _pause(api, container_id)
         try:
             if frozen:
-                members = call_members(api, container_id, call_id)
+                members = members_now()
             signal_members(members, "KILL")
         finally:
             if frozen:
                 _unpause(api, container_id)
     time.sleep(0.5)
-    last = call_members(api, container_id, call_id)
+    last = members_now()
     return None if not last.visible else not last.pids
 
 

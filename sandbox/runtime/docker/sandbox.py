@@ -200,6 +200,26 @@ class DockerSandbox(shellwrap.InSandbox):
         folder = Path(str(found.get("Mountpoint", "")))
         return folder if await anyio.to_thread.run_sync(folder.is_dir) else None
 
+    async def end_user(self, user: str) -> bool:
+        """KILL every process of `user` here (see the protocol): from the host first, which needs
+        no new process in a sandbox whose pids limit the user may have used up; else from inside,
+        as that user (`kill -9 -1` reaches exactly what the user may signal: its own)."""
+        uid = user.partition(":")[0]
+        if not uid.isdigit() or int(uid) == 0 or uid == self._spec.user.partition(":")[0]:
+            raise ValueError(f"not a session's own user: {user!r}")  # never root or the sandbox's user
+        self._backend.agents.close(self._id, user)  # its agent goes with the rest
+        api = self._backend.client.api
+        confirmed = await self._backend.call("end user", docker_kill.kill_user, api, self._id, int(uid))
+        if confirmed is not None:
+            return confirmed
+        try:
+            await self._exec(["/bin/sh", "-c", "kill -9 -1"], user=user, timeout_s=15)
+            # kill(-1) spares the caller: success means something of the user's is still there
+            left = await self._exec(["/bin/sh", "-c", "kill -0 -1 2>/dev/null"], user=user, timeout_s=15)
+        except SandboxUnavailable:
+            return False
+        return left.exit_code != 0
+
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids still tagged with `call_id` (host pids when the host can see them)."""
         api = self._backend.client.api

@@ -92,6 +92,10 @@ class HostSandbox:
         """Signal everything `call_id` started."""
         await self._shell.kill(call_id, signal, user=user, pid_dir=pid_dir)
 
+    async def end_user(self, user: str) -> bool:
+        """Nothing: the host backend has no session users (its commands are the host user's)."""
+        raise ValueError(f"the host backend runs no session users: {user!r}")
+
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids a call started that are still alive."""
         del user

@@ -164,6 +164,18 @@ class KubernetesSandbox(shellwrap.InSandbox):
         except SandboxUnavailable:
             return False
 
+    async def end_user(self, user: str) -> bool:
+        """KILL every process of `user` (see the protocol): a session user has a Pod of its own
+        here, where `kill -9 -1` as that user reaches what it left running; never this Pod's own user."""
+        pod = await self._elsewhere(user)
+        if pod is None:
+            raise ValueError(f"not a session's own user: {user!r}")
+        try:
+            await pod.run_argv(["/bin/sh", "-c", "kill -9 -1"], timeout_s=15)
+        except SandboxUnavailable:
+            return False
+        return True
+
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids (in the Pod) still tagged with `call_id`."""
         if (pod := await self._elsewhere(user)) is not None:
