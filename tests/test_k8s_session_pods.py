@@ -62,3 +62,31 @@ async def test_each_session_with_its_own_uid_gets_a_pod_on_the_shared_claim(
         assert set(pods) <= {k[2] for k in cluster.objects if k[0] == "pods"}  # the kill needed no Pod deleted
         await backend.remove(main)
         assert [k for k in cluster.objects if k[0] == "pods"] == []
+
+
+async def test_closing_a_session_removes_its_own_pod_and_only_it(tmp_path: Path, fake_cluster: FakeCluster) -> None:
+    """What a closed session left running goes with its Pod (a Pod per session uid here); the
+    agent's Pod, its claim and the other session's Pod stay."""
+    cluster = fake_cluster
+    sandbox = '{mode: all, scope: agent, workspace_access: rw, session_users: "on"}'
+    config = one_agent_config(tmp_path, f"{RUN_ID}c", sandbox)
+    namespace = namespace_for(config.runtime.kubernetes, "acme")
+    cluster.namespaces.add(namespace)
+    backend = KubernetesBackend(config, api=cluster.api())
+    async with Orchestrator(config, backend, journal=False) as orch:
+        leaver, stayer = (
+            orch.session(agent="main", key="agent:main:c1"),
+            orch.session(agent="main", key="agent:main:c2"),
+        )
+        _out(await leaver.call("exec", {"command": "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started"}))
+        _out(await stayer.call("exec", {"command": "echo here > kept.txt"}))
+        pods = {k[2]: obj for k, obj in cluster.objects.items() if k[0] == "pods"}
+        leaver_uid = int(_out(await leaver.call("exec", {"command": "id -u"})).strip())
+        (leaver_pod,) = [n for n, p in pods.items() if p["spec"]["securityContext"].get("runAsUser") == leaver_uid]
+        await leaver.close()
+        left = {k[2] for k in cluster.objects if k[0] == "pods"}
+        assert left == set(pods) - {leaver_pod}
+        assert "here" in _out(await stayer.call("read", {"path": "kept.txt"}))
+        assert [k for k in cluster.objects if k[0] == "persistentvolumeclaims"]  # the claim stays
+        for name in left:
+            await backend.remove(name)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.runtime.proc_kill import host_uid, mapped_uid, owned_by
+from sandbox.runtime.proc_kill import Members, host_uid, mapped_uid, owned_by, runs_as, signal_members
 
 
 @pytest.fixture
@@ -54,3 +54,35 @@ def test_the_host_number_of_a_uid_follows_the_process_s_map() -> None:
 )
 def test_uids_are_translated_through_the_map(uid_map: str, uid: int, host: int | None) -> None:
     assert mapped_uid(uid_map, uid) == host
+
+
+def test_a_zombie_is_not_running_as_anyone() -> None:
+    assert runs_as("Name:\tsleep\nState:\tS (sleeping)\nUid:\t20001\t20001\t20001\t20001\n", 20001)
+    assert not runs_as("Name:\tsleep\nState:\tZ (zombie)\nUid:\t20001\t20001\t20001\t20001\n", 20001)
+    assert not runs_as("Name:\tsleep\nState:\tS (sleeping)\nUid:\t20002\t20002\t20002\t20002\n", 20001)
+    # real, effective or saved: a process that swapped one of them is still the user's
+    assert runs_as("State:\tR (running)\nUid:\t1000\t20001\t1000\t20001\n", 20001)
+
+
+def test_a_signal_the_kernel_refuses_is_reported_not_swallowed() -> None:
+    """A non-root orchestrator cannot signal a session's processes from the host: the caller
+    must hear it (and kill from inside), not count the round as done."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, asked to signal this test's (root's) process
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            answer = signal_members(Members((os.getppid(),)), "TERM")
+            os.write(write_end, b"True" if answer else b"False")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read()
+    os.waitpid(pid, 0)
+    assert said == b"False"

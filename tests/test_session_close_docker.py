@@ -79,8 +79,10 @@ async def test_a_closed_session_s_processes_are_killed_from_inside_when_the_host
         box: Any = await other.sandbox()
         await leaver.call("exec", {"command": ESCAPE.format(n=3) + "; " + WRITER})
         assert uids_running(docker_client, box.id).count(leaver_uid) >= 4
+        started = box.backend.agents.started
         await leaver.close()
         assert leaver_uid not in uids_running(docker_client, box.id)
+        assert box.backend.agents.started == started  # plain docker exec: no agent started to be killed
         size = await other.call("exec", {"command": "wc -c < /workspace/after-close.log"})
         await anyio.sleep(1)
         again = await other.call("exec", {"command": "wc -c < /workspace/after-close.log"})
@@ -97,3 +99,37 @@ async def test_root_and_the_sandbox_s_own_user_are_never_ended(make_config: Any,
             with pytest.raises(ValueError, match="not a session's own user"):
                 await box.end_user(user)
         assert uids_running(docker_client, box.id) == before
+
+
+async def test_closing_a_session_that_never_ran_there_makes_and_allocates_nothing(
+    make_config: Any, docker_client: Any
+) -> None:
+    """A second orchestrator closing a session that never ran in the agent's container neither
+    starts anything nor gives the session a uid (uids are never reused: the registry would grow)."""
+    config = shared_config(make_config)
+    async with Orchestrator(config) as orch:
+        box: Any = await orch.session("agent:a:worker").sandbox()
+        await orch.session("agent:a:worker").call("exec", {"command": "true"})
+        registry = config.state_dir / "session-users"
+        before = sorted(str(p) for p in registry.rglob("*"))
+        names = [c.name for c in docker_client.containers.list(all=True)]
+        async with Orchestrator(config) as other:
+            await other.session("agent:a:never").close()
+        assert sorted(str(p) for p in registry.rglob("*")) == before
+        assert [c.name for c in docker_client.containers.list(all=True)] == names
+        assert box.id in [c.id for c in docker_client.containers.list()]
+
+
+@pytest.mark.parametrize("session_users", ["auto", "on"])
+async def test_closing_a_session_on_the_host_backend_still_closes(make_config: Any, session_users: str) -> None:
+    """The host backend runs every command as the orchestrator's user, whatever uid a session
+    is given: there is nothing of the session's uid to end, and its close goes through."""
+    config = make_config(
+        "runtime: {backend: host}\n"
+        f"agents: {{defaults: {{sandbox: {{mode: all, scope: agent, session_users: {session_users}}}}}}}"
+    )
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:one")
+        assert (await sess.call("exec", {"command": "true"})).ok
+        assert await sess.close() == ["agent:main:one"]
+        assert await orch.session("agent:main:never").close() == ["agent:main:never"]

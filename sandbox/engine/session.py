@@ -29,7 +29,16 @@ from sandbox.preview.closed import mark_closed
 from sandbox.runtime.backends import agent_files, host_shell
 from sandbox.runtime.naming import short_hash, slug, tenant_scope
 from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
-from sandbox.runtime.session_users import SessionShell, SessionUser, session_shell, still_held, uid_scope
+from sandbox.runtime.session_users import (
+    SessionShell,
+    SessionUser,
+    find,
+    own_uid,
+    registry_of,
+    session_shell,
+    still_held,
+    uid_scope,
+)
 from sandbox.runtime.spec import EGRESS_NETWORK, tenant_workspaces
 from sandbox.sessions.registry import Child
 from sandbox.sessions.service import BoundSessions, end_session_work
@@ -350,6 +359,28 @@ class Session:
                 return shell
             user = self._session_users[scope] = shell.session_user
         return SessionShell(box, user)
+
+    async def own_uid_view(self) -> SessionShell | None:
+        """This session's own-uid view of its running sandbox, for closing it: None when it has
+        no uid of its own there (no session users, no sandbox running, or it never ran in it).
+        Nothing is made, started or allocated here."""
+        if not self.sandboxed:
+            return None
+        box = await self._orch.manager.live(self.agent, self.key)
+        if box is None or not box.spec.session_users:
+            return None
+        spec = box.spec
+        gid = int(spec.user.partition(":")[2] or spec.user)
+        scope = uid_scope(spec)
+        user = self._session_users.get(scope)
+        shared = self._orch.shared_uids
+        if user is None and shared is not None:
+            found = await shared.store.session_uid(scope, self.key)
+            user = SessionUser(found[0], gid, found[1]) if found is not None else None
+        elif user is None:
+            registry = registry_of(self._orch.config.state_dir / "session-users", spec)
+            user = await anyio.to_thread.run_sync(find, registry, self.key, gid, own_uid(spec))
+        return SessionShell(box, user) if user is not None else None
 
     async def sandbox(self) -> Sandbox | None:
         """The live sandbox of this session (created on first use); None when not sandboxed."""

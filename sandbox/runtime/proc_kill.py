@@ -106,12 +106,18 @@ def owned_by(pids: Iterable[int], uid: int) -> Members:
                 status = f.read()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        for line in status.splitlines():
-            if line.startswith("Uid:"):
-                if str(uid) in line.split()[1:4]:
-                    found.append(pid)
-                break
+        if runs_as(status, uid):
+            found.append(pid)
     return Members(tuple(found))
+
+
+def runs_as(status: str, uid: int) -> bool:
+    """Whether a /proc status text is a live process (not a zombie: it is dead already, its
+    parent reaps it) whose real, effective or saved uid is `uid`."""
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return False
+    return str(uid) in fields.get("Uid", "").split()[:3]
 
 
 def all_pids() -> list[int]:
@@ -119,12 +125,21 @@ def all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def signal_members(members: Members, signal: str) -> None:
-    """Send `signal` (TERM, KILL, INT, HUP) to every member."""
+def signal_members(members: Members, signal: str) -> bool:
+    """Send `signal` (TERM, KILL, INT, HUP) to every member; False when one was not ours to
+    signal (a non-root orchestrator: the kernel said EPERM)."""
     number = getattr(signals, f"SIG{signal}")
+    permitted = True
     for group in members.groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, number)
+        with contextlib.suppress(ProcessLookupError):
+            try:
+                os.killpg(group, number)
+            except PermissionError:
+                permitted = False
     for pid in members.pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, number)
+        with contextlib.suppress(ProcessLookupError):
+            try:
+                os.kill(pid, number)
+            except PermissionError:
+                permitted = False
+    return permitted

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,9 +115,7 @@ async def allocate_shared(store: SessionUids, spec: Any, session: str) -> Sessio
     found = await store.session_uid(scope, session)
     if found is not None:
         return SessionUser(found[0], gid, found[1])
-    start = _first_probe(session)
-    for probe in range(MAX_PROBES):
-        uid = UID_BASE + (start + probe) % UID_SPAN
+    for uid in _probes(session, own_uid(spec)):
         holder = await store.claim_uid(scope, uid, session, secrets.token_hex(8))
         if holder is None:  # this session took another uid meanwhile (another replica)
             again = await store.session_uid(scope, session)
@@ -151,7 +149,17 @@ class SharedUids:
         return found
 
 
-def allocate(registry: Path, session: str, gid: int) -> SessionUser:
+def _probes(session: str, avoid: int | None) -> Iterator[int]:
+    """The uids a session's search visits, in order (never `avoid`: the sandbox's own user,
+    whose processes are the container's and every session-less command's)."""
+    start = _first_probe(session)
+    for probe in range(MAX_PROBES):
+        uid = UID_BASE + (start + probe) % UID_SPAN
+        if uid != avoid:
+            yield uid
+
+
+def allocate(registry: Path, session: str, gid: int, avoid: int | None = None) -> SessionUser:
     """The session's uid in one container: found when allocated before, else claimed.
 
     Raises:
@@ -159,9 +167,7 @@ def allocate(registry: Path, session: str, gid: int) -> SessionUser:
             (tens of thousands of sessions in one container; uids are never reused).
     """
     registry.mkdir(parents=True, exist_ok=True, mode=0o700)
-    start = _first_probe(session)
-    for probe in range(MAX_PROBES):
-        uid = UID_BASE + (start + probe) % UID_SPAN
+    for uid in _probes(session, avoid):
         entry = registry / str(uid)
         found = _read(entry)
         if found is None:
@@ -169,6 +175,23 @@ def allocate(registry: Path, session: str, gid: int) -> SessionUser:
         if found[0] == session:
             return SessionUser(uid, gid, found[1])
     raise _exhausted(str(registry))
+
+
+def find(registry: Path, session: str, gid: int, avoid: int | None = None) -> SessionUser | None:
+    """The session's uid in one container if it was ever given one; nothing is claimed."""
+    for uid in _probes(session, avoid):
+        found = _read(registry / str(uid))
+        if found is None:
+            return None  # the search would have claimed this one: the session never got a uid
+        if found[0] == session:
+            return SessionUser(uid, gid, found[1])
+    return None
+
+
+def own_uid(spec: Any) -> int | None:
+    """The uid of the sandbox's own user (`uid[:gid]`); None for a user given by name."""
+    uid = spec.user.partition(":")[0]
+    return int(uid) if uid.isdigit() else None
 
 
 def _read(entry: Path) -> tuple[str, str] | None:
@@ -292,7 +315,7 @@ def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbo
     if not spec.session_users:
         return sandbox
     gid = int(spec.user.partition(":")[2] or spec.user)
-    return SessionShell(sandbox, allocate(registry_of(registry_root, spec), session, gid))
+    return SessionShell(sandbox, allocate(registry_of(registry_root, spec), session, gid, own_uid(spec)))
 
 
 def still_held(registry_root: Path, spec: Any, session: str, user: SessionUser) -> bool:

@@ -24,7 +24,6 @@ from sandbox.journal.queries import MAX_PAGE
 from sandbox.policy.groups import expand, expand_all
 from sandbox.policy.resolver import Identity
 from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
-from sandbox.runtime.session_users import SessionShell
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
 from sandbox.sessions.shared_registry import SharedRegistry
@@ -486,23 +485,30 @@ async def end_session_work(orch: Orchestrator, session: Session, reason: str) ->
         table = await session.process_table().all()
     except SandboxError:  # the shared store away: the sandbox's own timeouts still hold
         table = {}
-    if not table and session.agent.sandbox.scope == "session":
-        return  # nothing registered, and its container goes with it (with all that runs there)
-    shell = await session.shell(create=False)
-    if shell is None:  # its sandbox is gone, and its processes with it
-        return
-    for proc_id in table:
-        with contextlib.suppress(SandboxError, ValueError):
-            await shell.kill(proc_id, "KILL")
-    if isinstance(shell, SessionShell):
-        # a uid of its own in a shared container: anything else it left running goes too (a
-        # detached process would hold the container's pids and CPU, and write to the shared
-        # workspace, after the session is over)
-        try:
-            ended = await shell.end_processes()
-        except SandboxError as exc:
-            ended, why = False, exc.message
-        else:
-            why = "" if ended else "some survived every round"
-        if not ended:
-            logger.bind(session=session.key).warning("session_processes_left", reason=why)
+    if table:
+        shell = await session.shell(create=False)
+        if shell is None:  # its sandbox is gone, and its processes with it
+            return
+        for proc_id in table:
+            with contextlib.suppress(SandboxError, ValueError):
+                await shell.kill(proc_id, "KILL")
+    await _end_own_uid(session)
+
+
+async def _end_own_uid(session: Session) -> None:
+    """With a uid of its own in a shared container, anything else the session left running goes
+    too: a detached process would hold the container's pids and CPU, and write to the shared
+    workspace, after the session is over. Never fails the close (it is logged)."""
+    if session.agent.sandbox.scope == "session":
+        return  # its container goes with it, and all that runs there
+    why = ""
+    try:
+        view = await session.own_uid_view()
+        if view is None:
+            return  # no uid of its own, or no sandbox running: nothing of it runs there
+        if not await view.end_processes():
+            why = "some survived every round"
+    except (SandboxError, OSError, ValueError) as exc:
+        why = getattr(exc, "message", None) or str(exc)
+    if why:
+        logger.bind(session=session.key).warning("session_processes_left", reason=why[:300])

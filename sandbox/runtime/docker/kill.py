@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal as signals
 import time
 from collections.abc import Callable
 from typing import Any
 
 import docker.errors
 
-from sandbox.runtime.proc_kill import Members, host_uid, members_of, owned_by, signal_members
+from sandbox.runtime.proc_kill import Members, host_uid, members_of, owned_by, runs_as, signal_members
 
 ROUNDS = 6  # waits 0.05 s, 0.1 s, ... 1.6 s between rounds: about 3 s in all
 
@@ -84,17 +85,65 @@ def user_members(api: Any, container_id: str, uid: int) -> Members:
 
 def kill_user(api: Any, container_id: str, uid: int) -> bool | None:
     """KILL every process of `uid` in the container from the host until none is left (a
-    closed session's, with session users). Returns as :func:`kill_call` does."""
+    closed session's, with session users). Returns as :func:`kill_call` does (None also when
+    this process may not signal them: a non-root orchestrator)."""
     if uid == 0:
         return False  # never the container's root: its init and keep-alive are not a session's
-    return _signal_until_gone(api, container_id, lambda: user_members(api, container_id, uid), "KILL")
+    return _signal_until_gone(
+        api,
+        container_id,
+        lambda: user_members(api, container_id, uid),
+        "KILL",
+        send=lambda members, _: _kill_checked(members, container_id, uid),
+    )
 
 
-def _signal_until_gone(api: Any, container_id: str, members_now: Callable[[], Members], signal: str) -> bool | None:
+def _kill_checked(members: Members, container_id: str, uid: int) -> bool:
+    """KILL each member through a pidfd taken before it is checked again (still in the container,
+    still the uid): a pid freed and reused by another process after the listing is never hit.
+    False when one was not ours to signal."""
+    container_uid = uid
+    permitted = True
+    for pid in members.pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone
+        except OSError:
+            permitted = False  # no pidfds here (a kernel before 5.3): the caller does it inside
+            continue
+        try:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    status = f.read()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            mapped = host_uid(pid, container_uid)
+            if mapped is None or not runs_as(status, mapped) or not in_container(pid, container_id):
+                continue
+            try:
+                signals.pidfd_send_signal(fd, signals.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                permitted = False
+        finally:
+            os.close(fd)
+    return permitted
+
+
+def _signal_until_gone(
+    api: Any,
+    container_id: str,
+    members_now: Callable[[], Members],
+    signal: str,
+    send: Callable[[Members, str], bool] = signal_members,
+) -> bool | None:
     members = members_now()
     if not members.visible:
         return None
-    signal_members(members, signal)
+    if not send(members, signal):
+        return None  # not ours to signal from here: the caller does it inside
     if signal != "KILL":
         return True
     for round_ in range(ROUNDS):
@@ -110,7 +159,7 @@ def _signal_until_gone(api: Any, container_id: str, members_now: Callable[[], Me
         try:
             if frozen:
                 members = members_now()
-            signal_members(members, "KILL")
+            send(members, "KILL")
         finally:
             if frozen:
                 _unpause(api, container_id)

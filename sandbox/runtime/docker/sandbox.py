@@ -180,7 +180,7 @@ class DockerSandbox(shellwrap.InSandbox):
         """
         link = await self._backend.agents.link(self._id, self._spec, user)
         if link is None:
-            path = await self._backend.agents.exec_path(self._spec, self._id)
+            path = await self._backend.agents.exec_path(self._spec, self._id, user or self._spec.user)
             raise SandboxUnavailable(f"this sandbox has no resident agent: {path.describe()}")
         return link
 
@@ -212,10 +212,15 @@ class DockerSandbox(shellwrap.InSandbox):
         confirmed = await self._backend.call("end user", docker_kill.kill_user, api, self._id, int(uid))
         if confirmed is not None:
             return confirmed
+        # plain docker exec, not an agent (this would kill it), and never a revived container
         try:
-            await self._exec(["/bin/sh", "-c", "kill -9 -1"], user=user, timeout_s=15)
+            await exec_stream(self._backend, self._id, ["/bin/sh", "-c", "kill -9 -1"], user=user, timeout_s=15)
             # kill(-1) spares the caller: success means something of the user's is still there
-            left = await self._exec(["/bin/sh", "-c", "kill -0 -1 2>/dev/null"], user=user, timeout_s=15)
+            left = await exec_stream(
+                self._backend, self._id, ["/bin/sh", "-c", "kill -0 -1 2>/dev/null"], user=user, timeout_s=15
+            )
+        except SandboxGone:
+            return True  # the container is gone, and everything in it
         except SandboxUnavailable:
             return False
         return left.exit_code != 0

@@ -199,12 +199,17 @@ class KubernetesBackend:
         own = await api.get("pods", namespace, self._pod_of.get(name, name))
         return own if own is not None else await self._claimed_pod(namespace, name)
 
+    @staticmethod
+    def session_pod_name(spec: SandboxSpec, user: str) -> str:
+        """The name of the Pod of `user`'s session in `spec`'s sandbox (see :meth:`session_pod`)."""
+        uid = user.partition(":")[0]
+        return f"{spec.name[:44]}-u{uid}-{short_hash(f'{spec.name}|{user}', 8)}"
+
     async def session_pod(self, spec: SandboxSpec, user: str) -> KubernetesSandbox:
         """The Pod of a session with a uid of its own in `spec`'s sandbox: exec cannot choose a
         user under Pod Security restricted, so it is a Pod like `spec`'s running as `user`
         (`uid:gid`, the group the sandbox's), on the same workspace claim, removed with it."""
-        uid = user.partition(":")[0]
-        name = f"{spec.name[:44]}-u{uid}-{short_hash(f'{spec.name}|{user}', 8)}"
+        name = self.session_pod_name(spec, user)
         # setup_command ran in the sandbox's own Pod, on this same workspace: not again per session
         docker = spec.docker.model_copy(update={"setup_command": None})
         own = dataclasses.replace(spec, name=name, user=user, session_users=False, docker=docker)

@@ -165,15 +165,12 @@ class KubernetesSandbox(shellwrap.InSandbox):
             return False
 
     async def end_user(self, user: str) -> bool:
-        """KILL every process of `user` (see the protocol): a session user has a Pod of its own
-        here, where `kill -9 -1` as that user reaches what it left running; never this Pod's own user."""
-        pod = await self._elsewhere(user)
-        if pod is None:
+        """End everything of `user` (see the protocol): a session user has a Pod of its own here
+        (on the same workspace claim), which goes whole; never this Pod's own user."""
+        if user == self._spec.user or not self._spec.session_users:
             raise ValueError(f"not a session's own user: {user!r}")
-        try:
-            await pod.run_argv(["/bin/sh", "-c", "kill -9 -1"], timeout_s=15)
-        except SandboxUnavailable:
-            return False
+        self._sessions.pop(user, None)
+        await self._backend.remove(self._backend.session_pod_name(self._spec, user))
         return True
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
