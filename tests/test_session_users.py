@@ -139,3 +139,19 @@ async def test_a_session_shell_fills_in_only_what_it_owns(tmp_path: Path) -> Non
     assert default.env == {**session_users.SESSION_ENV, "A": "1", "SBX_UMASK": "077"}  # the caller's env wins
     assert dataclasses.replace(default, env=asked.env, user=None, pid_dir=None) == asked
     assert own.user == "0" and own.pid_dir == "/tmp/.sbx-mine"
+
+
+def test_a_session_never_gets_the_sandbox_s_own_uid_and_is_found_without_a_claim(tmp_path: Path) -> None:
+    """The uid a session's search would take first is skipped when it is the sandbox's own user
+    (whose processes are the container's keep-alive and every session-less command); `find`
+    answers the same uid later and claims nothing for a session that never got one."""
+    su = session_users
+    session = "agent:main:first-probe"
+    first = su.UID_BASE + su._first_probe(session) % su.UID_SPAN
+    assert su.allocate(tmp_path / "plain", session, 1000).uid == first
+    avoided = su.allocate(tmp_path / "avoid", session, 1000, avoid=first)
+    assert avoided.uid != first
+    assert su.find(tmp_path / "avoid", session, 1000, avoid=first) == avoided
+    before = sorted(p.name for p in (tmp_path / "avoid").iterdir())
+    assert su.find(tmp_path / "avoid", "agent:main:never", 1000, avoid=first) is None
+    assert sorted(p.name for p in (tmp_path / "avoid").iterdir()) == before
