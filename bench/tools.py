@@ -94,6 +94,9 @@ async def measure(
         )
         for info in await orch.manager.list():
             await orch.backend.remove(info.id)
+    # a volume workspace outlives its sandbox (a session finds its files again): the bench's goes
+    for volume in client.volumes.list(filters={"label": f"io.agent-sandbox.instance=bench{access}{store[0]}"}):
+        volume.remove(force=True)
     return rows
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from sandbox.runtime.proc_kill import Members, host_uid, mapped_uid, owned_by, runs_as, signal_members
+from sandbox.runtime.proc_kill import Members, host_uid, mapped_uid, members_of, owned_by, runs_as, signal_members
 
 
 @pytest.fixture
@@ -60,6 +61,8 @@ def test_a_zombie_is_not_running_as_anyone() -> None:
     assert runs_as("Name:\tsleep\nState:\tS (sleeping)\nUid:\t20001\t20001\t20001\t20001\n", 20001)
     assert not runs_as("Name:\tsleep\nState:\tZ (zombie)\nUid:\t20001\t20001\t20001\t20001\n", 20001)
     assert not runs_as("Name:\tsleep\nState:\tS (sleeping)\nUid:\t20002\t20002\t20002\t20002\n", 20001)
+    # a leader that exited while its other threads run shows Z, and is alive (it must be killed)
+    assert runs_as("Name:\tx\nState:\tZ (zombie)\nUid:\t20001\t20001\t20001\t20001\nThreads:\t2\n", 20001)
     # real, effective or saved: a process that swapped one of them is still the user's
     assert runs_as("State:\tR (running)\nUid:\t1000\t20001\t1000\t20001\n", 20001)
 
@@ -86,3 +89,32 @@ def test_a_signal_the_kernel_refuses_is_reported_not_swallowed() -> None:
         said = pipe.read()
     os.waitpid(pid, 0)
     assert said == b"False"
+
+
+LEADER_EXITS = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(30,)).start()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process runs on in the other
+"""
+
+
+def test_a_process_whose_leader_thread_exited_is_still_found_and_killed() -> None:
+    """Its /proc entry says Z (zombie) and its environment cannot be read, yet it runs: both the
+    uid's search and a call's tag search must find it, or it would outlive a kill."""
+    proc = subprocess.Popen([sys.executable, "-c", LEADER_EXITS], env={**os.environ, "SBX_CALL": "c_leader"})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/status") as f:
+                status = f.read()
+            if "State:\tZ" in status:
+                break
+            time.sleep(0.02)
+        assert "State:\tZ" in status and "Threads:\t2" in status, status
+        assert owned_by([proc.pid], os.getuid()).pids == (proc.pid,)
+        assert members_of([proc.pid], "c_leader").pids == (proc.pid,)
+        assert signal_members(Members((proc.pid,)), "KILL")
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
+        proc.wait()

@@ -80,6 +80,9 @@ async def test_a_closed_session_s_processes_are_killed_from_inside_when_the_host
         await leaver.call("exec", {"command": ESCAPE.format(n=3) + "; " + WRITER})
         assert uids_running(docker_client, box.id).count(leaver_uid) >= 4
         started = box.backend.agents.started
+        view = await leaver.own_uid_view()
+        assert view is not None and view.session_user.uid == leaver_uid
+        assert await view.end_processes() is True  # said so only once `kill -0 -1` finds nothing
         await leaver.close()
         assert leaver_uid not in uids_running(docker_client, box.id)
         assert box.backend.agents.started == started  # plain docker exec: no agent started to be killed

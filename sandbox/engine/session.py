@@ -366,21 +366,23 @@ class Session:
         Nothing is made, started or allocated here."""
         if not self.sandboxed:
             return None
-        box = await self._orch.manager.live(self.agent, self.key)
-        if box is None or not box.spec.session_users:
+        spec = self._orch.manager.spec_for(self.agent, self.key)  # no engine call
+        if not spec.session_users or not spec.user.partition(":")[0].isdigit():
             return None
-        spec = box.spec
         gid = int(spec.user.partition(":")[2] or spec.user)
         scope = uid_scope(spec)
-        user = self._session_users.get(scope)
         shared = self._orch.shared_uids
-        if user is None and shared is not None:
+        if shared is not None:
             found = await shared.store.session_uid(scope, self.key)
             user = SessionUser(found[0], gid, found[1]) if found is not None else None
-        elif user is None:
+        else:
+            # the registry, not a cached uid: one removed by hand may have given it to another
             registry = registry_of(self._orch.config.state_dir / "session-users", spec)
             user = await anyio.to_thread.run_sync(find, registry, self.key, gid, own_uid(spec))
-        return SessionShell(box, user) if user is not None else None
+        if user is None:
+            return None  # it never ran there: nothing is woken, started or allocated
+        box = await self._orch.manager.live(self.agent, self.key)
+        return SessionShell(box, user) if box is not None else None
 
     async def sandbox(self) -> Sandbox | None:
         """The live sandbox of this session (created on first use); None when not sandboxed."""

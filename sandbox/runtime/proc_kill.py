@@ -33,17 +33,39 @@ class Members:
 def tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
     # (carries the tag, process group) of a host pid; None when it is gone
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        env = b""  # gone, or a leader that exited while its threads run (see below)
     fields = stat[stat.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in (b"Z", b"X"):
-        return None  # a zombie is dead already; its parent (the init) reaps it
+    # a zombie is dead already (its parent, the init, reaps it); but a leader that exited while
+    # its other threads run shows Z too, and is alive
+    threads = int(fields[17]) if len(fields) > 17 else 1
+    if not fields or (fields[0] in (b"Z", b"X") and threads <= 1):
+        return None
+    if not env and threads > 1:  # the exited leader shows no environment: a live thread does
+        env = _thread_environ(pid)
     pgrp = int(fields[2]) if len(fields) > 2 else None
     return tag in env.split(b"\0"), pgrp
+
+
+def _thread_environ(pid: int) -> bytes:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+    for tid in tids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"/proc/{pid}/task/{tid}/environ", "rb") as f:
+                env = f.read()
+            if env:
+                return env
+    return b""
 
 
 def members_of(pids: Iterable[int], call_id: str, *, skip_unreadable: bool = False) -> Members:
@@ -113,10 +135,11 @@ def owned_by(pids: Iterable[int], uid: int) -> Members:
 
 def runs_as(status: str, uid: int) -> bool:
     """Whether a /proc status text is a live process (not a zombie: it is dead already, its
-    parent reaps it) whose real, effective or saved uid is `uid`."""
+    parent reaps it) whose real, effective or saved uid is `uid` (the host's number)."""
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
-        return False
+    threads = int(fields.get("Threads", "1").strip() or 1)
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]) and threads <= 1:
+        return False  # a leader that exited while its other threads run shows Z too: alive
     return str(uid) in fields.get("Uid", "").split()[:3]
 
 

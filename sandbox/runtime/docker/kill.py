@@ -66,43 +66,52 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
     return _signal_until_gone(api, container_id, lambda: call_members(api, container_id, call_id), signal)
 
 
-def user_members(api: Any, container_id: str, uid: int) -> Members:
-    """The container's processes that run as `uid` (the container's number for it)."""
+def host_number(api: Any, container_id: str, uid: int) -> int | None:
+    """The container's `uid` as the host numbers it (the same unless the engine remaps users),
+    read from the map of the first process listed; None when the host cannot see them."""
+    pids = container_pids(api, container_id)
+    if not pids:
+        return None
+    try:
+        return next((m for m in (host_uid(pid, uid) for pid in pids) if m is not None), None)
+    except PermissionError:
+        return None
+
+
+def user_members(api: Any, container_id: str, host_uid_: int) -> Members:
+    """The container's processes that run as the host uid `host_uid_`."""
     pids = container_pids(api, container_id)
     if pids is None:
         return Members((), visible=False)
-    if not pids:
-        return Members(())
     try:
-        # the container's uid as the host numbers it (the same unless the engine remaps users)
-        mapped = next((m for m in (host_uid(pid, uid) for pid in pids) if m is not None), None)
-        if mapped is None:
-            return Members((), visible=False)
-        return owned_by(pids, mapped)
+        return owned_by(pids, host_uid_)
     except PermissionError:
         return Members((), visible=False)
 
 
 def kill_user(api: Any, container_id: str, uid: int) -> bool | None:
-    """KILL every process of `uid` in the container from the host until none is left (a
-    closed session's, with session users). Returns as :func:`kill_call` does (None also when
-    this process may not signal them: a non-root orchestrator)."""
+    """KILL every process of `uid` (the container's number) in the container from the host until
+    none is left (a closed session's, with session users). Returns as :func:`kill_call` does (None
+    also when this process may not signal them: a non-root orchestrator)."""
     if uid == 0:
         return False  # never the container's root: its init and keep-alive are not a session's
+    mapped = host_number(api, container_id, uid)
+    if mapped is None:
+        pids = container_pids(api, container_id)
+        return True if pids == [] else None  # a container with nothing in it: nothing is left
     return _signal_until_gone(
         api,
         container_id,
-        lambda: user_members(api, container_id, uid),
+        lambda: user_members(api, container_id, mapped),
         "KILL",
-        send=lambda members, _: _kill_checked(members, container_id, uid),
+        send=lambda members, _: _kill_checked(members, container_id, mapped),
     )
 
 
-def _kill_checked(members: Members, container_id: str, uid: int) -> bool:
+def _kill_checked(members: Members, container_id: str, host_uid_: int) -> bool:
     """KILL each member through a pidfd taken before it is checked again (still in the container,
     still the uid): a pid freed and reused by another process after the listing is never hit.
     False when one was not ours to signal."""
-    container_uid = uid
     permitted = True
     for pid in members.pids:
         try:
@@ -118,8 +127,7 @@ def _kill_checked(members: Members, container_id: str, uid: int) -> bool:
                     status = f.read()
             except (FileNotFoundError, ProcessLookupError):
                 continue
-            mapped = host_uid(pid, container_uid)
-            if mapped is None or not runs_as(status, mapped) or not in_container(pid, container_id):
+            if not runs_as(status, host_uid_) or not in_container(pid, container_id):
                 continue
             try:
                 signals.pidfd_send_signal(fd, signals.SIGKILL)

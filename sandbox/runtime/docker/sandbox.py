@@ -214,16 +214,26 @@ class DockerSandbox(shellwrap.InSandbox):
             return confirmed
         # plain docker exec, not an agent (this would kill it), and never a revived container
         try:
-            await exec_stream(self._backend, self._id, ["/bin/sh", "-c", "kill -9 -1"], user=user, timeout_s=15)
-            # kill(-1) spares the caller: success means something of the user's is still there
-            left = await exec_stream(
-                self._backend, self._id, ["/bin/sh", "-c", "kill -0 -1 2>/dev/null"], user=user, timeout_s=15
+            # 0: signalled, 1: nothing to signal; anything else (126, 127, a timeout): it never ran
+            killed = await exec_stream(
+                self._backend, self._id, ["/bin/sh", "-c", "kill -9 -1"], user=user, timeout_s=15
             )
+            if killed.exit_code not in (0, 1):
+                return False
+            for attempt in range(5):  # the killed take a moment to be reaped (a zombie still answers)
+                # kill(-1) spares the caller: 0 means something of the user's is still there, 1 nothing
+                left = await exec_stream(
+                    self._backend, self._id, ["/bin/sh", "-c", "kill -0 -1 2>/dev/null"], user=user, timeout_s=15
+                )
+                if left.exit_code != 0:
+                    break
+                await anyio.sleep(0.05 * 2**attempt)
         except SandboxGone:
-            return True  # the container is gone, and everything in it
+            # gone, with everything in it; or paused (another kill froze it), which says nothing
+            return await self._backend.find(self._id) is None
         except SandboxUnavailable:
             return False
-        return left.exit_code != 0
+        return left.exit_code == 1
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids still tagged with `call_id` (host pids when the host can see them)."""
