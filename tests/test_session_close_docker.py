@@ -115,11 +115,13 @@ async def test_closing_a_session_that_never_ran_there_makes_and_allocates_nothin
         await orch.session("agent:a:worker").call("exec", {"command": "true"})
         registry = config.state_dir / "session-users"
         before = sorted(str(p) for p in registry.rglob("*"))
-        names = [c.name for c in docker_client.containers.list(all=True)]
+        # this test's own containers (other tests run beside it)
+        ours = {"label": f"io.agent-sandbox.instance={orch.manager.instance}"}
+        names = sorted(c.name for c in docker_client.containers.list(all=True, filters=ours))
         async with Orchestrator(config) as other:
             await other.session("agent:a:never").close()
         assert sorted(str(p) for p in registry.rglob("*")) == before
-        assert [c.name for c in docker_client.containers.list(all=True)] == names
+        assert sorted(c.name for c in docker_client.containers.list(all=True, filters=ours)) == names
         assert box.id in [c.id for c in docker_client.containers.list()]
 
 

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
 
 
+# counts the caller's own processes but itself, with shell builtins only (no fork: the pids limit
+# may be full); /proc lists at least those, with or without hidepid
+OWN_LEFT = 'n=0; for d in /proc/[0-9]*; do [ "$d" = "/proc/$$" ] || { [ -O "$d" ] && n=$((n+1)); }; done; echo $n'
+
+
 class DockerSandbox(shellwrap.InSandbox):
     """One running exec sandbox container."""
 
@@ -220,20 +225,19 @@ class DockerSandbox(shellwrap.InSandbox):
             )
             if killed.exit_code not in (0, 1):
                 return False
-            for attempt in range(5):  # the killed take a moment to be reaped (a zombie still answers)
-                # kill(-1) spares the caller: 0 means something of the user's is still there, 1 nothing
-                left = await exec_stream(
-                    self._backend, self._id, ["/bin/sh", "-c", "kill -0 -1 2>/dev/null"], user=user, timeout_s=15
-                )
-                if left.exit_code != 0:
-                    break
+            for attempt in range(5):  # the killed take a moment to be reaped (a zombie is still listed)
+                # what of the user's is left but this shell (`kill -0 -1` cannot say: it succeeds
+                # whenever the container has any other process, even one it may not signal)
+                left = await exec_stream(self._backend, self._id, ["/bin/sh", "-c", OWN_LEFT], user=user, timeout_s=15)
+                if left.exit_code == 0 and left.stdout.strip() == b"0":
+                    return True
                 await anyio.sleep(0.05 * 2**attempt)
         except SandboxGone:
             # gone, with everything in it; or paused (another kill froze it), which says nothing
             return await self._backend.find(self._id) is None
         except SandboxUnavailable:
             return False
-        return left.exit_code == 1
+        return False
 
     async def alive(self, call_id: str, *, user: str | None = None) -> list[int]:
         """Pids still tagged with `call_id` (host pids when the host can see them)."""
