@@ -126,6 +126,40 @@ async def test_kill_falls_back_inside_when_host_cannot_see(make_config: Any, mon
         assert ps.output["output"].strip() == "0"
 
 
+# leaves its process group, then its main thread ends while another runs on, writing a beat:
+# /proc shows the process as a zombie, and neither its command line nor its environment (the
+# call's tag) can be read through it
+LEADER_EXITS = (
+    "setsid python3 -c 'import ctypes, threading, time\n"
+    "def beat():\n"
+    "    while True:\n"
+    "        open(\"/tmp/beat\", \"a\").write(\"x\"); time.sleep(0.1)\n"
+    "threading.Thread(target=beat).start(); time.sleep(0.3); ctypes.CDLL(None).pthread_exit(None)' "
+    "</dev/null >/dev/null 2>&1 & sleep 300"
+)
+BEAT = "sleep 0.5; wc -c < /tmp/beat; sleep 1; wc -c < /tmp/beat; ps -eo stat= | grep -c '^Z' || true"
+
+
+@pytest.mark.parametrize("where", ["host", "inside"])
+async def test_a_process_whose_leader_thread_exited_is_killed_with_its_call(
+    make_config: Any, monkeypatch: Any, where: str
+) -> None:
+    """From the host and from inside (a remote-like engine), the kill finds such a process by the
+    call's tag through its live thread: nothing of the call runs on."""
+    from sandbox.runtime.docker import kill as docker_kill
+
+    if where == "inside":
+        monkeypatch.setattr(docker_kill, "container_pids", lambda api, cid: None)
+    async with Orchestrator(make_config(SANDBOXED)) as orch:
+        sess = orch.session(f"agent:main:leader-{where}")
+        result = await sess.call("exec", {"command": LEADER_EXITS, "timeout_s": 2})
+        assert result.error is not None and result.error.code == "TIMEOUT", result
+        assert "could not be confirmed" not in result.error.message
+        monkeypatch.undo()
+        before, after, zombies = (await sess.call("exec", {"command": BEAT})).output["output"].split()
+        assert int(before) > 0 and before == after and zombies == "0", (before, after, zombies)
+
+
 async def test_unconfirmed_kill_restarts_the_sandbox(make_config: Any, monkeypatch: Any) -> None:
     """When no kill can be confirmed, the result says so and the sandbox is replaced (nothing survives)."""
     from sandbox.runtime.docker import kill as docker_kill

@@ -75,7 +75,7 @@ pg=
 if [ "$private" != 1 ] || {{ [ -O "$d" ] && [ ! -L "$d" ]; }}; then pg=$(pid_of "$d" "$id"); fi
 [ -n "$pg" ] && kill -s "$sig" -- -"$pg" 2>/dev/null
 for p in /proc/[0-9]*; do
-  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then
+  if grep -qsxz "{TAG_VAR}=$id" "$p"/task/*/environ 2>/dev/null; then
     kill -s "$sig" "${{p#/proc/}}" 2>/dev/null
   fi
 done
@@ -86,7 +86,7 @@ true
 _ALIVE = f"""
 id="$1"
 for p in /proc/[0-9]*; do
-  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then echo "${{p#/proc/}}"; fi
+  if grep -qsxz "{TAG_VAR}=$id" "$p"/task/*/environ 2>/dev/null; then echo "${{p#/proc/}}"; fi
 done
 true
 """
@@ -135,7 +135,7 @@ wait $! || exit 0
 for f in "$d/$id".exit-*; do [ -e "$f" ] && exit 0; done
 : > "$d/$id.timeout"
 for p in /proc/[0-9]*; do
-  if grep -qsxz "{TAG_VAR}=$id" "$p/environ" 2>/dev/null; then kill -s KILL "${{p#/proc/}}" 2>/dev/null; fi
+  if grep -qsxz "{TAG_VAR}=$id" "$p"/task/*/environ 2>/dev/null; then kill -s KILL "${{p#/proc/}}" 2>/dev/null; fi
 done
 kill -s KILL -- -"$pg"
 """
