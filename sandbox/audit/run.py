@@ -40,7 +40,8 @@ class AuditResult:
 
 def _mount_rows(doc: dict[str, Any], findings: list[Finding]) -> list[dict[str, Any]]:
     rows = []
-    for m in doc.get("Mounts") or []:
+    # by the path inside: the engine lists a container's mounts in no fixed order
+    for m in sorted(doc.get("Mounts") or [], key=lambda m: str(m.get("Destination") or "")):
         source = str(m.get("Source") or "")
         hits = sorted({f.rule for f in findings if f.rule.startswith("SBX-M") and source and source in f.evidence})
         rows.append(
