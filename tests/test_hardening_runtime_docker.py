@@ -133,7 +133,7 @@ LEADER_EXITS = (
     "setsid python3 -c 'import ctypes, threading, time\n"
     "def beat():\n"
     "    while True:\n"
-    "        open(\"/tmp/beat\", \"a\").write(\"x\"); time.sleep(0.1)\n"
+    '        open("/tmp/beat", "a").write("x"); time.sleep(0.1)\n'
     "threading.Thread(target=beat).start(); time.sleep(0.3); ctypes.CDLL(None).pthread_exit(None)' "
     "</dev/null >/dev/null 2>&1 & sleep 300"
 )
