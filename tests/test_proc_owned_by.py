@@ -118,3 +118,40 @@ def test_a_process_whose_leader_thread_exited_is_still_found_and_killed() -> Non
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_as_its_own_non_root_user_such_a_process_is_found_too() -> None:
+    """The host runtime's orchestrator may be an ordinary user: the exited leader refuses even
+    its own user its environment (EACCES), and its live thread answers instead."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, with a process of its own whose leader thread exits
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            proc = subprocess.Popen(
+                ["/usr/bin/python3", "-I", "-S", "-c", LEADER_EXITS],
+                env={"SBX_CALL": "c_nobody"},
+                cwd="/",
+            )
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    if "State:\tZ" in f.read():
+                        break
+                time.sleep(0.02)
+            found = members_of([proc.pid], "c_nobody", skip_unreadable=True).pids == (proc.pid,)
+            proc.kill()
+            proc.wait()
+            os.write(write_end, b"found" if found else b"missed")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read()
+    os.waitpid(pid, 0)
+    assert said == b"found"

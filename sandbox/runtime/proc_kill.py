@@ -37,17 +37,21 @@ def tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        env = b""  # gone, or a leader that exited while its threads run (see below)
     fields = stat[stat.rfind(b")") + 2 :].split()
     # a zombie is dead already (its parent, the init, reaps it); but a leader that exited while
     # its other threads run shows Z too, and is alive
     threads = int(fields[17]) if len(fields) > 17 else 1
     if not fields or (fields[0] in (b"Z", b"X") and threads <= 1):
         return None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        env = b""  # gone, or a leader that exited while its threads run (see below)
+    except PermissionError:
+        if threads <= 1:
+            raise
+        env = b""  # an exited leader refuses even its own user: its threads answer
     if not env and threads > 1:  # the exited leader shows no environment: a live thread does
         env = _thread_environ(pid)
     pgrp = int(fields[2]) if len(fields) > 2 else None
@@ -55,16 +59,29 @@ def tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
 
 
 def _thread_environ(pid: int) -> bytes:
+    """The environment as a live thread of `pid` shows it (b"" when none does).
+
+    Raises:
+        PermissionError: no thread's could be read, and one refused (not ours to read).
+    """
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return b""
+    refused = False
     for tid in tids:
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        try:
             with open(f"/proc/{pid}/task/{tid}/environ", "rb") as f:
                 env = f.read()
-            if env:
-                return env
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except PermissionError:
+            refused = True
+            continue
+        if env:
+            return env
+    if refused:
+        raise PermissionError(f"no thread of {pid} lets its environment be read")
     return b""
 
 
