@@ -7,11 +7,34 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from sandbox.runtime.proc_kill import Members, host_uid, mapped_uid, members_of, owned_by, runs_as, signal_members
+
+
+def as_nobody(work: Callable[[], bytes]) -> bytes:
+    """What `work` returns when run in a forked child that dropped to uid and gid 65534 (the
+    modules are loaded already: nobody cannot read this interpreter's files)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write_end, work())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read()
+    os.waitpid(pid, 0)
+    return said
 
 
 @pytest.fixture
@@ -70,24 +93,8 @@ def test_a_zombie_is_not_running_as_anyone() -> None:
 def test_a_signal_the_kernel_refuses_is_reported_not_swallowed() -> None:
     """A non-root orchestrator cannot signal a session's processes from the host: the caller
     must hear it (and kill from inside), not count the round as done."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop to another uid")
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nobody, asked to signal this test's (root's) process
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            answer = signal_members(Members((os.getppid(),)), "TERM")
-            os.write(write_end, b"True" if answer else b"False")
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        said = pipe.read()
-    os.waitpid(pid, 0)
+    root_pid = os.getpid()  # this test's process: not nobody's to signal
+    said = as_nobody(lambda: b"True" if signal_members(Members((root_pid,)), "TERM") else b"False")
     assert said == b"False"
 
 
@@ -123,35 +130,20 @@ def test_a_process_whose_leader_thread_exited_is_still_found_and_killed() -> Non
 def test_as_its_own_non_root_user_such_a_process_is_found_too() -> None:
     """The host runtime's orchestrator may be an ordinary user: the exited leader refuses even
     its own user its environment (EACCES), and its live thread answers instead."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop to another uid")
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nobody, with a process of its own whose leader thread exits
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            proc = subprocess.Popen(
-                ["/usr/bin/python3", "-I", "-S", "-c", LEADER_EXITS],
-                env={"SBX_CALL": "c_nobody"},
-                cwd="/",
-            )
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with open(f"/proc/{proc.pid}/status") as f:
-                    if "State:\tZ" in f.read():
-                        break
-                time.sleep(0.02)
-            found = members_of([proc.pid], "c_nobody", skip_unreadable=True).pids == (proc.pid,)
-            proc.kill()
-            proc.wait()
-            os.write(write_end, b"found" if found else b"missed")
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        said = pipe.read()
-    os.waitpid(pid, 0)
-    assert said == b"found"
+
+    def find_own() -> bytes:
+        proc = subprocess.Popen(
+            ["/usr/bin/python3", "-I", "-S", "-c", LEADER_EXITS], env={"SBX_CALL": "c_nobody"}, cwd="/"
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/status") as f:
+                if "State:\tZ" in f.read():
+                    break
+            time.sleep(0.02)
+        found = members_of([proc.pid], "c_nobody", skip_unreadable=True).pids == (proc.pid,)
+        proc.kill()
+        proc.wait()
+        return b"found" if found else b"missed"
+
+    assert as_nobody(find_own) == b"found"
