@@ -137,7 +137,7 @@ LEADER_EXITS = (
     "threading.Thread(target=beat).start(); time.sleep(0.3); ctypes.CDLL(None).pthread_exit(None)' "
     "</dev/null >/dev/null 2>&1 & sleep 300"
 )
-BEAT = "sleep 0.5; wc -c < /tmp/beat; sleep 1; wc -c < /tmp/beat; ps -eo stat= | grep -c '^Z' || true"
+BEAT = "sleep 0.5; wc -c < /tmp/beat; sleep 1; wc -c < /tmp/beat"
 
 
 @pytest.mark.parametrize("where", ["host", "inside"])
@@ -156,8 +156,8 @@ async def test_a_process_whose_leader_thread_exited_is_killed_with_its_call(
         assert result.error is not None and result.error.code == "TIMEOUT", result
         assert "could not be confirmed" not in result.error.message
         monkeypatch.undo()
-        before, after, zombies = (await sess.call("exec", {"command": BEAT})).output["output"].split()
-        assert int(before) > 0 and before == after and zombies == "0", (before, after, zombies)
+        before, after = (await sess.call("exec", {"command": BEAT})).output["output"].split()
+        assert int(before) > 0 and before == after, (before, after)  # its thread beats no more
 
 
 async def test_unconfirmed_kill_restarts_the_sandbox(make_config: Any, monkeypatch: Any) -> None:
