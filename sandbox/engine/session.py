@@ -32,9 +32,8 @@ from sandbox.runtime.protocol import AgentChannel, Sandbox, Shell
 from sandbox.runtime.session_users import (
     SessionShell,
     SessionUser,
-    find,
+    known_user,
     own_uid,
-    registry_of,
     session_shell,
     still_held,
     uid_scope,
@@ -367,18 +366,10 @@ class Session:
         if not self.sandboxed:
             return None
         spec = self._orch.manager.spec_for(self.agent, self.key)  # no engine call
-        if not spec.session_users or not spec.user.partition(":")[0].isdigit():
+        if not spec.session_users or own_uid(spec) is None:
             return None
-        gid = int(spec.user.partition(":")[2] or spec.user)
-        scope = uid_scope(spec)
-        shared = self._orch.shared_uids
-        if shared is not None:
-            found = await shared.store.session_uid(scope, self.key)
-            user = SessionUser(found[0], gid, found[1]) if found is not None else None
-        else:
-            # the registry, not a cached uid: one removed by hand may have given it to another
-            registry = registry_of(self._orch.config.state_dir / "session-users", spec)
-            user = await anyio.to_thread.run_sync(find, registry, self.key, gid, own_uid(spec))
+        # the registry, not a cached uid: one removed by hand may have given it to another
+        user = await known_user(spec, self.key, self._orch.config.state_dir / "session-users", self._orch.shared_uids)
         if user is None:
             return None  # it never ran there: nothing is woken, started or allocated
         box = await self._orch.manager.live(self.agent, self.key)

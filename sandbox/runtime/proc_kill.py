@@ -10,7 +10,6 @@ from here, so neither imports the other.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal as signals
 from collections.abc import Iterable
@@ -38,10 +37,8 @@ def tagged(pid: int, tag: bytes) -> tuple[bool, int | None] | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = stat[stat.rfind(b")") + 2 :].split()
-    # a zombie is dead already (its parent, the init, reaps it); but a leader that exited while
-    # its other threads run shows Z too, and is alive
     threads = int(fields[17]) if len(fields) > 17 else 1
-    if not fields or (fields[0] in (b"Z", b"X") and threads <= 1):
+    if not fields or _dead(fields[0].decode(), threads):
         return None
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -155,9 +152,16 @@ def runs_as(status: str, uid: int) -> bool:
     parent reaps it) whose real, effective or saved uid is `uid` (the host's number)."""
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     threads = int(fields.get("Threads", "1").strip() or 1)
-    if fields.get("State", "").split()[:1] in (["Z"], ["X"]) and threads <= 1:
-        return False  # a leader that exited while its other threads run shows Z too: alive
+    if _dead(fields.get("State", "").strip()[:1], threads):
+        return False
     return str(uid) in fields.get("Uid", "").split()[:3]
+
+
+def _dead(state: str, threads: int) -> bool:
+    """Whether a process in `state` (/proc's letter) with `threads` is over: a zombie is (its
+    parent, the init, reaps it), but a leader that exited while its other threads run shows Z
+    too, and is alive."""
+    return state in ("Z", "X") and threads <= 1
 
 
 def all_pids() -> list[int]:
@@ -170,16 +174,11 @@ def signal_members(members: Members, signal: str) -> bool:
     signal (a non-root orchestrator: the kernel said EPERM)."""
     number = getattr(signals, f"SIG{signal}")
     permitted = True
-    for group in members.groups:
-        with contextlib.suppress(ProcessLookupError):
-            try:
-                os.killpg(group, number)
-            except PermissionError:
-                permitted = False
-    for pid in members.pids:
-        with contextlib.suppress(ProcessLookupError):
-            try:
-                os.kill(pid, number)
-            except PermissionError:
-                permitted = False
+    for send, target in [(os.killpg, g) for g in members.groups] + [(os.kill, p) for p in members.pids]:
+        try:
+            send(target, number)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            permitted = False
     return permitted

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
+
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.runtime.naming import tenant_scope
 
@@ -110,7 +113,7 @@ async def allocate_shared(store: SessionUids, spec: Any, session: str) -> Sessio
         SandboxError: SANDBOX_UNAVAILABLE when no free uid is found near the session's hash;
             SERVICE_UNAVAILABLE when the store does not answer.
     """
-    gid = int(spec.user.partition(":")[2] or spec.user)
+    gid = session_gid(spec)
     scope = uid_scope(spec)
     found = await store.session_uid(scope, session)
     if found is not None:
@@ -192,6 +195,21 @@ def own_uid(spec: Any) -> int | None:
     """The uid of the sandbox's own user (`uid[:gid]`); None for a user given by name."""
     uid = spec.user.partition(":")[0]
     return int(uid) if uid.isdigit() else None
+
+
+def session_gid(spec: Any) -> int:
+    """The group every session user of `spec`'s sandbox has: the sandbox user's (`uid[:gid]`)."""
+    return int(spec.user.partition(":")[2] or spec.user)
+
+
+async def known_user(spec: Any, session: str, registry_root: Path, shared: SharedUids | None) -> SessionUser | None:
+    """The session's uid in `spec`'s sandbox if it was ever given one (the shared store's, else
+    this state dir's registry); nothing is allocated (a close must not)."""
+    if shared is not None:
+        found = await shared.store.session_uid(uid_scope(spec), session)
+        return SessionUser(found[0], session_gid(spec), found[1]) if found is not None else None
+    registry = registry_of(registry_root, spec)
+    return await anyio.to_thread.run_sync(find, registry, session, session_gid(spec), own_uid(spec))
 
 
 def _read(entry: Path) -> tuple[str, str] | None:
@@ -314,8 +332,7 @@ def session_shell(sandbox: Sandbox, registry_root: Path, session: str) -> Sandbo
     spec = sandbox.spec
     if not spec.session_users:
         return sandbox
-    gid = int(spec.user.partition(":")[2] or spec.user)
-    return SessionShell(sandbox, allocate(registry_of(registry_root, spec), session, gid, own_uid(spec)))
+    return SessionShell(sandbox, allocate(registry_of(registry_root, spec), session, session_gid(spec), own_uid(spec)))
 
 
 def still_held(registry_root: Path, spec: Any, session: str, user: SessionUser) -> bool:

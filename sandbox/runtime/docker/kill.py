@@ -45,16 +45,21 @@ def container_pids(api: Any, container_id: str) -> list[int] | None:
     return pids
 
 
-def call_members(api: Any, container_id: str, call_id: str) -> Members:
-    """The container's processes that belong to `call_id`: tagged, or in a tagged process's group."""
+def _listed(api: Any, container_id: str, select: Callable[[list[int]], Members]) -> Members:
+    """`select` among the container's processes (only pids the engine listed for this container
+    are ever signalled); not visible when the host cannot see or read them."""
     pids = container_pids(api, container_id)
     if pids is None:
         return Members((), visible=False)
     try:
-        # only pids the engine listed for this container are ever signalled
-        return members_of(pids, call_id)
+        return select(pids)
     except PermissionError:
         return Members((), visible=False)
+
+
+def call_members(api: Any, container_id: str, call_id: str) -> Members:
+    """The container's processes that belong to `call_id`: tagged, or in a tagged process's group."""
+    return _listed(api, container_id, lambda pids: members_of(pids, call_id))
 
 
 def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | None:
@@ -66,43 +71,26 @@ def kill_call(api: Any, container_id: str, call_id: str, signal: str) -> bool | 
     return _signal_until_gone(api, container_id, lambda: call_members(api, container_id, call_id), signal)
 
 
-def host_number(api: Any, container_id: str, uid: int) -> int | None:
-    """The container's `uid` as the host numbers it (the same unless the engine remaps users),
-    read from the map of the first process listed; None when the host cannot see them."""
-    pids = container_pids(api, container_id)
-    if not pids:
-        return None
-    try:
-        return next((m for m in (host_uid(pid, uid) for pid in pids) if m is not None), None)
-    except PermissionError:
-        return None
-
-
-def user_members(api: Any, container_id: str, host_uid_: int) -> Members:
-    """The container's processes that run as the host uid `host_uid_`."""
-    pids = container_pids(api, container_id)
-    if pids is None:
-        return Members((), visible=False)
-    try:
-        return owned_by(pids, host_uid_)
-    except PermissionError:
-        return Members((), visible=False)
-
-
 def kill_user(api: Any, container_id: str, uid: int) -> bool | None:
     """KILL every process of `uid` (the container's number) in the container from the host until
     none is left (a closed session's, with session users). Returns as :func:`kill_call` does (None
     also when this process may not signal them: a non-root orchestrator)."""
     if uid == 0:
         return False  # never the container's root: its init and keep-alive are not a session's
-    mapped = host_number(api, container_id, uid)
+    pids = container_pids(api, container_id)
+    if not pids:
+        return None if pids is None else True  # an empty container: nothing of it is left
+    try:
+        # as the host numbers it (the same unless the engine remaps users), once for the kill
+        mapped = next((m for m in (host_uid(pid, uid) for pid in pids) if m is not None), None)
+    except PermissionError:
+        return None
     if mapped is None:
-        pids = container_pids(api, container_id)
-        return True if pids == [] else None  # a container with nothing in it: nothing is left
+        return None
     return _signal_until_gone(
         api,
         container_id,
-        lambda: user_members(api, container_id, mapped),
+        lambda: _listed(api, container_id, lambda listed: owned_by(listed, mapped)),
         "KILL",
         send=lambda members, _: _kill_checked(members, container_id, mapped),
     )
