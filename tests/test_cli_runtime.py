@@ -77,6 +77,27 @@ def test_list_recreate_prune(cfg: Path) -> None:
     assert cli(cfg, "recreate").returncode == 2
 
 
+def test_prune_removes_leftover_file_locks_but_not_a_held_one(cfg: Path, tmp_path: Path) -> None:
+    """Lock files an older version left (or a process that died holding one) go with prune."""
+    import fcntl
+
+    locks = tmp_path / "state" / "locks"
+    locks.mkdir(parents=True)
+    for name in ("left", "held"):
+        (locks / f"{name}.lock").write_text("")
+    held = os.open(locks / "held.lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        dry = json.loads(cli(cfg, "prune", "--dry-run", "--json").stdout)
+        assert dry["lock_files_removed"] == 0 and len(list(locks.iterdir())) == 2
+        pruned = cli(cfg, "prune", "--json")
+        assert pruned.returncode == 0, pruned.stderr
+        assert json.loads(pruned.stdout)["lock_files_removed"] == 1
+    finally:
+        os.close(held)
+    assert [p.name for p in locks.iterdir()] == ["held.lock"]
+
+
 def test_list_marks_stale_config(cfg: Path, tmp_path: Path) -> None:
     """A sandbox whose config changed since creation is listed as not matching."""
     assert cli(cfg, "call", "--session", "agent:main:s1", "exec", '{"command": "true"}').returncode == 0

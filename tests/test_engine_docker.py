@@ -76,3 +76,17 @@ async def test_skills_run_inside_the_sandbox(make_config: Any, tmp_path: Any) ->
         )
         assert "line_count" in where.output["output"] and "Read-only file system" in where.output["output"]
         assert where.output["output"].split()[-1] == "sandbox"  # handlers ran where this runs
+
+
+def test_engine_calls_over_the_local_socket_skip_the_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """requests reads the proxy variables on every call (0.2 ms of each engine call); no proxy
+    applies to the engine's local socket, so the client does not look, and calls still work."""
+    from sandbox.runtime.docker.client import connect
+
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    client = connect(5)
+    try:
+        assert client.api.trust_env is False
+        assert client.api.version()["ApiVersion"]
+    finally:
+        client.close()

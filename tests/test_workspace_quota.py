@@ -222,3 +222,24 @@ def test_a_workspace_too_big_to_walk_at_once_is_left_to_the_thread(
     monkeypatch.undo()
     monkeypatch.setattr(quota_module, "CACHE_S", 0.0)  # the tenant's measurement is stale
     assert quota.measure_small() is None
+
+
+def test_a_month_of_sessions_is_not_remembered_forever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One measurement (and walk lock) per workspace ever measured would grow without end over a
+    month of sessions: past KEPT root sets, the stale ones are forgotten; fresh ones stay."""
+    monkeypatch.setattr(quota_module, "KEPT", 50)
+    monkeypatch.setattr(WorkspaceQuota, "_cache", {})
+    monkeypatch.setattr(WorkspaceQuota, "_walks", {})
+    clock = [1000.0]
+    monkeypatch.setattr(quota_module.time, "monotonic", lambda: clock[0])
+    for i in range(500):
+        WorkspaceQuota([tmp_path / f"session-{i}"], MIB).used()
+        clock[0] += 1.0  # each measured a second after the last: older than CACHE_S soon
+    assert len(WorkspaceQuota._cache) <= 51 and len(WorkspaceQuota._walks) <= 51
+    fresh = WorkspaceQuota([tmp_path / "now"], MIB)
+    fresh.used()
+    clock[0] += 0.5
+    for i in range(60):  # forgetting rounds (past KEPT) while it is still fresh
+        WorkspaceQuota([tmp_path / f"burst-{i}"], MIB).used()
+    assert fresh.cached()
+    assert len(WorkspaceQuota._cache) > 50  # what is fresh is kept, however many

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 import click
 
 from sandbox import __version__
@@ -177,23 +178,32 @@ def recreate(state: State, all_: bool, agent: str | None, session: str | None, b
 def prune(state: State, dry_run: bool, as_json: bool) -> None:
     """Remove sandboxes idle past prune.idle_hours or older than prune.max_age_days (0 disables)."""
     # here, not at the top: `sandbox --help` stays cheap
+    from sandbox.fs import locks
     from sandbox.runtime import lifecycle
 
-    async def go() -> tuple[list[tuple[str, str]], list[str]]:
+    async def go() -> tuple[list[tuple[str, str]], list[str], int]:
         manager = _manager(state)
         try:
             orphans = [] if dry_run else await manager.cleanup_orphans()
-            return await lifecycle.prune(manager, dry_run=dry_run), orphans
+            pruned = await lifecycle.prune(manager, dry_run=dry_run)
         finally:
             await manager.backend.aclose()
+        # file locks nobody holds (a process that died holding one; versions that kept them)
+        lock_files = (
+            0 if dry_run else await anyio.to_thread.run_sync(locks.sweep, locks.lock_dir(state.config.state_dir))
+        )
+        return pruned, orphans, lock_files
 
-    pruned, orphans = anyio.run(go)
+    pruned, orphans, lock_files = anyio.run(go)
     verb = "would remove" if dry_run else "removed"
     lines = [f"{verb} {name}: {why}" for name, why in pruned] + [f"removed half-created {n}" for n in orphans]
+    if lock_files:
+        lines.append(f"removed {lock_files} leftover file lock(s)")
     _emit(
         {
             "pruned": [{"name": n, "reason": r} for n, r in pruned],
             "orphans": orphans,
+            "lock_files_removed": lock_files,
             "dry_run": dry_run,
         },
         as_json,

@@ -20,6 +20,7 @@ from sandbox.engine.executor import execute
 from sandbox.engine.handles import CallHandle, submit_call
 from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, call_tracked, key_problem, recorded
 from sandbox.errors import ErrorCode, SandboxError, unavailable_when_full
+from sandbox.fs.locks import lock_dir
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates, SeenFiles, SharedFileStates
 from sandbox.fs.workspace import Root, WorkspaceFiles
@@ -511,7 +512,7 @@ class Session:
             key = f"{self.agent.key_path}.sandbox.workspace_quota"
             quota = WorkspaceQuota([roots[0].host], limit, key, outer=self._tenant_quota())
         return WorkspaceFiles(
-            roots, config.tools.fs, states, config.state_dir / "locks", owner, quota, group_shared=group_shared
+            roots, config.tools.fs, states, lock_dir(config.state_dir), owner, quota, group_shared=group_shared
         )
 
     async def _volume_files(
@@ -544,7 +545,7 @@ class Session:
             key = f"{self.agent.key_path}.sandbox.workspace_quota"
             quota = WorkspaceQuota([folder], limit, key, label="the workspace volume")
         return agent_files(
-            link, roots, config.tools.fs, states, config.state_dir / "locks", quota, group_shared=group_shared
+            link, roots, config.tools.fs, states, lock_dir(config.state_dir), quota, group_shared=group_shared
         )
 
     def _tenant_quota(self) -> WorkspaceQuota | None:

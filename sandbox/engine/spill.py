@@ -240,6 +240,8 @@ async def new_capture(ctx: ToolContext) -> OutputCapture:
         return quota_room(ctx.files.quota), tenant_capture_budget(ctx)
 
     quota = ctx.files.quota
+    if quota is not None and not quota.cached():
+        quota.measure_small()  # a session's first call: its new (small) workspace needs no thread
     walks = _sweep_due(folder, mark=False) or not _budget_known(ctx) or (quota is not None and not quota.cached())
     # what needs no walk (a recent sweep, a known budget, fresh measurements) is done here: a
     # thread hop costs an exec call more than the work

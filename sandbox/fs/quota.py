@@ -22,6 +22,7 @@ from sandbox.errors import ErrorCode, SandboxError
 CACHE_S = 2.0  # a measurement is reused this long (writes in between are added to it)
 SMALL_WALK = 64  # entries a folder may hold to be measured on the event loop (about 0.1 ms)
 SMALL_DIR_BYTES = 64 * 1024  # and the size each of its folders may have (a listing reads all of it)
+KEPT = 1024  # root sets remembered before stale ones are forgotten (a month makes millions of sessions)
 _UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
@@ -152,13 +153,26 @@ class WorkspaceQuota:
                 return cached.used  # measured by another caller after we asked
             used = sum(disk_usage(Path(name)) for name in self._name)
             with self._lock:
-                self._cache[self._name] = _Measure(time.monotonic(), used)
+                self._store_locked(used)
             return used
 
     def _fresh_locked(self, name: tuple[str, ...], now: float) -> _Measure | None:
         """The measurement of `name` if younger than CACHE_S (the caller holds `_lock`)."""
         found = self._cache.get(name)
         return found if found is not None and now - found.at < CACHE_S else None
+
+    def _store_locked(self, used: int) -> None:
+        """Keep a measurement (the caller holds `_lock`). Past KEPT root sets, those measured
+        longer ago than CACHE_S are forgotten, with their walk locks when nobody walks: a stale
+        measurement is never used, so forgetting it only costs the walk that would come anyway."""
+        now = time.monotonic()
+        self._cache[self._name] = _Measure(now, used)
+        if len(self._cache) <= KEPT:
+            return
+        for name in [n for n, m in self._cache.items() if now - m.at >= CACHE_S]:
+            del self._cache[name]
+        for name in [n for n, lock in self._walks.items() if n not in self._cache and not lock.locked()]:
+            del self._walks[name]
 
     def cached(self) -> bool:
         """Whether every level with a limit has a measurement young enough to be used unwalked."""
@@ -220,7 +234,7 @@ class WorkspaceQuota:
         except TooManyEntries:
             return None
         with self._lock:
-            self._cache[self._name] = _Measure(time.monotonic(), used)
+            self._store_locked(used)
         return [used, *outer]
 
     def breached(self, start: Sequence[int]) -> tuple[WorkspaceQuota, int] | None:

@@ -21,6 +21,7 @@ from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.runtime import link_folders
+from sandbox.runtime.bounded import remember
 from sandbox.runtime.last_used import LastUsed
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, Labels, instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
@@ -340,11 +341,7 @@ class SandboxManager:
 
 
 def _remember(cache: OrderedDict[_K, _V], key: _K, value: _V) -> None:
-    """Put `key` last (most recently used) and drop the oldest past MAX_REMEMBERED."""
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > MAX_REMEMBERED:
-        cache.popitem(last=False)
+    remember(cache, key, value, MAX_REMEMBERED)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -10,6 +10,7 @@ tell which of the sessions sharing the sandbox sent a request).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -17,6 +18,7 @@ import docker.errors
 
 from sandbox._log import logger
 from sandbox.journal.store import Journal
+from sandbox.runtime.bounded import remember
 from sandbox.runtime.docker import egress
 from sandbox.runtime.egress_lines import journal_lines, parse_lines
 from sandbox.runtime.naming import Labels
@@ -44,13 +46,14 @@ def collect_sync(journal: Journal, client: Any, sandbox_name: str) -> int:
     }
     journal_lines(journal, call_id, owner, lines, after=after, gaps=True)
     if lines:
-        _read_up_to[call_id] = int(float(lines[-1].get("ts", 0.0)))
+        remember(_read_up_to, call_id, int(float(lines[-1].get("ts", 0.0))))
     return len(lines)
 
 
 # proxy -> the time of the last line collected here: the next read asks the engine only for what
-# came after (with a little overlap; numbers keep lines from being journaled twice)
-_read_up_to: dict[str, int] = {}
+# came after (with a little overlap; numbers keep lines from being journaled twice). Bounded: a
+# proxy forgotten is read from its start again, and the journal's last note skips what it has.
+_read_up_to: OrderedDict[str, int] = OrderedDict()
 
 
 async def collect(journal: Journal | None, client: Any, sandbox_name: str) -> int:

@@ -252,7 +252,7 @@ class WarmPool:
                 raise
             raise NotForPool(f"{spec.name} exists already") from exc
         if move is not None:
-            await anyio.to_thread.run_sync(_move_scratch, *move)
+            _move_scratch(*move)  # a mkdir and a rename in the orchestrator's own folder: no thread hop
 
     def _made(self, box: Sandbox, spec: SandboxSpec) -> None:
         """A member just started is known free without asking the engine."""
