@@ -48,3 +48,22 @@ def test_a_flush_beside_the_writer_loses_no_name(tmp_path: Path) -> None:
         record.touch("b")
         record.flush()
         assert set(json.loads(path.read_text())) == {"a", "b"}, i
+
+
+def test_a_removed_sandbox_s_time_goes_from_the_file(tmp_path: Path) -> None:
+    """A month of sessions must not leave a line each in a file every write rewrites whole."""
+    path = tmp_path / "last-used.json"
+    path.write_text(json.dumps({"other": "2026-01-01T00:00:00+00:00"}))  # another process's
+    record = LastUsed(path)
+    for i in range(50):
+        record.touch(f"sbx-{i}")
+        record.forget(f"sbx-{i}")
+    record.touch("sbx-kept")
+    record.forget("never-touched")
+    assert set(record.read()) == {"other", "sbx-kept"}  # at once, before it is written
+    record.flush()
+    assert set(json.loads(path.read_text())) == {"other", "sbx-kept"}
+    record.forget("other")  # removed by this process, touched by another: gone from the file too
+    record.touch("sbx-0")  # a new sandbox under a removed one's name counts again
+    record.flush()
+    assert set(json.loads(path.read_text())) == {"sbx-kept", "sbx-0"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,10 @@ async def test_manager_maps_are_bounded_and_emptied_on_close(
         assert await manager.close_session(agent, f"agent:a:s{i}")
     assert not manager._entries and not manager._specs and not manager._names and not manager._locks
     assert not manager._last_used_written
+    # the state dir's record of last use keeps the 40 never closed (for prune), not the 20 closed
+    assert len(manager.last_used()) == 40
+    manager._last_used.flush()
+    assert len(json.loads((config.state_dir / "last-used.json").read_text())) == 40
 
 
 async def test_manager_lock_is_not_dropped_while_held(make_config: Any, tmp_path: Path) -> None:

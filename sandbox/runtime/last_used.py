@@ -27,20 +27,29 @@ class LastUsed:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._lock = threading.Lock()
-        self._pending: dict[str, str] = {}  # name -> ISO time, not yet written
-        self._writing: dict[str, str] = {}  # taken by the write under way (read still sees them)
+        # name -> ISO time (None: forgotten, its sandbox removed), not yet written
+        self._pending: dict[str, str | None] = {}
+        self._writing: dict[str, str | None] = {}  # taken by the write under way (read still sees them)
 
     def read(self) -> dict[str, str]:
         """Container name -> ISO time of last use (what is on disk, and what is about to be)."""
         with self._lock:
             unwritten = {**self._writing, **self._pending}
-        return {**self._on_disk(), **unwritten}
+        return _applied(self._on_disk(), unwritten)
 
     def touch(self, name: str) -> None:
         """Record `name` as used now; written soon, in the background."""
+        self._queue(name, datetime.now(UTC).isoformat(timespec="seconds"))
+
+    def forget(self, name: str) -> None:
+        """`name`'s sandbox was removed: its time goes from the file (a month of sessions would
+        otherwise leave one line each, and every write rewrites them all)."""
+        self._queue(name, None)
+
+    def _queue(self, name: str, value: str | None) -> None:
         with self._lock:
             first = not self._pending
-            self._pending[name] = datetime.now(UTC).isoformat(timespec="seconds")
+            self._pending[name] = value
         if first:  # one write takes everything pending when it runs
             try:
                 _WRITER.submit(self._write)
@@ -69,7 +78,7 @@ class LastUsed:
         if not taken:
             return
         try:
-            data = {**self._on_disk(), **taken}
+            data = _applied(self._on_disk(), taken)
             self._path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -79,3 +88,14 @@ class LastUsed:
         finally:
             with self._lock:
                 self._writing = {}
+
+
+def _applied(data: dict[str, str], changes: dict[str, str | None]) -> dict[str, str]:
+    """`data` with touches set and forgotten names dropped."""
+    out = dict(data)
+    for name, value in changes.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out

@@ -255,7 +255,7 @@ class SandboxManager:
             await self.backend.remove(spec.name)
         self._specs.pop((agent.tenant, agent.id, spec.scope_key), None)
         self._names.pop(spec.name, None)
-        self._last_used_written.pop(spec.name, None)
+        self._forget_use(spec.name)
         logger.bind(container=spec.name, session=session).info("sandbox_removed")
         return True
 
@@ -283,6 +283,7 @@ class SandboxManager:
         self._names.pop(info.name, None)
         await self.collect_egress(info.name)
         await self.backend.remove(info.id)
+        self._forget_use(info.name)
 
     async def collect_egress(self, sandbox_name: str) -> int:
         """Copy the sandbox's egress proxy lines into the journal (none: no proxy, no journal)."""
@@ -332,6 +333,11 @@ class SandboxManager:
     def last_used(self) -> dict[str, str]:
         """Container name -> ISO time of last use (kept in the state dir; labels are immutable)."""
         return self._last_used.read()
+
+    def _forget_use(self, name: str) -> None:
+        """A removed sandbox's last use goes from memory and from the state dir's file."""
+        self._last_used_written.pop(name, None)
+        self._last_used.forget(name)
 
     def _touch(self, name: str, now: float, *, force: bool = False) -> None:
         if not force and now - self._last_used_written.get(name, 0.0) < LAST_USED_EVERY_S:
