@@ -112,6 +112,24 @@ async def test_fork_bomb_timeout_kills_from_outside_and_sandbox_recovers(make_co
         assert int(after.output["output"].split()[-1]) < 8
 
 
+async def test_calls_leave_no_pid_files_on_the_tmpfs(make_config: Any) -> None:
+    """One pid file per call left in /tmp (a 256m tmpfs) filled a long-lived container's /tmp
+    after some 65,000 calls: each goes when its shell ends, and the exit status stays."""
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: agent}}}")
+    async with Orchestrator(config) as orch:
+        sess = orch.session("agent:main:pids")
+        for code in (0, 3, 0, 1):
+            done = await sess.call("exec", {"command": f"echo hi; exit {code}"})
+            assert done.output["exit_code"] == code, done
+        slow = await sess.call("exec", {"command": "sleep 30 & sleep 30", "timeout_s": 1})
+        assert slow.error is not None and slow.error.code == "TIMEOUT"
+        assert await tagged_left(sess, slow.call_id) == []
+        listed = await sess.call("exec", {"command": "find /tmp -name '*.pid*' -printf '%f\\n' 2>/dev/null"})
+        assert listed.ok, listed
+        # the listing call's own file, and the timed-out call's (a killed shell runs no trap)
+        assert sorted(listed.output["output"].split()) == sorted([f"{listed.call_id}.pid", f"{slow.call_id}.pid"])
+
+
 async def test_kill_falls_back_inside_when_host_cannot_see(make_config: Any, monkeypatch: Any) -> None:
     """A remote-like engine (host pids invisible): the in-container kill is used and confirmed."""
     from sandbox.runtime.docker import kill as docker_kill
