@@ -259,3 +259,30 @@ def test_the_wait_between_tries_doubles_up_to_half_an_hour() -> None:
     while waits[-1] < resident.RETRY_MAX_S:
         waits.append(min(waits[-1] * 2, resident.RETRY_MAX_S))
     assert waits[:3] == [30.0, 60.0, 120.0] and waits[-1] == 1800.0
+
+
+async def test_links_whose_agents_ended_while_idle_are_dropped_with_their_descriptors(
+    agents: LocalAgents, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A container removed by another process (a CLI prune, a replica) is never asked for again
+    here: its idle link must not hold a socket and pipes until the service runs out of them."""
+    clock = [1000.0]
+    monkeypatch.setattr(resident, "clock", lambda: clock[0])
+    registry = ResidentAgents(agents)
+    spec = a_spec(tmp_path)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    links = [await registry.link(f"container-{i}", spec, None) for i in range(3)]
+    assert all(link is not None for link in links)
+    for link in links[:2]:
+        assert link is not None
+        os.kill(link.agent_pid, signal.SIGKILL)  # its container went, elsewhere
+    for transport in agents.started[:2]:
+        transport.proc.wait(timeout=10)
+    await registry.link("container-2", spec, None)  # within the period: nothing looked at
+    assert len(registry._links) == 3
+    clock[0] += resident.SWEEP_EVERY_S
+    kept = await registry.link("container-2", spec, None)
+    assert kept is links[2] and set(registry._links) == {("container-2", spec.user)}
+    assert set(registry._locks) <= {("container-2", spec.user)}
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 4  # the live link's own, no more
+    registry.close_all()

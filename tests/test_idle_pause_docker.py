@@ -113,3 +113,19 @@ async def test_another_process_thaws_a_paused_sandbox_instead_of_replacing_it(
         assert docker_client.api.inspect_container(name)["Id"] == container_id
         assert time.monotonic() - started < 60
         await later.close()
+
+
+async def test_a_paused_sandbox_removed_leaves_no_pause_state(make_config: Any, docker_client: Any) -> None:
+    """Prune removes idle sandboxes, which are the paused ones: a month of them must not stay in
+    the manager's paused set and pause locks."""
+    async with Orchestrator(_config(make_config)) as orch:
+        session = orch.session(agent="main", key="agent:main:p9")
+        assert (await session.call("exec", {"command": "true"})).ok
+        await anyio.sleep(1.2)
+        paused = await pause_idle(orch.manager)
+        name = paused[0][0]
+        assert name in orch.manager.paused and name in orch.manager._freeze_locks
+        info = next(i for i in await orch.manager.list() if i.name == name)
+        await orch.manager.remove(info)
+        assert name not in orch.manager.paused and name not in orch.manager._freeze_locks
+        assert name not in orch.manager.last_used()

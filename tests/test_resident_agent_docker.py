@@ -163,6 +163,39 @@ async def test_a_stopped_agent_is_found_out_and_replaced(make_config: Any, monke
         assert str(listing["stdout"]).strip() == "gone"
 
 
+async def test_sandboxes_removed_by_another_process_leave_no_open_links(
+    make_config: Any, docker_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI prune or a replica removes a container this service linked to and will never ask
+    for again: its idle link's socket and pipes are let go at the next look (every 30 s)."""
+    from sandbox.runtime.agent import resident
+
+    clock = [1000.0]
+    monkeypatch.setattr(resident, "clock", lambda: clock[0])
+    config = make_config("agents: {defaults: {sandbox: {mode: all, scope: session}}}")
+    async with Orchestrator(config) as orch:
+        keeper = orch.session("agent:main:keeper")
+        assert (await keeper.call("exec", {"command": "true"})).ok
+        agents = orch.manager.backend.agents
+        names, links = [], []
+        for i in range(4):
+            sess = orch.session(f"agent:main:gone-{i}")
+            assert (await sess.call("exec", {"command": "true"})).ok
+            box = await sess.sandbox()
+            assert box is not None
+            names.append(box.spec.name)
+            links += [link for (container, _), link in agents._links.items() if container == box.id]
+        assert len(links) == 4 and all(link.dead is None for link in links)
+        for name in names:  # removed elsewhere: this orchestrator is not told
+            docker_client.containers.get(name).remove(force=True)
+        with anyio.fail_after(HANG_GUARD_S):
+            while len(agents._links) > 1:  # the engine ends the streams as it removes the containers
+                clock[0] += resident.SWEEP_EVERY_S
+                assert (await keeper.call("exec", {"command": "true"})).ok
+                await anyio.sleep(0.2)
+        assert all(link.dead for link in links)  # ended: each closed its transport (AgentLink._fail)
+
+
 async def test_each_session_user_gets_its_own_agent(make_config: Any) -> None:
     """Sessions that run as uids of their own never share an agent (one could not signal the other's)."""
     config = make_config("""

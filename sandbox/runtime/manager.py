@@ -335,9 +335,14 @@ class SandboxManager:
         return self._last_used.read()
 
     def _forget_use(self, name: str) -> None:
-        """A removed sandbox's last use goes from memory and from the state dir's file."""
+        """A removed sandbox's last use and pause state go, from memory and from the state dir's
+        file (a prune removes idle sandboxes, which are the paused ones)."""
         self._last_used_written.pop(name, None)
         self._last_used.forget(name)
+        self.paused.discard(name)
+        lock = self._freeze_locks.get(name)
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            del self._freeze_locks[name]
 
     def _touch(self, name: str, now: float, *, force: bool = False) -> None:
         if not force and now - self._last_used_written.get(name, 0.0) < LAST_USED_EVERY_S:

@@ -31,6 +31,10 @@ IMAGE_CACHE_S = 10.0
 RETRY_FIRST_S = 30.0
 RETRY_MAX_S = 1800.0
 clock = time.monotonic  # the refusals' clock (tests move it)
+# Links are looked over this often for streams that ended while idle: a container removed by
+# another process (a CLI prune, a replica, the engine) would otherwise keep its link's socket and
+# pipes open here until the service runs out of descriptors.
+SWEEP_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class ResidentAgents:
         # cannot start (a session filled the pids limit as it did) leaves the others' alone
         self._refused: dict[tuple[str, str], Refusal] = {}
         self.started = 0  # agents started by this backend (restarts included)
+        self._swept_at = clock()
 
     async def exec_path(self, spec: SandboxSpec, container_id: str | None = None, user: str | None = None) -> ExecPath:
         """The path commands of `spec`'s sandbox take (`container_id`: also its own history, for
@@ -80,6 +85,7 @@ class ResidentAgents:
     async def link(self, container_id: str, spec: SandboxSpec, user: str | None) -> AgentLink | None:
         """The live link for this container and user, started when needed; None: use docker exec."""
         key = (container_id, user or spec.user)  # no user: docker exec runs as the container's
+        self._sweep()
         link = self._links.get(key)
         if link is not None and link.check():
             return link
@@ -112,6 +118,22 @@ class ResidentAgents:
             self.started += 1
             return link
 
+    def _sweep(self) -> None:
+        """Drop the links whose stream ended while idle (their descriptors close with them), and
+        refusals long over; at most every SWEEP_EVERY_S. A few microseconds a link."""
+        now = clock()
+        if now - self._swept_at < SWEEP_EVERY_S:
+            return
+        self._swept_at = now
+        for key, link in list(self._links.items()):
+            if link.dead is None and not link.check():  # ended now: nothing is left to kill
+                del self._links[key]
+                lock = self._locks.get(key)
+                if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+                    del self._locks[key]
+        for key in [k for k, r in self._refused.items() if now >= r.until + RETRY_MAX_S]:
+            del self._refused[key]  # its backoff is forgotten too: the next failure waits RETRY_FIRST_S
+
     def forget(self, container_id: str) -> None:
         """Close and drop the links of a container (removed, or replaced)."""
         for key in [k for k in self._links if k[0] == container_id]:
@@ -124,9 +146,14 @@ class ResidentAgents:
     def close(self, container_id: str, user: str) -> None:
         """Close one user's agent in a container (root's, once setup is done: no root process
         stays in a sandbox because of us)."""
-        link = self._links.pop((container_id, user), None)
+        key = (container_id, user)
+        link = self._links.pop(key, None)
         if link is not None:
             link.close("its work in the sandbox is done")
+        lock = self._locks.get(key)
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            del self._locks[key]
+        self._refused.pop(key, None)
 
     def close_all(self) -> None:
         """Close every link (the backend is closing)."""

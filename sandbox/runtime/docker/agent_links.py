@@ -11,6 +11,7 @@ folder, agents keep the exec stream.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import docker.errors
 
 from sandbox.runtime import link_folders
 from sandbox.runtime.agent.fifo_link import INSIDE, LinkPlace, can_own, uid_of
+from sandbox.runtime.bounded import remember
 from sandbox.runtime.naming import Labels
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ class AgentLinkFolders:
 
     def __init__(self, backend: DockerBackend) -> None:
         self._backend = backend
-        self._known: dict[str, tuple[str, str]] = {}  # container id -> (folder or "", default user)
+        # container id -> (folder or "", default user); bounded: a miss inspects the container again
+        self._known: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._refusal: str | None = None  # "" once checked and none
 
     @property
@@ -65,7 +68,7 @@ class AgentLinkFolders:
 
     def made(self, container_id: str, folder: str | None, user: str) -> None:
         """Remember a new sandbox's folder (no inspect when its first agent starts)."""
-        self._known[container_id] = (folder or "", user)
+        remember(self._known, container_id, (folder or "", user))
 
     def forget(self, container_id: str) -> None:
         self._known.pop(container_id, None)
@@ -80,7 +83,7 @@ class AgentLinkFolders:
             if attrs is None:
                 return None
             known = (folder_in(attrs) or "", str((attrs.get("Config") or {}).get("User") or ""))
-            self._known[container_id] = known
+            remember(self._known, container_id, known)
         folder, default_user = known
         uid = uid_of(user or default_user)
         if not folder or uid is None or not can_own(uid) or self.refusal is not None:

@@ -6,6 +6,7 @@ import builtins
 import json
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +24,7 @@ from sandbox.journal.owners import current_owner
 from sandbox.runtime import egress_secrets, link_folders, protocol
 from sandbox.runtime.agent.fifo_link import INSIDE
 from sandbox.runtime.agent.resident import ResidentAgents
+from sandbox.runtime.bounded import remember
 from sandbox.runtime.docker import egress, egress_make, netsweep, procfs
 from sandbox.runtime.docker.agent_links import AgentLinkFolders, folder_in
 from sandbox.runtime.docker.agent_stream import DockerAgents
@@ -80,7 +82,8 @@ class DockerBackend:
         self._image_ids: dict[str, tuple[float, str]] = {}
         self.agents = ResidentAgents(DockerAgents(self))
         self.pool_claims: PoolClaims | None = None  # set by the manager that owns the state dir
-        self.workspace_ids: dict[str, str] = {}  # container id -> its workspace's id at creation
+        # container id -> its workspace's id at creation (bounded: a miss reads the label again)
+        self.workspace_ids: OrderedDict[str, str] = OrderedDict()
         self.links = AgentLinkFolders(self)  # each sandbox's folder of agent FIFOs
 
     # -- plumbing -------------------------------------------------------------------------
@@ -164,7 +167,7 @@ class DockerBackend:
         attrs = await self.find(spec.name)
         if attrs is not None:
             if await reusable(self, attrs, spec):  # whose, drifted, working (runtime/docker/reuse.py)
-                self.workspace_ids[attrs["Id"]] = recorded_id(attrs["Config"].get("Labels") or {})
+                remember(self.workspace_ids, attrs["Id"], recorded_id(attrs["Config"].get("Labels") or {}))
                 procfs.hide_in(attrs, spec)  # also one made before hidepid, or restarted (runtime/docker/procfs.py)
                 return DockerSandbox(self, attrs["Id"], spec)
             await self.remove(attrs["Id"])
@@ -183,7 +186,7 @@ class DockerBackend:
                 return None
         except SandboxUnavailable:  # another tenant's or scope's under this name
             return None
-        self.workspace_ids[attrs["Id"]] = recorded_id(attrs["Config"].get("Labels") or {})
+        remember(self.workspace_ids, attrs["Id"], recorded_id(attrs["Config"].get("Labels") or {}))
         return DockerSandbox(self, attrs["Id"], spec)
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
@@ -274,7 +277,7 @@ class DockerBackend:
             if link_folder is not None:
                 link_folders.remove(link_folder)
             raise
-        self.workspace_ids[container_id] = made_on or ""
+        remember(self.workspace_ids, container_id, made_on or "")
         if link_folder is not None and Labels.AGENT_LINK not in kwargs["labels"]:
             link_folders.remove(link_folder)  # the engine could not see it
             link_folder = None

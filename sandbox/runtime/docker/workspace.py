@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from sandbox.runtime.bounded import remember
 from sandbox.runtime.naming import LABEL_PREFIX
 from sandbox.runtime.spec import SandboxSpec
 
@@ -57,7 +58,7 @@ async def recorded_for(backend: DockerBackend, container_id: str) -> str:
     if known is None:
         attrs = await backend.find(container_id)
         known = recorded_id((attrs.get("Config") or {}).get("Labels") or {}) if attrs else ""
-        backend.workspace_ids[container_id] = known
+        remember(backend.workspace_ids, container_id, known)
     return known
 
 
