@@ -176,7 +176,7 @@ async def test_sandboxes_removed_by_another_process_leave_no_open_links(
     async with Orchestrator(config) as orch:
         keeper = orch.session("agent:main:keeper")
         assert (await keeper.call("exec", {"command": "true"})).ok
-        agents = orch.manager.backend.agents
+        agents = orch.manager.backend.agents  # type: ignore[attr-defined]  # the Docker backend's
         names, links = [], []
         for i in range(4):
             sess = orch.session(f"agent:main:gone-{i}")
