@@ -174,3 +174,22 @@ async def test_manager_lock_is_not_dropped_while_held(make_config: Any, tmp_path
         tg.start_soon(first_call)
         tg.start_soon(first_call)
     assert not manager._locks
+
+
+async def test_a_closed_session_leaves_no_folder_in_the_state_dir(make_config: Any, tmp_path: Path) -> None:
+    """Its record of files seen and of processes started goes with it: one folder per session
+    closed stayed for good."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("hello\n")
+    async with Orchestrator(host(make_config, ws)) as orch:
+        kept = orch.session(agent="a", key="agent:a:kept")
+        assert (await kept.call("read", {"path": "f.txt"})).ok
+        gone = orch.session(agent="a", key="agent:a:gone")
+        assert (await gone.call("read", {"path": "f.txt"})).ok
+        assert (await gone.call("exec", {"command": "sleep 30", "background": True})).ok
+        folder = gone.state_dir
+        assert (folder / "file-states.json").exists()
+        assert await gone.close() == ["agent:a:gone"]
+        assert not folder.exists()
+        assert kept.state_dir.exists()  # another session's stays

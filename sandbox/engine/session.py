@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
@@ -314,6 +315,9 @@ class Session:
         self._files = None
         self._host_shell = None
         self._session_users.clear()
+        # its record of files seen and of processes started: over, and one folder per session
+        # closed would stay in the state dir for good
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.state_dir, ignore_errors=True))
 
     @overload
     async def shell(self, *, create: Literal[True] = True) -> Shell: ...
