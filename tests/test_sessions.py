@@ -398,3 +398,47 @@ async def test_history_holds_the_tenants_calls_whatever_a_neighbour_writes_under
         assert not [c for c in calls if c["call_id"].startswith("neighbour-")]
         status = await parent.call("session_status", {})
         assert status.output["usage"]["calls"] == 3, status  # read, sessions_history, session_status
+
+
+async def test_old_messages_and_closed_lineage_go_with_retention(make_config: Any, tmp_path: Path) -> None:
+    """A month of sub-agents spawned and closed, and of messages sent, must not stay in the
+    registry for good: what is older than `journal.retention.max_age` goes (the service runs it);
+    an open session's lineage stays whatever its age."""
+    import sqlite3
+    import time
+
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        closed = (await spawn(parent, name="closed")).output["session"]
+        still_open = (await spawn(parent, name="open")).output["session"]
+        for target in (closed, still_open):
+            assert (await parent.call("sessions_send", {"session": target, "message": "hello"})).ok
+        assert await orch.session(closed).close() == [closed]
+        db = sqlite3.connect(str(orch.sessions.path), isolation_level=None)
+        db.execute("UPDATE inbox SET created_at = created_at - 86400")
+        db.execute("UPDATE lineage SET created_at = created_at - 86400, closed_at = closed_at - 86400")
+        assert (await parent.call("sessions_send", {"session": still_open, "message": "recent"})).ok
+        assert orch.sessions.registry.prune(time.time() - 3600) == 3  # two messages, one closed child
+        assert orch.sessions.registry.child(closed) is None
+        assert orch.sessions.registry.child(still_open) is not None  # open: kept, however old
+        left = orch.sessions.registry.messages("default", still_open)
+        assert [m.text for m in left] == ["recent"]
+        db.close()
+
+
+async def test_the_service_s_keeper_prunes_the_registry_on_its_period(make_config: Any, tmp_path: Path) -> None:
+    import sqlite3
+
+    import anyio
+
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        parent = orch.session(PARENT)
+        child = (await spawn(parent, name="c")).output["session"]
+        assert (await parent.call("sessions_send", {"session": child, "message": "old"})).ok
+        db = sqlite3.connect(str(orch.sessions.path), isolation_level=None)
+        db.execute("UPDATE inbox SET created_at = created_at - 86400")
+        db.close()
+        with anyio.move_on_after(0.5):
+            await orch.sessions.keep_bounded(3600.0, 0.05)  # as app.py starts it, from journal.retention
+        assert orch.sessions.registry.messages("default", child) == []
+        await orch.sessions.keep_bounded(None, 0.05)  # no max_age: returns at once, keeps all

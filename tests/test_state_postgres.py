@@ -153,3 +153,34 @@ def _count(pg_url: str, table: str) -> int:
     with psycopg.connect(pg_url) as conn:
         row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     return int(row[0]) if row else 0
+
+
+async def test_the_shared_registry_forgets_old_messages_and_closed_lineage(pg_url: str, tmp_path: Path) -> None:
+    """As the state dir's registry does (tests/test_sessions.py): what is older than the
+    retention goes from the shared tables; an open session's lineage stays whatever its age."""
+    from sandbox.sessions.registry import Child
+    from sandbox.sessions.shared_registry import SharedRegistry
+    from sandbox.state.postgres.registry import PgRegistry
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    registry = SharedRegistry(PgRegistry(url))
+    try:
+        for name in ("closed", "open"):
+            child = Child(
+                f"agent:a:subagent:{name}", "t", "a", "agent:a:main", 1, name, "task", None, "none", "", "c1",
+                time.time(), "open", None,
+            )  # fmt: skip
+            registry.add_child(child, max_children=5)
+            registry.send("t", child.key, "agent:a:main", "hello")
+        registry.mark_closed("agent:a:subagent:closed")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE sbx_inbox SET created_at = created_at - 86400")
+            conn.execute("UPDATE sbx_lineage SET created_at = created_at - 86400, closed_at = closed_at - 86400")
+        registry.send("t", "agent:a:subagent:open", "agent:a:main", "recent")
+        assert registry.prune(time.time() - 3600) == 3
+        assert registry.child("agent:a:subagent:closed") is None
+        assert registry.child("agent:a:subagent:open") is not None
+        assert [m.text for m in registry.messages("t", "agent:a:subagent:open")] == ["recent"]
+    finally:
+        registry.close()

@@ -42,7 +42,7 @@ from sandbox.config.models import Config
 from sandbox.engine.handover import adopt_orphans, hand_over, handover_on
 from sandbox.engine.orchestrator import Orchestrator, Session
 from sandbox.errors import SandboxError
-from sandbox.journal.retention import keep_journal_bounded
+from sandbox.journal.retention import Retention, keep_journal_bounded
 from sandbox.sessions.shared_registry import SharedRegistry
 from sandbox.state import open_store
 from sandbox.state.protocol import SharedStore
@@ -154,6 +154,8 @@ def _lifespan(
             tg.start_soon(orch.keep_pools_filled)  # the agents' warm pools (sandbox.pool.size)
             tg.start_soon(orch.keep_idle_paused)  # sandbox.idle_pause_s
             tg.start_soon(keep_journal_bounded, orch.journal, config.journal.retention)  # journal.retention
+            bound = Retention.of(config.journal.retention)  # and the sessions registry's inboxes and lineage
+            tg.start_soon(orch.sessions.keep_bounded, bound.max_age_s, bound.every_s)
             metrics.know_tools(orch.registry.names())
             app.state.orch = orch
             yield

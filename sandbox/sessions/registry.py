@@ -247,6 +247,19 @@ class Registry:
             (r[0], r[1], r[2]) for r in self._rows("SELECT tenant, key, agent FROM cascades ORDER BY started_at", ())
         ]
 
+    # -- retention -------------------------------------------------------------------------
+
+    def prune(self, before: float) -> int:
+        """Delete inbox messages sent before `before` (epoch s) and the lineage of sessions
+        closed before it (`journal.retention.max_age`, as for the calls); how many rows went.
+        Open sessions' lineage stays, whatever its age."""
+        with self._lock:
+            inbox = self._db.execute("DELETE FROM inbox WHERE created_at < ?", (before,)).rowcount
+            lineage = self._db.execute(
+                "DELETE FROM lineage WHERE status = 'closed' AND closed_at < ?", (before,)
+            ).rowcount
+        return int(inbox) + int(lineage)
+
     # -- inbox -----------------------------------------------------------------------------
 
     def send(self, tenant: str, session: str, sender: str, text: str) -> Message:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,23 @@ class SessionsService:
         if self._registry is not None:
             self._registry.close()
         self._registry = registry
+
+    async def keep_bounded(self, max_age_s: float | None, every_s: float) -> None:
+        """Delete inbox messages and closed sessions' lineage older than `max_age_s` now and every
+        `every_s` (the service's lifespan runs it; `journal.retention.max_age`, as for the calls):
+        sub-agents spawned and closed for a month must not stay in the registry for good."""
+        if max_age_s is None:
+            return
+        while True:
+            registry = self._existing()
+            if registry is not None:
+                try:
+                    gone = await anyio.to_thread.run_sync(registry.prune, time.time() - max_age_s)
+                    if gone:
+                        logger.bind(rows=gone).info("sessions_registry_pruned")
+                except (SandboxError, OSError, sqlite3.Error) as exc:  # tried again next time
+                    logger.bind(reason=str(exc)[:200]).warning("sessions_registry_prune_failed")
+            await anyio.sleep(every_s)
 
     def shutdown(self) -> None:
         """Close the registry."""

@@ -40,6 +40,16 @@ class SharedRegistry:
         )  # fmt: skip
         self._rows.add_child(row, max_children=max_children)
 
+    def prune(self, before: float) -> int:
+        """See :meth:`sandbox.sessions.registry.Registry.prune`."""
+        rows = self._rows.rows(
+            "WITH inbox AS (DELETE FROM sbx_inbox WHERE created_at < %s RETURNING 1), "
+            "lineage AS (DELETE FROM sbx_lineage WHERE status = 'closed' AND closed_at < %s RETURNING 1) "
+            "SELECT (SELECT count(*) FROM inbox) + (SELECT count(*) FROM lineage)",
+            (before, before),
+        )
+        return int(rows[0][0])
+
     def count_messages(self, tenant: str, session: str) -> int:
         """See :meth:`sandbox.sessions.registry.Registry.count_messages`."""
         rows = self._rows.rows("SELECT count(*) FROM sbx_inbox WHERE tenant = %s AND session = %s", (tenant, session))
