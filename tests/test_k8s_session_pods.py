@@ -62,6 +62,7 @@ async def test_each_session_with_its_own_uid_gets_a_pod_on_the_shared_claim(
         assert set(pods) <= {k[2] for k in cluster.objects if k[0] == "pods"}  # the kill needed no Pod deleted
         await backend.remove(main)
         assert [k for k in cluster.objects if k[0] == "pods"] == []
+        assert not set(pods) & set(backend._namespace_of)  # nothing kept per Pod gone
 
 
 async def test_closing_a_session_removes_its_own_pod_and_only_it(tmp_path: Path, fake_cluster: FakeCluster) -> None:

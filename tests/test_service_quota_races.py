@@ -151,3 +151,17 @@ async def test_a_sandbox_made_by_an_ended_call_counts_until_the_engine_lists_it(
         assert len(made) == 1
         assert len(outcome) == 1 and isinstance(outcome[0], HTTPException), outcome
         assert outcome[0].status_code == 429 and "max_sandboxes" in str(outcome[0].detail)
+
+
+async def test_without_a_session_limit_no_session_key_is_kept(make_config: Any) -> None:
+    """A tenant with call quotas but no max_sessions: the keys it uses are not counted, so a
+    month of sessions never closed does not pile up in the service's memory."""
+    config = make_config(CONFIG.replace("max_sessions: 1, max_sandboxes: 1", "max_calls_per_minute: 1000"))
+    async with Orchestrator(config, backend=HeldList()) as orch:
+        admission = Admission(SimpleNamespace(stopping=False), Metrics())
+        who = caller(config)
+        for i in range(50):
+            async with admission.admit(orch, who, orch.session(f"agent:a:k{i}", agent="a")):
+                pass
+        assert admission.use["t"].sessions == set() and admission.use["t"].claims == {}
+        assert len(admission.use["t"].started) == 50  # the call quota still counts

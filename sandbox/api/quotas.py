@@ -277,8 +277,10 @@ class Admission:
                     logger.bind(tenant=ticket.tenant, error=exc.message[:200]).warning("quota_not_given_back")
 
     def _take_session(self, who: Caller, session: Session, ticket: Ticket) -> None:
-        use = self._of(who.tenant.id)
         limit = who.tenant.quotas.max_sessions
+        if not limit:
+            return  # nothing to count against: every key a tenant ever used would stay in the set
+        use = self._of(who.tenant.id)
         claim = use.claims.get(session.key)
         if claim is not None:  # another request took it and is not admitted yet: share its claim
             claim.holders += 1

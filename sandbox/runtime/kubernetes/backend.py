@@ -338,6 +338,7 @@ class KubernetesBackend:
             for name in {name_or_id, pod or name_or_id, *sessions}:
                 self.agents.forget(name)
                 await api.delete("pods", namespace, name)
+                self._namespace_of.pop(name, None)  # one per Pod ever made would stay otherwise
 
     async def aclose(self) -> None:
         """Close the agents' streams, the browsers' forwards and the API connection."""
