@@ -41,6 +41,8 @@ from mitmproxy import ctx, http
 from mitmproxy.net.http import url
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
+MAX_NAMES = 4096  # server connections whose asked-for name is kept (a tunnel reads it at once)
+
 
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     flow.response = http.Response.make(
@@ -205,6 +207,8 @@ class Egress:
         host, port = data.server.address
         name = normal_host(str(host))
         self.names[data.server.id] = name
+        while len(self.names) > MAX_NAMES:  # a connect that fails upstream gets no disconnect hook
+            del self.names[next(iter(self.names))]
         # mitmproxy logs an exception in a hook and goes on connecting: every failure here refuses
         data.server.error = "egress refused: the verdict did not complete"
         try:
@@ -220,6 +224,7 @@ class Egress:
         self.connecting.discard(data.client.id)
         if reason is not None:
             data.server.error = f"egress refused: {reason}"
+            self.names.pop(data.server.id, None)  # never opened: server_disconnected will not come
             if tunnel:
                 self.tunnels.pop(data.client.id, None)  # no tunnel was opened
             if tunnel:  # a plain request's line is written by its `error` hook
