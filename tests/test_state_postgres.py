@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import psycopg
@@ -17,6 +17,7 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.approvals import Approval
 from sandbox.state import QuotaLimits, Reservation, open_store
 from sandbox.state.admin import migrate_store
+from sandbox.state.protocol import EventStore
 from tests.pg_server import create_database, start_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -184,3 +185,27 @@ async def test_the_shared_registry_forgets_old_messages_and_closed_lineage(pg_ur
         assert [m.text for m in registry.messages("t", "agent:a:subagent:open")] == ["recent"]
     finally:
         registry.close()
+
+
+async def test_decided_approvals_older_than_the_retention_go_from_the_store(pg_url: str, tmp_path: Path) -> None:
+    """Each approval holds its call's whole arguments (up to twice max_write_bytes): decided
+    ones older than journal.retention.max_age go with the shared events; pending ones stay."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="a") as store:
+        for n, status in enumerate(("old-decided", "old-pending", "new-decided")):
+            approval = Approval(status, f"c{n}", "t", "agent:main:s", "main", "write", {"content": "x" * 1000},
+                                "pending", "", time.time(), None)  # fmt: skip
+            await store.add_approval(approval)
+            if status.endswith("decided"):
+                await store.decide(status, "denied", "no")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE approvals SET created = created - 86400, decided = decided - 86400 WHERE id LIKE 'old-%'"
+            )
+        shipped = cast(EventStore, store)  # the PostgreSQL store ships events (and prunes them)
+        report = await shipped.prune_events(max_age_s=3600, max_bytes=None)
+        assert not report.skipped
+        assert await store.approval("old-decided") is None
+        assert await store.approval("old-pending") is not None  # a call still waits on it
+        assert await store.approval("new-decided") is not None

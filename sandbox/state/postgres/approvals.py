@@ -102,3 +102,15 @@ async def many(conn: Any, status: str | None, raw: bool = False) -> list[Approva
             "FROM approvals ORDER BY created"
         )
     return [_approval(row, raw) for row in await cur.fetchall()]
+
+
+async def prune(conn: Any, older_than: float) -> int:
+    """Delete approvals decided before `older_than` (epoch s) whose call is not running (the
+    shared store's share of `journal.retention`, as the journal's own): each holds a call's whole
+    arguments, and a tenant can ask for one per call. Pending ones always stay."""
+    cur = await conn.execute(
+        "DELETE FROM approvals WHERE status <> 'pending' AND coalesce(decided, created) < %s "
+        "AND call_id NOT IN (SELECT call_id FROM calls WHERE state = 'running')",
+        (older_than,),
+    )
+    return int(cur.rowcount or 0)

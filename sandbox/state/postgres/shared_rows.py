@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 
 from sandbox.errors import SandboxError
 from sandbox.journal.queries import Event, EventPage
-from sandbox.state.postgres import engine_state, events, loops, quotas, tokens
+from sandbox.state.postgres import approvals, engine_state, events, loops, quotas, tokens
 from sandbox.state.postgres.listen import Wakeups
 from sandbox.state.protocol import Refused, SharedPrune
 
@@ -73,6 +73,7 @@ class SharedRowsMixin:
             if max_age_s is not None and not report.skipped:  # loop history and records older than the log go too
                 await loops.prune(conn, time.time() - max_age_s)
                 await engine_state.prune(conn, time.time() - max_age_s)
+                await approvals.prune(conn, time.time() - max_age_s)
             return report
 
     async def broadcast(self, payloads: list[str]) -> None:
