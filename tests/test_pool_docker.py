@@ -465,3 +465,27 @@ async def test_a_member_another_process_is_still_making_is_neither_swept_nor_cla
         box: Any = await orch.session("agent:main:fresh").sandbox()
         assert box.id != member.id  # not handed out either
         assert docker_client.containers.get(member.id).status == "exited"  # left to its maker
+
+
+async def test_a_claim_file_goes_when_another_process_removed_its_container(
+    make_config: Any, docker_client: Any
+) -> None:
+    """A CLI prune or a replica removes a claimed container: this process is not told, and its
+    claim file would stay for good. The pool's periodic look drops it (older than the grace only),
+    and keeps the claim of a container that still runs."""
+    async with Orchestrator(pool_config(make_config, size=2)) as orch:
+        assert await orch.fill_pools() == 2
+        await exec_ok(orch, "agent:main:c1", "true")
+        await exec_ok(orch, "agent:main:c2", "true")
+        pool = orch.manager.pool
+        claimed = sorted(pool.claims.ids())
+        assert len(claimed) == 2
+        gone, kept = claimed
+        docker_client.api.remove_container(gone, force=True)  # elsewhere: no claim dropped here
+        assert await pool.drop_lost_claims() == 0  # within the grace: a hand-over may be under way
+        for container_id in claimed:  # both claimed long ago
+            path = pool.claims.root / container_id
+            record = json.loads(path.read_text())
+            path.write_text(json.dumps({**record, "claimed_at": record["claimed_at"] - CLAIM_GRACE_S - 1}))
+        assert await pool.drop_lost_claims() == 1
+        assert sorted(pool.claims.ids()) == [kept]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import time
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 
 CLAIM_GRACE_S = 60.0  # a claim younger than this may still be renaming its container
 REFILL_EVERY_S = 5.0  # the pool is checked this often, and at once after a claim
+LOST_CLAIMS_EVERY_S = 600.0  # claim files of containers removed elsewhere are looked for this often
+LOST_CLAIMS_AT_ONCE = 100  # engine lookups per look, at most
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class WarmPool:
         self.wake = anyio.Event()
         self._claiming: set[str] = set()  # container ids this process is handing over now
         self._free: dict[str, list[SandboxInfo]] = {}  # pool key -> members this process knows free
+        self._lost_claims_at = -math.inf  # when claim files were last checked against the engine (monotonic)
 
     # -- which agents have a pool ------------------------------------------------------------
 
@@ -330,8 +334,37 @@ class WarmPool:
         return out
 
     async def sweep(self) -> list[str]:
-        """Remove the stale pool containers; their names."""
-        return await pool_plan.sweep(self)
+        """Remove the stale pool containers (their names), and now and then the claim files of
+        containers removed by another process."""
+        removed = await pool_plan.sweep(self)
+        if time.monotonic() - self._lost_claims_at >= LOST_CLAIMS_EVERY_S:
+            self._lost_claims_at = time.monotonic()
+            await self.drop_lost_claims()
+        return removed
+
+    async def drop_lost_claims(self) -> int:
+        """Drop the claim files whose container the engine no longer has (removed by a CLI prune, a
+        replica, by hand: this process's own removals drop theirs); how many went. One older than
+        CLAIM_GRACE_S only: a younger one may belong to a hand-over under way elsewhere."""
+        listed = {i.id for i in await self.backend.list(instance=self.manager.instance, kind="exec")}
+        dropped = 0
+        looked = 0
+        for container_id in list(self.claims.ids()):
+            if (
+                container_id in listed
+                or container_id in self._claiming
+                or not container_id.isalnum()
+                or looked >= LOST_CLAIMS_AT_ONCE
+            ):
+                continue
+            claim = self.claims.get(container_id)
+            if claim is not None and time.time() - claim.claimed_at < CLAIM_GRACE_S:
+                continue
+            looked += 1  # another instance's container on this state dir is not listed: asked by id
+            if await self.backend.find(container_id) is None:
+                self.claims.drop(container_id)
+                dropped += 1
+        return dropped
 
     async def remove_member(self, info: SandboxInfo) -> None:
         """Remove a pool container never handed out, with its claim and scratch folder."""
