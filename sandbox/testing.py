@@ -138,7 +138,7 @@ class FakeSandbox:
         del user, pid_dir
         self.killed.append((call_id, signal))
 
-    async def end_user(self, user: str) -> bool:
+    async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """Record it; nothing ever runs."""
         self.ended_users.append(user)
         return True

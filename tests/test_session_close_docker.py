@@ -146,3 +146,38 @@ async def test_closing_a_session_on_the_host_backend_still_closes(make_config: A
         assert (await sess.call("exec", {"command": "true"})).ok
         assert await sess.close() == ["agent:main:one"]
         assert await orch.session("agent:main:never").close() == ["agent:main:never"]
+
+
+async def test_a_closed_session_s_background_process_files_leave_the_shared_tmp(
+    make_config: Any, docker_client: Any
+) -> None:
+    """A background process keeps its output, exit and pid files on /tmp, which outlives the
+    session in a shared container: they go with the session, the other session's stay."""
+    async with Orchestrator(shared_config(make_config)) as orch:
+        leaving, staying = orch.session("agent:a:leaving"), orch.session("agent:a:staying")
+        started = {}
+        for sess in (leaving, staying):
+            bg = await sess.call("exec", {"command": "echo lots of output; sleep 300", "background": True})
+            assert bg.ok, bg
+            started[sess.key] = bg.output["process_id"]
+        box = await staying.sandbox()
+        assert box is not None
+
+        uids = {sess.key: await uid_of(sess) for sess in (leaving, staying)}
+
+        def files_of(key: str) -> list[str]:  # as the session's uid: its record folder is 0700, and root has no caps
+            found = docker_client.containers.get(box.id).exec_run(
+                ["sh", "-c", f"find /tmp -name '{started[key]}*' 2>/dev/null"], user=str(uids[key])
+            )
+            return str(found.output.decode()).split()
+
+        assert files_of("agent:a:leaving") and files_of("agent:a:staying")
+        temp = await leaving.call("exec", {"command": "head -c 100000 /dev/zero > $TMPDIR/left-behind; echo $TMPDIR"})
+        assert temp.ok, temp
+        record_dir = temp.output["output"].strip().rsplit("/", 1)[0]  # its TMPDIR is inside it
+        assert await leaving.close() == ["agent:a:leaving"]
+        assert files_of("agent:a:leaving") == []
+        assert files_of("agent:a:staying")
+        # the whole record folder went, its TMPDIR with it (the shared /tmp is a 256m tmpfs)
+        listed = docker_client.containers.get(box.id).exec_run(["ls", "-a", "/tmp"], user=str(uids["agent:a:staying"]))
+        assert record_dir.rsplit("/", 1)[1] not in listed.output.decode().split()

@@ -268,10 +268,11 @@ class Sandbox(Shell, Protocol):
         """Pids of processes a call started that are still alive."""
         ...
 
-    async def end_user(self, user: str) -> bool:
+    async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """KILL every process `user` runs in the sandbox, its resident agent included (a closed
-        session's uid, with session users: what it left running must not outlive it). True when
-        none is known to be left."""
+        session's uid, with session users: what it left running must not outlive it), then
+        remove the folders `remove` inside as that user (its records and TMPDIR on a /tmp other
+        sessions share). True when no process is known to be left."""
         ...
 
     async def agent_link(self, user: str | None = None) -> AgentChannel | None:

@@ -312,7 +312,7 @@ class SessionShell:
         """KILL everything the session's uid runs in the sandbox (the session is closing: what
         it left running in the background, `setsid` or not, must not outlive it in a container
         other sessions share). True when nothing of it is known to be left."""
-        return await self.sandbox.end_user(self.session_user.user)
+        return await self.sandbox.end_user(self.session_user.user, remove=(self.pid_dir,))
 
     async def agent_link(self, user: str | None = None) -> AgentChannel | None:
         """The session uid's own resident agent (never another session's)."""

@@ -25,6 +25,7 @@ from sandbox.journal.queries import MAX_PAGE
 from sandbox.policy.groups import expand, expand_all
 from sandbox.policy.resolver import Identity
 from sandbox.policy.sessions import agent_of, key_problem, parse_session_key
+from sandbox.runtime import shellwrap
 from sandbox.sessions.child import REGISTRY_FILE, child_agent
 from sandbox.sessions.registry import Child, Message, Registry
 from sandbox.sessions.shared_registry import SharedRegistry
@@ -510,6 +511,9 @@ async def end_session_work(orch: Orchestrator, session: Session, reason: str) ->
         for proc_id in table:
             with contextlib.suppress(SandboxError, ValueError):
                 await shell.kill(proc_id, "KILL")
+                # its output, exit and pid files: on the sandbox's /tmp, which outlives the session
+                # in agent and shared scope (a month of sessions filled it)
+                await shell.run_argv(shellwrap.forget_argv(proc_id, shell.pid_dir))
     await _end_own_uid(session)
 
 

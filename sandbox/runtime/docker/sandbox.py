@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
@@ -10,7 +11,7 @@ import anyio
 import anyio.to_thread
 
 from sandbox._log import logger
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import SandboxError, SandboxUnavailable
 from sandbox.runtime import shellwrap
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.call_stop import run_then_stop, stop_confirmed
@@ -205,13 +206,22 @@ class DockerSandbox(shellwrap.InSandbox):
         folder = Path(str(found.get("Mountpoint", "")))
         return folder if await anyio.to_thread.run_sync(folder.is_dir) else None
 
-    async def end_user(self, user: str) -> bool:
+    async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """KILL every process of `user` here (see the protocol): from the host first, which needs
         no new process in a sandbox whose pids limit the user may have used up; else from inside,
-        as that user (`kill -9 -1` reaches exactly what the user may signal: its own)."""
+        as that user (`kill -9 -1` reaches exactly what the user may signal: its own). Then
+        `remove` goes, as that user (the sandbox's root has no capability to)."""
         uid = user.partition(":")[0]
         if not uid.isdigit() or int(uid) == 0 or uid == self._spec.user.partition(":")[0]:
             raise ValueError(f"not a session's own user: {user!r}")  # never root or the sandbox's user
+        ended = await self._end_processes(user, uid)
+        if remove:
+            with contextlib.suppress(SandboxError):  # a sandbox gone or stuck: its /tmp goes with it
+                # plain docker exec (an agent of the user's would outlive the close)
+                await exec_stream(self._backend, self._id, ["rm", "-rf", "--", *remove], user=user, timeout_s=15)
+        return ended
+
+    async def _end_processes(self, user: str, uid: str) -> bool:
         self._backend.agents.close(self._id, user)  # its agent goes with the rest
         api = self._backend.client.api
         confirmed = await self._backend.call("end user", docker_kill.kill_user, api, self._id, int(uid))

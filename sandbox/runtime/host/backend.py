@@ -92,7 +92,7 @@ class HostSandbox:
         """Signal everything `call_id` started."""
         await self._shell.kill(call_id, signal, user=user, pid_dir=pid_dir)
 
-    async def end_user(self, user: str) -> bool:
+    async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """Nothing to do: every command here runs as the orchestrator's own user, whatever
         session user it is given, so there is no uid of the session's to end (its `process`
         jobs are killed by the close itself)."""

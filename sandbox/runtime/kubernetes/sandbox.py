@@ -164,7 +164,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
         except SandboxUnavailable:
             return False
 
-    async def end_user(self, user: str) -> bool:
+    async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """End everything of `user` (see the protocol): a session user has a Pod of its own here
         (on the same workspace claim), which goes whole; never this Pod's own user."""
         if user == self._spec.user or not self._spec.session_users:
