@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,7 +59,7 @@ def test_a_gap_is_logged_once_per_container(monkeypatch: pytest.MonkeyPatch) -> 
     """Where it cannot be applied the sandbox is still made, and the gap is logged (once)."""
     from sandbox.testing import capture_logs
 
-    monkeypatch.setattr(procfs, "_warned", set())
+    monkeypatch.setattr(procfs, "_warned", OrderedDict())
     spec = SimpleNamespace(session_users=True, name="sbx-x")
     with capture_logs() as logs:
         for _ in range(3):

@@ -29,6 +29,7 @@ import ctypes
 import errno
 import os
 import platform
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from typing import Any, Literal
 from sandbox._log import logger
 from sandbox.config.merge import agent_ids, effective_agent
 from sandbox.errors import SandboxUnavailable
+from sandbox.runtime.bounded import remember
 from sandbox.runtime.docker.kill import in_container
 from sandbox.runtime.naming import Labels
 
@@ -46,7 +48,7 @@ ARCHES = frozenset({"x86_64", "aarch64"})
 FSPICK_FLAGS = 0x1 | 0x2 | 0x4  # CLOEXEC, SYMLINK_NOFOLLOW, NO_AUTOMOUNT
 FSCONFIG_SET_STRING, FSCONFIG_CMD_RECONFIGURE = 1, 7
 AT_FDCWD = -100
-_warned: set[str] = set()
+_warned: OrderedDict[str, None] = OrderedDict()  # containers warned about (bounded: a repeat is one more log line)
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def hide_in(attrs: dict[str, Any], spec: Any) -> Hiding | None:
         return None
     hiding = apply(int((attrs.get("State") or {}).get("Pid") or 0), str(attrs["Id"]))
     if not hiding.applied and attrs["Id"] not in _warned:
-        _warned.add(attrs["Id"])
+        remember(_warned, attrs["Id"], None)
         logger.bind(container=spec.name, reason=hiding.reason).warning("sandbox_processes_visible")
     return hiding
 
