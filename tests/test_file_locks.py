@@ -76,7 +76,7 @@ def test_processes_never_hold_it_together_though_its_file_is_unlinked_each_time(
     ctx = multiprocessing.get_context("fork")
     failures: multiprocessing.Queue[str] = ctx.Queue()
     marker = str(tmp_path / "inside")
-    children = [ctx.Process(target=_hold_many, args=(str(tmp_path / "locks"), marker, 300, failures)) for _ in range(4)]
+    children = [ctx.Process(target=_hold_many, args=(str(tmp_path / "locks"), marker, 150, failures)) for _ in range(3)]
     for child in children:
         child.start()
     for child in children:
