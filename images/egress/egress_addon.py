@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import weakref
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,8 +41,6 @@ from egress_tunnel import Closed, TunnelGate
 from mitmproxy import ctx, http
 from mitmproxy.net.http import url
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
-
-MAX_NAMES = 4096  # server connections whose asked-for name is kept (a tunnel reads it at once)
 
 
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
@@ -207,8 +206,8 @@ class Egress:
         host, port = data.server.address
         name = normal_host(str(host))
         self.names[data.server.id] = name
-        while len(self.names) > MAX_NAMES:  # a connect that fails upstream gets no disconnect hook
-            del self.names[next(iter(self.names))]
+        # a connect that fails upstream gets no disconnect hook: the name goes with the connection
+        weakref.finalize(data.server, self.names.pop, data.server.id, None)
         # mitmproxy logs an exception in a hook and goes on connecting: every failure here refuses
         data.server.error = "egress refused: the verdict did not complete"
         try:
@@ -254,7 +253,12 @@ class Egress:
             return
         if not _in_tunnel(context):
             return
-        name = self.names.get(context.server.id, normal_host(str(context.server.address[0])))
+        name = self.names.get(context.server.id)
+        if name is None:
+            # every tunnel's server went through server_connect: never fall back to its pinned
+            # address (an IP, for which a ClientHello without SNI would pass)
+            nextlayer.layer = Closed(context)
+            return
         # decided here, always: mitmproxy's own next-layer logic (which runs after this hook)
         # would otherwise intercept TLS or pass bytes through unchecked
         nextlayer.layer = TunnelGate(context, name, int(context.server.address[1]))
