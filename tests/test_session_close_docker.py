@@ -172,12 +172,23 @@ async def test_a_closed_session_s_background_process_files_leave_the_shared_tmp(
             return str(found.output.decode()).split()
 
         assert files_of("agent:a:leaving") and files_of("agent:a:staying")
-        temp = await leaving.call("exec", {"command": "head -c 100000 /dev/zero > $TMPDIR/left-behind; echo $TMPDIR"})
+        leave = (
+            "head -c 100000 /dev/zero > $TMPDIR/left-behind; echo mine > /tmp/direct-$(id -u);"
+            " mkdir -p $TMPDIR/locked/deeper && touch $TMPDIR/locked/deeper/f && chmod 000 $TMPDIR/locked/deeper $TMPDIR/locked;"
+            " ln -s /workspace $TMPDIR/to-workspace; echo $TMPDIR"
+        )
+        temp = await leaving.call("exec", {"command": leave})
         assert temp.ok, temp
+        assert (await staying.call("exec", {"command": "echo theirs > /workspace/kept.txt"})).ok
         record_dir = temp.output["output"].strip().rsplit("/", 1)[0]  # its TMPDIR is inside it
         assert await leaving.close() == ["agent:a:leaving"]
         assert files_of("agent:a:leaving") == []
         assert files_of("agent:a:staying")
         # the whole record folder went, its TMPDIR with it (the shared /tmp is a 256m tmpfs)
+        # (a folder it locked with chmod 000 too, and the file it made in /tmp itself; a link is
+        # removed, never followed)
         listed = docker_client.containers.get(box.id).exec_run(["ls", "-a", "/tmp"], user=str(uids["agent:a:staying"]))
-        assert record_dir.rsplit("/", 1)[1] not in listed.output.decode().split()
+        names = listed.output.decode().split()
+        assert record_dir.rsplit("/", 1)[1] not in names and f"direct-{uids['agent:a:leaving']}" not in names
+        kept = await staying.call("read", {"path": "kept.txt"})
+        assert kept.ok and "theirs" in kept.output["content"], kept

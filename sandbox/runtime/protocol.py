@@ -271,8 +271,8 @@ class Sandbox(Shell, Protocol):
     async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """KILL every process `user` runs in the sandbox, its resident agent included (a closed
         session's uid, with session users: what it left running must not outlive it), then
-        remove the folders `remove` inside as that user (its records and TMPDIR on a /tmp other
-        sessions share). True when no process is known to be left."""
+        remove what `user` owns at the top of each folder of `remove` (its records, TMPDIR and
+        files on a /tmp other sessions share). True when no process is known to be left."""
         ...
 
     async def agent_link(self, user: str | None = None) -> AgentChannel | None:

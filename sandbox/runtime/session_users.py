@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -312,7 +313,8 @@ class SessionShell:
         """KILL everything the session's uid runs in the sandbox (the session is closing: what
         it left running in the background, `setsid` or not, must not outlive it in a container
         other sessions share). True when nothing of it is known to be left."""
-        return await self.sandbox.end_user(self.session_user.user, remove=(self.pid_dir,))
+        # its record folder (and TMPDIR in it) and what else it left in that /tmp
+        return await self.sandbox.end_user(self.session_user.user, remove=(posixpath.dirname(self.pid_dir),))
 
     async def agent_link(self, user: str | None = None) -> AgentChannel | None:
         """The session uid's own resident agent (never another session's)."""

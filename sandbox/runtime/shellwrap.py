@@ -12,6 +12,7 @@ restarted orchestrator finds them again. The scripts need only sh, coreutils and
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -199,6 +200,25 @@ def wrapped_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str
     """
     mode = "700" if is_private(pid_dir) else "1777"
     return ["/bin/sh", "-lc", _WRAP, f"{pid_dir}/{check_call_id(call_id)}.pid", command, mode]
+
+
+# What a closed session's uid left at the top of shared folders (its record folder and TMPDIR,
+# files it made in /tmp itself) goes, run as that uid: folders it locked (chmod 000) are opened
+# first, from the top down (find visits a folder before it descends), and links are never
+# followed (find -P; rm removes a link, not its target).
+_CLEAN_USER = r"""
+me=$(id -u)
+for d in "$@"; do
+  find -P "$d" -xdev -mindepth 1 -type d -user "$me" ! -perm -u=rwx -exec chmod u+rwx {} \; 2>/dev/null
+  find -P "$d" -xdev -mindepth 1 -maxdepth 1 -user "$me" -exec rm -rf -- {} + 2>/dev/null
+done
+true
+"""
+
+
+def clean_user_argv(folders: Sequence[str]) -> list[str]:
+    """argv that removes the caller's own entries at the top of each of `folders`."""
+    return ["/bin/sh", "-c", _CLEAN_USER, "sbx", *folders]
 
 
 def kill_argv(call_id: str, signal: str, pid_dir: str = PID_DIR) -> list[str]:

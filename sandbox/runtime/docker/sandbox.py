@@ -209,8 +209,9 @@ class DockerSandbox(shellwrap.InSandbox):
     async def end_user(self, user: str, *, remove: Sequence[str] = ()) -> bool:
         """KILL every process of `user` here (see the protocol): from the host first, which needs
         no new process in a sandbox whose pids limit the user may have used up; else from inside,
-        as that user (`kill -9 -1` reaches exactly what the user may signal: its own). Then
-        `remove` goes, as that user (the sandbox's root has no capability to)."""
+        as that user (`kill -9 -1` reaches exactly what the user may signal: its own). Then its
+        entries at the top of each `remove` folder go, as that user (the sandbox's root has no
+        capability to)."""
         uid = user.partition(":")[0]
         if not uid.isdigit() or int(uid) == 0 or uid == self._spec.user.partition(":")[0]:
             raise ValueError(f"not a session's own user: {user!r}")  # never root or the sandbox's user
@@ -218,7 +219,7 @@ class DockerSandbox(shellwrap.InSandbox):
         if remove:
             with contextlib.suppress(SandboxError):  # a sandbox gone or stuck: its /tmp goes with it
                 # plain docker exec (an agent of the user's would outlive the close)
-                await exec_stream(self._backend, self._id, ["rm", "-rf", "--", *remove], user=user, timeout_s=15)
+                await exec_stream(self._backend, self._id, shellwrap.clean_user_argv(remove), user=user, timeout_s=15)
         return ended
 
     async def _end_processes(self, user: str, uid: str) -> bool:
