@@ -286,3 +286,22 @@ async def test_links_whose_agents_ended_while_idle_are_dropped_with_their_descri
     assert set(registry._locks) <= {("container-2", spec.user)}
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 4  # the live link's own, no more
     registry.close_all()
+
+
+async def test_a_link_that_died_in_a_call_is_dropped_after_a_period_without_calls(
+    agents: LocalAgents, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(resident, "clock", lambda: clock[0])
+    registry = ResidentAgents(agents)
+    spec = a_spec(tmp_path)
+    link = await registry.link("container-gone", spec, None)
+    assert link is not None
+    link.close("died in a call")  # as a failed call marks it
+    clock[0] += resident.SWEEP_EVERY_S
+    await registry.link("container-other", spec, None)
+    assert ("container-gone", spec.user) in registry._links  # a call of its own may still replace it
+    clock[0] += resident.SWEEP_EVERY_S
+    await registry.link("container-other", spec, None)
+    assert ("container-gone", spec.user) not in registry._links
+    registry.close_all()

@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from sandbox.runtime.last_used import LastUsed
 
 
@@ -67,3 +69,25 @@ def test_a_removed_sandbox_s_time_goes_from_the_file(tmp_path: Path) -> None:
     record.touch("sbx-0")  # a new sandbox under a removed one's name counts again
     record.flush()
     assert set(json.loads(path.read_text())) == {"sbx-kept", "sbx-0"}
+
+
+def test_a_removal_never_drops_a_later_use_another_process_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI prune removes a sandbox while the service makes a new one of that name (the warm
+    pool hands one over at once): the prune's forget, written after the service's use, must not
+    wipe it, or the next prune would judge the new sandbox idle since its creation."""
+    from datetime import UTC, datetime, timedelta
+
+    from sandbox.runtime import last_used
+
+    path = tmp_path / "last-used.json"
+    pruner = LastUsed(path)
+    monkeypatch.setattr(last_used._WRITER, "submit", lambda fn: None)  # held: written when flushed
+    pruner.forget("sbx-x")
+    pruner.forget("sbx-old")
+    later = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    path.write_text(json.dumps({"sbx-x": later, "sbx-old": "2026-01-01T00:00:00+00:00"}))  # the service's
+    monkeypatch.undo()
+    pruner.flush()
+    assert json.loads(path.read_text()) == {"sbx-x": later}

@@ -304,6 +304,9 @@ class Session:
     async def release(self, *, reason: str) -> None:
         """Close this session alone (see :meth:`close`); `reason` goes on its cancelled approvals."""
         await end_session_work(self._orch, self, reason)
+        # its record of files seen and of processes started: over once its processes are (and
+        # before a new handle of its key is made: that one's records start anew)
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.state_dir, ignore_errors=True))
         if self.agent.sandbox.preview.ports:  # its preview links end with it, also where its sandbox stays
             await anyio.to_thread.run_sync(mark_closed, self._orch.config.state_dir, self.agent.tenant, self.key)
         if self.sandboxed:
@@ -315,9 +318,6 @@ class Session:
         self._files = None
         self._host_shell = None
         self._session_users.clear()
-        # its record of files seen and of processes started: over, and one folder per session
-        # closed would stay in the state dir for good
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.state_dir, ignore_errors=True))
 
     @overload
     async def shell(self, *, create: Literal[True] = True) -> Shell: ...

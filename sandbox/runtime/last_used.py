@@ -27,9 +27,9 @@ class LastUsed:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._lock = threading.Lock()
-        # name -> ISO time (None: forgotten, its sandbox removed), not yet written
-        self._pending: dict[str, str | None] = {}
-        self._writing: dict[str, str | None] = {}  # taken by the write under way (read still sees them)
+        # name -> (removed?, ISO time of the use or of the removal), not yet written
+        self._pending: dict[str, _Change] = {}
+        self._writing: dict[str, _Change] = {}  # taken by the write under way (read still sees them)
 
     def read(self) -> dict[str, str]:
         """Container name -> ISO time of last use (what is on disk, and what is about to be)."""
@@ -39,14 +39,15 @@ class LastUsed:
 
     def touch(self, name: str) -> None:
         """Record `name` as used now; written soon, in the background."""
-        self._queue(name, datetime.now(UTC).isoformat(timespec="seconds"))
+        self._queue(name, (False, _now()))
 
     def forget(self, name: str) -> None:
         """`name`'s sandbox was removed: its time goes from the file (a month of sessions would
-        otherwise leave one line each, and every write rewrites them all)."""
-        self._queue(name, None)
+        otherwise leave one line each, and every write rewrites them all). Only a time from
+        before the removal goes: another process may have made a sandbox of that name since."""
+        self._queue(name, (True, _now()))
 
-    def _queue(self, name: str, value: str | None) -> None:
+    def _queue(self, name: str, value: _Change) -> None:
         with self._lock:
             first = not self._pending
             self._pending[name] = value
@@ -90,12 +91,28 @@ class LastUsed:
                 self._writing = {}
 
 
-def _applied(data: dict[str, str], changes: dict[str, str | None]) -> dict[str, str]:
-    """`data` with touches set and forgotten names dropped."""
+_Change = tuple[bool, str]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _applied(data: dict[str, str], changes: dict[str, _Change]) -> dict[str, str]:
+    """`data` with touches set, and the times of removed sandboxes dropped when they are older
+    than the removal."""
     out = dict(data)
-    for name, value in changes.items():
-        if value is None:
-            out.pop(name, None)
-        else:
-            out[name] = value
+    for name, (removed, at) in changes.items():
+        if not removed:
+            out[name] = at
+        elif name in out and not _later(out[name], at):
+            del out[name]
     return out
+
+
+def _later(time: str, than: str) -> bool:
+    """Whether ISO time `time` is after `than` (an unreadable time is not)."""
+    try:
+        return datetime.fromisoformat(time) > datetime.fromisoformat(than)
+    except ValueError:
+        return False

@@ -60,6 +60,7 @@ class ResidentAgents:
         self._refused: dict[tuple[str, str], Refusal] = {}
         self.started = 0  # agents started by this backend (restarts included)
         self._swept_at = clock()
+        self._dead_seen: set[tuple[str, str]] = set()  # links found dead in a call at the last look
 
     async def exec_path(self, spec: SandboxSpec, container_id: str | None = None, user: str | None = None) -> ExecPath:
         """The path commands of `spec`'s sandbox take (`container_id`: also its own history, for
@@ -125,12 +126,21 @@ class ResidentAgents:
         if now - self._swept_at < SWEEP_EVERY_S:
             return
         self._swept_at = now
+        dead_before, self._dead_seen = self._dead_seen, set()
         for key, link in list(self._links.items()):
-            if link.dead is None and not link.check():  # ended now: nothing is left to kill
-                del self._links[key]
-                lock = self._locks.get(key)
-                if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
-                    del self._locks[key]
+            was_dead = link.dead is not None
+            if link.check():
+                continue
+            # dropped when it ended while idle (its agent is gone), or when it died in a call
+            # and no call came for a whole period to replace it and kill its agent (its container
+            # was removed elsewhere); its descriptors closed as it died
+            if was_dead and key not in dead_before:
+                self._dead_seen.add(key)
+                continue
+            del self._links[key]
+            lock = self._locks.get(key)
+            if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+                del self._locks[key]
         for key in [k for k, r in self._refused.items() if now >= r.until + RETRY_MAX_S]:
             del self._refused[key]  # its backoff is forgotten too: the next failure waits RETRY_FIRST_S
 

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import shutil
 import time
 from collections.abc import Iterator
@@ -349,7 +350,9 @@ class WarmPool:
         listed = {i.id for i in await self.backend.list(instance=self.manager.instance, kind="exec")}
         dropped = 0
         looked = 0
-        for container_id in list(self.claims.ids()):
+        # in no fixed order: claims this instance cannot see (another instance's, on this state
+        # dir) must not take every lookup of every round
+        for container_id in random.sample(found := list(self.claims.ids()), len(found)):
             if (
                 container_id in listed
                 or container_id in self._claiming
