@@ -142,6 +142,12 @@ async def test_kill_falls_back_inside_when_host_cannot_see(make_config: Any, mon
         assert "could not be confirmed" not in result.error.message
         ps = await sess.call("exec", {"command": "ps -eo args= | grep -c '^sleep 300' || true"})
         assert ps.output["output"].strip() == "0"
+        # a child without the call's tag outlives its shell and holds the call open: the shell's
+        # pid file stays for the process-group kill (its exit trap keeps it when `$!` is set)
+        untagged = await sess.call("exec", {"command": "env -u SBX_CALL sleep 301 & exit 0", "timeout_s": 1})
+        assert untagged.error is not None and untagged.error.code == "TIMEOUT"
+        ps = await sess.call("exec", {"command": "ps -eo args= | grep -c '^sleep 301' || true"})
+        assert ps.output["output"].strip() == "0"
 
 
 # leaves its process group, then its main thread ends while another runs on, writing a beat:

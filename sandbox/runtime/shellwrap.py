@@ -45,13 +45,15 @@ alive() {
 # The pid file only helps the in-sandbox kill; the tag finds every process anyway, so a full
 # /tmp (another session's doing, in agent scope) must not stop the command from running. It goes
 # when the shell exits (a trap keeps the exit status): one file per call left on the tmpfs filled
-# a long-lived container's /tmp after some 65,000 calls. A command killed, or one that ends with
-# `exec` or sets its own EXIT trap, still leaves its file.
+# a long-lived container's /tmp after some 65,000 calls. Not when the shell started a background
+# job (`$!` is set): a child that outlives the shell, holding the call open until its timeout,
+# must still be killed with its process group. A command killed, or one that ends with `exec` or
+# sets its own EXIT trap, also leaves its file.
 _WRAP = (
     "__sbx_c=$1; __sbx_p=$0; __sbx_m=$2; set --; "
     '[ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"; '
     '{ echo $$ > "$__sbx_p" || { mkdir -p -m "$__sbx_m" "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
-    """trap 'rm -f -- "$__sbx_p" 2>/dev/null' EXIT; """
+    """trap '[ -n "$!" ] || rm -f -- "$__sbx_p" 2>/dev/null' EXIT; """
     '[ -z "$SBX_TMPDIR" ] || { [ -d "$SBX_TMPDIR" ] || mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null; '
     '[ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }; '
     'unset __sbx_m SBX_TMPDIR SBX_UMASK; eval "$__sbx_c"'
