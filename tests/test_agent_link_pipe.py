@@ -305,3 +305,16 @@ async def test_a_link_that_died_in_a_call_is_dropped_after_a_period_without_call
     await registry.link("container-other", spec, None)
     assert ("container-gone", spec.user) not in registry._links
     registry.close_all()
+
+
+async def test_the_agent_removes_a_finished_command_s_pid_file_unless_its_group_lives_on(
+    link: AgentLink, tmp_path: Path
+) -> None:
+    done, lingering = tmp_path / "done.pid", tmp_path / "lingering.pid"
+    result = await link.run(["sh", "-c", f"echo $$ > {done}; exit 3"], pid_file=str(done))
+    assert result.exit_code == 3 and not done.exists()
+    result = await link.run(["sh", "-c", f"echo $$ > {lingering}; sleep 5 >/dev/null 2>&1 &"], pid_file=str(lingering))
+    assert result.exit_code == 0 and lingering.exists()  # a kill of the call still needs its group
+    os.killpg(int(lingering.read_text()), signal.SIGKILL)
+    with pytest.raises(AgentUnavailable, match="absolute path"):
+        await link.run(["true"], pid_file="relative.pid")

@@ -184,6 +184,15 @@ class Agent:
         cwd = request.get("cwd")
         if any("\0" in text for text in [*argv, *env, *env.values(), cwd if isinstance(cwd, str) else ""]):
             raise ValueError("a NUL byte in the command, its environment or its folder")
+        # the wrapper's pid file: removed once the command is over and its process group empty
+        pid_file = request.get("pid_file")
+        if pid_file is not None and not (
+            isinstance(pid_file, str)
+            and pid_file.startswith("/")
+            and pid_file.endswith(".pid")
+            and "\0" not in pid_file
+        ):
+            raise ValueError("pid_file must be an absolute path ending in .pid")
         tmpdir = env.get("SBX_TMPDIR")
         if tmpdir and not os.path.isdir(tmpdir):
             # what the command's wrapper would do first (mkdir -m 700, then its own checks of
@@ -218,7 +227,7 @@ class Agent:
         finally:
             os.close(out_w)
             os.close(err_w)
-        child = Child(rid, proc, out_r, err_r)
+        child = Child(rid, proc, out_r, err_r, pid_file)
         self.children[rid] = child
         for fd, stream in ((out_r, 1), (err_r, 2)):
             os.set_blocking(fd, False)
@@ -232,9 +241,12 @@ class Agent:
 class Child:
     """One running command: its pipes, its exit watch."""
 
-    def __init__(self, rid: int, proc: subprocess.Popen[bytes], out_r: int, err_r: int) -> None:
+    def __init__(
+        self, rid: int, proc: subprocess.Popen[bytes], out_r: int, err_r: int, pid_file: str | None = None
+    ) -> None:
         self.rid = rid
         self.proc = proc
+        self.pid_file = pid_file
         self.streams: dict[int, int] = {}
         self.status: int | None = None  # the return code, once it has exited
         try:
@@ -280,12 +292,27 @@ class Child:
         if self.status is None or self.streams:
             return
         del agent.children[self.rid]
+        self.forget_pid_file()
         sig = -self.status if self.status < 0 else 0
         agent.send({"t": "exit", "id": self.rid, "code": 128 + sig if sig else self.status, "signal": sig})
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
+
+    def forget_pid_file(self) -> None:
+        """One pid file per call stayed on the sandbox's /tmp (a tmpfs other sessions share) and
+        filled it after some 65,000 calls. It is kept while its process group has a member left
+        (a background child outliving the shell: a kill of the call still needs the group)."""
+        if self.pid_file is None:
+            return
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.pid_file)
+        except OSError:
+            pass  # a member we may not signal: kept
 
 
 # -- file operations beneath a root (a workspace on a volume, which the host cannot see) -----

@@ -43,20 +43,16 @@ alive() {
 """
 
 # The pid file only helps the in-sandbox kill; the tag finds every process anyway, so a full
-# /tmp (another session's doing, in agent scope) must not stop the command from running. It goes
-# when the shell exits (a trap keeps the exit status): one file per call left on the tmpfs filled
-# a long-lived container's /tmp after some 65,000 calls. Not when the shell started a background
-# job (`$!` is set): a child that outlives the shell, holding the call open until its timeout,
-# must still be killed with its process group. A command killed, or one that ends with `exec` or
-# sets its own EXIT trap, also leaves its file.
+# /tmp (another session's doing, in agent scope) must not stop the command from running. The
+# resident agent removes it once the command is over and its process group is empty (the
+# orchestrator names it: `pid_file`); a trap here would cost every call an `rm` process.
 _WRAP = (
     "__sbx_c=$1; __sbx_p=$0; __sbx_m=$2; set --; "
     '[ -z "$SBX_UMASK" ] || umask "$SBX_UMASK"; '
     '{ echo $$ > "$__sbx_p" || { mkdir -p -m "$__sbx_m" "${__sbx_p%/*}" && echo $$ > "$__sbx_p"; }; } 2>/dev/null; '
-    """trap '[ -n "$!" ] || rm -f -- "$__sbx_p" 2>/dev/null' EXIT; """
     '[ -z "$SBX_TMPDIR" ] || { [ -d "$SBX_TMPDIR" ] || mkdir -p -m 700 "$SBX_TMPDIR" 2>/dev/null; '
     '[ -d "$SBX_TMPDIR" ] && [ ! -L "$SBX_TMPDIR" ] && [ -O "$SBX_TMPDIR" ] && export TMPDIR="$SBX_TMPDIR"; }; '
-    'unset __sbx_m SBX_TMPDIR SBX_UMASK; eval "$__sbx_c"'
+    'unset __sbx_p __sbx_m SBX_TMPDIR SBX_UMASK; eval "$__sbx_c"'
 )
 
 # A private record directory (a session's own, see runtime/session_users.py) is trusted only
@@ -201,7 +197,12 @@ def wrapped_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str
     new session).
     """
     mode = "700" if is_private(pid_dir) else "1777"
-    return ["/bin/sh", "-lc", _WRAP, f"{pid_dir}/{check_call_id(call_id)}.pid", command, mode]
+    return ["/bin/sh", "-lc", _WRAP, pid_file(call_id, pid_dir), command, mode]
+
+
+def pid_file(call_id: str, pid_dir: str = PID_DIR) -> str:
+    """Where a call's wrapper writes its pid (its process group)."""
+    return f"{pid_dir}/{check_call_id(call_id)}.pid"
 
 
 # What a closed session's uid left at the top of shared folders (its record folder and TMPDIR,

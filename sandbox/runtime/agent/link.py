@@ -152,12 +152,14 @@ class AgentLink:
         on_output: Callable[[bytes], None] | None = None,
         capture: OutputCapture | None = None,
         tag: str | None = None,
+        pid_file: str | None = None,
     ) -> ExecResult:
         """Run argv through the agent, like `exec_stream` does through the engine.
 
         Stopping the wait (timeout, cancellation, output past the capture's maximum) does not
         stop the command: callers that own a call id kill it (`tag`: the call id, so
-        :meth:`signal_tagged` can reach the command's process group).
+        :meth:`signal_tagged` can reach the command's process group). `pid_file`: the command's
+        wrapper's, which the agent removes once the command is over and its group empty.
         """
         capture = capture or OutputCapture()
         start = time.perf_counter()
@@ -167,7 +169,11 @@ class AgentLink:
             self._tagged[tag] = call.id
             while len(self._tagged) > 256:  # the oldest go: their commands are long over
                 del self._tagged[next(iter(self._tagged))]
-        request = {"t": "run", "id": call.id, "argv": list(argv), "env": dict(environment or {}), "cwd": workdir}
+        request: dict[str, Any] = {
+            "t": "run", "id": call.id, "argv": list(argv), "env": dict(environment or {}), "cwd": workdir,
+        }  # fmt: skip
+        if pid_file is not None:
+            request["pid_file"] = pid_file
         timed_out = False
         try:
             await self._send(request)

@@ -103,6 +103,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
                 on_output=request.on_output,
                 capture=request.capture,
                 tag=request.call_id,
+                pid_file=shellwrap.pid_file(request.call_id, request.pid_dir or shellwrap.PID_DIR),
             )
 
         return await run_then_stop(
