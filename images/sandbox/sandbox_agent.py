@@ -292,9 +292,9 @@ class Child:
         if self.status is None or self.streams:
             return
         del agent.children[self.rid]
-        self.forget_pid_file()
         sig = -self.status if self.status < 0 else 0
         agent.send({"t": "exit", "id": self.rid, "code": 128 + sig if sig else self.status, "signal": sig})
+        self.forget_pid_file()  # after the answer: off the call's path
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
