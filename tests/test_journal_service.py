@@ -62,3 +62,43 @@ journal: {{retention: {{max_age: 1d, max_bytes: 0, check_every_s: 0.2}}}}
     left = {e.call_id for e in reader.page(tenant="acme", limit=1000).events}
     reader.close()
     assert left == {f"today-{i}" for i in range(5)} | {"running"}
+
+
+@pytest.mark.slow
+def test_the_service_prunes_the_sessions_registry_past_max_age(tmp_path: Path) -> None:
+    """The same retention reaches the sessions registry: a message two days old goes, today's stays."""
+    from sandbox.sessions.child import REGISTRY_FILE
+    from sandbox.sessions.registry import Registry
+
+    state = tmp_path / "state"
+    state.mkdir()
+    registry = Registry(state / REGISTRY_FILE)
+    registry.send("acme", "agent:alpha:child", "agent:alpha:s", "old")
+    registry.send("acme", "agent:alpha:child", "agent:alpha:s", "today")
+    registry.close()
+    db = sqlite3.connect(state / REGISTRY_FILE)
+    db.execute("UPDATE inbox SET created_at = created_at - ? WHERE text = 'old'", (2 * DAY,))
+    db.commit()
+    db.close()
+    cfg = load_config_text(f"""
+state_dir: {state}
+tenants: [{{id: acme, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+agents:
+  defaults: {{sandbox: {{mode: 'off'}}}}
+  list: [{{id: alpha, tenant: acme, workspace: "{tmp_path / "wa"}"}}]
+journal: {{retention: {{max_age: 1d, max_bytes: 0, check_every_s: 0.2}}}}
+""")
+
+    def texts() -> list[str]:
+        reader = Registry(state / REGISTRY_FILE)
+        try:
+            return [m.text for m in reader.messages("acme", "agent:alpha:child")]
+        finally:
+            reader.close()
+
+    with serve(cfg):
+        deadline = time.monotonic() + 60
+        while "old" in texts():
+            assert time.monotonic() < deadline, "the service never pruned the sessions registry"
+            time.sleep(0.1)
+    assert texts() == ["today"]
