@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,18 @@ from sandbox.journal.store import Journal
 from tests.service_helpers import TOKEN_A, serve, sha
 
 DAY = 86400.0
+
+
+def retained_for_a_day(state: Path, workspace: Path) -> Any:
+    """A one-tenant service whose journal.retention keeps a day, applied every 0.2 s."""
+    return load_config_text(f"""
+state_dir: {state}
+tenants: [{{id: acme, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
+agents:
+  defaults: {{sandbox: {{mode: 'off'}}}}
+  list: [{{id: alpha, tenant: acme, workspace: "{workspace}"}}]
+journal: {{retention: {{max_age: 1d, max_bytes: 0, check_every_s: 0.2}}}}
+""")
 
 
 @pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
@@ -45,14 +58,7 @@ def test_the_service_prunes_events_past_max_age_and_keeps_open_calls(tmp_path: P
     db.execute("UPDATE events SET ts = ? WHERE call_id = 'running'", (old,))
     db.commit()
     db.close()
-    cfg = load_config_text(f"""
-state_dir: {state}
-tenants: [{{id: acme, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
-agents:
-  defaults: {{sandbox: {{mode: 'off'}}}}
-  list: [{{id: alpha, tenant: acme, workspace: "{tmp_path / "wa"}"}}]
-journal: {{retention: {{max_age: 1d, max_bytes: 0, check_every_s: 0.2}}}}
-""")
+    cfg = retained_for_a_day(state, tmp_path / "wa")
     reader = Journal(state / "journal.sqlite3")
     with serve(cfg):
         deadline = time.monotonic() + 60
@@ -80,14 +86,7 @@ def test_the_service_prunes_the_sessions_registry_past_max_age(tmp_path: Path) -
     db.execute("UPDATE inbox SET created_at = created_at - ? WHERE text = 'old'", (2 * DAY,))
     db.commit()
     db.close()
-    cfg = load_config_text(f"""
-state_dir: {state}
-tenants: [{{id: acme, allow_unsandboxed: true, tokens: [{{name: ci, sha256: {sha(TOKEN_A)}}}]}}]
-agents:
-  defaults: {{sandbox: {{mode: 'off'}}}}
-  list: [{{id: alpha, tenant: acme, workspace: "{tmp_path / "wa"}"}}]
-journal: {{retention: {{max_age: 1d, max_bytes: 0, check_every_s: 0.2}}}}
-""")
+    cfg = retained_for_a_day(state, tmp_path / "wa")
 
     def texts() -> list[str]:
         reader = Registry(state / REGISTRY_FILE)

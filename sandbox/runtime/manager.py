@@ -21,7 +21,7 @@ from sandbox.config.models import Config
 from sandbox.errors import SandboxUnavailable
 from sandbox.journal.owners import owner_alive, owner_here
 from sandbox.runtime import link_folders
-from sandbox.runtime.bounded import remember
+from sandbox.runtime.bounded import MAX_REMEMBERED, drop_if_idle, remember
 from sandbox.runtime.last_used import LastUsed
 from sandbox.runtime.naming import CREATING_MARK, CREATOR_LABEL, Labels, instance_id, scope_key
 from sandbox.runtime.protocol import SandboxInfo
@@ -36,10 +36,10 @@ _K = TypeVar("_K")
 _V = TypeVar("_V")
 REVALIDATE_AFTER_S = 30.0  # a cached sandbox is re-checked (drift, image) this often
 LAST_USED_EVERY_S = 30.0
-# identities (sessions, agents, shared) whose sandbox, spec and claim are remembered, least
-# recently used out: a service that runs for weeks sees unbounded many sessions, and one
-# evicted is found again in the engine (adopted) on its next call
-MAX_REMEMBERED = 4096
+# identities (sessions, agents, shared) whose sandbox, spec and claim are remembered: at most
+# MAX_REMEMBERED (runtime/bounded.py), least recently used out; a service that runs for weeks
+# sees unbounded many sessions, and one evicted is found again in the engine (adopted) on its
+# next call
 
 
 @dataclass
@@ -340,9 +340,7 @@ class SandboxManager:
         self._last_used_written.pop(name, None)
         self._last_used.forget(name)
         self.paused.discard(name)
-        lock = self._freeze_locks.get(name)
-        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
-            del self._freeze_locks[name]
+        drop_if_idle(self._freeze_locks, name)
 
     def _touch(self, name: str, now: float, *, force: bool = False) -> None:
         if not force and now - self._last_used_written.get(name, 0.0) < LAST_USED_EVERY_S:

@@ -19,6 +19,7 @@ import anyio
 from sandbox._log import logger
 from sandbox.runtime.agent.exec_path import ExecPath, path_from_labels
 from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
+from sandbox.runtime.bounded import drop_if_idle
 
 if TYPE_CHECKING:
     from sandbox.runtime.agent.transport import AgentStarter
@@ -138,9 +139,7 @@ class ResidentAgents:
                 self._dead_seen.add(key)
                 continue
             del self._links[key]
-            lock = self._locks.get(key)
-            if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
-                del self._locks[key]
+            drop_if_idle(self._locks, key)
         for key in [k for k, r in self._refused.items() if now >= r.until + RETRY_MAX_S]:
             del self._refused[key]  # its backoff is forgotten too: the next failure waits RETRY_FIRST_S
 
@@ -160,9 +159,7 @@ class ResidentAgents:
         link = self._links.pop(key, None)
         if link is not None:
             link.close("its work in the sandbox is done")
-        lock = self._locks.get(key)
-        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
-            del self._locks[key]
+        drop_if_idle(self._locks, key)
         self._refused.pop(key, None)
 
     def close_all(self) -> None:
