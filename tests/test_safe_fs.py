@@ -124,6 +124,64 @@ def test_atomic_write_creates_parents_and_leaves_no_temp(tree: tuple[SafeRoot, P
     assert [p.name for p in (ws / "a/b").iterdir()] == ["c.txt"]
 
 
+@pytest.mark.parametrize("rel", ["file-link", "dir-link/decoy.txt", "d/etc/passwd", "pipe", "big"])
+def test_a_small_read_refuses_what_a_read_refuses(tree: tuple[SafeRoot, Path, Path], rel: str) -> None:
+    """read_small (the event loop's own read of a small file) keeps every refusal of read_bytes:
+    links, a fifo (never opened blocking) and a file over the limit."""
+    root, ws, _ = tree
+    os.mkfifo(ws / "pipe")
+    (ws / "big").write_bytes(b"x" * 2048)
+    with pytest.raises(SandboxError) as small:
+        root.read_small(wp(rel), 1024, 512)
+    with pytest.raises(SandboxError) as whole:
+        root.read_bytes(wp(rel), 1024)
+    assert (small.value.code, small.value.message) == (whole.value.code, whole.value.message)
+
+
+def test_a_small_read_leaves_a_larger_file_to_the_caller(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """A file over the small size is not read (None); one at it is, whole."""
+    root, ws, _ = tree
+    (ws / "at.txt").write_bytes(b"a" * 512)
+    (ws / "over.txt").write_bytes(b"o" * 513)
+    found = root.read_small(wp("at.txt"), 1024, 512)
+    assert found is not None and found[0] == b"a" * 512 and found[1].size == 512
+    assert root.read_small(wp("over.txt"), 1024, 512) is None
+    assert root.read_bytes(wp("over.txt"), 1024)[0] == b"o" * 513
+
+
+@pytest.mark.anyio
+async def test_workspace_reads_a_small_file_on_the_loop_and_a_large_one_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 4 KiB read costs no thread hop (a quarter of its time); a file over SMALL_READ_BYTES is
+    read in a worker thread, so a large file never holds the event loop. Both come back whole."""
+    import anyio.to_thread
+
+    from sandbox.config.models import FsSection
+    from sandbox.fs import workspace
+    from sandbox.fs.states import FileStates
+
+    hops: list[str] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await run_sync(fn, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "small.txt").write_bytes(b"s" * 4096)
+    (ws / "large.txt").write_bytes(b"L" * (workspace.SMALL_READ_BYTES + 1))
+    files = workspace.WorkspaceFiles(
+        [workspace.Root("/workspace", ws, False, "ws")], FsSection(), FileStates(tmp_path / "st.json"), tmp_path
+    )
+    data, _ = await files.read(files.locate("small.txt"))
+    assert data == b"s" * 4096 and hops == []
+    data, _ = await files.read(files.locate("large.txt"))
+    assert data == b"L" * (workspace.SMALL_READ_BYTES + 1) and hops == ["read_bytes"]
+
+
 @pytest.mark.anyio
 async def test_file_states_are_written_only_when_they_change(tmp_path: Path) -> None:
     """Reading a file again unchanged writes nothing; a new version, of this file or another, is

@@ -165,6 +165,14 @@ class SafeRoot:
 
     def read_bytes(self, path: WorkspacePath, max_bytes: int) -> tuple[bytes, FileStat]:
         """Read a regular file (refusing links, fifos, devices and files over `max_bytes`)."""
+        found = self.read_small(path, max_bytes, max_bytes)
+        if found is None:  # cannot be: a file over max_bytes is refused before anything is read
+            raise SandboxError(ErrorCode.INTERNAL, f"{path.relative}: a read refused its own size", path=path.relative)
+        return found
+
+    def read_small(self, path: WorkspacePath, max_bytes: int, small_bytes: int) -> tuple[bytes, FileStat] | None:
+        """:meth:`read_bytes`, or None when the file holds more than `small_bytes` (nothing of it
+        read): the caller reads it again in a worker thread. Errors are read_bytes' own."""
         rel = path.relative
         with self._dir(path.parts[:-1], rel) as dfd:
             try:
@@ -192,6 +200,8 @@ class SafeRoot:
                         path=rel,
                         size=st.st_size,
                     )
+                if st.st_size > small_bytes:
+                    return None
                 chunks = []
                 remaining = st.st_size + 1
                 while remaining > 0:
