@@ -135,6 +135,45 @@ def test_decided_approvals_and_loop_rows_past_the_age_go_too(tmp_path: Path) -> 
     journal.close()
 
 
+def test_a_tripped_breaker_lasts_max_age_not_for_good(tmp_path: Path) -> None:
+    """A breaker (one row per tripped session, kept through a close) goes once it is older than
+    max_age, and its session runs again; one tripped since stays tripped."""
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    for i in range(3):
+        journal.loop_trip("acme", f"agent:a:old-{i}")
+    journal.loop_reset("acme", "agent:a:reset")
+    with sqlite3.connect(path) as db:  # tripped (and reset) two days ago
+        db.execute("UPDATE loop_sessions SET ts = ts - ?", (2 * DAY,))
+    journal.loop_trip("acme", "agent:a:new")
+    report = journal.prune(Retention(DAY, None))
+    assert report.loop_rows_deleted == 4
+    assert not journal.loop_recent("acme", "agent:a:old-0", 10)[0]
+    assert journal.loop_recent("acme", "agent:a:new", 10)[0]
+    assert journal.prune(Retention(DAY, None)).loop_rows_deleted == 0
+    journal.close()
+
+
+def test_breakers_of_a_journal_from_before_their_time_count_from_the_upgrade(tmp_path: Path) -> None:
+    """A version-5 journal's breakers have no time: the upgrade gives them now, so the next prune
+    keeps them (none is dropped because its time is unknown), and one past max_age from then goes."""
+    path = tmp_path / "journal.sqlite3"
+    Journal(path).close()
+    db = sqlite3.connect(path)
+    db.executescript(
+        "DROP INDEX loop_sessions_ts; ALTER TABLE loop_sessions DROP COLUMN ts; "
+        "INSERT INTO loop_sessions(tenant, session, tripped) VALUES ('acme', 'agent:a:s', 1); "
+        "PRAGMA user_version = 5;"
+    )
+    db.close()
+    journal = Journal(path)
+    assert journal.loop_recent("acme", "agent:a:s", 10)[0]
+    assert journal.prune(Retention(DAY, None), now=time.time() + DAY / 2).loop_rows_deleted == 0
+    assert journal.loop_recent("acme", "agent:a:s", 10)[0]
+    assert journal.prune(Retention(DAY, None), now=time.time() + 2 * DAY).loop_rows_deleted == 1
+    journal.close()
+
+
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_the_service_task_prunes_periodically(tmp_path: Path) -> None:

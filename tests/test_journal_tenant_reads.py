@@ -73,7 +73,7 @@ def test_a_version_2_journal_gets_the_tenant_indexes_in_one_transaction(tmp_path
     db = sqlite3.connect(path)
     names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"events_tenant_session", "events_tenant_trace", "events_tenant", "events_ts"} <= names
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     db.close()
 
 

@@ -17,7 +17,7 @@ from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.approvals import Approval
 from sandbox.state import QuotaLimits, Reservation, open_store
 from sandbox.state.admin import migrate_store
-from sandbox.state.protocol import EventStore
+from sandbox.state.protocol import EventStore, SharedLoops
 from tests.pg_server import create_database, start_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -209,3 +209,25 @@ async def test_decided_approvals_older_than_the_retention_go_from_the_store(pg_u
         assert await store.approval("old-decided") is None
         assert await store.approval("old-pending") is not None  # a call still waits on it
         assert await store.approval("new-decided") is not None
+
+
+async def test_loop_breakers_older_than_the_retention_go_from_the_store(pg_url: str, tmp_path: Path) -> None:
+    """One breaker row per tripped session was kept for good: ones tripped (or reset) longer ago
+    than journal.retention.max_age go with the shared events, their sessions run again; one
+    tripped since stays tripped."""
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    async with open_store(url, tmp_path, owner="a") as opened:
+        store = cast(SharedLoops, opened)  # the PostgreSQL store shares loop history
+        await store.loop_trip("t", "agent:a:old")
+        await store.loop_reset("t", "agent:a:reset")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE sbx_loop_sessions SET ts = ts - 86400")
+        await store.loop_trip("t", "agent:a:new")
+        report = await cast(EventStore, opened).prune_events(max_age_s=3600, max_bytes=None)
+        assert not report.skipped
+        assert not (await store.loop_recent("t", "agent:a:old", 10))[0]
+        assert (await store.loop_recent("t", "agent:a:new", 10))[0]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            left = conn.execute("SELECT session FROM sbx_loop_sessions ORDER BY session").fetchall()
+        assert left == [("agent:a:new",)]

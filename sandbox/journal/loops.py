@@ -60,18 +60,19 @@ class LoopHistory:
         return tripped, [(r[0], r[1], r[2]) for r in reversed(rows)]
 
     def loop_trip(self, tenant: str, session: str) -> None:
-        """Trip a session's circuit breaker (it stays tripped until :meth:`loop_reset`)."""
+        """Trip a session's circuit breaker (it stays tripped until :meth:`loop_reset`, or until
+        journal retention forgets it, `max_age` after it tripped)."""
         self._core._write(
-            "INSERT INTO loop_sessions(tenant, session, tripped) VALUES (?,?,1) "
-            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 1",
-            (tenant, session),
+            "INSERT INTO loop_sessions(tenant, session, tripped, ts) VALUES (?,?,1,?) "
+            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 1, ts = excluded.ts",
+            (tenant, session, time.time()),
         )
 
     def loop_reset(self, tenant: str, session: str) -> None:
         """Forget a session's loop history and reset its breaker (older rows stay, unread)."""
         self._core._write(
-            "INSERT INTO loop_sessions(tenant, session, tripped, since_id) "
-            "VALUES (?, ?, 0, (SELECT COALESCE(MAX(id), 0) FROM loop_calls)) "
-            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 0, since_id = excluded.since_id",
-            (tenant, session),
+            "INSERT INTO loop_sessions(tenant, session, tripped, since_id, ts) "
+            "VALUES (?, ?, 0, (SELECT COALESCE(MAX(id), 0) FROM loop_calls), ?) "
+            "ON CONFLICT(tenant, session) DO UPDATE SET tripped = 0, since_id = excluded.since_id, ts = excluded.ts",
+            (tenant, session, time.time()),
         )

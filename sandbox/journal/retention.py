@@ -4,7 +4,8 @@ Pruning deletes the oldest events first, in small batches (each its own short tr
 so the writer thread and other processes wait milliseconds, not the whole prune), and never
 an event of a call that is still open (its owner may be running it, or recovery must settle
 it) nor of a call waiting for approval. Decided approvals and loop-detection rows older than
-the oldest event kept go with them.
+the oldest event kept go with them: a session's calls, and its breaker by the time it tripped
+(or was reset), so a tripped breaker lasts `max_age`, not for good.
 
 Space: SQLite keeps deleted pages in the file for reuse. A journal made since schema version 2
 uses `auto_vacuum=INCREMENTAL`, so a prune hands the pages back to the file system in small
@@ -70,6 +71,9 @@ DELETE_DECIDED = (
     "AND created < ? AND call_id NOT IN (SELECT call_id FROM open_calls) LIMIT ?)"
 )
 DELETE_LOOP_ROWS = "DELETE FROM loop_calls WHERE id IN (SELECT id FROM loop_calls WHERE ts < ? ORDER BY id LIMIT ?)"
+# a breaker tripped (or reset) before the horizon: its session's calls of then are gone too, so a
+# reset's mark hides nothing any more, and a breaker is not kept for good (one per tripped session)
+DELETE_LOOP_SESSIONS = "DELETE FROM loop_sessions WHERE rowid IN (SELECT rowid FROM loop_sessions WHERE ts < ? LIMIT ?)"
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,7 @@ def prune(
         horizon = job.horizon(now, retention)
         job.delete_batches(DELETE_DECIDED, horizon, "approvals")
         job.delete_batches(DELETE_LOOP_ROWS, horizon, "loop_rows")
+        job.delete_batches(DELETE_LOOP_SESSIONS, horizon, "loop_rows")
         mode = ("none", "full", "incremental")[look(lambda db: _pragma(db, "auto_vacuum"))]
         if vacuum and mode != "incremental":
             run(_vacuum_into_incremental)  # the CLI's, on request: no rest after it

@@ -8,6 +8,7 @@ did, so a journal written by a newer version is refused rather than misread.
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from sandbox.errors import ErrorCode, SandboxError
 
@@ -20,8 +21,9 @@ from sandbox.errors import ErrorCode, SandboxError
 # entry, so each is in id order within a tenant's session: `ORDER BY id DESC` needs no sort);
 # 4: call records (call handles and idempotency keys, journal/calls.py); 5: the journal's own
 # random id (`journal_meta`), which names it as the origin of the events it ships to a shared
-# store (state/shipping.py): a journal moved aside and made anew is another origin
-SCHEMA_VERSION = 5
+# store (state/shipping.py): a journal moved aside and made anew is another origin; 6: a loop
+# breaker's time (`loop_sessions.ts`, of its trip or reset), so retention bounds those rows too
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -72,8 +74,10 @@ CREATE TABLE IF NOT EXISTS loop_sessions (
     session TEXT NOT NULL,
     tripped INTEGER NOT NULL DEFAULT 0,
     since_id INTEGER NOT NULL DEFAULT 0,
+    ts REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, session)
 );
+CREATE INDEX IF NOT EXISTS loop_sessions_ts ON loop_sessions(ts);
 CREATE TABLE IF NOT EXISTS open_calls (
     call_id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -179,14 +183,22 @@ def _version(db: sqlite3.Connection, where: str) -> int:
     return found
 
 
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
+
+
 def _tables(db: sqlite3.Connection) -> set[str]:
     return {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def _upgrade(db: sqlite3.Connection) -> None:
     tables = _tables(db)
-    if "loop_calls" in tables and "ts" not in {str(r[1]) for r in db.execute("PRAGMA table_info(loop_calls)")}:
+    if "loop_calls" in tables and "ts" not in _columns(db, "loop_calls"):
         db.execute("ALTER TABLE loop_calls ADD COLUMN ts REAL NOT NULL DEFAULT 0")  # 0: older than any bound
+    if "loop_sessions" in tables and "ts" not in _columns(db, "loop_sessions"):
+        # breakers from before have no time: they count from now, so none is dropped at once
+        db.execute("ALTER TABLE loop_sessions ADD COLUMN ts REAL NOT NULL DEFAULT 0")
+        db.execute("UPDATE loop_sessions SET ts = ?", (time.time(),))
     for statement in SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)

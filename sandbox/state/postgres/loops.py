@@ -34,10 +34,10 @@ async def recent(conn: Any, tenant: str, session: str, window: int) -> tuple[boo
 
 
 async def trip(conn: Any, tenant: str, session: str) -> None:
-    """Trip a session's circuit breaker (until a reset)."""
+    """Trip a session's circuit breaker (until a reset, or retention's max_age after the trip)."""
     await conn.execute(
-        "INSERT INTO sbx_loop_sessions (tenant, session, tripped) VALUES (%s, %s, TRUE) "
-        "ON CONFLICT (tenant, session) DO UPDATE SET tripped = TRUE",
+        f"INSERT INTO sbx_loop_sessions (tenant, session, tripped, ts) VALUES (%s, %s, TRUE, {NOW}) "  # noqa: S608
+        "ON CONFLICT (tenant, session) DO UPDATE SET tripped = TRUE, ts = excluded.ts",
         (tenant, session),
     )
 
@@ -45,22 +45,27 @@ async def trip(conn: Any, tenant: str, session: str) -> None:
 async def reset(conn: Any, tenant: str, session: str) -> None:
     """Forget a session's calls so far and reset its breaker (on every replica)."""
     await conn.execute(
-        "INSERT INTO sbx_loop_sessions (tenant, session, tripped, since_id) "
-        "VALUES (%s, %s, FALSE, (SELECT coalesce(max(id), 0) FROM sbx_loop_calls)) "
-        "ON CONFLICT (tenant, session) DO UPDATE SET tripped = FALSE, since_id = excluded.since_id",
+        "INSERT INTO sbx_loop_sessions (tenant, session, tripped, since_id, ts) "  # noqa: S608
+        f"VALUES (%s, %s, FALSE, (SELECT coalesce(max(id), 0) FROM sbx_loop_calls), {NOW}) "
+        "ON CONFLICT (tenant, session) DO UPDATE SET tripped = FALSE, since_id = excluded.since_id, ts = excluded.ts",
         (tenant, session),
     )
 
 
 async def prune(conn: Any, older_than: float) -> int:
-    """Delete calls older than `older_than` (journal.retention's age), in batches."""
+    """Delete calls, and breakers tripped or reset, older than `older_than` (journal.retention's
+    age), in batches; how many rows went."""
     deleted = 0
-    while True:
-        cur = await conn.execute(
-            "DELETE FROM sbx_loop_calls WHERE id IN (SELECT id FROM sbx_loop_calls WHERE ts < %s ORDER BY id LIMIT %s)",
-            (older_than, PRUNE_BATCH),
-        )
-        count = int(cur.rowcount)
-        deleted += count
-        if count < PRUNE_BATCH:
-            return deleted
+    for sql in (
+        "DELETE FROM sbx_loop_calls WHERE id IN (SELECT id FROM sbx_loop_calls WHERE ts < %s ORDER BY id LIMIT %s)",
+        # a reset's mark hides only calls older than itself, which are gone by now too
+        "DELETE FROM sbx_loop_sessions WHERE (tenant, session) IN "
+        "(SELECT tenant, session FROM sbx_loop_sessions WHERE ts < %s LIMIT %s)",
+    ):
+        while True:
+            cur = await conn.execute(sql, (older_than, PRUNE_BATCH))
+            count = int(cur.rowcount)
+            deleted += count
+            if count < PRUNE_BATCH:
+                break
+    return deleted
