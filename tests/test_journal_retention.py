@@ -154,6 +154,22 @@ def test_a_tripped_breaker_lasts_max_age_not_for_good(tmp_path: Path) -> None:
     journal.close()
 
 
+def test_a_flood_of_events_does_not_untrip_a_breaker_early(tmp_path: Path) -> None:
+    """The size bound deletes the oldest events, and with them loop history older than the oldest
+    kept; a breaker goes by its age alone, so a tenant that floods the journal past max_bytes
+    does not free its tripped session before max_age."""
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    journal.loop_trip("acme", "agent:a:s")
+    with sqlite3.connect(path) as db:  # tripped an hour ago; the day's bound is far off
+        db.execute("UPDATE loop_sessions SET ts = ts - 3600")
+    put(journal, "flood", 1200, data=BIG)
+    report = journal.prune(Retention(DAY, 512 * 1024))
+    assert report.events_deleted > 0
+    assert journal.loop_recent("acme", "agent:a:s", 10)[0]
+    journal.close()
+
+
 def test_breakers_of_a_journal_from_before_their_time_count_from_the_upgrade(tmp_path: Path) -> None:
     """A version-5 journal's breakers have no time: the upgrade gives them now, so the next prune
     keeps them (none is dropped because its time is unknown), and one past max_age from then goes."""

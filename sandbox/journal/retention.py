@@ -161,7 +161,10 @@ def prune(
         horizon = job.horizon(now, retention)
         job.delete_batches(DELETE_DECIDED, horizon, "approvals")
         job.delete_batches(DELETE_LOOP_ROWS, horizon, "loop_rows")
-        job.delete_batches(DELETE_LOOP_SESSIONS, horizon, "loop_rows")
+        if retention.max_age_s is not None:
+            # by age alone: the size bound's horizon moves with the events a tenant writes, and a
+            # flood of them must not un-trip its own breaker early (the rows are tiny)
+            job.delete_batches(DELETE_LOOP_SESSIONS, now - retention.max_age_s, "loop_rows")
         mode = ("none", "full", "incremental")[look(lambda db: _pragma(db, "auto_vacuum"))]
         if vacuum and mode != "incremental":
             run(_vacuum_into_incremental)  # the CLI's, on request: no rest after it
