@@ -88,6 +88,21 @@ def test_scope_keys() -> None:
     assert spec_for("agents: {defaults: {sandbox: {scope: shared}}}").scope_key == "shared"
 
 
+def test_a_spec_hashes_once_and_a_changed_copy_hashes_anew(tmp_path: Path) -> None:
+    """The config hash is computed once per spec (identity is asked several times per call); a
+    copy with other settings (dataclasses.replace) gets its own hash, never the original's."""
+    import dataclasses
+    import hashlib
+    import json
+
+    spec = spec_for("", tmp=tmp_path)
+    first = spec.identity
+    assert spec.identity == first and spec.__dict__["config_hash"] == spec.config_hash
+    changed = dataclasses.replace(spec, hashed={**spec.hashed, "env": {"A": "b"}})
+    expected = hashlib.sha256(json.dumps(changed.hashed, sort_keys=True).encode()).hexdigest()[:16]
+    assert changed.config_hash == expected != spec.config_hash and changed.identity != first
+
+
 def test_hash_changes_with_what_matters_only(tmp_path: Path) -> None:
     """env, binds, limits, user, network, runtime, setup change the hash; a session key in agent scope does not."""
     base = spec_for("", tmp=tmp_path).config_hash

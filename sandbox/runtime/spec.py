@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -136,9 +137,11 @@ class SandboxSpec:
         """This spec as a pool member: a pool name, pool labels (see :meth:`labels`)."""
         return dataclasses.replace(self, name=f"sbx-{self.instance}-pool-{uuid.uuid4().hex[:16]}", pool_member=True)
 
-    @property
+    @functools.cached_property
     def config_hash(self) -> str:
-        """Hash of every setting that, when it changes, requires a new container."""
+        """Hash of every setting that, when it changes, requires a new container (computed once
+        per spec: `identity` is asked several times per call, and `hashed` is never changed in
+        place; a changed spec is a new one, `dataclasses.replace`)."""
         return hashlib.sha256(json.dumps(self.hashed, sort_keys=True).encode()).hexdigest()[:16]
 
     def labels(self) -> dict[str, str]:
