@@ -170,6 +170,20 @@ def test_a_flood_of_events_does_not_untrip_a_breaker_early(tmp_path: Path) -> No
     journal.close()
 
 
+def test_a_breaker_tripped_by_a_process_of_the_version_before_counts_from_the_next_prune(tmp_path: Path) -> None:
+    """Through an upgrade, a process of the version before (its journal opened before the new
+    schema) trips breakers without a time (0). The next prune dates them now instead of
+    deleting them as long past; max_age later they go."""
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    with sqlite3.connect(path) as db:  # the old statement: no ts
+        db.execute("INSERT INTO loop_sessions(tenant, session, tripped) VALUES ('acme', 'agent:a:old', 1)")
+    assert journal.prune(Retention(DAY, None)).loop_rows_deleted == 0
+    assert journal.loop_recent("acme", "agent:a:old", 10)[0]
+    assert journal.prune(Retention(DAY, None), now=time.time() + 2 * DAY).loop_rows_deleted == 1
+    journal.close()
+
+
 def test_breakers_of_a_journal_from_before_their_time_count_from_the_upgrade(tmp_path: Path) -> None:
     """A version-5 journal's breakers have no time: the upgrade gives them now, so the next prune
     keeps them (none is dropped because its time is unknown), and one past max_age from then goes."""
@@ -287,7 +301,8 @@ async def test_cancelling_the_service_task_ends_a_running_prune_within_one_batch
 
 @pytest.mark.slow
 def test_the_write_lock_is_held_only_for_writes(tmp_path: Path) -> None:
-    """A prune by age and size: on the write connection only deletes and vacuum steps run; the count of events,
+    """A prune by age and size: on the write connection only writes (deletes, dating breakers that have
+    no time, vacuum steps) run; the count of events,
     the sizes and the checkpoint use the prune's own connection (the writer never waits for them)."""
     path = tmp_path / "journal.sqlite3"
     journal = Journal(path)
@@ -299,7 +314,8 @@ def test_the_write_lock_is_held_only_for_writes(tmp_path: Path) -> None:
     journal._db.set_trace_callback(None)
     assert report.events_deleted > 1200 and not report.stopped
     assert on_writer, "the prune wrote nothing"
-    others = [s for s in on_writer if not s.startswith(("DELETE FROM ", "PRAGMA incremental_vacuum"))]
+    writes = ("DELETE FROM ", "UPDATE loop_sessions SET ts = ", "PRAGMA incremental_vacuum")
+    others = [s for s in on_writer if not s.startswith(writes)]
     assert others == []
     assert file_bytes(path) <= 512 * 1024  # the checkpoint, from the other connection, still emptied the log
     journal.close()

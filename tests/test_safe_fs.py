@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import WorkspacePath
-from sandbox.fs.safe import SafeRoot
+from sandbox.fs.safe import FileStat, SafeRoot
 
 
 def wp(rel: str) -> WorkspacePath:
@@ -126,13 +127,13 @@ def test_atomic_write_creates_parents_and_leaves_no_temp(tree: tuple[SafeRoot, P
 
 @pytest.mark.parametrize("rel", ["file-link", "dir-link/decoy.txt", "d/etc/passwd", "pipe", "big"])
 def test_a_small_read_refuses_what_a_read_refuses(tree: tuple[SafeRoot, Path, Path], rel: str) -> None:
-    """read_small (the event loop's own read of a small file) keeps every refusal of read_bytes:
+    """read_cached (the event loop's own read of a small file) keeps every refusal of read_bytes:
     links, a fifo (never opened blocking) and a file over the limit."""
     root, ws, _ = tree
     os.mkfifo(ws / "pipe")
     (ws / "big").write_bytes(b"x" * 2048)
     with pytest.raises(SandboxError) as small:
-        root.read_small(wp(rel), 1024, 512)
+        root.read_cached(wp(rel), 1024, 512)
     with pytest.raises(SandboxError) as whole:
         root.read_bytes(wp(rel), 1024)
     assert (small.value.code, small.value.message) == (whole.value.code, whole.value.message)
@@ -143,10 +144,101 @@ def test_a_small_read_leaves_a_larger_file_to_the_caller(tree: tuple[SafeRoot, P
     root, ws, _ = tree
     (ws / "at.txt").write_bytes(b"a" * 512)
     (ws / "over.txt").write_bytes(b"o" * 513)
-    found = root.read_small(wp("at.txt"), 1024, 512)
+    found = root.read_cached(wp("at.txt"), 1024, 512)
     assert found is not None and found[0] == b"a" * 512 and found[1].size == 512
-    assert root.read_small(wp("over.txt"), 1024, 512) is None
+    assert root.read_cached(wp("over.txt"), 1024, 512) is None
     assert root.read_bytes(wp("over.txt"), 1024)[0] == b"o" * 513
+
+
+def _evict(path: Path) -> None:
+    """Drop `path`'s pages from the page cache, as a sandbox can do to its own files."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _can_evict(folder: Path) -> bool:
+    """Whether this file system drops evicted pages and tells a read that must not wait (tmpfs
+    keeps them). A probe file of its own: a refused read starts a readahead of what it asked."""
+    for n in range(5):  # an eviction misses a page now and then (about 1 in 50 here)
+        probe = folder / f".probe-{n}"
+        probe.write_bytes(b"p" * 8192)
+        _evict(probe)
+        fd = os.open(probe, os.O_RDONLY)
+        try:
+            os.preadv(fd, [bytearray(16)], 0, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+            probe.unlink()
+    return False
+
+
+def test_a_small_file_evicted_from_memory_is_not_read_from_the_loop(tree: tuple[SafeRoot, Path, Path]) -> None:
+    """A sandbox can evict its files' pages and keep the disk busy: then every inline read would
+    hold the event loop for a disk round trip. A read from the loop gives up instead (None), and
+    the worker thread's read gets the bytes."""
+    root, ws, outside = tree
+    if not _can_evict(outside):
+        pytest.skip("this file system keeps file pages in memory (tmpfs): nothing to evict")
+    (ws / "cold.txt").write_bytes(b"c" * 8192)
+
+    def cold_read() -> tuple[bytes, FileStat] | None:
+        _evict(ws / "cold.txt")
+        return root.read_cached(wp("cold.txt"), 1 << 20, 64 << 10)
+
+    assert any(cold_read() is None for _ in range(5))  # an eviction may miss a page, rarely
+    assert root.read_bytes(wp("cold.txt"), 1 << 20)[0] == b"c" * 8192
+    found = root.read_cached(wp("cold.txt"), 1 << 20, 64 << 10)  # in memory again now
+    assert found is not None and found[0] == b"c" * 8192
+
+
+@pytest.mark.parametrize("growths", [1, 10])
+def test_a_file_that_changes_while_it_is_read_is_read_again_or_refused(
+    tree: tuple[SafeRoot, Path, Path], monkeypatch: pytest.MonkeyPatch, growths: int
+) -> None:
+    """The read took one byte more than the size and never looked at it: a file growing under
+    it gave max_bytes + 1 bytes, the new data with the old time (an edit then wrote back that
+    prefix). Now a read whose size or time moved is read again; one that keeps moving is
+    CONFLICT. The bytes returned always match the size returned."""
+    from sandbox.fs import safe
+
+    root, ws, _ = tree
+    target = ws / "log.txt"
+    target.write_bytes(b"a" * 1000)
+    real = safe._pread_all
+    left = [growths]
+
+    def growing(fd: int, limit: int, *, cached_only: bool) -> bytes | None:
+        if left[0] > 0:  # a writer appends between the size check and the read
+            left[0] -= 1
+            with open(target, "ab") as out:
+                out.write(b"b" * 100)
+        return real(fd, limit, cached_only=cached_only)
+
+    monkeypatch.setattr(safe, "_pread_all", growing)
+    readers: list[Callable[[], tuple[bytes, FileStat] | None]] = [
+        lambda: root.read_bytes(wp("log.txt"), 1 << 20),
+        lambda: root.read_cached(wp("log.txt"), 1 << 20, 64 << 10),
+    ]
+    for read in readers:
+        if growths < safe.READ_TRIES:
+            left[0] = growths
+            target.write_bytes(b"a" * 1000)
+            found = read()
+            assert found is not None
+            data, st = found
+            assert len(data) == st.size == target.stat().st_size
+        else:
+            left[0] = growths
+            target.write_bytes(b"a" * 900)
+            with pytest.raises(SandboxError) as info:
+                read()
+            assert info.value.code == ErrorCode.CONFLICT and "changed while it was read" in info.value.message
 
 
 @pytest.mark.anyio

@@ -89,6 +89,54 @@ def _write_all(fd: int, data: bytes | Path) -> None:
         view = view[written:]
 
 
+READ_TRIES = 3  # a file whose size or time moves under a read is read again, then refused
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+: a read that fails rather than wait for a disk
+
+
+def _check_readable(st: os.stat_result, rel: str, max_bytes: int) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular_error(rel)
+    if st.st_size > max_bytes:
+        raise SandboxError(
+            ErrorCode.INVALID_ARGUMENTS,
+            f"{rel}: is {st.st_size} bytes, over the {max_bytes}-byte read limit; "
+            "read a part with offset/limit via exec (e.g. head, sed -n)",
+            path=rel,
+            size=st.st_size,
+        )
+
+
+def _pread_all(fd: int, limit: int, *, cached_only: bool) -> bytes | None:
+    """Up to `limit` bytes from the start of `fd` (fewer at its end). `cached_only`: None as soon
+    as a byte would have to come from the disk, or the file system cannot tell."""
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < limit:
+        want = min(limit - offset, 1 << 20)
+        if not cached_only:
+            chunk = os.pread(fd, want, offset)
+        elif _NOWAIT is None:
+            return None
+        else:
+            buf = bytearray(want)
+            try:
+                got = os.preadv(fd, [buf], offset, _NOWAIT)
+            except BlockingIOError:  # not in memory: the worker thread waits for the disk
+                return None
+            except OSError as exc:
+                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                    return None
+                raise
+            chunk = bytes(buf[:got])
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 class SafeRoot:
     """A directory tree accessed without ever following a symlink.
 
@@ -164,15 +212,26 @@ class SafeRoot:
         return FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
 
     def read_bytes(self, path: WorkspacePath, max_bytes: int) -> tuple[bytes, FileStat]:
-        """Read a regular file (refusing links, fifos, devices and files over `max_bytes`)."""
-        found = self.read_small(path, max_bytes, max_bytes)
-        if found is None:  # cannot be: a file over max_bytes is refused before anything is read
-            raise SandboxError(ErrorCode.INTERNAL, f"{path.relative}: a read refused its own size", path=path.relative)
+        """Read a regular file (refusing links, fifos, devices and files over `max_bytes`).
+
+        Raises:
+            SandboxError: those refusals, and CONFLICT for a file that kept changing while it
+                was read (its size or time moved under the read, READ_TRIES times).
+        """
+        found = self._read(path, max_bytes, None)
+        if found is None:  # cannot be: only a read from memory gives up
+            raise SandboxError(ErrorCode.INTERNAL, f"{path.relative}: a read gave up", path=path.relative)
         return found
 
-    def read_small(self, path: WorkspacePath, max_bytes: int, small_bytes: int) -> tuple[bytes, FileStat] | None:
-        """:meth:`read_bytes`, or None when the file holds more than `small_bytes` (nothing of it
-        read): the caller reads it again in a worker thread. Errors are read_bytes' own."""
+    def read_cached(self, path: WorkspacePath, max_bytes: int, small_bytes: int) -> tuple[bytes, FileStat] | None:
+        """:meth:`read_bytes` that never waits for a disk, for the event loop's thread: None when
+        the file holds more than `small_bytes`, or when any of its bytes is not in memory (the
+        page cache; a sandbox can evict its own files' pages), or the file system cannot say
+        (preadv2's RWF_NOWAIT). The caller then reads it with :meth:`read_bytes` in a worker
+        thread. Errors are read_bytes' own."""
+        return self._read(path, max_bytes, small_bytes)
+
+    def _read(self, path: WorkspacePath, max_bytes: int, small_bytes: int | None) -> tuple[bytes, FileStat] | None:
         rel = path.relative
         with self._dir(path.parts[:-1], rel) as dfd:
             try:
@@ -187,30 +246,23 @@ class SafeRoot:
                     raise not_regular_error(rel) from exc
                 raise map_os_error(exc, rel) from exc
             try:
-                st = os.fstat(fd)
-                if stat.S_ISDIR(st.st_mode):
-                    raise SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
-                if not stat.S_ISREG(st.st_mode):
-                    raise not_regular_error(rel)
-                if st.st_size > max_bytes:
-                    raise SandboxError(
-                        ErrorCode.INVALID_ARGUMENTS,
-                        f"{rel}: is {st.st_size} bytes, over the {max_bytes}-byte read limit; "
-                        "read a part with offset/limit via exec (e.g. head, sed -n)",
-                        path=rel,
-                        size=st.st_size,
-                    )
-                if st.st_size > small_bytes:
-                    return None
-                chunks = []
-                remaining = st.st_size + 1
-                while remaining > 0:
-                    chunk = os.read(fd, min(remaining, 1 << 20))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    remaining -= len(chunk)
-                return b"".join(chunks), FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+                for _ in range(READ_TRIES):
+                    st = os.fstat(fd)
+                    _check_readable(st, rel, max_bytes)
+                    if small_bytes is not None and st.st_size > small_bytes:
+                        return None
+                    # one byte more than the size: a file that grew meanwhile is seen
+                    data = _pread_all(fd, st.st_size + 1, cached_only=small_bytes is not None)
+                    if data is None:
+                        return None
+                    after = os.fstat(fd)
+                    if len(data) == st.st_size and (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+                        return data, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+                raise SandboxError(
+                    ErrorCode.CONFLICT,
+                    f"{rel}: changed while it was read ({READ_TRIES} times); read it again once it is written",
+                    path=rel,
+                )
             finally:
                 os.close(fd)
 

@@ -19,8 +19,8 @@ from sandbox.fs.safe import FileStat, SafeRoot
 from sandbox.fs.states import SeenFiles, digest
 from sandbox.fs.walk import list_beneath
 
-# a file up to this size is read on the event loop's thread (its bytes are copied once, bounded);
-# a larger one in a worker thread
+# a file up to this size, all in memory, is read on the event loop's thread (bounded work, no
+# disk wait); anything else in a worker thread
 SMALL_READ_BYTES = 64 << 10
 
 
@@ -144,11 +144,12 @@ class WorkspaceFiles:
     async def read_raw(self, loc: Located) -> tuple[bytes, FileStat]:
         """A regular file's bytes (up to tools.fs.max_read_bytes), without recording a version.
 
-        A small file is read on the caller's thread (a few system calls, less than a thread hop:
-        a quarter of a 4 KiB read's time), a larger one in a worker thread, so a big file never
-        holds the event loop."""
+        A small file whose bytes are all in memory is read on the caller's thread (a few system
+        calls, less than a thread hop: a quarter of a 4 KiB read's time); a larger one, or one
+        that would wait for the disk, in a worker thread, so the event loop never waits for
+        either."""
         safe = self.safe(loc)
-        found = safe.read_small(loc.path, self.fs.max_read_bytes, SMALL_READ_BYTES)
+        found = safe.read_cached(loc.path, self.fs.max_read_bytes, SMALL_READ_BYTES)
         if found is None:
             found = await anyio.to_thread.run_sync(safe.read_bytes, loc.path, self.fs.max_read_bytes)
         return found

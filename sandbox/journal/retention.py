@@ -74,6 +74,9 @@ DELETE_LOOP_ROWS = "DELETE FROM loop_calls WHERE id IN (SELECT id FROM loop_call
 # a breaker tripped (or reset) before the horizon: its session's calls of then are gone too, so a
 # reset's mark hides nothing any more, and a breaker is not kept for good (one per tripped session)
 DELETE_LOOP_SESSIONS = "DELETE FROM loop_sessions WHERE rowid IN (SELECT rowid FROM loop_sessions WHERE ts < ? LIMIT ?)"
+# a breaker with no time (0: tripped by a process of the version before, still running beside
+# this one through an upgrade) counts from the first prune that sees it, never as long past
+DATE_UNKNOWN_BREAKERS = "UPDATE loop_sessions SET ts = ? WHERE ts = 0"
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ def prune(
         if retention.max_age_s is not None:
             # by age alone: the size bound's horizon moves with the events a tenant writes, and a
             # flood of them must not un-trip its own breaker early (the rows are tiny)
+            job.paced(run, lambda db: db.execute(DATE_UNKNOWN_BREAKERS, (now,)).rowcount)
             job.delete_batches(DELETE_LOOP_SESSIONS, now - retention.max_age_s, "loop_rows")
         mode = ("none", "full", "incremental")[look(lambda db: _pragma(db, "auto_vacuum"))]
         if vacuum and mode != "incremental":
