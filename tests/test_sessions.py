@@ -426,6 +426,53 @@ async def test_old_messages_and_closed_lineage_go_with_retention(make_config: An
         db.close()
 
 
+def test_a_registry_prune_goes_in_short_batches_by_the_time_index(tmp_path: Path) -> None:
+    """A month of messages was deleted by one statement that scanned the whole inbox and held
+    every writer (this process's and the other service processes') until it ended. Now each
+    batch is its own transaction of PRUNE_BATCH rows found through the time index, and a message
+    sent between batches is never lost."""
+    import sqlite3
+    import time
+
+    from sandbox.sessions import registry as registry_module
+
+    registry = registry_module.Registry(tmp_path / "sessions.sqlite3")
+    n = 2 * registry_module.PRUNE_BATCH + 7
+    for i in range(n):
+        registry.send("t", "agent:a:s", "agent:a:main", f"m{i}")
+    db = sqlite3.connect(tmp_path / "sessions.sqlite3", isolation_level=None)
+    db.execute("UPDATE inbox SET created_at = created_at - 86400")
+    for sql in (registry_module.PRUNE_INBOX, registry_module.PRUNE_LINEAGE):
+        plan = " ".join(str(r) for r in db.execute("EXPLAIN QUERY PLAN " + sql, (0.0, 1)).fetchall())
+        assert "INDEX inbox_created (created_at<?)" in plan or "INDEX lineage_closed (closed_at<?)" in plan, plan
+    statements: list[str] = []
+    registry._db.set_trace_callback(statements.append)
+    sent_between = False
+    real_execute = registry._db.execute
+
+    class Interleaved:  # another writer's message lands between two batches
+        def execute(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+            nonlocal sent_between
+            cursor = real_execute(sql, args)
+            if sql.startswith("DELETE FROM inbox") and not sent_between:
+                sent_between = True
+                db.execute(
+                    "INSERT INTO inbox(tenant, session, sender, text, created_at) VALUES (?,?,?,?,?)",
+                    ("t", "agent:a:s", "agent:a:main", "during", time.time()),
+                )
+            return cursor
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(registry._db, name)
+
+    registry._db = Interleaved()  # type: ignore[assignment]
+    assert registry.prune(time.time() - 3600) == n
+    deletes = [s for s in statements if s.startswith("DELETE FROM inbox")]
+    assert len(deletes) == 3 and all("LIMIT" in s for s in deletes)
+    assert [m.text for m in registry.messages("t", "agent:a:s")] == ["during"]
+    db.close()
+
+
 async def test_the_service_s_keeper_prunes_the_registry_on_its_period(make_config: Any, tmp_path: Path) -> None:
     import sqlite3
 

@@ -187,6 +187,44 @@ async def test_the_shared_registry_forgets_old_messages_and_closed_lineage(pg_ur
         registry.close()
 
 
+async def test_the_shared_registry_prunes_in_batches_by_the_time_indexes(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every replica's registry is pruned in short transactions of PRUNE_BATCH rows, found
+    through the time indexes (step 0014), not by one DELETE scanning every message."""
+    from sandbox.sessions import shared_registry
+    from sandbox.sessions.shared_registry import SharedRegistry
+    from sandbox.state.postgres.registry import PgRegistry
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    monkeypatch.setattr(shared_registry, "PRUNE_BATCH", 2)
+    registry = SharedRegistry(PgRegistry(url))
+    try:
+        for i in range(5):
+            registry.send("t", "agent:a:batched", "agent:a:main", f"m{i}")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE sbx_inbox SET created_at = created_at - 86400 WHERE session = 'agent:a:batched'")
+            conn.execute("SET enable_seqscan = off")  # the table is small: is the index there to use?
+            for sql, index in ((shared_registry.PRUNE_INBOX, "sbx_inbox_created"),
+                               (shared_registry.PRUNE_LINEAGE, "sbx_lineage_closed")):  # fmt: skip
+                plan = " ".join(str(r[0]) for r in conn.execute("EXPLAIN " + sql, (0.0, 1)).fetchall())
+                assert index in plan, plan
+        statements: list[str] = []
+        real = registry._rows.rows
+
+        def traced(sql: str, args: Any) -> list[tuple[Any, ...]]:
+            statements.append(sql)
+            return real(sql, args)
+
+        monkeypatch.setattr(registry._rows, "rows", traced)
+        assert registry.prune(time.time() - 3600) == 5
+        assert statements.count(shared_registry.PRUNE_INBOX) == 3  # 2 + 2 + 1
+        assert registry.messages("t", "agent:a:batched") == []
+    finally:
+        registry.close()
+
+
 async def test_decided_approvals_older_than_the_retention_go_from_the_store(pg_url: str, tmp_path: Path) -> None:
     """Each approval holds its call's whole arguments (up to twice max_write_bytes): decided
     ones older than journal.retention.max_age go with the shared events; pending ones stay."""

@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS inbox (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS inbox_session ON inbox(tenant, session, id);
+CREATE INDEX IF NOT EXISTS inbox_created ON inbox(created_at);
+CREATE INDEX IF NOT EXISTS lineage_closed ON lineage(closed_at) WHERE status = 'closed';
 CREATE TABLE IF NOT EXISTS cascades (
     tenant TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -56,6 +58,13 @@ CREATE TABLE IF NOT EXISTS cascades (
 );
 """
 
+PRUNE_BATCH = 500  # rows per delete (inbox rows hold up to 32,000 characters each)
+# by the time indexes: a batch reads only what it deletes
+PRUNE_INBOX = "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE created_at < ? ORDER BY created_at LIMIT ?)"
+PRUNE_LINEAGE = (
+    "DELETE FROM lineage WHERE key IN "
+    "(SELECT key FROM lineage WHERE status = 'closed' AND closed_at < ? ORDER BY closed_at LIMIT ?)"
+)
 
 INBOX = "SELECT id, session, sender, text, created_at FROM inbox WHERE tenant = ? AND session = ? AND id > ? "
 INBOX_OLDEST = INBOX + "ORDER BY id ASC LIMIT ?"
@@ -253,12 +262,17 @@ class Registry:
         """Delete inbox messages sent before `before` (epoch s) and the lineage of sessions
         closed before it (`journal.retention.max_age`, as for the calls); how many rows went.
         Open sessions' lineage stays, whatever its age."""
-        with self._lock:
-            inbox = self._db.execute("DELETE FROM inbox WHERE created_at < ?", (before,)).rowcount
-            lineage = self._db.execute(
-                "DELETE FROM lineage WHERE status = 'closed' AND closed_at < ?", (before,)
-            ).rowcount
-        return int(inbox) + int(lineage)
+        gone = 0
+        for sql in (PRUNE_INBOX, PRUNE_LINEAGE):
+            while True:
+                # one short transaction per batch, the lock let go between them: a month of
+                # messages (32,000 characters each) deleted at once held every writer for seconds
+                with self._lock:
+                    deleted = int(self._db.execute(sql, (before, PRUNE_BATCH)).rowcount)
+                gone += deleted
+                if deleted < PRUNE_BATCH:
+                    break
+        return gone
 
     # -- inbox -----------------------------------------------------------------------------
 

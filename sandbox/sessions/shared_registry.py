@@ -8,12 +8,24 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from sandbox.sessions.registry import Child, Message, _child, descendants_of
+from sandbox.sessions.registry import PRUNE_BATCH, Child, Message, _child, descendants_of
 
 if TYPE_CHECKING:
     from sandbox.state.postgres.registry import PgRegistry
 
 INBOX = "SELECT id, session, sender, text, created_at FROM sbx_inbox WHERE tenant = %s AND session = %s AND id > %s "
+
+# as the embedded registry's: batches of PRUNE_BATCH, each its own transaction, by the time indexes
+PRUNE_INBOX = (
+    "WITH gone AS (DELETE FROM sbx_inbox WHERE id IN "
+    "(SELECT id FROM sbx_inbox WHERE created_at < %s ORDER BY created_at LIMIT %s) RETURNING 1) "
+    "SELECT count(*) FROM gone"
+)
+PRUNE_LINEAGE = (
+    "WITH gone AS (DELETE FROM sbx_lineage WHERE key IN (SELECT key FROM sbx_lineage "
+    "WHERE status = 'closed' AND closed_at < %s ORDER BY closed_at LIMIT %s) RETURNING 1) "
+    "SELECT count(*) FROM gone"
+)
 
 
 class SharedRegistry:
@@ -41,14 +53,16 @@ class SharedRegistry:
         self._rows.add_child(row, max_children=max_children)
 
     def prune(self, before: float) -> int:
-        """See :meth:`sandbox.sessions.registry.Registry.prune`."""
-        rows = self._rows.rows(
-            "WITH inbox AS (DELETE FROM sbx_inbox WHERE created_at < %s RETURNING 1), "
-            "lineage AS (DELETE FROM sbx_lineage WHERE status = 'closed' AND closed_at < %s RETURNING 1) "
-            "SELECT (SELECT count(*) FROM inbox) + (SELECT count(*) FROM lineage)",
-            (before, before),
-        )
-        return int(rows[0][0])
+        """See :meth:`sandbox.sessions.registry.Registry.prune` (batches of PRUNE_BATCH rows, each
+        its own transaction, found through the time indexes)."""
+        gone = 0
+        for sql in (PRUNE_INBOX, PRUNE_LINEAGE):
+            while True:
+                deleted = int(self._rows.rows(sql, (before, PRUNE_BATCH))[0][0])
+                gone += deleted
+                if deleted < PRUNE_BATCH:
+                    break
+        return gone
 
     def count_messages(self, tenant: str, session: str) -> int:
         """See :meth:`sandbox.sessions.registry.Registry.count_messages`."""
