@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.fs.paths import WorkspacePath
-from sandbox.fs.safe import FileStat, SafeRoot
+from sandbox.fs.safe import SafeRoot
 
 
 def wp(rel: str) -> WorkspacePath:
@@ -125,153 +124,65 @@ def test_atomic_write_creates_parents_and_leaves_no_temp(tree: tuple[SafeRoot, P
     assert [p.name for p in (ws / "a/b").iterdir()] == ["c.txt"]
 
 
-@pytest.mark.parametrize("rel", ["file-link", "dir-link/decoy.txt", "d/etc/passwd", "pipe", "big"])
-def test_a_small_read_refuses_what_a_read_refuses(tree: tuple[SafeRoot, Path, Path], rel: str) -> None:
-    """read_cached (the event loop's own read of a small file) keeps every refusal of read_bytes:
-    links, a fifo (never opened blocking) and a file over the limit."""
-    root, ws, _ = tree
-    os.mkfifo(ws / "pipe")
-    (ws / "big").write_bytes(b"x" * 2048)
-    with pytest.raises(SandboxError) as small:
-        root.read_cached(wp(rel), 1024, 512)
-    with pytest.raises(SandboxError) as whole:
-        root.read_bytes(wp(rel), 1024)
-    assert (small.value.code, small.value.message) == (whole.value.code, whole.value.message)
-
-
-def test_a_small_read_leaves_a_larger_file_to_the_caller(tree: tuple[SafeRoot, Path, Path]) -> None:
-    """A file over the small size is not read (None); one at it is, whole."""
-    root, ws, _ = tree
-    (ws / "at.txt").write_bytes(b"a" * 512)
-    (ws / "over.txt").write_bytes(b"o" * 513)
-    found = root.read_cached(wp("at.txt"), 1024, 512)
-    assert found is not None and found[0] == b"a" * 512 and found[1].size == 512
-    assert root.read_cached(wp("over.txt"), 1024, 512) is None
-    assert root.read_bytes(wp("over.txt"), 1024)[0] == b"o" * 513
-
-
-def _evict(path: Path) -> None:
-    """Drop `path`'s pages from the page cache, as a sandbox can do to its own files."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _can_evict(folder: Path) -> bool:
-    """Whether this file system drops evicted pages and tells a read that must not wait (tmpfs
-    keeps them). A probe file of its own: a refused read starts a readahead of what it asked."""
-    for n in range(5):  # an eviction misses a page now and then (about 1 in 50 here)
-        probe = folder / f".probe-{n}"
-        probe.write_bytes(b"p" * 8192)
-        _evict(probe)
-        fd = os.open(probe, os.O_RDONLY)
-        try:
-            os.preadv(fd, [bytearray(16)], 0, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-            probe.unlink()
-    return False
-
-
-def test_a_small_file_evicted_from_memory_is_not_read_from_the_loop(tree: tuple[SafeRoot, Path, Path]) -> None:
-    """A sandbox can evict its files' pages and keep the disk busy: then every inline read would
-    hold the event loop for a disk round trip. A read from the loop gives up instead (None), and
-    the worker thread's read gets the bytes."""
-    root, ws, outside = tree
-    if not _can_evict(outside):
-        pytest.skip("this file system keeps file pages in memory (tmpfs): nothing to evict")
-    (ws / "cold.txt").write_bytes(b"c" * 8192)
-
-    def cold_read() -> tuple[bytes, FileStat] | None:
-        _evict(ws / "cold.txt")
-        return root.read_cached(wp("cold.txt"), 1 << 20, 64 << 10)
-
-    assert any(cold_read() is None for _ in range(5))  # an eviction may miss a page, rarely
-    assert root.read_bytes(wp("cold.txt"), 1 << 20)[0] == b"c" * 8192
-    found = root.read_cached(wp("cold.txt"), 1 << 20, 64 << 10)  # in memory again now
-    assert found is not None and found[0] == b"c" * 8192
-
-
-@pytest.mark.parametrize("growths", [1, 10])
+@pytest.mark.parametrize("changes", [1, 10])
 def test_a_file_that_changes_while_it_is_read_is_read_again_or_refused(
-    tree: tuple[SafeRoot, Path, Path], monkeypatch: pytest.MonkeyPatch, growths: int
+    tree: tuple[SafeRoot, Path, Path], monkeypatch: pytest.MonkeyPatch, changes: int
 ) -> None:
     """The read took one byte more than the size and never looked at it: a file growing under
     it gave max_bytes + 1 bytes, the new data with the old time (an edit then wrote back that
-    prefix). Now a read whose size or time moved is read again; one that keeps moving is
+    prefix). Now a read whose size or times moved is read again; one that keeps moving is
     CONFLICT. The bytes returned always match the size returned."""
     from sandbox.fs import safe
 
     root, ws, _ = tree
     target = ws / "log.txt"
-    target.write_bytes(b"a" * 1000)
     real = safe._pread_all
-    left = [growths]
+    left = [0]
 
-    def growing(fd: int, limit: int, *, cached_only: bool) -> bytes | None:
+    def growing(fd: int, limit: int) -> bytes:
         if left[0] > 0:  # a writer appends between the size check and the read
             left[0] -= 1
             with open(target, "ab") as out:
                 out.write(b"b" * 100)
-        return real(fd, limit, cached_only=cached_only)
+        return real(fd, limit)
 
     monkeypatch.setattr(safe, "_pread_all", growing)
-    readers: list[Callable[[], tuple[bytes, FileStat] | None]] = [
-        lambda: root.read_bytes(wp("log.txt"), 1 << 20),
-        lambda: root.read_cached(wp("log.txt"), 1 << 20, 64 << 10),
-    ]
-    for read in readers:
-        if growths < safe.READ_TRIES:
-            left[0] = growths
-            target.write_bytes(b"a" * 1000)
-            found = read()
-            assert found is not None
-            data, st = found
-            assert len(data) == st.size == target.stat().st_size
-        else:
-            left[0] = growths
-            target.write_bytes(b"a" * 900)
-            with pytest.raises(SandboxError) as info:
-                read()
-            assert info.value.code == ErrorCode.CONFLICT and "changed while it was read" in info.value.message
+    left[0] = changes
+    target.write_bytes(b"a" * 900)
+    if changes < safe.READ_TRIES:
+        data, st = root.read_bytes(wp("log.txt"), 1 << 20)
+        assert len(data) == st.size == target.stat().st_size
+    else:
+        with pytest.raises(SandboxError) as info:
+            root.read_bytes(wp("log.txt"), 1 << 20)
+        assert info.value.code == ErrorCode.CONFLICT and "changed while it was read" in info.value.message
 
 
-@pytest.mark.anyio
-async def test_workspace_reads_a_small_file_on_the_loop_and_a_large_one_in_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_same_size_rewrite_with_its_time_set_back_is_still_seen(
+    tree: tuple[SafeRoot, Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 4 KiB read costs no thread hop (a quarter of its time); a file over SMALL_READ_BYTES is
-    read in a worker thread, so a large file never holds the event loop. Both come back whole."""
-    import anyio.to_thread
+    """A sandbox can rewrite a file at the same size mid-read and set its mtime back (utimensat),
+    not its ctime: the read is done again, and what comes back is one version, whole."""
+    from sandbox.fs import safe
 
-    from sandbox.config.models import FsSection
-    from sandbox.fs import workspace
-    from sandbox.fs.states import FileStates
+    root, ws, _ = tree
+    target = ws / "f.txt"
+    target.write_bytes(b"old-old!")
+    real = safe._pread_all
+    once = [True]
 
-    hops: list[str] = []
-    run_sync = anyio.to_thread.run_sync
+    def rewritten(fd: int, limit: int) -> bytes:
+        data = real(fd, limit)
+        if once[0]:
+            once[0] = False
+            st = target.stat()
+            target.write_bytes(b"NEW-NEW!")
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return data
 
-    async def counted(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        hops.append(getattr(fn, "__name__", repr(fn)))
-        return await run_sync(fn, *args, **kwargs)
-
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "small.txt").write_bytes(b"s" * 4096)
-    (ws / "large.txt").write_bytes(b"L" * (workspace.SMALL_READ_BYTES + 1))
-    files = workspace.WorkspaceFiles(
-        [workspace.Root("/workspace", ws, False, "ws")], FsSection(), FileStates(tmp_path / "st.json"), tmp_path
-    )
-    data, _ = await files.read(files.locate("small.txt"))
-    assert data == b"s" * 4096 and hops == []
-    data, _ = await files.read(files.locate("large.txt"))
-    assert data == b"L" * (workspace.SMALL_READ_BYTES + 1) and hops == ["read_bytes"]
+    monkeypatch.setattr(safe, "_pread_all", rewritten)
+    data, _ = root.read_bytes(wp("f.txt"), 1 << 20)
+    assert data == b"NEW-NEW!"
 
 
 @pytest.mark.anyio
@@ -347,3 +258,41 @@ async def test_file_states_read_a_line_only_once_it_is_whole_and_take_the_old_fo
     torn = await states.get("/ws/torn")
     assert torn is not None and torn.sha256 == "abcd" and torn.mtime_ns == 7
     assert await states.get("/ws/old") is not None
+
+
+def test_a_file_under_another_process_s_lease_is_a_conflict_not_an_internal_error(
+    tree: tuple[SafeRoot, Path, Path],
+) -> None:
+    """A sandbox can take a write lease on its own file (no capability needed): the read's
+    non-blocking open fails at once, and the model is told to try again (CONFLICT), not that the
+    orchestrator broke (INTERNAL)."""
+    import subprocess
+    import sys
+
+    root, ws, _ = tree
+    (ws / "leased.txt").write_text("x")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, signal, sys, time\n"
+            "signal.signal(signal.SIGIO, signal.SIG_IGN)\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+            "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(30)\n",
+            str(ws / "leased.txt"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(SandboxError) as info:
+            root.read_bytes(wp("leased.txt"), 1 << 20)
+        assert info.value.code == ErrorCode.CONFLICT and "lease" in info.value.message
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()

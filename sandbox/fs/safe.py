@@ -61,6 +61,10 @@ def map_os_error(exc: OSError, rel: str) -> SandboxError:
         return denied_error(rel, "read-only file system")
     if exc.errno == errno.EISDIR:
         return SandboxError(ErrorCode.INVALID_ARGUMENTS, f"{rel}: is a directory", path=rel)
+    if exc.errno == errno.EAGAIN:  # a non-blocking open of a file another process holds a lease on
+        return SandboxError(
+            ErrorCode.CONFLICT, f"{rel}: another process holds it (a file lease); try again later", path=rel
+        )
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return SandboxError(
             ErrorCode.QUOTA_EXCEEDED, f"{rel}: no space left on the device that holds the workspace", path=rel
@@ -89,8 +93,7 @@ def _write_all(fd: int, data: bytes | Path) -> None:
         view = view[written:]
 
 
-READ_TRIES = 3  # a file whose size or time moves under a read is read again, then refused
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+: a read that fails rather than wait for a disk
+READ_TRIES = 3  # a file whose size or times move under a read is read again, then refused
 
 
 def _check_readable(st: os.stat_result, rel: str, max_bytes: int) -> None:
@@ -108,33 +111,26 @@ def _check_readable(st: os.stat_result, rel: str, max_bytes: int) -> None:
         )
 
 
-def _pread_all(fd: int, limit: int, *, cached_only: bool) -> bytes | None:
-    """Up to `limit` bytes from the start of `fd` (fewer at its end). `cached_only`: None as soon
-    as a byte would have to come from the disk, or the file system cannot tell."""
+def _pread_all(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes from the start of `fd` (fewer at its end)."""
     chunks: list[bytes] = []
     offset = 0
     while offset < limit:
-        want = min(limit - offset, 1 << 20)
-        if not cached_only:
-            chunk = os.pread(fd, want, offset)
-        elif _NOWAIT is None:
-            return None
-        else:
-            buf = bytearray(want)
-            try:
-                got = os.preadv(fd, [buf], offset, _NOWAIT)
-            except BlockingIOError:  # not in memory: the worker thread waits for the disk
-                return None
-            except OSError as exc:
-                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                    return None
-                raise
-            chunk = bytes(buf[:got])
+        chunk = os.pread(fd, min(limit - offset, 1 << 20), offset)
         if not chunk:
             break
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def _same(before: os.stat_result, after: os.stat_result) -> bool:
+    # ctime too: a sandbox can rewrite a file at the same size and set its mtime back, not its ctime
+    return (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == (
+        after.st_size,
+        after.st_mtime_ns,
+        after.st_ctime_ns,
+    )
 
 
 class SafeRoot:
@@ -212,26 +208,14 @@ class SafeRoot:
         return FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
 
     def read_bytes(self, path: WorkspacePath, max_bytes: int) -> tuple[bytes, FileStat]:
-        """Read a regular file (refusing links, fifos, devices and files over `max_bytes`).
+        """Read a regular file (refusing links, fifos, devices and files over `max_bytes`); the
+        bytes and the stat returned are of one version of the file.
 
         Raises:
             SandboxError: those refusals, and CONFLICT for a file that kept changing while it
-                was read (its size or time moved under the read, READ_TRIES times).
+                was read (its size or times moved under the read, READ_TRIES times) or that
+                another process holds a write lease on.
         """
-        found = self._read(path, max_bytes, None)
-        if found is None:  # cannot be: only a read from memory gives up
-            raise SandboxError(ErrorCode.INTERNAL, f"{path.relative}: a read gave up", path=path.relative)
-        return found
-
-    def read_cached(self, path: WorkspacePath, max_bytes: int, small_bytes: int) -> tuple[bytes, FileStat] | None:
-        """:meth:`read_bytes` that never waits for a disk, for the event loop's thread: None when
-        the file holds more than `small_bytes`, or when any of its bytes is not in memory (the
-        page cache; a sandbox can evict its own files' pages), or the file system cannot say
-        (preadv2's RWF_NOWAIT). The caller then reads it with :meth:`read_bytes` in a worker
-        thread. Errors are read_bytes' own."""
-        return self._read(path, max_bytes, small_bytes)
-
-    def _read(self, path: WorkspacePath, max_bytes: int, small_bytes: int | None) -> tuple[bytes, FileStat] | None:
         rel = path.relative
         with self._dir(path.parts[:-1], rel) as dfd:
             try:
@@ -249,14 +233,9 @@ class SafeRoot:
                 for _ in range(READ_TRIES):
                     st = os.fstat(fd)
                     _check_readable(st, rel, max_bytes)
-                    if small_bytes is not None and st.st_size > small_bytes:
-                        return None
                     # one byte more than the size: a file that grew meanwhile is seen
-                    data = _pread_all(fd, st.st_size + 1, cached_only=small_bytes is not None)
-                    if data is None:
-                        return None
-                    after = os.fstat(fd)
-                    if len(data) == st.st_size and (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+                    data = _pread_all(fd, st.st_size + 1)
+                    if len(data) == st.st_size and _same(st, os.fstat(fd)):
                         return data, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
                 raise SandboxError(
                     ErrorCode.CONFLICT,
