@@ -441,6 +441,12 @@ def test_a_registry_prune_goes_in_short_batches_by_the_time_index(tmp_path: Path
     for i in range(n):
         registry.send("t", "agent:a:s", "agent:a:main", f"m{i}")
     db = sqlite3.connect(tmp_path / "sessions.sqlite3", isolation_level=None)
+    indexes = "SELECT name FROM sqlite_master WHERE name IN ('inbox_created', 'lineage_closed')"
+    # an open (maybe on the event loop) builds nothing: on a registry of before, the first
+    # prune builds them, in its worker thread
+    assert db.execute(indexes).fetchall() == []
+    assert registry.prune(0.0) == 0
+    assert len(db.execute(indexes).fetchall()) == 2
     db.execute("UPDATE inbox SET created_at = created_at - 86400")
     for sql in (registry_module.PRUNE_INBOX, registry_module.PRUNE_LINEAGE):
         plan = " ".join(str(r) for r in db.execute("EXPLAIN QUERY PLAN " + sql, (0.0, 1)).fetchall())

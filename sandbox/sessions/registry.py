@@ -47,8 +47,6 @@ CREATE TABLE IF NOT EXISTS inbox (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS inbox_session ON inbox(tenant, session, id);
-CREATE INDEX IF NOT EXISTS inbox_created ON inbox(created_at);
-CREATE INDEX IF NOT EXISTS lineage_closed ON lineage(closed_at) WHERE status = 'closed';
 CREATE TABLE IF NOT EXISTS cascades (
     tenant TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -59,6 +57,12 @@ CREATE TABLE IF NOT EXISTS cascades (
 """
 
 PRUNE_BATCH = 500  # rows per delete (inbox rows hold up to 32,000 characters each)
+# made by the first prune, in its worker thread, not when the registry opens (maybe on the event
+# loop): on a registry of before, the build reads every message once
+PRUNE_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS inbox_created ON inbox(created_at)",
+    "CREATE INDEX IF NOT EXISTS lineage_closed ON lineage(closed_at) WHERE status = 'closed'",
+)
 # by the time indexes: a batch reads only what it deletes
 PRUNE_INBOX = "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE created_at < ? ORDER BY created_at LIMIT ?)"
 PRUNE_LINEAGE = (
@@ -262,6 +266,9 @@ class Registry:
         """Delete inbox messages sent before `before` (epoch s) and the lineage of sessions
         closed before it (`journal.retention.max_age`, as for the calls); how many rows went.
         Open sessions' lineage stays, whatever its age."""
+        with self._lock:
+            for sql in PRUNE_INDEXES:
+                self._db.execute(sql)
         gone = 0
         for sql in (PRUNE_INBOX, PRUNE_LINEAGE):
             while True:
