@@ -129,9 +129,9 @@ def test_a_file_that_changes_while_it_is_read_is_read_again_or_refused(
     tree: tuple[SafeRoot, Path, Path], monkeypatch: pytest.MonkeyPatch, changes: int
 ) -> None:
     """The read took one byte more than the size and never looked at it: a file growing under
-    it gave max_bytes + 1 bytes, the new data with the old time (an edit then wrote back that
-    prefix). Now a read whose size or times moved is read again; one that keeps moving is
-    CONFLICT. The bytes returned always match the size returned."""
+    it gave max_bytes + 1 bytes, the new data with the old time. Now a read whose size or times
+    moved is read again; a file that keeps growing (a log being written) comes back as it was at
+    the last size check. The bytes returned always match the size returned."""
     from sandbox.fs import safe
 
     root, ws, _ = tree
@@ -149,13 +149,37 @@ def test_a_file_that_changes_while_it_is_read_is_read_again_or_refused(
     monkeypatch.setattr(safe, "_pread_all", growing)
     left[0] = changes
     target.write_bytes(b"a" * 900)
-    if changes < safe.READ_TRIES:
-        data, st = root.read_bytes(wp("log.txt"), 1 << 20)
-        assert len(data) == st.size == target.stat().st_size
-    else:
-        with pytest.raises(SandboxError) as info:
-            root.read_bytes(wp("log.txt"), 1 << 20)
-        assert info.value.code == ErrorCode.CONFLICT and "changed while it was read" in info.value.message
+    data, st = root.read_bytes(wp("log.txt"), 1 << 20)
+    assert len(data) == st.size
+    if changes < safe.READ_TRIES:  # read again until it held still: the whole file
+        assert data == target.read_bytes()
+    else:  # still growing at the last try: the file as it was at that try's size check
+        assert data == b"a" * 900 + b"b" * 100 * (safe.READ_TRIES - 1) and target.stat().st_size > st.size
+
+
+def test_a_file_rewritten_in_place_on_every_try_is_a_conflict(
+    tree: tuple[SafeRoot, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file rewritten under every try (not only grown) has no version to give: CONFLICT, with
+    what to do about it."""
+    from sandbox.fs import safe
+
+    root, ws, _ = tree
+    target = ws / "f.txt"
+    target.write_bytes(b"x" * 100)
+    real = safe._pread_all
+    turn = [0]
+
+    def rewritten(fd: int, limit: int) -> bytes:
+        data = real(fd, limit)
+        turn[0] += 1
+        target.write_bytes(bytes([65 + turn[0]]) * 50)  # shorter each time, other bytes
+        return data
+
+    monkeypatch.setattr(safe, "_pread_all", rewritten)
+    with pytest.raises(SandboxError) as info:
+        root.read_bytes(wp("f.txt"), 1 << 20)
+    assert info.value.code == ErrorCode.CONFLICT and "changed while it was read" in info.value.message
 
 
 def test_a_same_size_rewrite_with_its_time_set_back_is_still_seen(

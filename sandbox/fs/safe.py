@@ -213,8 +213,9 @@ class SafeRoot:
 
         Raises:
             SandboxError: those refusals, and CONFLICT for a file that kept changing while it
-                was read (its size or times moved under the read, READ_TRIES times) or that
-                another process holds a write lease on.
+                was read (its size or times moved under the read, READ_TRIES times; one that
+                only kept growing comes back as it was at its last size check) or that another
+                process holds a write lease on.
         """
         rel = path.relative
         with self._dir(path.parts[:-1], rel) as dfd:
@@ -235,8 +236,13 @@ class SafeRoot:
                     _check_readable(st, rel, max_bytes)
                     # one byte more than the size: a file that grew meanwhile is seen
                     data = _pread_all(fd, st.st_size + 1)
-                    if len(data) == st.st_size and _same(st, os.fstat(fd)):
+                    after = os.fstat(fd)
+                    if len(data) == st.st_size and _same(st, after):
                         return data, FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
+                if len(data) > st.st_size and after.st_size > st.st_size:
+                    # a file that keeps growing (a log being written): as it was at the size
+                    # check, whose bytes an appending writer leaves as they were
+                    return data[: st.st_size], FileStat(st.st_size, st.st_mtime_ns, st.st_mode)
                 raise SandboxError(
                     ErrorCode.CONFLICT,
                     f"{rel}: changed while it was read ({READ_TRIES} times); read it again once it is written",
