@@ -179,8 +179,10 @@ async def test_size_and_time_caps_cut_requests_and_tunnels(make_config: Any, lab
             "http://allowed.test:8000/upgrade",
         )
         assert "upgraded" not in upgrade["output"] and not upgrade["output"].endswith(" 101"), upgrade
-        events = orch.journal.events(session=session.key)
+        # after the close, which collects the proxy's last lines: on a loaded machine the proxy
+        # wrote the upgrade's refusal after curl had its answer and the call's collection ran
         await session.close()
+        events = orch.journal.events(session=session.key)
     cuts = [e.data["reason"] for e in events if e.stage == "egress" and e.data["verdict"] == "cut"]
     assert any("more than 10240 bytes" in r for r in cuts), cuts
     assert any("open longer than 2 s" in r for r in cuts), cuts
