@@ -27,8 +27,13 @@ MB30 = "head -c 30000000 /dev/zero | tr '\\0' y"
 
 def held_outside_workspaces(state_dir: Path) -> int:
     """Bytes of output files under the state dir (exec's captures, or old-style spills)."""
-    files = [*(state_dir / "outputs").rglob("*.txt"), *state_dir.rglob("spilled/*")]
-    return sum(p.stat().st_size for p in files if p.is_file())
+    total = 0
+    for path in [*(state_dir / "outputs").rglob("*.txt"), *state_dir.rglob("spilled/*")]:
+        try:  # a capture removed between the listing and its stat (a call ending): it holds nothing
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def no_host_path(path: str | None, state_dir: Path) -> bool:
