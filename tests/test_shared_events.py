@@ -168,6 +168,36 @@ async def test_retention_bounds_the_shared_events_by_age_and_by_size(
     assert await a.shipped_up_to("j1") == 2300
 
 
+async def test_a_tenant_flooding_the_shared_events_pushes_out_its_own_rows_not_a_neighbours(
+    stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """`quiet` shipped 20 rows first, then `noisy` 2,000 and `busy` 600: over the size bound the
+    oldest rows are quiet's, yet quiet keeps them all; noisy and busy each give up their oldest,
+    down to the same level, and the table ends within the bound."""
+    a, _ = stores
+    now = time.time()
+    quiet = [_event(n, now - 600, "quiet") for n in range(1, 21)]
+    noisy = [_event(n, now - 300, "noisy") for n in range(21, 2021)]
+    busy = [_event(n, now - 200, "busy") for n in range(2021, 2621)]
+    await a.add_events("j1", quiet + noisy + busy)
+    async with a._conn() as conn:
+        total = (await pg_events.size(conn))[1]
+    bound = total // 3
+    report = await a.prune_events(max_age_s=None, max_bytes=bound)
+    left = {
+        tenant: {e.call_id for e in (await a.events_page(tenant=tenant, limit=10_000)).events}
+        for tenant in ("quiet", "noisy", "busy")
+    }
+    assert left["quiet"] == {f"c{n}" for n in range(1, 21)}
+    assert "c21" not in left["noisy"] and "c2020" in left["noisy"]
+    assert "c2021" not in left["busy"] and "c2620" in left["busy"]
+    assert abs(len(left["noisy"]) - len(left["busy"])) <= 1  # rows of one size: the same level
+    async with a._conn() as conn:
+        rows, after = await pg_events.size(conn)
+    assert 0 < after <= bound and rows == sum(len(ids) for ids in left.values()), (rows, after, bound)
+    assert report.deleted == 2620 - rows
+
+
 async def test_an_event_postgresql_cannot_take_as_is_never_stops_the_log(
     stores: tuple[PostgresStore, PostgresStore], tmp_path: Path
 ) -> None:

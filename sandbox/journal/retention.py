@@ -1,11 +1,13 @@
 """Retention: the journal keeps `journal.retention.max_age` of history in at most `max_bytes`.
 
-Pruning deletes the oldest events first, in small batches (each its own short transaction,
-so the writer thread and other processes wait milliseconds, not the whole prune), and never
-an event of a call that is still open (its owner may be running it, or recovery must settle
-it) nor of a call waiting for approval. Decided approvals and loop-detection rows older than
-the oldest event kept go with them: a session's calls, and its breaker by the time it tripped
-(or was reset), so a tripped breaker lasts `max_age`, not for good.
+Pruning deletes events past `max_age`, then, over `max_bytes`, the oldest events of the tenants
+that hold the most (journal/size_prune.py: one tenant's flood pushes out its own history, not its
+neighbours'), in small batches (each its own short transaction, so the writer thread and other
+processes wait milliseconds, not the whole prune; journal/prune_steps.py), and never an event of
+a call that is still open (its owner may be running it, or recovery must settle it) nor of a
+call waiting for approval. Decided approvals and loop-detection rows older than the oldest event
+kept go with them: a session's calls, and its breaker by the time it tripped (or was reset), so
+a tripped breaker lasts `max_age`, not for good.
 
 Space: SQLite keeps deleted pages in the file for reuse. A journal made since schema version 2
 uses `auto_vacuum=INCREMENTAL`, so a prune hands the pages back to the file system in small
@@ -23,34 +25,23 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
 from sandbox._log import logger
 from sandbox.errors import SandboxError
+from sandbox.journal.prune_steps import PruneJob, PruneStopped, Run, pragma
+from sandbox.journal.size_prune import delete_to_size
 
 if TYPE_CHECKING:
     from sandbox.config.models import RetentionConfig
     from sandbox.journal.store import Journal
 
-T = TypeVar("T")
 
-
-class Run(Protocol):
-    """Runs one step on the journal's write connection, under its lock (a short transaction)."""
-
-    def __call__(self, step: Callable[[sqlite3.Connection], T], /) -> T: ...
-
-
-BATCH_ROWS = 1000  # events per delete transaction: milliseconds to tens of them at a million rows
-# after each batch the prune rests at least as long as the batch took (and this long): writers
-# (the service's writer thread, other processes) always find the lock free about half the time
-PAUSE_S = 0.005
 CHECKPOINT_WAIT_MS = 100  # how long the final checkpoint may hold writers off waiting for readers
 VACUUM_CHECKPOINT_WAIT_MS = 2000
 VACUUM_STEP_PAGES = 512  # pages handed back per step (2 MiB at SQLite's default page size: ~25 ms)
@@ -136,10 +127,6 @@ def file_bytes(path: Path) -> int:
     return total
 
 
-class PruneStopped(Exception):  # a signal caught by prune(), not an error anyone sees
-    """Raised between two steps of a prune once its stop flag is set (or the journal closed)."""
-
-
 def prune(
     run: Run, look: Run, path: Path, retention: Retention, *, now: float, vacuum: bool, stop: Event | None = None
 ) -> PruneReport:
@@ -154,27 +141,27 @@ def prune(
     """
     started = time.monotonic()
     before = file_bytes(path)
-    job = _Prune(run, look, stop)
+    job = PruneJob(run, look, stop)
     mode, vacuumed, stopped, kept = "none", False, False, 0
     try:
         if retention.max_age_s is not None:
-            job.delete_batches(DELETE_OLDEST, now - retention.max_age_s, "events")
+            job.delete_batches(DELETE_OLDEST, (now - retention.max_age_s,), "events")
         if retention.max_bytes is not None:
-            job.delete_to_size(int(retention.max_bytes * LOW_WATER))
-        horizon = job.horizon(now, retention)
-        job.delete_batches(DELETE_DECIDED, horizon, "approvals")
-        job.delete_batches(DELETE_LOOP_ROWS, horizon, "loop_rows")
+            delete_to_size(job, int(retention.max_bytes * LOW_WATER), now)  # the largest tenants first
+        horizon = oldest_kept(job, now, retention)
+        job.delete_batches(DELETE_DECIDED, (horizon,), "approvals")
+        job.delete_batches(DELETE_LOOP_ROWS, (horizon,), "loop_rows")
         if retention.max_age_s is not None:
             # by age alone: the size bound's horizon moves with the events a tenant writes, and a
             # flood of them must not un-trip its own breaker early (the rows are tiny)
             job.paced(run, lambda db: db.execute(DATE_UNKNOWN_BREAKERS, (now,)).rowcount)
-            job.delete_batches(DELETE_LOOP_SESSIONS, now - retention.max_age_s, "loop_rows")
-        mode = ("none", "full", "incremental")[look(lambda db: _pragma(db, "auto_vacuum"))]
+            job.delete_batches(DELETE_LOOP_SESSIONS, (now - retention.max_age_s,), "loop_rows")
+        mode = ("none", "full", "incremental")[look(lambda db: pragma(db, "auto_vacuum"))]
         if vacuum and mode != "incremental":
             run(_vacuum_into_incremental)  # the CLI's, on request: no rest after it
             mode, vacuumed = "incremental", True
         elif mode == "incremental":
-            while look(lambda db: _pragma(db, "freelist_count")):
+            while look(lambda db: pragma(db, "freelist_count")):
                 job.paced(run, _vacuum_step)
         # after a VACUUM the whole file is in the log: worth waiting longer for readers to empty it
         wait_ms = VACUUM_CHECKPOINT_WAIT_MS if vacuumed else CHECKPOINT_WAIT_MS
@@ -229,74 +216,13 @@ async def keep_journal_bounded(journal: Journal | None, config: RetentionConfig)
         await anyio.sleep(retention.every_s)
 
 
-class _Prune:
-    """One prune's steps and what they deleted so far (kept when it is stopped midway)."""
-
-    def __init__(self, run: Run, look: Run, stop: Event | None) -> None:
-        self.run, self.look, self.stop = run, look, stop
-        self.deleted = {"events": 0, "approvals": 0, "loop_rows": 0}
-
-    def paced(self, run: Run, step: Callable[[sqlite3.Connection], int]) -> int:
-        """One step, then a rest as long as it took: a prune never starves writers.
-
-        Raises:
-            PruneStopped: the stop flag was set before the step.
-        """
-        if self.stop is not None and self.stop.is_set():
-            raise PruneStopped
-        started = time.monotonic()
-        done = run(step)
-        time.sleep(max(PAUSE_S, time.monotonic() - started))
-        return done
-
-    def delete_batches(self, sql: str, before: float, what: str) -> None:
-        while True:
-            deleted = self.paced(self.run, lambda db: int(db.execute(sql, (before, BATCH_ROWS)).rowcount))
-            self.deleted[what] += deleted
-            if deleted < BATCH_ROWS:
-                return
-
-    def delete_to_size(self, target: int) -> None:
-        """Delete the oldest events until the pages in use fit `target` (or only kept ones are left).
-
-        Each batch is sized from the average row, so a small journal is not emptied by one batch,
-        and the total is capped, so that pages an index frees late never make a prune empty it.
-        """
-        used = self.look(_used_bytes)
-        if used <= target:
-            return
-        # once, on the prune's own connection (~0.1 s at 1M rows): the writer does not wait for it
-        rows = self.look(lambda db: int(db.execute("SELECT COUNT(*) FROM events").fetchone()[0]))
-        cap = math.ceil(rows * (used - target) / used * 1.5) + 1
-        total = 0
-        while used > target and total < cap and rows:
-            batch = min(BATCH_ROWS, max(1, math.ceil((used - target) / (used / rows))))
-            deleted = self.paced(self.run, functools.partial(_delete_oldest, batch))
-            total += deleted
-            self.deleted["events"] += deleted
-            if deleted == 0:
-                break
-            used, rows = self.look(_used_bytes), rows - deleted
-
-    def horizon(self, now: float, retention: Retention) -> float:
-        """Rows of the other tables older than this go: the age bound, or the oldest event kept."""
-        oldest = self.look(lambda db: db.execute("SELECT ts FROM events ORDER BY ts LIMIT 1").fetchone())
-        age = now - retention.max_age_s if retention.max_age_s is not None else -math.inf
-        if retention.max_bytes is None or oldest is None:
-            return age
-        return max(age, float(oldest[0]))
-
-
-def _pragma(db: sqlite3.Connection, name: str) -> int:
-    return int(db.execute(f"PRAGMA {name}").fetchone()[0])
-
-
-def _used_bytes(db: sqlite3.Connection) -> int:
-    return (_pragma(db, "page_count") - _pragma(db, "freelist_count")) * _pragma(db, "page_size")
-
-
-def _delete_oldest(rows: int, db: sqlite3.Connection) -> int:
-    return int(db.execute(DELETE_OLDEST, (math.inf, rows)).rowcount)
+def oldest_kept(job: PruneJob, now: float, retention: Retention) -> float:
+    """Rows of the other tables older than this go: the age bound, or the oldest event kept."""
+    oldest = job.look(lambda db: db.execute("SELECT ts FROM events ORDER BY ts LIMIT 1").fetchone())
+    age = now - retention.max_age_s if retention.max_age_s is not None else -math.inf
+    if retention.max_bytes is None or oldest is None:
+        return age
+    return max(age, float(oldest[0]))
 
 
 def _vacuum_step(db: sqlite3.Connection) -> int:

@@ -29,10 +29,11 @@ from sandbox.journal.files import private_files
 from sandbox.journal.loops import LoopHistory
 from sandbox.journal.notes import NotesMixin
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
+from sandbox.journal.prune_steps import PruneStopped
 from sandbox.journal.queries import Event, EventPage
 from sandbox.journal.reads import ReadsMixin, damaged, damaged_message
 from sandbox.journal.redact import redact
-from sandbox.journal.retention import PruneReport, PruneStopped, Retention, prune
+from sandbox.journal.retention import PruneReport, Retention, prune
 from sandbox.journal.schema import (
     ADOPT_GRACE_S,
     DELETE_OPEN,

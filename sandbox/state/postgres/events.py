@@ -14,18 +14,22 @@ note of its size and keys (the replica's own journal keeps it whole), text Postg
 Retention: `journal.retention` bounds this table as it bounds each journal. `sbx_events_size`
 holds the live rows and their bytes (each row's text plus ROW_OVERHEAD for its header and index
 entries), kept exact by every insert and delete in the same statement, so the size bound deletes
-exactly down to it. PostgreSQL reuses the space of deleted rows, so the files stop growing near
-the bound; they shrink only with a VACUUM FULL, which the service never runs.
+exactly down to it, taking the oldest rows of the tenants that hold the most (as the journal
+does: one tenant's flood pushes out its own rows, not its neighbours'). PostgreSQL reuses the
+space of deleted rows, so the files stop growing near the bound; they shrink only with a VACUUM
+FULL, which the service never runs.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
 import anyio
 
+from sandbox.journal.fair_share import fair_cuts
 from sandbox.journal.queries import Event, EventPage, check_limit, event_of, make_cursor, parse_cursor
 from sandbox.state.protocol import SharedPrune
 
@@ -153,38 +157,50 @@ async def prune(conn: Any, *, max_age_s: float | None, max_bytes: int | None, no
     try:
         before = (await size(conn))[1]
         if max_age_s is not None:
-            while (n := await _delete_oldest(conn, "ts < %s", (now - max_age_s,), PRUNE_BATCH)) == PRUNE_BATCH:
+            while (n := (await _delete_oldest(conn, "ts < %s", (now - max_age_s,), PRUNE_BATCH))[0]) == PRUNE_BATCH:
                 deleted += n
                 await anyio.sleep(PRUNE_PAUSE_S)  # writers and readers get the table between batches
             deleted += n
         if max_bytes is not None and (await size(conn))[1] > max_bytes:
-            target = max_bytes * LOW_WATER
-            while True:
-                rows, total = await size(conn)
-                if total <= target or rows == 0:
-                    break
-                # as many of the oldest as their average size says, checked again after each batch
-                n = await _delete_oldest(
-                    conn, "TRUE", (), min(PRUNE_BATCH, max(1, int((total - target) * rows / total)))
-                )
-                deleted += n
-                if n == 0:
-                    break
-                await anyio.sleep(PRUNE_PAUSE_S)
+            deleted += await _delete_to_size(conn, int(max_bytes * LOW_WATER))
     finally:
         with anyio.CancelScope(shield=True):
             await conn.execute("SELECT pg_advisory_unlock(%s)", (PRUNE_LOCK,))
     return SharedPrune(deleted, before, time.monotonic() - started)
 
 
-async def _delete_oldest(conn: Any, condition: str, args: tuple[Any, ...], count: int) -> int:
-    """Delete the `count` oldest rows meeting `condition`, the size row kept exact with them."""
+async def _delete_to_size(conn: Any, target: int) -> int:
+    """Delete rows until their bytes fit `target`, the tenants that hold the most giving up their
+    oldest first, down to one level (journal/fair_share.py): a tenant's flood pushes out its own
+    rows, not its neighbours'. The bytes are exact (each row's, summed once per prune)."""
+    cur = await conn.execute("SELECT tenant, count(*), coalesce(sum(bytes), 0) FROM sbx_events GROUP BY tenant")
+    held = {str(tenant): (int(rows), int(weight)) for tenant, rows, weight in await cur.fetchall()}
+    cuts = fair_cuts({tenant: weight for tenant, (_, weight) in held.items()}, (await size(conn))[1] - target)
+    deleted = 0
+    for tenant, share in sorted(cuts.items(), key=lambda item: (-item[1], item[0])):
+        rows, weight = held[tenant]
+        freed = 0
+        while freed < share and rows > 0:
+            # as many of its oldest as its average row says, checked again after each batch
+            count = min(PRUNE_BATCH, max(1, math.ceil((share - freed) * rows / max(weight, 1))))
+            gone, gone_bytes = await _delete_oldest(conn, "tenant = %s", (tenant,), count)
+            deleted, freed, rows, weight = deleted + gone, freed + gone_bytes, rows - gone, weight - gone_bytes
+            if gone < count:
+                break
+            await anyio.sleep(PRUNE_PAUSE_S)
+    return deleted
+
+
+async def _delete_oldest(conn: Any, condition: str, args: tuple[Any, ...], count: int) -> tuple[int, int]:
+    """Delete the `count` oldest rows meeting `condition`, the size row kept exact with them;
+    how many went and their bytes."""
     cur = await conn.execute(
         "WITH gone AS (DELETE FROM sbx_events WHERE id IN (SELECT id FROM sbx_events "  # noqa: S608 - fixed words
         f"WHERE {condition} ORDER BY id LIMIT %s) RETURNING bytes) "
         "UPDATE sbx_events_size SET rows = rows - (SELECT count(*) FROM gone), "
-        "bytes = bytes - (SELECT coalesce(sum(bytes), 0) FROM gone) RETURNING (SELECT count(*) FROM gone)",
+        "bytes = bytes - (SELECT coalesce(sum(bytes), 0) FROM gone) "
+        "RETURNING (SELECT count(*) FROM gone), (SELECT coalesce(sum(bytes), 0) FROM gone)",
         (*args, count),
     )
     row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return (int(row[0]), int(row[1])) if row else (0, 0)

@@ -1,0 +1,68 @@
+"""A prune's steps: short transactions, each followed by a rest, that a stop flag can end.
+
+Shared by the age bound (journal/retention.py) and the size bound (journal/size_prune.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from threading import Event
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+BATCH_ROWS = 1000  # rows per delete transaction: milliseconds to tens of them at a million rows
+# after each batch the prune rests at least as long as the batch took (and this long): writers
+# (the service's writer thread, other processes) always find the lock free about half the time
+PAUSE_S = 0.005
+
+
+class Run(Protocol):
+    """Runs one step on a connection of the journal: the write connection under its lock (a
+    short transaction), or the prune's own (counts, sizes, the checkpoint)."""
+
+    def __call__(self, step: Callable[[sqlite3.Connection], T], /) -> T: ...
+
+
+class PruneStopped(Exception):  # a signal caught by prune(), not an error anyone sees
+    """Raised between two steps of a prune once its stop flag is set (or the journal closed)."""
+
+
+class PruneJob:
+    """One prune's steps and what they deleted so far (kept when it is stopped midway)."""
+
+    def __init__(self, run: Run, look: Run, stop: Event | None) -> None:
+        self.run, self.look, self.stop = run, look, stop
+        self.deleted = {"events": 0, "approvals": 0, "loop_rows": 0}
+
+    def paced(self, run: Run, step: Callable[[sqlite3.Connection], T]) -> T:
+        """One step, then a rest as long as it took: a prune never starves writers.
+
+        Raises:
+            PruneStopped: the stop flag was set before the step.
+        """
+        if self.stop is not None and self.stop.is_set():
+            raise PruneStopped
+        started = time.monotonic()
+        done = run(step)
+        time.sleep(max(PAUSE_S, time.monotonic() - started))
+        return done
+
+    def delete_batches(self, sql: str, args: tuple[object, ...], what: str) -> None:
+        """Run `sql` (a DELETE of at most `?` rows, its last parameter) until a batch falls short."""
+        while True:
+            deleted = self.paced(self.run, lambda db: int(db.execute(sql, (*args, BATCH_ROWS)).rowcount))
+            self.deleted[what] += deleted
+            if deleted < BATCH_ROWS:
+                return
+
+
+def pragma(db: sqlite3.Connection, name: str) -> int:
+    """An integer pragma's value."""
+    return int(db.execute(f"PRAGMA {name}").fetchone()[0])
+
+
+def used_bytes(db: sqlite3.Connection) -> int:
+    """The bytes of the pages in use (the file less its free pages)."""
+    return (pragma(db, "page_count") - pragma(db, "freelist_count")) * pragma(db, "page_size")
