@@ -1,13 +1,15 @@
 """A prune's steps: short transactions, each followed by a rest, that a stop flag can end.
 
-Shared by the age bound (journal/retention.py) and the size bound (journal/size_prune.py).
+Shared by the age bound (journal/retention.py) and the size bound (journal/size_prune.py);
+:func:`in_batches` and :func:`in_batches_async` also serve the sessions registry's prune and the
+PostgreSQL store's (one delete of a bounded batch at a time, never one long transaction).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from threading import Event
 from typing import Protocol, TypeVar
 
@@ -51,11 +53,39 @@ class PruneJob:
 
     def delete_batches(self, sql: str, args: tuple[object, ...], what: str) -> None:
         """Run `sql` (a DELETE of at most `?` rows, its last parameter) until a batch falls short."""
-        while True:
-            deleted = self.paced(self.run, lambda db: int(db.execute(sql, (*args, BATCH_ROWS)).rowcount))
-            self.deleted[what] += deleted
-            if deleted < BATCH_ROWS:
-                return
+
+        def batch(rows: int) -> int:
+            done = self.paced(self.run, lambda db: int(db.execute(sql, (*args, rows)).rowcount))
+            self.deleted[what] += done  # counted as it goes: a stopped prune reports what it did
+            return done
+
+        in_batches(batch, BATCH_ROWS)
+
+
+def in_batches(delete: Callable[[int], int], rows: int) -> int:
+    """Call `delete(rows)` (it deletes at most that many, each call its own short transaction, and
+    says how many went) until a call deletes fewer; how many went in all."""
+    total = 0
+    while True:
+        done = delete(rows)
+        total += done
+        if done < rows:
+            return total
+
+
+async def in_batches_async(delete: Callable[[int], Awaitable[int]], rows: int, *, pause_s: float = 0.0) -> int:
+    """:func:`in_batches` for a delete that is awaited, resting `pause_s` between two batches (so
+    writers and readers get the table)."""
+    import anyio  # only the async callers pay for it
+
+    total = 0
+    while True:
+        done = await delete(rows)
+        total += done
+        if done < rows:
+            return total
+        if pause_s:
+            await anyio.sleep(pause_s)
 
 
 def pragma(db: sqlite3.Connection, name: str) -> int:

@@ -8,6 +8,7 @@ orchestrator killed half-way finds the rest of the work on restart.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.prune_steps import in_batches
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS lineage (
@@ -69,6 +71,7 @@ PRUNE_LINEAGE = (
     "DELETE FROM lineage WHERE key IN "
     "(SELECT key FROM lineage WHERE status = 'closed' AND closed_at < ? ORDER BY closed_at LIMIT ?)"
 )
+PRUNE_SQL = (PRUNE_INBOX, PRUNE_LINEAGE)
 
 INBOX = "SELECT id, session, sender, text, created_at FROM inbox WHERE tenant = ? AND session = ? AND id > ? "
 INBOX_OLDEST = INBOX + "ORDER BY id ASC LIMIT ?"
@@ -269,17 +272,13 @@ class Registry:
         with self._lock:
             for sql in PRUNE_INDEXES:
                 self._db.execute(sql)
-        gone = 0
-        for sql in (PRUNE_INBOX, PRUNE_LINEAGE):
-            while True:
-                # one short transaction per batch, the lock let go between them: a month of
-                # messages (32,000 characters each) deleted at once held every writer for seconds
-                with self._lock:
-                    deleted = int(self._db.execute(sql, (before, PRUNE_BATCH)).rowcount)
-                gone += deleted
-                if deleted < PRUNE_BATCH:
-                    break
-        return gone
+        # one short transaction per batch, the lock let go between them: a month of messages
+        # (32,000 characters each) deleted at once held every writer for seconds
+        return sum(in_batches(functools.partial(self._delete, sql, before), PRUNE_BATCH) for sql in PRUNE_SQL)
+
+    def _delete(self, sql: str, before: float, rows: int) -> int:
+        with self._lock:
+            return int(self._db.execute(sql, (before, rows)).rowcount)
 
     # -- inbox -----------------------------------------------------------------------------
 

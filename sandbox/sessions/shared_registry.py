@@ -4,10 +4,12 @@ listed, messaged and closed through any other."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import TYPE_CHECKING
 
+from sandbox.journal.prune_steps import in_batches
 from sandbox.sessions.registry import PRUNE_BATCH, Child, Message, _child, descendants_of
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ PRUNE_LINEAGE = (
     "WHERE status = 'closed' AND closed_at < %s ORDER BY closed_at LIMIT %s) RETURNING 1) "
     "SELECT count(*) FROM gone"
 )
+PRUNE_SQL = (PRUNE_INBOX, PRUNE_LINEAGE)
 
 
 class SharedRegistry:
@@ -55,14 +58,10 @@ class SharedRegistry:
     def prune(self, before: float) -> int:
         """See :meth:`sandbox.sessions.registry.Registry.prune` (batches of PRUNE_BATCH rows, each
         its own transaction, found through the time indexes)."""
-        gone = 0
-        for sql in (PRUNE_INBOX, PRUNE_LINEAGE):
-            while True:
-                deleted = int(self._rows.rows(sql, (before, PRUNE_BATCH))[0][0])
-                gone += deleted
-                if deleted < PRUNE_BATCH:
-                    break
-        return gone
+        return sum(in_batches(functools.partial(self._delete, sql, before), PRUNE_BATCH) for sql in PRUNE_SQL)
+
+    def _delete(self, sql: str, before: float, rows: int) -> int:
+        return int(self._rows.rows(sql, (before, rows))[0][0])
 
     def count_messages(self, tenant: str, session: str) -> int:
         """See :meth:`sandbox.sessions.registry.Registry.count_messages`."""

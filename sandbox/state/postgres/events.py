@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from sandbox.journal.fair_share import fair_cuts
+from sandbox.journal.prune_steps import in_batches_async
 from sandbox.journal.queries import Event, EventPage, check_limit, event_of, make_cursor, parse_cursor
 from sandbox.state.protocol import SharedPrune
 
@@ -157,10 +158,11 @@ async def prune(conn: Any, *, max_age_s: float | None, max_bytes: int | None, no
     try:
         before = (await size(conn))[1]
         if max_age_s is not None:
-            while (n := (await _delete_oldest(conn, "ts < %s", (now - max_age_s,), PRUNE_BATCH))[0]) == PRUNE_BATCH:
-                deleted += n
-                await anyio.sleep(PRUNE_PAUSE_S)  # writers and readers get the table between batches
-            deleted += n
+
+            async def past_age(rows: int) -> int:
+                return (await _delete_oldest(conn, "ts < %s", (now - max_age_s,), rows))[0]
+
+            deleted += await in_batches_async(past_age, PRUNE_BATCH, pause_s=PRUNE_PAUSE_S)
         if max_bytes is not None and (await size(conn))[1] > max_bytes:
             deleted += await _delete_to_size(conn, int(max_bytes * LOW_WATER))
     finally:

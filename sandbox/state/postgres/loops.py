@@ -4,7 +4,10 @@ round trip, so repeats spread over replicas are counted together."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+from sandbox.journal.prune_steps import in_batches_async
 
 History = list[tuple[str, str, str]]
 NOW = "extract(epoch FROM clock_timestamp())"
@@ -62,10 +65,9 @@ async def prune(conn: Any, older_than: float) -> int:
         "DELETE FROM sbx_loop_sessions WHERE (tenant, session) IN "
         "(SELECT tenant, session FROM sbx_loop_sessions WHERE ts < %s LIMIT %s)",
     ):
-        while True:
-            cur = await conn.execute(sql, (older_than, PRUNE_BATCH))
-            count = int(cur.rowcount)
-            deleted += count
-            if count < PRUNE_BATCH:
-                break
+        deleted += await in_batches_async(functools.partial(_delete, conn, sql, older_than), PRUNE_BATCH)
     return deleted
+
+
+async def _delete(conn: Any, sql: str, older_than: float, rows: int) -> int:
+    return int((await conn.execute(sql, (older_than, rows))).rowcount)
