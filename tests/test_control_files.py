@@ -11,6 +11,8 @@ from sandbox.audit.control_rules import control_findings
 from sandbox.audit.run import mount_map
 from sandbox.config import load_config
 from sandbox.config.models import Config
+from sandbox.config.plugins import hook_entry_points
+from sandbox.engine.hooks import Hooks
 from sandbox.errors import ConfigError
 
 
@@ -87,6 +89,30 @@ def test_hook_code_inside_a_rw_workspace_is_refused(tmp_path: Path, monkeypatch:
     )
     with pytest.raises(ConfigError, match=r"the hook module .*myhookmod.py lies inside the workspace"):
         load_config(cfg)
+
+
+def test_the_hook_plugins_the_check_looks_at_are_the_ones_loaded_and_a_new_path_is_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hook plugins are found once per sys.path (reading every distribution's metadata each time
+    cost 13 ms per config loaded): a folder added to sys.path is looked at again, and the loader
+    gets the very entry points the isolation check looked at."""
+    assert not [ep for ep in hook_entry_points() if ep.name == "probe"]
+    site = tmp_path / "site"
+    (site / "probe-1.0.dist-info").mkdir(parents=True)
+    (site / "probe-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: probe\nVersion: 1.0\n")
+    (site / "probe-1.0.dist-info" / "entry_points.txt").write_text(
+        "[agent_sandbox.hooks]\nprobe = probehook:register\n"
+    )
+    (site / "probehook.py").write_text(
+        "async def deny(ctx, tool, params):\n    return None\n\ndef register(hooks):\n    hooks.add_before(deny, 'probe')\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    found = hook_entry_points()
+    assert [ep.name for ep in found if ep.name == "probe"] == ["probe"]
+    assert hook_entry_points() is found  # asked again: the same answer, no metadata read again
+    hooks = Hooks()
+    assert "probe" in hooks.load_entry_points() and [name for name, _ in hooks.before] == ["probe"]
 
 
 def test_audit_flags_control_files_and_shows_the_effective_mode(tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
 
 from sandbox.config.binds import parse_bind
 from sandbox.config.locate import Loc
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config
+from sandbox.config.plugins import hook_entry_points
 from sandbox.errors import BindRefused
 
 # settings that change nothing in the container (who is sandboxed, when it is pruned)
@@ -222,7 +222,7 @@ def writable_roots(config: Config) -> list[WritableRoot]:
 def _hook_paths() -> list[str]:
     """Where the installed hook plugins' code lives (found without importing it)."""
     out = []
-    for ep in entry_points(group="agent_sandbox.hooks"):
+    for ep in hook_entry_points():
         try:
             spec = importlib.util.find_spec(ep.module.split(".", 1)[0])
         except (ImportError, ValueError):

@@ -6,14 +6,12 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
 
 from sandbox._log import logger
+from sandbox.config.plugins import hook_entry_points
 from sandbox.engine.context import TaskContext
 from sandbox.tools.spec import ToolResult
-
-ENTRY_POINT_GROUP = "agent_sandbox.hooks"
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class Hooks:
     def load_entry_points(self) -> list[str]:
         """Let installed plugins register hooks: each entry point is `register(hooks)`."""
         loaded = []
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
+        for ep in hook_entry_points():
             ep.load()(self)
             loaded.append(ep.name)
         return loaded
