@@ -147,7 +147,7 @@ def prune(
         if retention.max_age_s is not None:
             job.delete_batches(DELETE_OLDEST, (now - retention.max_age_s,), "events")
         if retention.max_bytes is not None:
-            delete_to_size(job, int(retention.max_bytes * LOW_WATER), now)  # the largest tenants first
+            delete_to_size(job, int(retention.max_bytes * LOW_WATER))  # the largest tenants first
         horizon = oldest_kept(job, now, retention)
         job.delete_batches(DELETE_DECIDED, (horizon,), "approvals")
         job.delete_batches(DELETE_LOOP_ROWS, (horizon,), "loop_rows")
