@@ -27,5 +27,6 @@ def apply_logging() -> None:
     from loguru import logger  # loguru loads only once logs are wanted: asking costs nothing
 
     logger.remove()
-    logger.add(sys.stderr, level=_logging["level"], serialize=_logging["serialize"])
+    # no variable values in tracebacks (loguru's default): a crash's frames hold call arguments
+    logger.add(sys.stderr, level=_logging["level"], serialize=_logging["serialize"], diagnose=False)
     logger.enable("sandbox")

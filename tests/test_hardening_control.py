@@ -347,6 +347,24 @@ async def test_huge_arguments_are_refused(make_config: Any, ws: Path) -> None:
     assert not (ws / "big").exists()
 
 
+@anyio_mark
+async def test_text_that_is_not_unicode_is_refused_not_a_crash(
+    make_config: Any, ws: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A lone surrogate (JSON's "\\ud800", which a model or an MCP client can send) crashed the
+    write handler's encode, and the crash's traceback showed the call's arguments in the log.
+    Now it is INVALID_ARGUMENTS before any handler runs, in content or in a key, and nothing is written."""
+    async with Orchestrator(host(make_config, ws)) as orch:
+        session = orch.session("agent:a:main")
+        bad = await session.call("write", {"path": "s", "content": "export API_TOKEN=hunter2hunter2 \ud800"})
+        in_key = await session.call("exec", {"command": "true", "env": {"K\udc80": "v"}})
+    for r in (bad, in_key):
+        assert r.error is not None and r.error.code == "INVALID_ARGUMENTS" and "lone surrogate" in r.error.message
+    assert not (ws / "s").exists()
+    out, err = capfd.readouterr()
+    assert "hunter2" not in out + err and "tool_call_crashed" not in out + err
+
+
 @given(st.integers(0, 80))
 def test_depth_limit_is_exact(depth: int) -> None:
     """Depth up to 32 passes, 33 and more is refused, for lists and dicts alike."""

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sandbox import Orchestrator
@@ -76,12 +77,14 @@ class ListProvider:
 
     name = "list"
 
-    def __init__(self, results: list[Any] | None = None, fail: bool = False) -> None:
-        self.results, self.fail = results or [], fail
+    def __init__(self, results: list[Any] | None = None, fail: bool = False, error: Exception | None = None) -> None:
+        self.results, self.fail, self.error = results or [], fail, error
         self.queries: list[tuple[str, int]] = []
 
     async def search(self, query: str, count: int) -> list[Any]:
         self.queries.append((query, count))
+        if self.error is not None:
+            raise self.error
         if self.fail:
             raise ConnectionError("the provider's API is down")
         return self.results
@@ -111,3 +114,36 @@ async def test_web_search_exists_only_with_a_provider(make_config: Any) -> None:
     async with Orchestrator(config, search_provider=ListProvider([{"title": 1}])) as orch:
         bad = await orch.session("agent:main:x").call("web_search", {"query": "q"})
         assert bad.error is not None and "malformed" in bad.error.message
+
+
+KEY = "AIzaSyD-OPERATOR-KEY-0123456789abcdefXYZ"
+
+
+def _rate_limited() -> Exception:
+    """What httpx's raise_for_status() raises for a search API's 429: its text names the URL, key and all."""
+    request = httpx.Request("GET", f"https://www.googleapis.com/customsearch/v1?key={KEY}&cx=engine&q=x")
+    try:
+        httpx.Response(429, request=request).raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        return exc
+    raise AssertionError("raise_for_status raised nothing")
+
+
+@pytest.mark.anyio
+@pytest.mark.slow  # schema loads: the full tier
+@pytest.mark.parametrize(
+    "error",
+    [_rate_limited(), ConnectionError(f"GET https://serpapi.com/search?api_key={KEY}&q=x: reset")],
+    ids=["http-status", "text-with-url"],
+)
+async def test_a_failing_search_provider_never_shows_the_model_the_operators_key(
+    make_config: Any, error: Exception
+) -> None:
+    """A model can make the provider fail on purpose (search until it is rate-limited); the error
+    it reads says what failed, never the URL's query, where search APIs carry the key."""
+    config = make_config('tools: {also_allow: [web_search]}\nagents: {defaults: {sandbox: {mode: "off"}}}')
+    async with Orchestrator(config, search_provider=ListProvider(error=error)) as orch:
+        failed = await orch.session("agent:main:x").call("web_search", {"query": "q"})
+    assert failed.error is not None and failed.error.code in ("NETWORK_ERROR", "RETRY_EXHAUSTED")
+    assert KEY not in failed.error.message and "KEY" not in json.dumps(failed.model_dump(mode="json"))
+    assert type(error).__name__ in failed.error.message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,29 @@ def test_help_does_not_load_loguru() -> None:
     code = "import sys, runpy; sys.argv=['sandbox','--help']\ntry:\n runpy.run_module('sandbox', run_name='__main__')\nexcept SystemExit: pass\nprint('loguru' in sys.modules, file=sys.stderr)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stderr.strip().endswith("False"), done.stderr
+
+
+# a crash logged the way the executor logs one (`logger.exception("tool_call_crashed")`), in a
+# frame holding a call's arguments, through the CLI's own sink
+SCRIPT_CRASH = """
+from sandbox._edge import want_logging
+want_logging("INFO", serialize=False)
+from sandbox._log import logger
+def handler(arguments):
+    content = arguments["content"]
+    return content.encode("ascii")
+try:
+    handler({"content": "export API_TOKEN=" + "hun" + "ter2hun" + "ter2 \\u00e9"})  # not in the source text
+except Exception:
+    logger.exception("tool_call_crashed")
+"""
+
+
+def test_a_crash_logged_by_the_cli_shows_where_not_the_arguments_it_held(tmp_path: Path) -> None:
+    """loguru's default sink annotates each frame of a traceback with its variables' values: a
+    crash in a handler would print the call's arguments, secrets and all, to the service's log."""
+    script = tmp_path / "crash.py"  # a file: loguru annotates only frames whose source it can read
+    script.write_text(SCRIPT_CRASH)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    assert "tool_call_crashed" in run.stderr and "UnicodeEncodeError" in run.stderr and "handler" in run.stderr
+    assert "hunter2" not in run.stderr

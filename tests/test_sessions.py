@@ -11,6 +11,7 @@ import pytest
 
 from sandbox import Orchestrator
 from sandbox.journal.store import Approval
+from sandbox.testing import capture_logs
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +52,19 @@ async def test_spawn_records_lineage_and_the_child_policy(make_config: Any, tmp_
         assert "exec" in names and "session_status" not in names and "sessions_send" not in names
     async with Orchestrator(config(make_config, tmp_path)) as again:  # durable: another process sees it
         assert [c.key for c in again.children(PARENT, tenant="default")] == [key]
+
+
+async def test_a_spawns_log_line_has_the_tasks_size_not_its_text(make_config: Any, tmp_path: Path) -> None:
+    """A task is a model's words (a token pasted into it, say): the service's log, which an operator
+    ships elsewhere, says how long it was; the registry and the parent's tools keep the text."""
+    task = "deploy with GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+    async with Orchestrator(config(make_config, tmp_path)) as orch:
+        with capture_logs("INFO") as records:
+            assert (await orch.session(PARENT).call("sessions_spawn", {"task": task, "name": "t"})).ok
+        [spawned] = [r for r in records if r["event"] == "session_spawned"]
+        assert spawned["task_chars"] == len(task) and "task" not in spawned
+        assert "ghp_" not in repr(records)
+        assert [c.task for c in orch.children(PARENT, tenant="default")] == [task]
 
 
 async def test_tools_argument_only_narrows(make_config: Any, tmp_path: Path) -> None:

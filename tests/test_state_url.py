@@ -101,6 +101,33 @@ def test_password_in_the_query_is_masked() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "postgresql://u@h/db?sslpassword=KEYPASS&sslmode=verify-full",
+            "postgresql://u@h/db?sslpassword=***&sslmode=verify-full",
+        ),
+        ("postgresql://u@h/db?pass%77ord=s3cret", "postgresql://u@h/db?pass%77ord=***"),
+        ("postgresql://u@h/db?PASSWORD=s3cret", "postgresql://u@h/db?PASSWORD=***"),
+    ],
+)
+def test_every_query_item_naming_a_password_is_masked(url: str, shown: str) -> None:
+    """libpq reads `sslpassword` (a client key's passphrase) and percent-encoded names too."""
+    assert mask_password(url) == shown
+
+
+def test_libpqs_complaint_about_a_malformed_password_does_not_quote_it() -> None:
+    """libpq quotes a password it cannot decode whole ("invalid percent-encoded token: ...")."""
+    from sandbox.state.postgres.connect import unreachable
+
+    url = parse_state_url("postgresql://u:Pa%zzSECRET@h:5432/db?sslpassword=KEY%PASS")
+    failure = ValueError('invalid percent-encoded token: "Pa%zzSECRET"; also "KEY%PASS" in sslpassword')
+    error = unreachable(url, failure)
+    assert "SECRET" not in error.message and "KEY%PASS" not in error.message
+    assert "invalid percent-encoded token" in error.message and "u:***@h:5432/db" in error.message
+
+
 def test_parse_rejects_garbage() -> None:
     """parse_state_url raises ValueError (the loader turns it into a located error)."""
     with pytest.raises(ValueError, match="expected"):

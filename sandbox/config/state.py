@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Annotated, Literal
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from pydantic import BeforeValidator, Field
 
@@ -37,13 +37,20 @@ class StateUrl:
         return mask_password(self.url)
 
 
+def _secret_item(item: str) -> bool:
+    """A query item naming a password (`password=`, `sslpassword=`, percent-encoded or not)."""
+    return "password" in unquote(item.split("=", 1)[0]).lower()
+
+
 def mask_password(url: str) -> str:
-    """`postgresql://u:secret@h/db` -> `postgresql://u:***@h/db` (and `password=` in the query)."""
+    """`postgresql://u:secret@h/db` -> `postgresql://u:***@h/db` (and `password=`,
+    `sslpassword=` or any other query item whose name holds "password")."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
-    if parts.password is None and "password=" not in parts.query.lower():
+    items = [item for item in parts.query.split("&") if item]
+    if parts.password is None and not any(_secret_item(item) for item in items):
         return url
     netloc = parts.netloc
     if "@" in netloc:
@@ -51,9 +58,7 @@ def mask_password(url: str) -> str:
         if ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         netloc = f"{userinfo}@{host}"
-    query = "&".join(
-        ("password=***" if item.lower().startswith("password=") else item) for item in parts.query.split("&") if item
-    )
+    query = "&".join((f"{item.split('=', 1)[0]}=***" if _secret_item(item) else item) for item in items)
     return SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment).geturl()
 
 

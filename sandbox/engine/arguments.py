@@ -1,5 +1,8 @@
 """Bounding tool-call arguments before anything recursive (journal, validation) touches them.
 
+Text that is not valid Unicode (a lone surrogate, which JSON's `\\ud800` escapes can carry) is
+refused here too: no file, command or log can hold it, and it crashed the handler that encoded it.
+
 Arguments nested a few hundred levels deep overflow Python's recursion in the journal's redaction,
 in `json.dumps` and in pydantic; megabytes of them fill memory and the journal. This walk is
 iterative and stops at the first limit crossed, so it is safe on any input.
@@ -18,7 +21,15 @@ _SCALAR_BYTES = 8  # numbers, booleans, null: about what they take in JSON
 
 def _size(value: Any) -> int:
     if isinstance(value, str):
-        return len(value.encode("utf-8", "surrogatepass")) + 2
+        try:
+            return len(value.encode("utf-8")) + 2
+        except UnicodeEncodeError as exc:  # a lone surrogate (a JSON "\ud800"): no tool can write it
+            raise SandboxError(
+                ErrorCode.INVALID_ARGUMENTS,
+                f"arguments hold text that is not valid Unicode (a lone surrogate at character {exc.start} "
+                "of a string); send UTF-8 text",
+                limit="unicode",
+            ) from None
     if isinstance(value, bool) or value is None:
         return 5
     if isinstance(value, int):

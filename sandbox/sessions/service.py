@@ -102,7 +102,12 @@ class SessionsService:
         self._listeners.append(listener)
 
     def _emit(self, kind: str, **data: Any) -> None:
-        logger.bind(**data).info(kind)
+        # the log line (an operator ships it elsewhere) has the task's size, never its text: a
+        # task is a model's words, secrets and all; listeners, in this process, get the text
+        logged = {k: v for k, v in data.items() if k != "task"}
+        if isinstance(data.get("task"), str):
+            logged["task_chars"] = len(data["task"])
+        logger.bind(**logged).info(kind)
         for listener in list(self._listeners):
             try:
                 listener(kind, data)

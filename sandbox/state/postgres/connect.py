@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 import anyio
 
@@ -38,7 +39,7 @@ def psycopg_module() -> Any:
 
 def unreachable(url: StateUrl, exc: BaseException) -> SandboxError:
     """The error for a store that cannot be reached or refuses us (libpq's reason, first lines)."""
-    reason = " ".join(str(exc).split())[:500] or type(exc).__name__
+    reason = _without_secrets(url.url, " ".join(str(exc).split()))[:500] or type(exc).__name__
     return SandboxError(
         ErrorCode.SERVICE_UNAVAILABLE,
         f"the state store at {url.shown} cannot be used: {reason}",
@@ -76,3 +77,18 @@ async def close_shielded(conn: Any) -> None:
     interrupts leaves the session open on the server until the object is collected)."""
     with anyio.CancelScope(shield=True):
         await conn.close()
+
+
+def _without_secrets(url: str, reason: str) -> str:
+    """libpq's reason with the URL's passwords (as written and decoded) replaced: a malformed one
+    is quoted whole in its complaint ("invalid percent-encoded token: ...")."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return reason
+    secrets = [parts.password or ""]
+    items = (item.partition("=") for item in parts.query.split("&"))
+    secrets += [value for name, _, value in items if "password" in unquote(name).lower()]
+    for secret in sorted({s for raw in secrets for s in (raw, unquote(raw)) if len(s) >= 3}, key=len, reverse=True):
+        reason = reason.replace(secret, "***")
+    return reason

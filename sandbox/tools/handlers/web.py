@@ -20,6 +20,7 @@ from urllib.parse import urljoin, urlsplit
 from pydantic import ValidationError
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.redact import redact_text
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import RunRequest
 from sandbox.tools.builtin import WebFetchArgs, WebSearchArgs
@@ -225,8 +226,7 @@ async def web_search_tool(ctx: ToolContext, args: WebSearchArgs) -> Any:
         found = await ctx.search.search(args.query, args.count)
     except Exception as exc:  # the provider's failure, in words the model can act on
         raise SandboxError(
-            ErrorCode.NETWORK_ERROR,
-            f"the search provider {ctx.search.name!r} failed: {exc.__class__.__name__}: {exc}"[:500],
+            ErrorCode.NETWORK_ERROR, f"the search provider {ctx.search.name!r} failed: {provider_failure(exc)}"[:500]
         ) from None
     try:
         results = [SearchResult.model_validate(item).model_dump() for item in list(found)[: args.count]]
@@ -241,3 +241,19 @@ async def web_search_tool(ctx: ToolContext, args: WebSearchArgs) -> Any:
         "untrusted": True,  # titles and snippets are what other people wrote
         "results": results,
     }
+
+
+# a URL's query (and fragment): where search APIs carry the operator's key (`?key=...`)
+_URL_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"<>]*)[?#][^\s'\"<>]*")
+
+
+def provider_failure(exc: BaseException) -> str:
+    """What a search provider's exception may tell the model: its class, an HTTP status, and its
+    text without URL queries and with secrets masked. The text of an HTTP client's error names
+    the request's URL, and a search API's URL carries the operator's key (Google's `key=`,
+    SerpAPI's `api_key=`): the model could make the provider fail on purpose and read it."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(status, int):
+        return f"{exc.__class__.__name__}: HTTP {status}"
+    text = redact_text(_URL_QUERY.sub(r"\1?...", str(exc)))
+    return f"{exc.__class__.__name__}: {text}"
