@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
-from sandbox.engine.results import shape
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandbox.engine.results import WORD_SLACK, cut, shape
+from sandbox.journal.redact import redact_text
 
 
 def test_short_output_untouched() -> None:
@@ -75,3 +79,45 @@ def test_captures_of_one_tenant_share_its_budget(tmp_path: Path) -> None:
     assert not second.spilled and not (tmp_path / "2.txt").exists()
     assert second.spill_error is not None and "in flight" in second.spill_error
     assert budget.used == 2_000 <= budget.limit
+
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def leaked(text: str) -> bool:
+    """Whether any 8 characters of SECRET in a row are in `text`."""
+    return any(SECRET[i : i + 8] in text for i in range(len(SECRET) - 7))
+
+
+def test_a_cut_never_leaves_half_a_secret_for_the_journal() -> None:
+    """The tail's cut falling inside an AWS secret key left its last characters, which no pattern
+    matches, in the journal's copy; the cut now moves to the space before it, so the key is
+    there whole (and masked) or not at all. The same for the head's cut."""
+    tail_cut = "x " * 2_000 + f"aws_secret_access_key = {SECRET} " + "y " * 290  # the tail's 600 start in it
+    shaped = shape({"output": tail_cut}, 1_500, None).output["output"]
+    assert not leaked(redact_text(shaped))
+    head_cut = "z " * 443 + f"key {SECRET} " + "w " * 3_000  # the head's 900 end in it
+    assert not leaked(redact_text(cut(head_cut, 1_500, None)))
+
+
+words = st.lists(
+    st.text(st.characters(blacklist_categories=("Zs", "Zl", "Zp", "Cc")), min_size=1, max_size=60), min_size=1
+)
+
+
+@given(words, st.sampled_from([" ", "\n", "\t"]), st.integers(50, 400))
+def test_a_cut_falls_between_two_words_when_a_space_is_near(parts: list[str], space: str, max_chars: int) -> None:
+    """Whatever the words, the head ends and the tail starts on whole words of the text, unless
+    no space is within reach of the cut (a word longer than the slack)."""
+    text = space.join(parts)
+    out = cut(text, max_chars, None)
+    if out == text:
+        return
+    head, _, rest = out.partition("\n\n[... truncated: ")
+    tail = rest.split(" ...]\n\n", 1)[1]
+    original = set(text.split())
+    h, t = int(max_chars * 0.6), len(text) - (max_chars - int(max_chars * 0.6))
+    if head.split() and space in text[max(0, h - WORD_SLACK) : h + 1]:
+        assert head.split()[-1] in original
+    if tail.split() and space in text[t - 1 : t + WORD_SLACK]:
+        assert tail.split()[0] in original

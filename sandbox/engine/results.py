@@ -17,16 +17,35 @@ class Shaped:
     full_text: str | None
 
 
+WORD_SLACK = 200  # how far a cut moves to fall between two words
+
+
 def cut(text: str, max_chars: int, where: str | None) -> str:
-    """Keep the head and the tail of `text`; say how much was cut and where the rest is."""
+    """Keep the head and the tail of `text`; say how much was cut and where the rest is.
+
+    Each cut falls between two words when a space is near (within WORD_SLACK characters): a
+    token cut in half (the end of a key, say) matches no secret pattern, so the journal's
+    masking would let its half through; whole, it is masked, or it is not there at all.
+    """
     if len(text) <= max_chars:
         return text
     head = int(max_chars * 0.6)
-    tail = max_chars - head
-    removed = len(text) - head - tail
+    tail_start = len(text) - (max_chars - head)
+    if _inside_a_word(text, head):
+        space = max(text.rfind(c, max(0, head - WORD_SLACK), head) for c in " \n\t")
+        head = space + 1 if space >= 0 else head
+    if _inside_a_word(text, tail_start):
+        found = [i for i in (text.find(c, tail_start, tail_start + WORD_SLACK) for c in " \n\t") if i >= 0]
+        tail_start = min(found) if found else tail_start
+    removed = tail_start - head
     place = f"; full output in {where}" if where else ""
     marker = f"\n\n[... truncated: {removed:,} of {len(text):,} characters cut{place} ...]\n\n"
-    return text[:head] + marker + text[-tail:]
+    return text[:head] + marker + text[tail_start:]
+
+
+def _inside_a_word(text: str, at: int) -> bool:
+    """Whether a cut at `at` would split a run of non-space characters."""
+    return 0 < at < len(text) and not text[at - 1].isspace() and not text[at].isspace()
 
 
 def shape(output: Any, max_chars: int, spill_path: str | None) -> Shaped:
