@@ -237,6 +237,12 @@ SECRETS = [
     ("aws secret", "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI"),
     ("json password", '{"password": "pa55word!", "user": "bob"}', "pa55word!"),
     ("yaml key", "db:\n  api_key: zzTopSecret\n", "zzTopSecret"),
+    ("hyphenated header", "curl -H 'X-Api-Key: k3yV4lue99' https://api", "k3yV4lue99"),
+    ("auth token header", 'curl -H "X-Auth-Token: t0kV4lue99" https://api', "t0kV4lue99"),
+    ("bare authorization", "curl -H 'Authorization: abcDEF123456ghiJKL789' https://api", "abcDEF123456ghiJKL789"),
+    ("curl user", "curl -u admin:Sup3rS3cret https://api", "Sup3rS3cret"),
+    ("token flag", "deploy --token plainT0ken42 --verbose", "plainT0ken42"),
+    ("glued password", "PGPASSWORD=pgS3cret psql -h db", "pgS3cret"),
 ]
 
 
@@ -257,6 +263,8 @@ def test_secret_shapes_are_masked(label: str, text: str, secret: str) -> None:
         "echo MONKEY=1 KEYBOARD=us PWD=/home/x",
         "export TOKEN=$(cat /run/token) && echo PASS: done",
         "ls -la /usr/local/bin/something-long-and-lowercase",
+        "git push -u origin main && npm i --save-dev left-pad",
+        "deploy --token $DEPLOY_TOKEN && curl -H 'Authorization: Bearer $T' https://x",
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:

@@ -18,10 +18,15 @@ SECRET_KEYS = re.compile(
     r"(pass(word|wd|phrase)?|secret|token|api[_-]?key|(^|[_-])key$|auth|credential|private[_-]?key|cookie)", re.I
 )
 
-# Words that make a variable name secret when they are one of its `_`-separated segments:
-# API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, password; never MONKEY, KEYBOARD or PWD.
+# Words that make a variable name secret when they are one of its `_`- or `-`-separated segments:
+# API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, X-Api-Key, password, and a password with a short
+# prefix glued on (PGPASSWORD); never MONKEY, KEYBOARD or PWD. A name starts at a word's start,
+# never inside a hyphenated one (`a-b-c-...`: one start, not one per segment, so it stays linear).
 _SECRET_WORD = r"(?:KEYS?|APIKEY|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASS|PASSPHRASE|CREDENTIALS?|AUTH)"  # noqa: S105
-_NAME = rf"(?<![A-Za-z0-9_])(?:[A-Za-z0-9]+_)*{_SECRET_WORD}(?:_[A-Za-z0-9]+)*(?![A-Za-z0-9_])"
+_NAME = (
+    rf"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?:[A-Za-z0-9]+[_-])*(?:[A-Za-z0-9]{{0,16}}PASSWORD|{_SECRET_WORD})"
+    r"(?:[_-][A-Za-z0-9]+)*(?![A-Za-z0-9_])"
+)
 _VALUE = r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]*)(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*))"""
 # NAME=value anywhere (shell, URLs, flags, .env files)
 _ASSIGN_EQ = re.compile(rf"(?P<name>{_NAME})(?P<sep>[ \t]*=[ \t]*){_VALUE}", re.I)
@@ -31,9 +36,20 @@ _ASSIGN_COLON = re.compile(
     rf"""(?P<lead>^[ \t-]*["']?|["'])(?P<name>{_NAME})(?P<sep>["']?[ \t]*:[ \t]*){_VALUE}""", re.I | re.M
 )
 _URL_PASSWORD = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)(?P<pw>[^\s@/]+)(?=@)", re.I)
+# `Authorization:` with a scheme or none (a bare token), and `Bearer <token>` anywhere
 _BEARER = re.compile(
-    r"(?P<pre>\b(?:authorization:[ \t]*(?:bearer|basic|token)|bearer)[ \t]+)(?P<tok>[A-Za-z0-9._~+/=-]{12,})", re.I
+    r"(?P<pre>\b(?:authorization:[ \t]*(?:(?:bearer|basic|token)[ \t]+)?|bearer[ \t]+))"
+    r"(?P<tok>[A-Za-z0-9._~+/=-]{12,})",
+    re.I,
 )
+# a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`
+_FLAG_VALUE = re.compile(
+    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]+-)*(?:token|password|passwd|secret|api-?key)[ \t]+)"
+    r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"$`-][^\s'\"]*)",
+    re.I,
+)
+# curl's and wget's credentials: `-u user:password`, `--user=user:password`
+_USER_PASSWORD = re.compile(r"(?P<pre>(?<![A-Za-z0-9_-])(?:-u|--user)[ \t=]*['\"]?[^\s:'\"]+:)(?P<pw>[^\s'\"@]+)")
 _PEM_BEGIN = re.compile(r"-----BEGIN (?P<kind>[A-Z0-9 ]*)PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 # a key body: base64 lines, RFC 1421 headers (Proc-Type, DEK-Info), escaped or real newlines
@@ -120,6 +136,14 @@ _STEPS: list[tuple[Guard, Step]] = [
     (
         lambda _, folded: "bearer" in folded or "author" in folded,
         lambda text: _BEARER.sub(lambda m: m.group("pre") + MASK, text),
+    ),
+    (
+        lambda text, folded: "-" in text and _has(folded, _NAME_NEEDLES),
+        lambda text: _FLAG_VALUE.sub(lambda m: m.group("pre") + MASK, text),
+    ),
+    (
+        lambda text, _: "-u" in text or "--user" in text,
+        lambda text: _USER_PASSWORD.sub(lambda m: m.group("pre") + MASK, text),
     ),
     *(_token_step(needles, pattern) for needles, pattern in SECRET_VALUES),
     (
