@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import anyio
@@ -27,6 +27,10 @@ from sandbox.journal.redact import redact
 from sandbox.state.protocol import BROADCAST_MAX_BYTES, EventStore
 
 GATHER_S = 0.05  # how long events gather before they go out together
+# an output chunk that ends inside a word keeps that word (up to this long) for the next chunk:
+# masking runs chunk by chunk, and a secret split over two chunks would go out in two halves
+CARRY_MAX = 256
+CARRIED_CALLS = 4096  # calls with a held word at most (a call that never finishes is forgotten)
 BACKLOG = 10_000  # events waiting while the store is away; older ones are dropped past it
 MAX_TEXT = 2000  # a relayed event's strings (an output chunk) are cut to this
 
@@ -40,11 +44,32 @@ class ProgressRelay:
         self.origin = secrets.token_hex(8)  # this process: its own events come back and are skipped
         self._waiting: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
         self._ready = anyio.Event()
+        self._carry: dict[str, str] = {}  # call id -> the word its last output chunk ended in
 
     def _local(self, event: ProgressEvent) -> None:
-        if not event.origin:  # a relayed event is never sent on
-            self._waiting.append(_wire(event))
+        if event.origin:  # a relayed event is never sent on
+            return
+        for whole in self._at_word_ends(event):
+            self._waiting.append(_wire(whole))
             self._ready.set()
+
+    def _at_word_ends(self, event: ProgressEvent) -> list[ProgressEvent]:
+        """Output chunks joined so that each ends between two words: a secret split over two
+        chunks is masked whole. The held word goes out with the next chunk, or before the
+        call's `finished`; heartbeats leave it held."""
+        chunk = event.detail.get("chunk") if event.kind == "output" else None
+        if not isinstance(chunk, str):
+            held = self._carry.pop(event.call_id, "") if event.kind == "finished" else ""
+            return [replace(event, kind="output", detail={"chunk": held}), event] if held else [event]
+        text = self._carry.pop(event.call_id, "") + chunk
+        end = max(text.rfind(space) for space in " \n\r\t") + 1
+        if len(text) - end > CARRY_MAX:  # one word too long to hold: it goes as it is
+            end = len(text)
+        if end < len(text):
+            self._carry[event.call_id] = text[end:]
+            while len(self._carry) > CARRIED_CALLS:
+                self._carry.pop(next(iter(self._carry)))
+        return [replace(event, detail={**event.detail, "chunk": text[:end]})] if end else []
 
     def _remote(self, payload: str) -> None:
         if not payload:  # the listener connected again: nothing to replay (progress is for watching)
@@ -86,7 +111,8 @@ class ProgressRelay:
 def _wire(event: ProgressEvent) -> dict[str, Any]:
     item = asdict(event)
     item.pop("origin")
-    # masked as the journal masks (secrets in output never leave the replica), strings cut
+    # masked as the journal masks (secrets in output never leave the replica; chunks end between
+    # words, ProgressRelay._at_word_ends), strings cut
     item["detail"] = redact(event.detail, max_text=MAX_TEXT)
     return item
 

@@ -1,0 +1,61 @@
+"""The progress relay's masking across chunk boundaries (api/progress_relay.py; the relay between
+two real replicas over PostgreSQL is in test_shared_events.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from sandbox.api.progress_relay import CARRY_MAX, ProgressRelay
+from sandbox.engine.progress import ProgressBus, ProgressEvent
+
+TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def event(kind: str, chunk: str | None = None, call: str = "c1") -> ProgressEvent:
+    return ProgressEvent(kind, call, "t1", "exec", "agent:main:s", 0.1, {"chunk": chunk} if chunk is not None else {})  # type: ignore[arg-type]
+
+
+def relayed(*events: ProgressEvent) -> list[dict[str, Any]]:
+    relay = ProgressRelay(ProgressBus(), cast(Any, None))  # only the sending side's shaping runs
+    for e in events:
+        relay._local(e)
+    return list(relay._waiting)
+
+
+def test_a_secret_split_over_two_chunks_goes_out_masked_whole() -> None:
+    """Masked chunk by chunk, `token ghp_abcdefghij` + `klmnop...` went out in two clear halves."""
+    sent = relayed(
+        event("output", f"export GITHUB_TOKEN={TOKEN[:14]}"),
+        event("running"),  # a heartbeat between the two halves holds nothing back
+        event("output", f"{TOKEN[14:]} done\n"),
+        event("finished"),
+    )
+    wire = json.dumps(sent)
+    assert TOKEN[:14] not in wire and TOKEN[14:] not in wire and "***" in wire
+    chunks = "".join(item["detail"].get("chunk", "") for item in sent if item["kind"] == "output")
+    assert chunks == "export GITHUB_TOKEN=*** done\n"
+    assert [item["kind"] for item in sent] == ["output", "running", "output", "finished"]
+
+
+def test_a_held_word_goes_out_before_the_calls_end_and_calls_are_kept_apart() -> None:
+    sent = relayed(
+        event("output", "one two", call="a"),
+        event("output", "other", call="b"),
+        event("finished", call="a"),
+        event("output", " words\n", call="b"),
+    )
+    by_call = [(item["call_id"], item["kind"], item["detail"].get("chunk")) for item in sent]
+    assert by_call == [
+        ("a", "output", "one "),
+        ("a", "output", "two"),
+        ("a", "finished", None),
+        ("b", "output", "other words\n"),
+    ]
+
+
+def test_a_word_longer_than_the_hold_goes_out_as_it_is() -> None:
+    """Output with no space in it (a long base64 line) is never held for good."""
+    long_word = "x" * (CARRY_MAX + 10)
+    sent = relayed(event("output", long_word))
+    assert [item["detail"]["chunk"] for item in sent] == [long_word]
