@@ -241,6 +241,8 @@ SECRETS = [
     ("auth token header", 'curl -H "X-Auth-Token: t0kV4lue99" https://api', "t0kV4lue99"),
     ("bare authorization", "curl -H 'Authorization: abcDEF123456ghiJKL789' https://api", "abcDEF123456ghiJKL789"),
     ("curl user", "curl -u admin:Sup3rS3cret https://api", "Sup3rS3cret"),
+    ("curl user with @", "curl -u admin:p@ssw0rdZ https://api", "ssw0rdZ"),
+    ("secret key flag", "aws configure set --secret-key wJalrXUtnFEMI0 --region x", "wJalrXUtnFEMI0"),
     ("token flag", "deploy --token plainT0ken42 --verbose", "plainT0ken42"),
     ("glued password", "PGPASSWORD=pgS3cret psql -h db", "pgS3cret"),
 ]
@@ -265,6 +267,8 @@ def test_secret_shapes_are_masked(label: str, text: str, secret: str) -> None:
         "ls -la /usr/local/bin/something-long-and-lowercase",
         "git push -u origin main && npm i --save-dev left-pad",
         "deploy --token $DEPLOY_TOKEN && curl -H 'Authorization: Bearer $T' https://x",
+        "docker run -u 1000:1000 img && gh auth login --with-token < token.txt --token-file /x",
+        'deploy --token "$DEPLOY_TOKEN" && ls -u /tmp',
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:

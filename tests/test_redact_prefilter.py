@@ -98,3 +98,41 @@ def test_look_alike_letters_still_reach_the_assignment_patterns() -> None:
 def test_plain_text_without_any_needle_is_returned_as_is() -> None:
     text = "x" * 4095 + "\n"
     assert redact_text(text) == text
+
+
+# Hostile shapes that made a masking pattern read the text once per word start (quadratic): a
+# megabyte of any of them took minutes to tens of minutes on the event loop. Each is journaled
+# here as a call's argument would be, whole (the loop history and approvals mask whole texts).
+HOSTILE = {
+    "hyphen chain of secret words": "= " + "KEY-" * 262_144,
+    "underscore chain of secret words": "= " + "KEY_" * 262_144,
+    "chain before a colon": "KEY-" * 262_144 + ":",
+    "many -u after punctuation": ".-u" * 349_525,
+    "dotted run before ://": "a." * 524_288 + "://",
+    "unclosed quotes": 'a="' * 349_525,
+    "one long flag": "--" + "a-" * 524_288,
+    "assignments in a row": "x=" * 524_288,
+}
+LIVENESS = """
+import sys
+from sandbox.journal.redact import redact_text
+from tests.test_redact_prefilter import HOSTILE
+for text in HOSTILE.values():
+    redact_text(text)
+print("done")
+"""
+
+
+def test_hostile_megabytes_are_masked_in_one_reading() -> None:
+    """Not a speed claim: a liveness bound. Each shape is masked in linear time (0.01-0.2 s a
+    megabyte here); read once per word start, any of them took minutes, so a 300 s bound for all
+    of them cannot fail on a slow machine, and does fail on a quadratic pattern."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run(
+        [sys.executable, "-c", LIVENESS], cwd=root, capture_output=True, text=True, timeout=300, check=True
+    )
+    assert run.stdout.strip() == "done"

@@ -128,6 +128,21 @@ def test_libpqs_complaint_about_a_malformed_password_does_not_quote_it() -> None
     assert "invalid percent-encoded token" in error.message and "u:***@h:5432/db" in error.message
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://u:ab/cd+ef==@h:5432/db", "postgresql://u:ab?cd@h:5432/db", "postgresql://u:ab#cd@h/db",
+     "postgresql://u:p@ss/w?rd#x@h:5432/db"],
+)  # fmt: skip
+def test_a_password_written_with_url_characters_never_shows_in_a_load_error(url: str) -> None:
+    """A base64 password holds `/`; unencoded, a URL parser ends the host in the middle of it and
+    complained with its piece (`Port could not be cast to integer value as 'ab'`)."""
+    with pytest.raises(ConfigError) as info:
+        load_config_text(f'state:\n  url: "{url}"\n', source="c.yaml")
+    text = str(info.value)
+    assert "state.url" in text and "u:***@" in text
+    assert not any(piece in text for piece in ("ab", "cd", "ef==", "p@ss", "w?rd"))
+
+
 def test_parse_rejects_garbage() -> None:
     """parse_state_url raises ValueError (the loader turns it into a located error)."""
     with pytest.raises(ValueError, match="expected"):

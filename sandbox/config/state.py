@@ -44,22 +44,23 @@ def _secret_item(item: str) -> bool:
 
 def mask_password(url: str) -> str:
     """`postgresql://u:secret@h/db` -> `postgresql://u:***@h/db` (and `password=`,
-    `sslpassword=` or any other query item whose name holds "password")."""
+    `sslpassword=` or any other query item whose name holds "password").
+
+    The user's part ends at the URL's last `@`, read as text: a password written with `/`, `?`,
+    `#` or `@` unencoded makes a URL parser end the host early and show the rest as a path."""
+    start = url.find("://") + 3
+    at = url.rfind("@")
+    if start >= 3 and at > start and ":" in url[start:at]:
+        url = f"{url[:start]}{url[start:at].split(':', 1)[0]}:***{url[at:]}"
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
     items = [item for item in parts.query.split("&") if item]
-    if parts.password is None and not any(_secret_item(item) for item in items):
+    if not any(_secret_item(item) for item in items):
         return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":***"
-        netloc = f"{userinfo}@{host}"
     query = "&".join((f"{item.split('=', 1)[0]}=***" if _secret_item(item) else item) for item in items)
-    return SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment).geturl()
+    return SplitResult(parts.scheme, parts.netloc, parts.path, query, parts.fragment).geturl()
 
 
 def parse_state_url(value: str) -> StateUrl:
@@ -76,9 +77,15 @@ def parse_state_url(value: str) -> StateUrl:
         parts = urlsplit(text)
         port = parts.port  # raises on a port that is not a number
     except ValueError as exc:
-        raise ValueError(f"{expected} ({exc}; got {mask_password(text)!r})") from None
+        shown = mask_password(text)
+        # the parser's words quote the part they could not read: a password's piece, maybe
+        why = str(exc) if shown == text else "its host or port does not parse"
+        raise ValueError(f"{expected} ({why}; got {shown!r})") from None
     if parts.scheme not in _PG_SCHEMES:
         raise ValueError(f"{expected} (got {mask_password(text)!r})")
+    if parts.password is not None and "@" in f"{parts.path}?{parts.query}#{parts.fragment}":
+        # `u:p@ss/w?rd@h/db`: a parser reads host `ss` and path `/w`; libpq reads it otherwise
+        raise ValueError(f"{expected}: percent-encode `/ ? # @` in the password (got {mask_password(text)!r})")
     database = parts.path.lstrip("/")
     if not database or "/" in database:
         raise ValueError(f"{expected}: the URL names no database (got {mask_password(text)!r})")

@@ -12,6 +12,7 @@ from typing import Any
 
 MASK = "***"
 MAX_TEXT = 2000
+READ_MARGIN = 2048  # a shortened text is read this far past what it keeps (a secret across the cut)
 
 # Dict keys whose scalar values are secrets ({"env": {"API_TOKEN": ...}}, {"password": ...}).
 SECRET_KEYS = re.compile(
@@ -20,36 +21,46 @@ SECRET_KEYS = re.compile(
 
 # Words that make a variable name secret when they are one of its `_`- or `-`-separated segments:
 # API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, X-Api-Key, password, and a password with a short
-# prefix glued on (PGPASSWORD); never MONKEY, KEYBOARD or PWD. A name starts at a word's start,
-# never inside a hyphenated one (`a-b-c-...`: one start, not one per segment, so it stays linear).
-_SECRET_WORD = r"(?:KEYS?|APIKEY|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASS|PASSPHRASE|CREDENTIALS?|AUTH)"  # noqa: S105
-_NAME = (
-    rf"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?:[A-Za-z0-9]+[_-])*(?:[A-Za-z0-9]{{0,16}}PASSWORD|{_SECRET_WORD})"
-    r"(?:[_-][A-Za-z0-9]+)*(?![A-Za-z0-9_])"
+# prefix glued on (PGPASSWORD); never MONKEY, KEYBOARD or PWD.
+# one segment, matched whole and case-insensitively as the patterns are (`ſ`, `ı`, the Kelvin sign)
+_SECRET_SEGMENT = re.compile(
+    r"keys?|apikey|tokens?|secrets?|passwd|pass|passphrase|credentials?|auth|[a-z0-9]{0,16}password", re.I
 )
-_VALUE = r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]*)(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*))"""
+# A name is one whole word, taken possessively (never given back: each text is read in linear
+# time whatever it holds, `KEY-KEY-KEY-...` included), starting at a word's start (never inside
+# a hyphenated one); whether it is secret is decided on its segments (_secret_name).
+_WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
+# a quoted value ends on its line and within this many characters (an unclosed quote is not
+# read to the end of a long line from every name before it)
+_VALUE = r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]{0,1024})(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*+))"""
 # NAME=value anywhere (shell, URLs, flags, .env files)
-_ASSIGN_EQ = re.compile(rf"(?P<name>{_NAME})(?P<sep>[ \t]*=[ \t]*){_VALUE}", re.I)
+_ASSIGN_EQ = re.compile(rf"{_WORD}(?P<sep>[ \t]*=[ \t]*){_VALUE}", re.I)
 # NAME: value only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a
 # colon is ordinary text (`echo PASS: done`)
-_ASSIGN_COLON = re.compile(
-    rf"""(?P<lead>^[ \t-]*["']?|["'])(?P<name>{_NAME})(?P<sep>["']?[ \t]*:[ \t]*){_VALUE}""", re.I | re.M
-)
-_URL_PASSWORD = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)(?P<pw>[^\s@/]+)(?=@)", re.I)
+_ASSIGN_COLON = re.compile(rf"""(?P<lead>^[ \t-]*+["']?|["']){_WORD}(?P<sep>["']?[ \t]*:[ \t]*){_VALUE}""", re.I | re.M)
+# a scheme is at most 32 characters: from every word start of `a.a.a.a...` an unbounded one
+# read to the end of the run (quadratic)
+_URL_PASSWORD = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]*:)(?P<pw>[^\s@/]+)(?=@)", re.I)
 # `Authorization:` with a scheme or none (a bare token), and `Bearer <token>` anywhere
 _BEARER = re.compile(
     r"(?P<pre>\b(?:authorization:[ \t]*(?:(?:bearer|basic|token)[ \t]+)?|bearer[ \t]+))"
     r"(?P<tok>[A-Za-z0-9._~+/=-]{12,})",
     re.I,
 )
-# a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`
+# a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`,
+# `--secret-key VALUE`; not a `$VAR`, and not a redirection or a pipe (`--with-token < file`)
 _FLAG_VALUE = re.compile(
-    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]+-)*(?:token|password|passwd|secret|api-?key)[ \t]+)"
-    r"(?P<val>\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"$`-][^\s'\"]*)",
+    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]++[-_])*?"
+    r"(?:token|password|passwd|passphrase|pass|secret|credentials?|(?:api|secret|private|access)[-_]?key)[ \t]++)"
+    r"(?P<val>\"[^\"\n]{0,1024}\"|'[^'\n]{0,1024}'|[^\s'\"$`<>|;&-][^\s'\"]*+)",
     re.I,
 )
-# curl's and wget's credentials: `-u user:password`, `--user=user:password`
-_USER_PASSWORD = re.compile(r"(?P<pre>(?<![A-Za-z0-9_-])(?:-u|--user)[ \t=]*['\"]?[^\s:'\"]+:)(?P<pw>[^\s'\"@]+)")
+# curl's and wget's credentials: `-u user:password`, `--user=user:password` (the password may
+# hold `@`); after a space or a line's start only; a numeric password is a uid:gid (`docker -u 0:0`)
+_USER_PASSWORD = re.compile(
+    r"(?P<pre>(?:(?<=\s)|^)(?:-u|--user)[ \t=]*+['\"]?[^\s:'\"]{1,256}:)(?P<pw>(?![0-9]+(?:[\s'\"]|$))[^\s'\"]++)",
+    re.M,
+)
 _PEM_BEGIN = re.compile(r"-----BEGIN (?P<kind>[A-Z0-9 ]*)PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 # a key body: base64 lines, RFC 1421 headers (Proc-Type, DEK-Info), escaped or real newlines
@@ -73,6 +84,28 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
 # case-folded texts one of which a (case-insensitive) name match contains; none holds an `i`,
 # which re.IGNORECASE also matches with a dotless `ı` that case folding keeps apart
 _NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth")
+
+
+def _secret_name(name: str) -> bool:
+    """Whether a variable name is a secret's: one of its segments is a secret word, or ends in
+    PASSWORD after a short prefix."""
+    return any(_SECRET_SEGMENT.fullmatch(segment) for segment in re.split(r"[_-]", name))
+
+
+def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
+    """Every `name<sep>value` of `pattern` in `text` whose name is a secret's, value masked. A
+    match whose name is not a secret's is read again from its value on (`FOO=API_KEY=x`), so
+    each character is read a bounded number of times."""
+    out: list[str] = []
+    done = pos = 0
+    while (m := pattern.search(text, pos)) is not None:
+        if _secret_name(m.group("name")):
+            out += (text[done : m.start()], _mask_assignment(m))
+            done = pos = m.end()
+        else:
+            pos = m.end("sep")
+    out.append(text[done:])
+    return "".join(out)
 
 
 def _mask_assignment(m: re.Match[str]) -> str:
@@ -139,7 +172,7 @@ _STEPS: list[tuple[Guard, Step]] = [
     ),
     (
         lambda text, folded: "-" in text and _has(folded, _NAME_NEEDLES),
-        lambda text: _FLAG_VALUE.sub(lambda m: m.group("pre") + MASK, text),
+        lambda text: _FLAG_VALUE.sub(lambda m: m.group(0) if "$" in m.group("val") else m.group("pre") + MASK, text),
     ),
     (
         lambda text, _: "-u" in text or "--user" in text,
@@ -148,11 +181,11 @@ _STEPS: list[tuple[Guard, Step]] = [
     *(_token_step(needles, pattern) for needles, pattern in SECRET_VALUES),
     (
         lambda text, folded: "=" in text and _has(folded, _NAME_NEEDLES),
-        lambda text: _ASSIGN_EQ.sub(_mask_assignment, text),
+        lambda text: _mask_assignments(_ASSIGN_EQ, text),
     ),
     (
         lambda text, folded: ":" in text and _has(folded, _NAME_NEEDLES),
-        lambda text: _ASSIGN_COLON.sub(_mask_assignment, text),
+        lambda text: _mask_assignments(_ASSIGN_COLON, text),
     ),
 ]
 
@@ -185,6 +218,13 @@ def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT) -> Any
     if isinstance(value, list | tuple):
         return [redact(v, max_text=max_text) for v in value]
     if isinstance(value, str):
+        if max_text is not None and len(value) > max_text + READ_MARGIN:
+            # only what is kept is read (a megabyte of arguments, journaled twice per call, was
+            # read whole on the event loop); the last READ_MARGIN characters read are never kept:
+            # a secret cut where the reading stopped is dropped, never half-shown
+            text = redact_text(value[: max_text + READ_MARGIN])
+            kept = max(0, min(max_text, len(text) - READ_MARGIN))
+            return text[:kept] + f"... [{len(value) - kept} more characters]"
         text = redact_text(value)
         if max_text is not None and len(text) > max_text:
             text = text[:max_text] + f"... [{len(text) - max_text} more characters]"

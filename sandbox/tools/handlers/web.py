@@ -244,7 +244,8 @@ async def web_search_tool(ctx: ToolContext, args: WebSearchArgs) -> Any:
 
 
 # a URL's query (and fragment): where search APIs carry the operator's key (`?key=...`)
-_URL_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"<>]*)[?#][^\s'\"<>]*")
+_URL_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s?#'\"<>]*+)[?#][^\s'\"<>]*+")
+_PATH_QUERY = re.compile(r"(/[^\s?#'\"<>]*+)\?[^\s'\"<>]*+")  # `with url: /search?key=...` (urllib3)
 
 
 def provider_failure(exc: BaseException) -> str:
@@ -255,5 +256,6 @@ def provider_failure(exc: BaseException) -> str:
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(status, int):
         return f"{exc.__class__.__name__}: HTTP {status}"
-    text = redact_text(_URL_QUERY.sub(r"\1?...", str(exc)))
+    text = str(exc)[:4000]  # what is shown is 500 characters: the rest is never read
+    text = redact_text(_PATH_QUERY.sub(r"\1?...", _URL_QUERY.sub(r"\1?...", text)))
     return f"{exc.__class__.__name__}: {text}"
