@@ -245,6 +245,9 @@ SECRETS = [
     ("secret key flag", "aws configure set --secret-key wJalrXUtnFEMI0 --region x", "wJalrXUtnFEMI0"),
     ("token flag", "deploy --token plainT0ken42 --verbose", "plainT0ken42"),
     ("glued password", "PGPASSWORD=pgS3cret psql -h db", "pgS3cret"),
+    ("cookie header", "curl -H 'Cookie: session=c00kieS3ss10n; theme=dark' https://app", "c00kieS3ss10n"),
+    ("after a $VAR", "run TOKEN=$X,PASSWORD=afterV4r", "afterV4r"),
+    ("long quoted value", 'API_KEY="' + "Q" * 1500 + '" ./run', "Q" * 100),
 ]
 
 

@@ -112,6 +112,9 @@ HOSTILE = {
     "unclosed quotes": 'a="' * 349_525,
     "one long flag": "--" + "a-" * 524_288,
     "assignments in a row": "x=" * 524_288,
+    "values after a plain name": "key " + "a=" * 524_288,
+    "hyphenated JWT starts": "eyJ-" * 262_144,
+    "unclosed quotes after secret names": 'KEY="' * 209_715,
 }
 LIVENESS = """
 import sys

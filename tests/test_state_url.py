@@ -128,6 +128,10 @@ def test_libpqs_complaint_about_a_malformed_password_does_not_quote_it() -> None
     assert "invalid percent-encoded token" in error.message and "u:***@h:5432/db" in error.message
 
 
+def test_an_at_sign_in_the_query_is_not_taken_for_a_broken_password() -> None:
+    assert parse_state_url("postgresql://u:pw@h/db?application_name=me@x").kind == "postgresql"
+
+
 @pytest.mark.parametrize(
     "url",
     ["postgresql://u:ab/cd+ef==@h:5432/db", "postgresql://u:ab?cd@h:5432/db", "postgresql://u:ab#cd@h/db",

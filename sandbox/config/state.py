@@ -83,7 +83,7 @@ def parse_state_url(value: str) -> StateUrl:
         raise ValueError(f"{expected} ({why}; got {shown!r})") from None
     if parts.scheme not in _PG_SCHEMES:
         raise ValueError(f"{expected} (got {mask_password(text)!r})")
-    if parts.password is not None and "@" in f"{parts.path}?{parts.query}#{parts.fragment}":
+    if parts.password is not None and ("@" in parts.path or "/" in f"{parts.query}#{parts.fragment}".partition("@")[2]):
         # `u:p@ss/w?rd@h/db`: a parser reads host `ss` and path `/w`; libpq reads it otherwise
         raise ValueError(f"{expected}: percent-encode `/ ? # @` in the password (got {mask_password(text)!r})")
     database = parts.path.lstrip("/")

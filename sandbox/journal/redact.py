@@ -30,23 +30,24 @@ _SECRET_SEGMENT = re.compile(
 # time whatever it holds, `KEY-KEY-KEY-...` included), starting at a word's start (never inside
 # a hyphenated one); whether it is secret is decided on its segments (_secret_name).
 _WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
-# a quoted value ends on its line and within this many characters (an unclosed quote is not
-# read to the end of a long line from every name before it)
-_VALUE = r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]{0,1024})(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*+))"""
-# NAME=value anywhere (shell, URLs, flags, .env files)
-_ASSIGN_EQ = re.compile(rf"{_WORD}(?P<sep>[ \t]*=[ \t]*){_VALUE}", re.I)
-# NAME: value only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a
-# colon is ordinary text (`echo PASS: done`)
-_ASSIGN_COLON = re.compile(rf"""(?P<lead>^[ \t-]*+["']?|["']){_WORD}(?P<sep>["']?[ \t]*:[ \t]*){_VALUE}""", re.I | re.M)
-# a scheme is at most 32 characters: from every word start of `a.a.a.a...` an unbounded one
-# read to the end of the run (quadratic)
-_URL_PASSWORD = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]*:)(?P<pw>[^\s@/]+)(?=@)", re.I)
+# a value, read only after a secret's name and separator (_mask_assignments): quoted to the end
+# of its line, or bare
+_VALUE = re.compile(r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]*+)(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*+))""")
+# NAME= anywhere (shell, URLs, flags, .env files)
+_ASSIGN_EQ = re.compile(rf"{_WORD}(?P<sep>[ \t]*=[ \t]*)", re.I)
+# NAME: only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a colon is
+# ordinary text (`echo PASS: done`)
+_ASSIGN_COLON = re.compile(rf"""(?P<lead>^[ \t-]*+["']?|["']){_WORD}(?P<sep>["']?[ \t]*:[ \t]*)""", re.I | re.M)
+# found from its `://` (a scheme read from every word start of `a.a.a...` was quadratic)
+_URL_PASSWORD = re.compile(r"(?P<pre>://[^\s:/@]*+:)(?P<pw>[^\s@/]+)(?=@)")
 # `Authorization:` with a scheme or none (a bare token), and `Bearer <token>` anywhere
 _BEARER = re.compile(
     r"(?P<pre>\b(?:authorization:[ \t]*(?:(?:bearer|basic|token)[ \t]+)?|bearer[ \t]+))"
     r"(?P<tok>[A-Za-z0-9._~+/=-]{12,})",
     re.I,
 )
+# a cookie header's whole value (session ids)
+_COOKIE = re.compile(r"""(?P<pre>\b(?:set-)?cookie:[ \t]*+)(?P<val>[^\r\n"']+)""", re.I)
 # a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`,
 # `--secret-key VALUE`; not a `$VAR`, and not a redirection or a pipe (`--with-token < file`)
 _FLAG_VALUE = re.compile(
@@ -79,7 +80,13 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     (("glpat-",), re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),  # GitLab
     (("xox", "xapp-"), re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}")),  # Slack
     (("AIza",), re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),  # Google API key
-    (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{8,}")),  # JWT
+    # JWT: not from inside a hyphenated run (`eyJ-eyJ-...` read to its end from every `eyJ`)
+    (
+        ("eyJ",),
+        re.compile(
+            r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9_]-)eyJ[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]{8,}"
+        ),
+    ),
 ]
 # case-folded texts one of which a (case-insensitive) name match contains; none holds an `i`,
 # which re.IGNORECASE also matches with a dotless `ı` that case folding keeps apart
@@ -93,29 +100,25 @@ def _secret_name(name: str) -> bool:
 
 
 def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
-    """Every `name<sep>value` of `pattern` in `text` whose name is a secret's, value masked. A
-    match whose name is not a secret's is read again from its value on (`FOO=API_KEY=x`), so
-    each character is read a bounded number of times."""
+    """Every value after a secret's `name<sep>` of `pattern` in `text`, masked. The search goes
+    on right after each separator, so a value is read only after a secret's name, and text is
+    read a bounded number of times whatever it holds (`FOO=API_KEY=x`, `x=a=a=a...`)."""
     out: list[str] = []
     done = pos = 0
     while (m := pattern.search(text, pos)) is not None:
-        if _secret_name(m.group("name")):
-            out += (text[done : m.start()], _mask_assignment(m))
-            done = pos = m.end()
-        else:
-            pos = m.end("sep")
+        pos = m.end()
+        if not _secret_name(m.group("name")) or (value := _VALUE.match(text, pos)) is None:
+            continue
+        shown = value.group("quoted") if value.group("q") else value.group("bare")
+        # `$VAR` and `$(cmd)` are not secrets but executable text: left visible (and read on:
+        # `TOKEN=$X,PASSWORD=y`)
+        if not shown or "$" in shown or "`" in shown:
+            continue
+        q = value.group("q") or ""
+        out += (text[done:pos], f"{q}{MASK}{q}")
+        done = pos = value.end()
     out.append(text[done:])
     return "".join(out)
-
-
-def _mask_assignment(m: re.Match[str]) -> str:
-    value = m.group("quoted") if m.group("q") else m.group("bare")
-    # `$VAR` and `$(cmd)` are not secrets but executable text: leave them visible
-    if not value or "$" in value or "`" in value:
-        return m.group(0)
-    q = m.group("q") or ""
-    lead = m.groupdict().get("lead") or ""
-    return f"{lead}{m.group('name')}{m.group('sep')}{q}{MASK}{q}"
 
 
 def _mask_pem(text: str) -> str:
@@ -170,6 +173,7 @@ _STEPS: list[tuple[Guard, Step]] = [
         lambda _, folded: "bearer" in folded or "author" in folded,
         lambda text: _BEARER.sub(lambda m: m.group("pre") + MASK, text),
     ),
+    (lambda _, folded: "cookie" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (
         lambda text, folded: "-" in text and _has(folded, _NAME_NEEDLES),
         lambda text: _FLAG_VALUE.sub(lambda m: m.group(0) if "$" in m.group("val") else m.group("pre") + MASK, text),
@@ -223,7 +227,8 @@ def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT) -> Any
             # read whole on the event loop); the last READ_MARGIN characters read are never kept:
             # a secret cut where the reading stopped is dropped, never half-shown
             text = redact_text(value[: max_text + READ_MARGIN])
-            kept = max(0, min(max_text, len(text) - READ_MARGIN))
+            # a mask is longer than a one-character value: each moves the text's end up to 2 on
+            kept = max(0, min(max_text, len(text) - READ_MARGIN - 4 * text.count(MASK)))
             return text[:kept] + f"... [{len(value) - kept} more characters]"
         text = redact_text(value)
         if max_text is not None and len(text) > max_text:

@@ -244,8 +244,9 @@ async def web_search_tool(ctx: ToolContext, args: WebSearchArgs) -> Any:
 
 
 # a URL's query (and fragment): where search APIs carry the operator's key (`?key=...`)
-_URL_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s?#'\"<>]*+)[?#][^\s'\"<>]*+")
-_PATH_QUERY = re.compile(r"(/[^\s?#'\"<>]*+)\?[^\s'\"<>]*+")  # `with url: /search?key=...` (urllib3)
+# found from `://` and from a path's first `/` (not from every `/` of a run: read once)
+_URL_QUERY = re.compile(r"(://[^\s?#'\"<>]*+)[?#][^\s'\"<>]*+")
+_PATH_QUERY = re.compile(r"((?<![^\s'\"<>(=:])/[^\s?#'\"<>]*+)\?[^\s'\"<>]*+")  # `with url: /search?key=...`
 
 
 def provider_failure(exc: BaseException) -> str:
