@@ -254,3 +254,14 @@ def unavailable_when_full(exc: BaseException) -> SandboxError:
     if isinstance(exc, SandboxError):
         return exc
     return SandboxError(ErrorCode.INTERNAL, f"internal error ({exc.__class__.__name__})")
+
+
+NOT_RECORDED = "the service could not record the call, so it was not run (the operator's log says why)"
+
+
+def unrecorded(exc: SandboxError) -> SandboxError:
+    """A call the journal could not record, as its caller sees it: a full disk is retryable
+    (unavailable_when_full); any other INTERNAL reason is the operator's to read, never the
+    tenant's (it names files under the state dir and the database's own words)."""
+    mapped = unavailable_when_full(exc)
+    return SandboxError(ErrorCode.INTERNAL, NOT_RECORDED) if mapped.code == ErrorCode.INTERNAL else mapped

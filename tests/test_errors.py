@@ -158,3 +158,21 @@ def test_a_full_disk_is_retryable_and_nothing_else_changes_code() -> None:
     assert not out_of_space(closed) and unavailable_when_full(closed).code == ErrorCode.INTERNAL
     assert unavailable_when_full(ValueError("bug")).code == ErrorCode.INTERNAL
     assert issubclass(StateError, SandboxError)
+
+
+def test_a_call_the_journal_could_not_record_never_shows_the_tenant_its_files() -> None:
+    """The journal's own reason names the database under the state dir; the caller gets a fixed
+    text (a full disk stays retryable, any deliberate code stays as it was)."""
+    import errno
+
+    from sandbox.errors import NOT_RECORDED, unrecorded
+
+    damaged = SandboxError(
+        ErrorCode.INTERNAL, "the journal at /var/lib/agent-sandbox/journal.sqlite3 cannot be written (disk I/O error)"
+    )
+    shown = unrecorded(damaged)
+    assert shown.code == ErrorCode.INTERNAL and shown.message == NOT_RECORDED and "/var/lib" not in shown.message
+    full = _raised_from(OSError(errno.ENOSPC, "No space left on device"), damaged)
+    assert unrecorded(full).code == ErrorCode.SERVICE_UNAVAILABLE
+    refused = SandboxError(ErrorCode.PERMISSION_DENIED, "a hook refused it")
+    assert unrecorded(refused) is refused

@@ -248,6 +248,8 @@ SECRETS = [
     ("cookie header", "curl -H 'Cookie: session=c00kieS3ss10n; theme=dark' https://app", "c00kieS3ss10n"),
     ("after a $VAR", "run TOKEN=$X,PASSWORD=afterV4r", "afterV4r"),
     ("long quoted value", 'API_KEY="' + "Q" * 1500 + '" ./run', "Q" * 100),
+    ("jwt after a word", "echo session-eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abcdefghijklmnop", "abcdefghijklmnop"),
+    ("flag then =", "deploy --token = fl4gS3cret", "fl4gS3cret"),
 ]
 
 
@@ -260,6 +262,15 @@ def test_secret_shapes_are_masked(label: str, text: str, secret: str) -> None:
     first_word = text.split()[0]
     if not any(mark in first_word for mark in ("=", "sk-", "{")):
         assert out.startswith(first_word)
+
+
+def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
+    """The journal keeps 2,000 characters of a text and reads 64 KiB past them: a quoted key of
+    5,000 characters across the cut is masked, not shown up to the cut."""
+    from sandbox.journal.redact import redact
+
+    kept = redact('export API_KEY="' + "Q" * 5_000 + '" && run ' + "z" * 3_000)
+    assert isinstance(kept, str) and "Q" * 20 not in kept and "API_KEY=" in kept
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,13 @@ def test_any_unicode_text_is_redacted_as_by_every_pattern(text: str) -> None:
 
 def test_look_alike_letters_still_reach_the_assignment_patterns() -> None:
     # re.IGNORECASE matches `ſ` with `s` and `ı` with `i`: the filter must not skip these
-    for text in ("PAſſWORD=hunter2hunter2", "CREDENTıAL=hunter2hunter2", "\u212aEY=hunter2hunter2"):
+    for text in (
+        "PAſſWORD=hunter2hunter2",
+        "CREDENTıAL=hunter2hunter2",
+        "\u212aEY=hunter2hunter2",
+        "cookıe: sid=abc123abc",
+        "Set-Cookİe: sid=abc123abc",
+    ):
         assert redact_text(text) == redact_text_unfiltered(text)
         assert MASK in redact_text(text), text
 
@@ -115,6 +121,9 @@ HOSTILE = {
     "values after a plain name": "key " + "a=" * 524_288,
     "hyphenated JWT starts": "eyJ-" * 262_144,
     "unclosed quotes after secret names": 'KEY="' * 209_715,
+    "secret names before $ values": "TOKEN=$X," * 116_508,
+    "secret names and $ in quotes": 'x="' + "KEY=$" * 209_715 + '"',
+    "flags before =": "--token =" * 116_508,
 }
 LIVENESS = """
 import sys

@@ -24,7 +24,7 @@ from sandbox.engine.progress import ProgressBus
 from sandbox.engine.retry import with_retries
 from sandbox.engine.running import MakeContext, Spill, fail, finish, run_once, shape_output
 from sandbox.engine.stages import await_approval, check_policy, detect_loops, propose, run_hooks, validate
-from sandbox.errors import SandboxError, unavailable_when_full
+from sandbox.errors import SandboxError, unavailable_when_full, unrecorded
 from sandbox.journal.store import Journal
 from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.tools.registry import ToolRegistry
@@ -93,8 +93,8 @@ async def execute(
                 call.journal("abandoned", reason=CANCELLED_REASON)  # synchronous: nothing to shield
             raise
         except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
-            logger.bind(code=exc.code.value).error("tool_call_not_journaled")
-            return call.failed(unavailable_when_full(exc))
+            logger.bind(code=exc.code.value, reason=exc.message[:500]).error("tool_call_not_journaled")
+            return call.failed(unrecorded(exc))
         except Exception as exc:
             # the one place a foreign exception becomes the call's error (a full disk: retryable)
             logger.exception("tool_call_crashed")

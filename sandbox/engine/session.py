@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import anyio.to_thread
 
+from sandbox._log import logger
 from sandbox.config.binds import CONTAINER_WORKDIR
 from sandbox.config.merge import EffectiveAgent
 from sandbox.engine import spill
@@ -20,7 +21,7 @@ from sandbox.engine.context import TaskContext
 from sandbox.engine.executor import execute
 from sandbox.engine.handles import CallHandle, submit_call
 from sandbox.engine.once import MAX_BATCH_KEY, Ask, call_once, call_tracked, key_problem, recorded
-from sandbox.errors import ErrorCode, SandboxError, unavailable_when_full
+from sandbox.errors import ErrorCode, SandboxError, unrecorded
 from sandbox.fs.locks import lock_dir
 from sandbox.fs.quota import WorkspaceQuota, parse_size
 from sandbox.fs.states import FileStates, SeenFiles, SharedFileStates
@@ -281,7 +282,8 @@ class Session:
         try:
             await journal.commit(result.call_id)
         except SandboxError as exc:
-            error = unavailable_when_full(exc)
+            logger.bind(code=exc.code.value, reason=exc.message[:500]).error("tool_call_not_journaled")
+            error = unrecorded(exc)
             info = ErrorInfo(code=error.code.value, message=error.message, retryable=error.retryable)
             return result.model_copy(update={"ok": False, "output": None, "error": info})
         return result

@@ -12,7 +12,9 @@ from typing import Any
 
 MASK = "***"
 MAX_TEXT = 2000
-READ_MARGIN = 2048  # a shortened text is read this far past what it keeps (a secret across the cut)
+# a shortened text is read this far past what it keeps: a secret across the cut (a quoted key of
+# up to this length) is masked whole
+READ_MARGIN = 64 * 1024
 
 # Dict keys whose scalar values are secrets ({"env": {"API_TOKEN": ...}}, {"password": ...}).
 SECRET_KEYS = re.compile(
@@ -31,8 +33,9 @@ _SECRET_SEGMENT = re.compile(
 # a hyphenated one); whether it is secret is decided on its segments (_secret_name).
 _WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
 # a value, read only after a secret's name and separator (_mask_assignments): quoted to the end
-# of its line, or bare
-_VALUE = re.compile(r"""(?:(?P<q>["'])(?P<quoted>[^"'\n]*+)(?P=q)|(?P<bare>[^\s;&|'"`<>()=][^\s;&|'"`<>()]*+))""")
+# of its line, or bare (a run of these characters, not starting with `=`)
+_QUOTED = re.compile(r"""(?P<q>["'])(?P<quoted>[^"'\n]*+)(?P=q)""")
+_BARE_RUN = re.compile(r"""[^\s;&|'"`<>()]*+""")
 # NAME= anywhere (shell, URLs, flags, .env files)
 _ASSIGN_EQ = re.compile(rf"{_WORD}(?P<sep>[ \t]*=[ \t]*)", re.I)
 # NAME: only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a colon is
@@ -53,7 +56,7 @@ _COOKIE = re.compile(r"""(?P<pre>\b(?:set-)?cookie:[ \t]*+)(?P<val>[^\r\n"']+)""
 _FLAG_VALUE = re.compile(
     r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]++[-_])*?"
     r"(?:token|password|passwd|passphrase|pass|secret|credentials?|(?:api|secret|private|access)[-_]?key)[ \t]++)"
-    r"(?P<val>\"[^\"\n]{0,1024}\"|'[^'\n]{0,1024}'|[^\s'\"$`<>|;&-][^\s'\"]*+)",
+    r"(?P<val>\"[^\"\n]*+\"|'[^'\n]*+'|[^\s'\"$`<>|;&=-][^\s'\"]*+)",
     re.I,
 )
 # curl's and wget's credentials: `-u user:password`, `--user=user:password` (the password may
@@ -80,13 +83,9 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     (("glpat-",), re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),  # GitLab
     (("xox", "xapp-"), re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}")),  # Slack
     (("AIza",), re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),  # Google API key
-    # JWT: not from inside a hyphenated run (`eyJ-eyJ-...` read to its end from every `eyJ`)
-    (
-        ("eyJ",),
-        re.compile(
-            r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9_]-)eyJ[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]{8,}"
-        ),
-    ),
+    # JWT: a header of at most 512 characters (`eyJ-eyJ-...` read to its end from every `eyJ`
+    # was quadratic)
+    (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,512}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]{8,}")),
 ]
 # case-folded texts one of which a (case-insensitive) name match contains; none holds an `i`,
 # which re.IGNORECASE also matches with a dotless `ı` that case folding keeps apart
@@ -105,20 +104,50 @@ def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
     read a bounded number of times whatever it holds (`FOO=API_KEY=x`, `x=a=a=a...`)."""
     out: list[str] = []
     done = pos = 0
+    run = _Run()
     while (m := pattern.search(text, pos)) is not None:
         pos = m.end()
-        if not _secret_name(m.group("name")) or (value := _VALUE.match(text, pos)) is None:
+        if not _secret_name(m.group("name")):
             continue
-        shown = value.group("quoted") if value.group("q") else value.group("bare")
-        # `$VAR` and `$(cmd)` are not secrets but executable text: left visible (and read on:
-        # `TOKEN=$X,PASSWORD=y`)
-        if not shown or "$" in shown or "`" in shown:
-            continue
-        q = value.group("q") or ""
-        out += (text[done:pos], f"{q}{MASK}{q}")
-        done = pos = value.end()
+        if text[pos : pos + 1] in ("'", '"'):
+            value = _QUOTED.match(text, pos)
+            if value is None or not value.group("quoted") or _executable(value.group("quoted")):
+                continue
+            end, masked = value.end(), f"{value.group('q')}{MASK}{value.group('q')}"
+        else:
+            end = run.end_from(text, pos)
+            # `$VAR` and `$(cmd)` are not secrets but executable text: left visible, and read
+            # on (`TOKEN=$X,PASSWORD=y`); the run's end is remembered, so a run of them is read once
+            if end == pos or text[pos] == "=" or run.executable_from(pos):
+                continue
+            masked = MASK
+        out += (text[done:pos], masked)
+        done = pos = end
     out.append(text[done:])
     return "".join(out)
+
+
+def _executable(value: str) -> bool:
+    return "$" in value or "`" in value
+
+
+class _Run:
+    """The bare value a position starts, found once per run of value characters: a bare value
+    ends at the same place from any start inside its run."""
+
+    def __init__(self) -> None:
+        self.start = self.end = -1
+        self.last_code = -1  # the run's last `$` or backtick
+
+    def end_from(self, text: str, pos: int) -> int:
+        if not self.start <= pos < self.end:
+            found = _BARE_RUN.match(text, pos)
+            self.start, self.end = pos, found.end() if found else pos
+            self.last_code = max(text.rfind("$", pos, self.end), text.rfind("`", pos, self.end))
+        return self.end
+
+    def executable_from(self, pos: int) -> bool:
+        return self.last_code >= pos
 
 
 def _mask_pem(text: str) -> str:
@@ -173,7 +202,8 @@ _STEPS: list[tuple[Guard, Step]] = [
         lambda _, folded: "bearer" in folded or "author" in folded,
         lambda text: _BEARER.sub(lambda m: m.group("pre") + MASK, text),
     ),
-    (lambda _, folded: "cookie" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
+    # "cook": re.IGNORECASE matches `ı` and `İ` with `i`, which case folding keeps apart
+    (lambda _, folded: "cook" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (
         lambda text, folded: "-" in text and _has(folded, _NAME_NEEDLES),
         lambda text: _FLAG_VALUE.sub(lambda m: m.group(0) if "$" in m.group("val") else m.group("pre") + MASK, text),

@@ -246,7 +246,8 @@ async def web_search_tool(ctx: ToolContext, args: WebSearchArgs) -> Any:
 # a URL's query (and fragment): where search APIs carry the operator's key (`?key=...`)
 # found from `://` and from a path's first `/` (not from every `/` of a run: read once)
 _URL_QUERY = re.compile(r"(://[^\s?#'\"<>]*+)[?#][^\s'\"<>]*+")
-_PATH_QUERY = re.compile(r"((?<![^\s'\"<>(=:])/[^\s?#'\"<>]*+)\?[^\s'\"<>]*+")  # `with url: /search?key=...`
+# `with url: /search?key=...`, `www.googleapis.com/customsearch/v1?key=...`: from a token's start
+_PATH_QUERY = re.compile(r"((?<![^\s'\"<>(=:,\[])[^\s/?#'\"<>]*+/[^\s?#'\"<>]*+)\?[^\s'\"<>]*+")
 
 
 def provider_failure(exc: BaseException) -> str:
