@@ -173,6 +173,6 @@ def test_a_call_the_journal_could_not_record_never_shows_the_tenant_its_files() 
     shown = unrecorded(damaged)
     assert shown.code == ErrorCode.INTERNAL and shown.message == NOT_RECORDED and "/var/lib" not in shown.message
     full = _raised_from(OSError(errno.ENOSPC, "No space left on device"), damaged)
-    assert unrecorded(full).code == ErrorCode.SERVICE_UNAVAILABLE
+    assert isinstance(full, SandboxError) and unrecorded(full).code == ErrorCode.SERVICE_UNAVAILABLE
     refused = SandboxError(ErrorCode.PERMISSION_DENIED, "a hook refused it")
     assert unrecorded(refused) is refused
