@@ -95,6 +95,9 @@ _NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth")
 def _secret_name(name: str) -> bool:
     """Whether a variable name is a secret's: one of its segments is a secret word, or ends in
     PASSWORD after a short prefix."""
+    folded = name.casefold()
+    if not _has(folded, _NAME_NEEDLES):  # most names: no secret word in them at all
+        return False
     return any(_SECRET_SEGMENT.fullmatch(segment) for segment in re.split(r"[_-]", name))
 
 
@@ -103,11 +106,11 @@ def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
     on right after each separator, so a value is read only after a secret's name, and text is
     read a bounded number of times whatever it holds (`FOO=API_KEY=x`, `x=a=a=a...`)."""
     out: list[str] = []
-    done = pos = 0
+    done = 0
     run = _Run()
-    while (m := pattern.search(text, pos)) is not None:
+    for m in pattern.finditer(text):  # name and separator only: one reading of the text, in C
         pos = m.end()
-        if not _secret_name(m.group("name")):
+        if m.start() < done or not _secret_name(m.group("name")):  # inside a masked value, or not a secret
             continue
         if text[pos : pos + 1] in ("'", '"'):
             value = _QUOTED.match(text, pos)
@@ -122,7 +125,7 @@ def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
                 continue
             masked = MASK
         out += (text[done:pos], masked)
-        done = pos = end
+        done = end
     out.append(text[done:])
     return "".join(out)
 
