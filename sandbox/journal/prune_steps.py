@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from threading import Event
 from typing import Protocol, TypeVar
 
+import anyio
+
 T = TypeVar("T")
 BATCH_ROWS = 1000  # rows per delete transaction: milliseconds to tens of them at a million rows
 # after each batch the prune rests at least as long as the batch took (and this long): writers
@@ -76,8 +78,6 @@ def in_batches(delete: Callable[[int], int], rows: int) -> int:
 async def in_batches_async(delete: Callable[[int], Awaitable[int]], rows: int, *, pause_s: float = 0.0) -> int:
     """:func:`in_batches` for a delete that is awaited, resting `pause_s` between two batches (so
     writers and readers get the table)."""
-    import anyio  # only the async callers pay for it
-
     total = 0
     while True:
         done = await delete(rows)

@@ -23,8 +23,8 @@ SECRET_KEYS = re.compile(
 
 # Words that make a variable name secret when they are one of its `_`- or `-`-separated segments:
 # API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, X-Api-Key, password, and a password with a short
-# prefix glued on (PGPASSWORD); never MONKEY, KEYBOARD or PWD.
-# one segment, matched whole and case-insensitively as the patterns are (`ſ`, `ı`, the Kelvin sign)
+# prefix glued on (PGPASSWORD); never MONKEY, KEYBOARD or PWD. A segment is matched whole and
+# case-insensitively, as the patterns are (`ſ`, `ı`, the Kelvin sign).
 _SECRET_SEGMENT = re.compile(
     r"keys?|apikey|tokens?|secrets?|passwd|pass|passphrase|credentials?|auth|[a-z0-9]{0,16}password", re.I
 )

@@ -11,38 +11,35 @@ from __future__ import annotations
 
 import sqlite3
 
+
+def _bytes_of(*columns: str) -> str:
+    """SQL: the bytes of these text columns (NULL as none)."""
+    return " + ".join(f"length(CAST(COALESCE({column}, '') AS BLOB))" for column in columns)
+
+
 # the record's bytes, in SQL over an events row: every text column, plus its header and the two
 # reals (18 bytes, about: a reviewer measured 40 as 22 too many, which doubled the weight of rows
 # just under half a page)
-PAYLOAD = (
-    "length(CAST(data AS BLOB)) + length(CAST(trace_id AS BLOB)) + length(CAST(call_id AS BLOB)) + "
-    "length(CAST(session AS BLOB)) + length(CAST(tenant AS BLOB)) + length(CAST(agent AS BLOB)) + "
-    "length(CAST(tool AS BLOB)) + length(CAST(stage AS BLOB)) + 18"
-)
+PAYLOAD = _bytes_of("data", "trace_id", "call_id", "session", "tenant", "agent", "tool", "stage") + " + 18"
+# the key bytes of the seven index entries: events_call, events_trace, events_session,
+# events_tenant, events_ts, events_tenant_session and events_tenant_trace (schema.py)
+INDEX_KEYS = _bytes_of("trace_id", "trace_id", "call_id", "session", "session", "tenant", "tenant", "tenant") + " + 8"
+INDEXES = 7
 # a call record's bytes (the `calls` table: every column) and the key bytes of its three indexes
 # (the primary key, calls_key and calls_created)
 CALL_PAYLOAD = (
-    "length(CAST(call_id AS BLOB)) + length(CAST(tenant AS BLOB)) + length(CAST(session AS BLOB)) + "
-    "length(CAST(agent AS BLOB)) + length(CAST(tool AS BLOB)) + length(CAST(COALESCE(idem_key, '') AS BLOB)) + "
-    "length(CAST(fingerprint AS BLOB)) + length(CAST(state AS BLOB)) + length(CAST(COALESCE(result, '') AS BLOB)) + "
-    "length(CAST(reason AS BLOB)) + 30"
+    _bytes_of("call_id", "tenant", "session", "agent", "tool", "idem_key", "fingerprint", "state", "result", "reason")
+    + " + 30"
 )
-CALL_INDEX_KEYS = (
-    "length(CAST(call_id AS BLOB)) + length(CAST(tenant AS BLOB)) + length(CAST(COALESCE(idem_key, '') AS BLOB)) + 8"
-)
-# the key bytes of the seven index entries: events_call, events_trace, events_session,
-# events_tenant, events_ts, events_tenant_session and events_tenant_trace (schema.py)
-INDEX_KEYS = (
-    "2 * length(CAST(trace_id AS BLOB)) + length(CAST(call_id AS BLOB)) + 2 * length(CAST(session AS BLOB)) + "
-    "3 * length(CAST(tenant AS BLOB)) + 8"
-)
+CALL_INDEX_KEYS = _bytes_of("call_id", "tenant", "idem_key") + " + 8"
+CALL_INDEXES = 3
 INDEX_ENTRY_OVERHEAD = 12  # a rowid, a header and a cell pointer per index entry
-INDEXES = 7
 FUNCTION = "sbx_row_weight"  # the SQL function that weighs a row (registered by register())
 
 
-def row_weight(payload: int, index_keys: int, page_size: int) -> int:
-    """The bytes a row of `payload` record bytes and `index_keys` index key bytes takes."""
+def row_weight(payload: int, index_keys: int, page_size: int, indexes: int = INDEXES) -> int:
+    """The bytes a row of `payload` record bytes takes, with `indexes` index entries holding
+    `index_keys` key bytes in all."""
     usable = page_size
     max_local = usable - 35  # SQLite's table b-tree leaf: the largest record kept on its page
     min_local = (usable - 12) * 32 // 255 - 23
@@ -52,12 +49,15 @@ def row_weight(payload: int, index_keys: int, page_size: int) -> int:
         local = min_local + (payload - min_local) % (usable - 4)
         local = min_local if local > max_local else local
         table = usable / ((usable - 8) // (local + 4)) + -(-(payload - local) // (usable - 4)) * usable
-    index = (index_keys + INDEXES * INDEX_ENTRY_OVERHEAD) * 10 / 7
+    index = (index_keys + indexes * INDEX_ENTRY_OVERHEAD) * 10 / 7
     return int(table + index)
 
 
 def register(db: sqlite3.Connection, page_size: int) -> None:
-    """Make `sbx_row_weight(payload, index_keys)` callable on `db` (for the usage scan)."""
+    """Make `sbx_row_weight(payload, index_keys, indexes)` callable on `db` (for the usage scan)."""
     db.create_function(
-        FUNCTION, 2, lambda payload, keys: row_weight(int(payload), int(keys), page_size), deterministic=True
+        FUNCTION,
+        3,
+        lambda payload, keys, indexes: row_weight(int(payload), int(keys), page_size, int(indexes)),
+        deterministic=True,
     )

@@ -29,9 +29,11 @@ from sandbox.journal.fair_share import fair_cuts
 from sandbox.journal.prune_steps import BATCH_ROWS, PruneJob, pragma, used_bytes
 from sandbox.journal.row_weight import (
     CALL_INDEX_KEYS,
+    CALL_INDEXES,
     CALL_PAYLOAD,
     FUNCTION,
     INDEX_KEYS,
+    INDEXES,
     PAYLOAD,
     register,
     row_weight,
@@ -41,12 +43,12 @@ MAX_PASSES = 4  # a pass that frees too little (pages an index frees late) is fo
 OUT_OF_ORDER_S = 600.0  # how far an event's time may trail a later id's (buffered stages, egress notes)
 # fixed words only (the weight's SQL is this project's, no input)
 EVENT_USAGE = (
-    f"SELECT tenant, COUNT(*), COALESCE(SUM({FUNCTION}({PAYLOAD}, {INDEX_KEYS})), 0) "  # noqa: S608
+    f"SELECT tenant, COUNT(*), COALESCE(SUM({FUNCTION}({PAYLOAD}, {INDEX_KEYS}, {INDEXES})), 0) "  # noqa: S608
     "FROM events GROUP BY tenant"
 )
 # call records: every column of each and its three index entries, weighed as events are
 PINNED_USAGE = (
-    f"SELECT tenant, COALESCE(SUM({FUNCTION}({CALL_PAYLOAD}, {CALL_INDEX_KEYS})), 0) "  # noqa: S608 - fixed words
+    f"SELECT tenant, COALESCE(SUM({FUNCTION}({CALL_PAYLOAD}, {CALL_INDEX_KEYS}, {CALL_INDEXES})), 0) "  # noqa: S608
     "FROM calls GROUP BY tenant"
 )
 # a tenant's oldest events that no open call and no pending approval needs, on the tenant index
