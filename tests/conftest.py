@@ -18,6 +18,12 @@ from typing import Any
 
 import pytest
 
+# hypothesis keeps a folder of its own (even without an example database): not in the repo. It is
+# the same folder from run to run, so the unicode table hypothesis builds for text strategies (about
+# a second per worker) is made once per machine; nothing else is kept there, and nothing relies on it.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "agent-sandbox-hypothesis"))
+from hypothesis import settings  # imported after its storage directory is chosen
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A bytecode cache for this run and every process it starts (workers, CLI subprocesses), kept
@@ -30,12 +36,6 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("PYTHONPYCACHEPREFIX", str(_PYCACHE))
 sys.dont_write_bytecode = False
 sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
-
-# hypothesis keeps a folder of its own (even without an example database): not in the repo. It is
-# the same folder from run to run, so the unicode table hypothesis builds for text strategies (about
-# a second per worker) is made once per machine; nothing else is kept there, and nothing relies on it.
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "agent-sandbox-hypothesis"))
-from hypothesis import settings  # imported after its storage directory is chosen
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 

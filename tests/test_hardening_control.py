@@ -250,6 +250,25 @@ SECRETS = [
     ("long quoted value", 'API_KEY="' + "Q" * 1500 + '" ./run', "Q" * 100),
     ("jwt after a word", "echo session-eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abcdefghijklmnop", "abcdefghijklmnop"),
     ("flag then =", "deploy --token = fl4gS3cret", "fl4gS3cret"),
+    ("mysql glued password", "mysql -uroot -pS3cretDb -h db", "S3cretDb"),
+    ("mysqldump quoted password", "mysqldump -u x -p'Dump pw' db > f", "Dump pw"),
+    ("sshpass", "sshpass -p Zp4ssw0rd ssh -p 22 host", "Zp4ssw0rd"),
+    ("registry login", "docker login -u me -p RegPw1xyz registry.local", "RegPw1xyz"),
+    ("redis password", "redis-cli -h r -a R3disPw ping", "R3disPw"),
+    ("openssl pass", "openssl rsa -passin pass:Op3nsslPw -in k.pem", "Op3nsslPw"),
+    (
+        "digest header",
+        'curl -H \'Authorization: Digest username="u", response="6629fae49393a05397450978507c4ef1"\' https://x',
+        "6629fae4939",
+    ),
+    ("authorization as a json key", '{"Authorization": "Basic dXNlcjpwYXNzd29yZA=="}', "dXNlcjpwYXNz"),
+    ("environ subscript", "os.environ['API_KEY'] = 'Subscr1ptKey'", "Subscr1ptKey"),
+    ("the other quote inside", '{"password": "it\'s-S3cret"}', "S3cret"),
+    ("a $ inside a bare value", "PASSWORD=hunter2$x ./run", "hunter2"),
+    ("a $ inside single quotes", "DB_PASSWORD='pa$$w0rd' ./run", "w0rd"),
+    ("camel case", '{"accessToken": "camelT0ken99"}', "camelT0ken99"),
+    ("yaml value on the next line", "db:\n  password:\n    B3lowS3cret\n", "B3lowS3cret"),
+    ("yaml block", "db:\n  private_key: |\n    L1neOne\n    L1neTwo\n  user: bob\n", "L1neTwo"),
 ]
 
 
@@ -283,6 +302,13 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         "deploy --token $DEPLOY_TOKEN && curl -H 'Authorization: Bearer $T' https://x",
         "docker run -u 1000:1000 img && gh auth login --with-token < token.txt --token-file /x",
         'deploy --token "$DEPLOY_TOKEN" && ls -u /tmp',
+        "max-tokens: 4096\nllm --max_tokens=4096 --num-tokens 10",
+        "curl --password-file=/run/pw && TOKEN_TTL=3600 AUTH_URL=https://auth.local/x TOKEN_FILE=/run/t",
+        "git config pass-through=yes && SECRET_NAME=db-creds kubectl get secret",
+        "mkdir -p /tmp/x && ssh -p 22 host && docker run -p 8080:80 img",
+        "sshpass -f pw.txt ssh -p 22 host && mysql -h db -P 3306 -u app -p app_db",
+        'mysql -p"$DB_PW" db && sshpass -p "$PW" ssh h && PASSWORD="${PW}" TOKEN=`cat /t` ./run',
+        "db:\n  password:\n  user: bob\n",
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:
@@ -297,6 +323,12 @@ def test_private_key_markers_around_shell_code_do_not_hide_it() -> None:
         "rm -rf /usr/local/lib/app; echo '-----END RSA PRIVATE KEY-----'"
     )
     assert redact_text(text) == text
+
+
+def test_keys_about_a_secret_keep_their_values() -> None:
+    """A key that names a secret's size, file or address is not a secret's key."""
+    out = redact({"max_tokens": 4096, "token_file": "/run/t", "api_key": "k1", "Authorization": "Basic x"})
+    assert out == {"max_tokens": 4096, "token_file": "/run/t", "api_key": "***", "Authorization": "***"}
 
 
 def test_env_dicts_are_masked_by_name() -> None:

@@ -71,6 +71,24 @@ FRAGMENTS = [
     "xyz",
     "/",
     "+",
+    "mysql",
+    " -p",
+    " -a",
+    "sshpass",
+    "login",
+    "redis-cli",
+    "pass:",
+    "Digest ",
+    "Proxy-",
+    "|",
+    ">-",
+    "\n  ",
+    "'] = ",
+    "]",
+    "accessToken",
+    "ToKen",
+    "max_",
+    "_file",
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -124,6 +142,16 @@ HOSTILE = {
     "secret names before $ values": "TOKEN=$X," * 116_508,
     "secret names and $ in quotes": 'x="' + "KEY=$" * 209_715 + '"',
     "flags before =": "--token =" * 116_508,
+    "glued client flags": "mysql" + " -pa" * 262_144,
+    "client names and flags": "login -p " * 116_508,
+    "sshpass options": "sshpass" + " -e" * 349_525,
+    "yaml keys with a line below": "password:\n x\n" * 74_898,
+    "yaml keys over blank lines": ("password:\n" + "\n" * 10) * 52_428,
+    "yaml keys ever deeper": "".join(" " * i + "password:\n" for i in range(1_400)),
+    "digest headers": "Authorization: Digest " * 47_662,
+    "openssl passes": "pass:" * 209_715,
+    "subscripts": "['KEY']=" * 131_072,
+    "camel-case chain": "aKey" * 262_144 + "=x",
 }
 LIVENESS = """
 import sys

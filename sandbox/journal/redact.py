@@ -33,22 +33,28 @@ _SECRET_SEGMENT = re.compile(
 # a hyphenated one); whether it is secret is decided on its segments (_secret_name).
 _WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
 # a value, read only after a secret's name and separator (_mask_assignments): quoted to the end
-# of its line, or bare (a run of these characters, not starting with `=`)
-_QUOTED = re.compile(r"""(?P<q>["'])(?P<quoted>[^"'\n]*+)(?P=q)""")
+# of its line (the other quote allowed inside: `"it's"`), or bare (a run of these characters,
+# not starting with `=`)
+_QUOTED = {q: re.compile(rf"{q}(?P<quoted>[^{q}\n]*+){q}") for q in ("'", '"')}
 _BARE_RUN = re.compile(r"""[^\s;&|'"`<>()]*+""")
-# NAME= anywhere (shell, URLs, flags, .env files)
-_ASSIGN_EQ = re.compile(rf"{_WORD}(?P<sep>[ \t]*=[ \t]*)", re.I)
+# a value that only refers to a secret kept elsewhere: `$VAR`, `${VAR}`, `$(cmd)`, a backquoted command
+_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*+|\{[^}\n]*+\}|\([^)\n]*+\))|`[^`\n]*+`")
+# NAME= anywhere (shell, URLs, flags, .env files), and a subscript's `['NAME'] =` (os.environ)
+_ASSIGN_EQ = re.compile(rf"""{_WORD}(?P<sep>(?:["']?\])?[ \t]*=[ \t]*)""", re.I)
 # NAME: only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a colon is
 # ordinary text (`echo PASS: done`)
 _ASSIGN_COLON = re.compile(rf"""(?P<lead>^[ \t-]*+["']?|["']){_WORD}(?P<sep>["']?[ \t]*:[ \t]*)""", re.I | re.M)
 # found from its `://` (a scheme read from every word start of `a.a.a...` was quadratic)
 _URL_PASSWORD = re.compile(r"(?P<pre>://[^\s:/@]*+:)(?P<pw>[^\s@/]+)(?=@)")
-# `Authorization:` with a scheme or none (a bare token), and `Bearer <token>` anywhere
+# `Authorization:` with a scheme or none (a bare token), also as a quoted key (JSON, a Python
+# dict), and `Bearer <token>` anywhere; a Digest header's parameters to the line's end
+_AUTHORIZATION = r"""\b(?:proxy-)?authorization["']?:[ \t]*+["']?"""
 _BEARER = re.compile(
-    r"(?P<pre>\b(?:authorization:[ \t]*(?:(?:bearer|basic|token)[ \t]+)?|bearer[ \t]+))"
+    rf"(?P<pre>(?:{_AUTHORIZATION}(?:(?:bearer|basic|token)[ \t]+)?|\bbearer[ \t]+))"
     r"(?P<tok>[A-Za-z0-9._~+/=-]{12,})",
     re.I,
 )
+_DIGEST = re.compile(rf"(?P<pre>{_AUTHORIZATION}digest[ \t]++)(?P<tok>[^\r\n']++)", re.I)
 # a cookie header's whole value (session ids)
 _COOKIE = re.compile(r"""(?P<pre>\b(?:set-)?cookie:[ \t]*+)(?P<val>[^\r\n"']+)""", re.I)
 # a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`,
@@ -65,6 +71,54 @@ _USER_PASSWORD = re.compile(
     r"(?P<pre>(?:(?<=\s)|^)(?:-u|--user)[ \t=]*+['\"]?[^\s:'\"]{1,256}:)(?P<pw>(?![0-9]+(?:[\s'\"]|$))[^\s'\"]++)",
     re.M,
 )
+# Database and registry clients that take a password glued to or after a short flag, within one
+# command (up to `;`, `&`, `|` or a line's end): `mysql -uroot -pS`, `sshpass -p S ssh host`,
+# `docker login -u me -p S`, `redis-cli -a S`. The flag means something else in other commands
+# (`mkdir -p`, `ssh -p 22`), so it is looked for only after the client's name. OpenSSL's
+# `pass:S` (`-passin pass:S`) anywhere.
+_COMMAND = re.compile(r"[^;&|\n]++")
+_FLAG_SECRET = r"""(?P<val>'[^'\n]*+'|"[^"\n]*+"|[^\s'"]++)"""  # noqa: S105 - a pattern
+_CLIENT_FLAGS: list[tuple[re.Pattern[str], re.Pattern[str], int]] = [  # (client, flag, how many: 0 all)
+    (
+        re.compile(r"(?<![\w./-])(?:mysql\w*+|mariadb[\w-]*+)(?![\w.-])"),
+        re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"),
+        0,
+    ),
+    (  # sshpass's own options only, before the command it runs (`sshpass -f pw ssh -p 22 h`)
+        re.compile(r"(?<![\w./-])sshpass(?![\w.-])"),
+        re.compile(rf"\A(?P<pre>(?:[ \t]++-(?:[fdP][ \t]*+[^\s-]\S*+|[evhV]))*+[ \t]++-p[ \t]*+){_FLAG_SECRET}"),
+        1,
+    ),
+    (re.compile(r"(?<![\w./-])login(?![\w.-])"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]++){_FLAG_SECRET}"), 1),
+    (re.compile(r"(?<![\w./-])redis-cli(?![\w.-])"), re.compile(rf"(?<=\s)(?P<pre>-a[ \t]++){_FLAG_SECRET}"), 1),
+]
+_CLIENT_NAMES = ("mysql", "mariadb", "sshpass", "login", "redis-cli")
+_OPENSSL_PASS = re.compile(rf"(?<![\w-])(?P<pre>pass:){_FLAG_SECRET}")
+
+
+def _mask_client_flags(text: str) -> str:
+    """The password flags of _CLIENT_FLAGS, each command read once per client."""
+
+    def one(command: re.Match[str]) -> str:
+        part = command.group(0)
+        for client, flag, count in _CLIENT_FLAGS:
+            named = client.search(part)
+            if named is not None:
+                rest = flag.sub(_masked_flag, part[named.end() :], count=count)
+                part = part[: named.end()] + rest
+        return part
+
+    return _COMMAND.sub(one, text)
+
+
+def _masked_flag(m: re.Match[str]) -> str:
+    """A flag's value masked, unless it only refers to a secret kept elsewhere (`-p"$PW"`)."""
+    value = m.group("val").strip("'\"")
+    if not value or _REFERENCE.fullmatch(value):
+        return m.group(0)
+    return m.group("pre") + MASK
+
+
 _PEM_BEGIN = re.compile(r"-----BEGIN (?P<kind>[A-Z0-9 ]*)PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 # a key body: base64 lines, RFC 1421 headers (Proc-Type, DEK-Info), escaped or real newlines
@@ -92,13 +146,47 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
 _NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth")
 
 
+# A name's segments: split at `_`, `-` and where a lower-case letter or digit meets a capital
+# (accessToken, clientSecret, dbPassword: JavaScript and JSON spell names so)
+_SEGMENT_SPLIT = re.compile(r"[_-]|(?<=[a-z0-9])(?=[A-Z])")
+# Names that hold a secret word but whose value is not a secret: where the secret is kept
+# (TOKEN_FILE, --password-file), how big or how long it is (max_tokens, TOKEN_TTL), where it is
+# sent (AUTH_URL), what it is called (SECRET_NAME: a Kubernetes secret's name), `pass-through`.
+_NOT_SECRET_LAST = frozenset(
+    {
+        *("file", "files", "path", "dir", "env"),
+        *("length", "len", "count", "size", "limit", "ttl", "timeout", "expiry", "expires", "type"),
+        *("url", "uri", "endpoint", "host", "port", "name", "names", "through"),
+    }
+)
+_NOT_SECRET_FIRST = frozenset({"max", "min", "num"})
+
+
+def _segments(name: str) -> list[str]:
+    return [s.casefold() for s in _SEGMENT_SPLIT.split(name) if s]
+
+
 def _secret_name(name: str) -> bool:
     """Whether a variable name is a secret's: one of its segments is a secret word, or ends in
-    PASSWORD after a short prefix."""
+    PASSWORD after a short prefix, and it does not name a secret's file, size or address."""
     folded = name.casefold()
     if not _has(folded, _NAME_NEEDLES):  # most names: no secret word in them at all
         return False
-    return any(_SECRET_SEGMENT.fullmatch(segment) for segment in re.split(r"[_-]", name))
+    segments = _segments(name)
+    if _names_no_secret(segments):
+        return False
+    return any(_SECRET_SEGMENT.fullmatch(segment) for segment in segments)
+
+
+def _names_no_secret(segments: list[str]) -> bool:
+    """A name whose value is about a secret, not the secret (see _NOT_SECRET_LAST)."""
+    return len(segments) > 1 and (segments[-1] in _NOT_SECRET_LAST or segments[0] in _NOT_SECRET_FIRST)
+
+
+def secret_key(key: str) -> bool:
+    """Whether a mapping's key names a secret value ({"password": ...}, {"Authorization": ...});
+    a key that names a secret's file, size or address ({"max_tokens": 4096}) does not."""
+    return bool(key) and SECRET_KEYS.search(key) is not None and not _names_no_secret(_segments(key))
 
 
 def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
@@ -112,16 +200,20 @@ def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
         pos = m.end()
         if m.start() < done or not _secret_name(m.group("name")):  # inside a masked value, or not a secret
             continue
-        if text[pos : pos + 1] in ("'", '"'):
-            value = _QUOTED.match(text, pos)
-            if value is None or not value.group("quoted") or _executable(value.group("quoted")):
+        quote = text[pos : pos + 1]
+        if quote in _QUOTED:
+            value = _QUOTED[quote].match(text, pos)
+            if value is None or not value.group("quoted") or _REFERENCE.fullmatch(value.group("quoted")):
                 continue
-            end, masked = value.end(), f"{value.group('q')}{MASK}{value.group('q')}"
+            end, masked = value.end(), f"{quote}{MASK}{quote}"
+        elif pattern is _ASSIGN_COLON and (below := _value_below(text, pos, m.start("name"))) is not None:
+            pos, end = below  # `password:` with its value on the lines under it
+            masked = MASK
         else:
             end = run.end_from(text, pos)
-            # `$VAR` and `$(cmd)` are not secrets but executable text: left visible, and read
-            # on (`TOKEN=$X,PASSWORD=y`); the run's end is remembered, so a run of them is read once
-            if end == pos or text[pos] == "=" or run.executable_from(pos):
+            # `$VAR` and `$(cmd)` are not secrets but references to one: left visible, and read
+            # on (`TOKEN=$X,PASSWORD=y`); a value that only holds one further on (`S$x`) is masked
+            if end == pos or text[pos] in "=$`":
                 continue
             masked = MASK
         out += (text[done:pos], masked)
@@ -130,8 +222,34 @@ def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
     return "".join(out)
 
 
-def _executable(value: str) -> bool:
-    return "$" in value or "`" in value
+# what may follow a YAML key whose value is on the lines under it: a block scalar's indicator
+# (`|`, `>-`, `|2+`), a comment, then the line's end
+_BELOW_HEADER = re.compile(r"(?:[|>][-+0-9]{0,3})?[ \t]*+(?:#[^\n]*+)?\r?\n")
+_INDENT = re.compile(r"[ \t]*+")
+
+
+def _value_below(text: str, pos: int, name_at: int) -> tuple[int, int] | None:
+    """A YAML value under its key (`password:` then the line's end, or `password: |`): where
+    the lines more indented than the key begin and end; None when no such line follows. Each
+    line is read once: the lines taken are past the next name looked at."""
+    header = _BELOW_HEADER.match(text, pos)
+    if header is None:
+        return None
+    column = name_at - (text.rfind("\n", 0, name_at) + 1)
+    start = end = -1
+    line = header.end()
+    while line < len(text):
+        indent = _INDENT.match(text, line)
+        first = indent.end() if indent is not None else line
+        line_end = text.find("\n", line)
+        line_end = len(text) if line_end < 0 else line_end
+        if first < line_end and text[first] != "\r":  # a blank line neither ends nor starts the value
+            if first - line <= column:
+                break
+            start = first if start < 0 else start
+            end = line_end
+        line = line_end + 1
+    return (start, end) if start >= 0 else None
 
 
 class _Run:
@@ -140,17 +258,12 @@ class _Run:
 
     def __init__(self) -> None:
         self.start = self.end = -1
-        self.last_code = -1  # the run's last `$` or backtick
 
     def end_from(self, text: str, pos: int) -> int:
         if not self.start <= pos < self.end:
             found = _BARE_RUN.match(text, pos)
             self.start, self.end = pos, found.end() if found else pos
-            self.last_code = max(text.rfind("$", pos, self.end), text.rfind("`", pos, self.end))
         return self.end
-
-    def executable_from(self, pos: int) -> bool:
-        return self.last_code >= pos
 
 
 def _mask_pem(text: str) -> str:
@@ -205,6 +318,9 @@ _STEPS: list[tuple[Guard, Step]] = [
         lambda _, folded: "bearer" in folded or "author" in folded,
         lambda text: _BEARER.sub(lambda m: m.group("pre") + MASK, text),
     ),
+    (lambda _, folded: "author" in folded, lambda text: _DIGEST.sub(lambda m: m.group("pre") + MASK, text)),
+    (lambda text, _: _has(text, _CLIENT_NAMES), _mask_client_flags),
+    (lambda text, _: "pass:" in text, lambda text: _OPENSSL_PASS.sub(_masked_flag, text)),
     # "cook": re.IGNORECASE matches `ı` and `İ` with `i`, which case folding keeps apart
     (lambda _, folded: "cook" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (
@@ -248,7 +364,7 @@ def redact_text_unfiltered(text: str) -> str:
 
 def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT) -> Any:
     """A copy of `value` with secrets masked and (unless `max_text` is None) long text shortened."""
-    if key and SECRET_KEYS.search(key) and not isinstance(value, dict | list | bool) and value is not None:
+    if secret_key(key) and not isinstance(value, dict | list | bool) and value is not None:
         return MASK
     if isinstance(value, dict):
         return {k: redact(v, key=str(k), max_text=max_text) for k, v in value.items()}
