@@ -168,6 +168,40 @@ async def test_retention_bounds_the_shared_events_by_age_and_by_size(
     assert await a.shipped_up_to("j1") == 2300
 
 
+class _ClockAhead:
+    """A replica's clock two hours ahead of the database's (a fault: its time source drifted)."""
+
+    @staticmethod
+    def time() -> float:
+        return time.time() + 7200
+
+
+async def test_a_replica_whose_clock_runs_ahead_prunes_by_the_databases_clock(
+    stores: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The age cutoff is taken on the server's clock: a replica two hours ahead, pruning with a
+    one-hour retention, deletes none of the events, approvals and loop breakers of the last
+    minute (with its own clock it deleted them all), and still deletes what is old."""
+    from sandbox.journal.approvals import Approval
+    from sandbox.state.postgres import shared_rows
+
+    a, b = stores
+    now = time.time()
+    await a.add_events("j1", [_event(n, now - 60) for n in range(1, 11)] + [_event(11, now - 7 * 86400)])
+    await a.add_approval(
+        Approval("ap", "c1", "acme", "agent:main:s1", "main", "write", {"content": "x"}, "pending", "", now, None)
+    )
+    await a.decide("ap", "denied", "no")
+    await a.loop_trip("acme", "agent:main:s1")
+    monkeypatch.setattr(shared_rows, "time", _ClockAhead, raising=False)
+    report = await b.prune_events(max_age_s=3600, max_bytes=None)
+    assert not report.skipped and report.deleted == 1
+    kept = (await a.events_page(tenant="acme", limit=100)).events
+    assert sorted(e.call_id for e in kept) == sorted(f"c{n}" for n in range(1, 11))
+    assert await a.approval("ap") is not None
+    assert (await a.loop_recent("acme", "agent:main:s1", 10))[0]
+
+
 async def test_a_tenant_flooding_the_shared_events_pushes_out_its_own_rows_not_a_neighbours(
     stores: tuple[PostgresStore, PostgresStore],
 ) -> None:

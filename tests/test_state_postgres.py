@@ -187,6 +187,44 @@ async def test_the_shared_registry_forgets_old_messages_and_closed_lineage(pg_ur
         registry.close()
 
 
+async def test_a_replica_whose_clock_runs_ahead_keeps_the_registrys_recent_rows(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's cutoff is moved to the server's clock: a replica two hours ahead, pruning
+    with a one-hour retention on its own clock, keeps a message of the last minute and the
+    lineage of a session closed a minute ago; a day-old message still goes."""
+    from sandbox.sessions import shared_registry
+    from sandbox.sessions.registry import Child
+    from sandbox.sessions.shared_registry import SharedRegistry
+    from sandbox.state.postgres.registry import PgRegistry
+
+    class ClockAhead:
+        @staticmethod
+        def time() -> float:
+            return time.time() + 7200
+
+    url = parse_state_url(pg_url)
+    await migrate_store(url, tmp_path)
+    registry = SharedRegistry(PgRegistry(url))
+    try:
+        child = Child(
+            "agent:a:subagent:skew", "t", "a", "agent:a:main", 1, "skew", "task", None, "none", "", "c1",
+            time.time(), "open", None,
+        )  # fmt: skip
+        registry.add_child(child, max_children=5)
+        registry.send("t", child.key, "agent:a:main", "old")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE sbx_inbox SET created_at = created_at - 86400")
+        registry.send("t", child.key, "agent:a:main", "recent")
+        registry.mark_closed(child.key)
+        monkeypatch.setattr(shared_registry, "time", ClockAhead)
+        assert registry.prune(ClockAhead.time() - 3600) == 1
+        assert [m.text for m in registry.messages("t", child.key)] == ["recent"]
+        assert registry.child(child.key) is not None
+    finally:
+        registry.close()
+
+
 async def test_the_shared_registry_prunes_in_batches_by_the_time_indexes(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,7 +57,10 @@ class SharedRegistry:
 
     def prune(self, before: float) -> int:
         """See :meth:`sandbox.sessions.registry.Registry.prune` (batches of PRUNE_BATCH rows, each
-        its own transaction, found through the time indexes)."""
+        its own transaction, found through the time indexes). `before` is taken as an age on
+        this replica's clock and moved to the database's, so a replica whose clock runs ahead
+        deletes nothing younger than the retention."""
+        before += self._rows.database_now() - time.time()
         return sum(in_batches(functools.partial(self._delete, sql, before), PRUNE_BATCH) for sql in PRUNE_SQL)
 
     def _delete(self, sql: str, before: float, rows: int) -> int:

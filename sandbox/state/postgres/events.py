@@ -149,6 +149,13 @@ async def size(conn: Any) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
+async def database_now(conn: Any) -> float:
+    """The server's clock (epoch seconds): the one every replica's cutoffs are taken on."""
+    cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+    row = await cur.fetchone()
+    return float(row[0])
+
+
 async def prune(conn: Any, *, max_age_s: float | None, max_bytes: int | None, now: float) -> SharedPrune:
     """Apply the retention bounds (see the module's docstring); one replica at a time."""
     started = time.monotonic()

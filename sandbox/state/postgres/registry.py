@@ -71,6 +71,12 @@ class PgRegistry:
         except errors as exc:
             raise unreachable(self.url, exc) from exc
 
+    def database_now(self) -> float:
+        """The server's clock (epoch seconds)."""
+        with self._conn() as conn:
+            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        return float(row[0])
+
     def rows(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         """The rows of one query."""
         with self._conn() as conn:

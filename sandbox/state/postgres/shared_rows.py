@@ -6,7 +6,6 @@ each method is one pooled connection over the SQL of its own module."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
@@ -69,11 +68,14 @@ class SharedRowsMixin:
     async def prune_events(self, *, max_age_s: float | None, max_bytes: int | None) -> SharedPrune:
         """Apply `journal.retention` to the shared events (one replica at a time; see events.py)."""
         async with self._conn() as conn:
-            report = await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=time.time())
+            # the database's clock, not this replica's: one replica whose clock runs ahead would
+            # otherwise delete every replica's rows that are younger than the retention
+            now = await events.database_now(conn)
+            report = await events.prune(conn, max_age_s=max_age_s, max_bytes=max_bytes, now=now)
             if max_age_s is not None and not report.skipped:  # loop history and records older than the log go too
-                await loops.prune(conn, time.time() - max_age_s)
-                await engine_state.prune(conn, time.time() - max_age_s)
-                await approvals.prune(conn, time.time() - max_age_s)
+                await loops.prune(conn, now - max_age_s)
+                await engine_state.prune(conn, now - max_age_s)
+                await approvals.prune(conn, now - max_age_s)
             return report
 
     async def broadcast(self, payloads: list[str]) -> None:
