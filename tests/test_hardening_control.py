@@ -269,6 +269,17 @@ SECRETS = [
     ("camel case", '{"accessToken": "camelT0ken99"}', "camelT0ken99"),
     ("yaml value on the next line", "db:\n  password:\n    B3lowS3cret\n", "B3lowS3cret"),
     ("yaml block", "db:\n  private_key: |\n    L1neOne\n    L1neTwo\n  user: bob\n", "L1neTwo"),
+    ("yaml value with spaces", "passphrase: correct horse battery staple  # rotate", "battery staple"),
+    ("yaml list at its key's indentation", "api_keys:\n- Xk9vQ2mZ8pLa\n- Yk9vQ2mZ8pLb\nuser: bob", "Yk9vQ2mZ8pLb"),
+    ("continued command", "mysql \\\n  -h db \\\n  -u root \\\n  -pS3cretDb \\\n  app", "S3cretDb"),
+    ("separators in a quoted password", "mysql -u root -p'pa;ss|w&rd' mydb", "w&rd"),
+    ("sudo before the client", "sudo -u root /usr/bin/mysql -pSud0Pw db", "Sud0Pw"),
+    ("glued registry password", "docker login -pRegPw1xyz registry.local", "RegPw1xyz"),
+    ("mongosh", "mongosh mongodb://db -u admin -p M0ngoPw", "M0ngoPw"),
+    ("a $ in a flag's value", "deploy --password 'pa$$w0rd' --host h", "w0rd"),
+    ("authorization subscript", 'headers["Authorization"] = "Basic dXNlcjpwYXNzd29yZA=="', "dXNlcjpwYXNz"),
+    ("authorization key spaced", '{"Authorization" : "Basic dXNlcjpwYXNzd29yZA=="}', "dXNlcjpwYXNz"),
+    ("negotiate", "curl -H 'Authorization: Negotiate YIIJvwYGKwYBBQUCoIIJszCCCa' https://x", "YIIJvwYGKwYB"),
 ]
 
 
@@ -309,6 +320,13 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         "sshpass -f pw.txt ssh -p 22 host && mysql -h db -P 3306 -u app -p app_db",
         'mysql -p"$DB_PW" db && sshpass -p "$PW" ssh h && PASSWORD="${PW}" TOKEN=`cat /t` ./run',
         "db:\n  password:\n  user: bob\n",
+        "cache[key] = compute(x) && result[key] = data[key]",
+        "ssh me@login -p 2222 && ssh -i k.pem login@bastion -p 2222 uptime",
+        "find /var/lib -name mysql -prune -o -type f -print && echo tests pass:12 fail:0",
+        "llm --max-token 4096 && deploy --token-ttl 3600",
+        'API_KEY: "${{ secrets.API_KEY }}"\npassword: "{{ .Values.password }}"',
+        "auth:\n  type: oauth\n  client_id: my-app\nsecretKeyRef:\n  name: db-creds\n",
+        "password: # set by the operator\nuser: bob\n",
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:
@@ -323,6 +341,26 @@ def test_private_key_markers_around_shell_code_do_not_hide_it() -> None:
         "rm -rf /usr/local/lib/app; echo '-----END RSA PRIVATE KEY-----'"
     )
     assert redact_text(text) == text
+
+
+def test_a_digest_header_is_masked_up_to_the_quote_that_ends_it() -> None:
+    """Digest parameters go, the rest of the command stays, whichever quotes hold the header."""
+    for text in (
+        'curl -H "Authorization: Digest username=\\"u\\", response=\\"abc123\\"" https://example.com/api -o out.json',
+        'curl -H \'Authorization: Digest username="u", response="abc123"\' https://example.com/api -o out.json',
+    ):
+        out = redact_text(text)
+        assert "abc123" not in out and out.endswith(" https://example.com/api -o out.json"), out
+    # a bearer token goes, its scheme stays
+    out = redact_text("curl -H 'Authorization: Bearer abcDEF123456ghiJKL789' https://api")
+    assert out == "curl -H 'Authorization: Bearer ***' https://api"
+
+
+def test_a_yaml_value_under_its_key_ends_where_the_next_key_begins() -> None:
+    """The lines of a value under its key are masked as one; the next key stays readable."""
+    assert redact_text("api_keys:\n- Xk9vQ2mZ8pLa\n- Yk9vQ2mZ8pLb\nuser: bob") == "api_keys:\n***\nuser: bob"
+    text = "db:\n  private_key: |\n    L1neOne\n\n    L1neTwo\n  user: bob\n"
+    assert redact_text(text) == "db:\n  private_key: |\n    ***\n  user: bob\n"
 
 
 def test_keys_about_a_secret_keep_their_values() -> None:

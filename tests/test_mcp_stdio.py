@@ -4,6 +4,7 @@ list, tools/call runs through the engine (mode off here: no containers)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,8 +26,10 @@ async def test_list_and_call_over_stdio(tmp_path: Path) -> None:
         f"state_dir: {tmp_path / 'state'}\ntools: {{profile: coding, deny: [exec]}}\n"
         f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{tmp_path / 'ws'}'}}]}}\n"
     )
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "sandbox", "--config", str(cfg), "mcp", "--agent", "a"]
+    params = StdioServerParameters(  # this run's environment (its bytecode cache), not mcp's bare default
+        command=sys.executable,
+        args=["-m", "sandbox", "--config", str(cfg), "mcp", "--agent", "a"],
+        env=dict(os.environ),
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
@@ -52,8 +55,10 @@ async def test_a_tools_call_with_an_idempotency_key_in_meta_runs_once(tmp_path: 
         f"state_dir: {tmp_path / 'state'}\ntools: {{profile: coding}}\n"
         f"agents: {{defaults: {{sandbox: {{mode: 'off'}}}}, list: [{{id: a, workspace: '{tmp_path / 'ws'}'}}]}}\n"
     )
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "sandbox", "--config", str(cfg), "mcp", "--agent", "a"]
+    params = StdioServerParameters(  # this run's environment (its bytecode cache), not mcp's bare default
+        command=sys.executable,
+        args=["-m", "sandbox", "--config", str(cfg), "mcp", "--agent", "a"],
+        env=dict(os.environ),
     )
     command = {"command": "echo ran >> count.txt; wc -l < count.txt"}
     from mcp.types import RequestParamsMeta

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,6 +90,16 @@ FRAGMENTS = [
     "ToKen",
     "max_",
     "_file",
+    "mongosh",
+    "sudo ",
+    "A=b ",
+    "\\\n",
+    "#",
+    "- ",
+    "Negotiate ",
+    "-passin ",
+    "${{ x }}",
+    "@",
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -152,6 +163,16 @@ HOSTILE = {
     "openssl passes": "pass:" * 209_715,
     "subscripts": "['KEY']=" * 131_072,
     "camel-case chain": "aKey" * 262_144 + "=x",
+    "keys ending their line in a comment, over blank lines": '"password": #' * 40_000 + "\n" + "\n" * 528_576,
+    "keys ending their line in a comment, over blank-looking lines": '"password": #' * 20_000
+    + "\n"
+    + "   \n" * 197_144,
+    "keys ending one line in a comment": '"password": #' * 80_659,
+    "lists at their key's indentation": "password:\n- a\n" * 74_898,
+    "an unclosed double quote of escapes": 'mysql "' + '\\"' * 524_287,
+    "single quotes": "mysql " + "'" * 1_048_570,
+    "command prefixes": "sudo " * 209_714 + "mysql -pX",
+    "assignments before a client": "A=b " * 262_142 + "mysql -pX",
 }
 LIVENESS = """
 import sys
@@ -163,6 +184,7 @@ print("done")
 """
 
 
+@pytest.mark.slow  # about 5 s in its own interpreter: the full suite's, not the quick loop's
 def test_hostile_megabytes_are_masked_in_one_reading() -> None:
     """Not a speed claim: a liveness bound. Each shape is masked in linear time (0.01-0.2 s a
     megabyte here); read once per word start, any of them took minutes, so a 300 s bound for all

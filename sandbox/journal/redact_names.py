@@ -1,0 +1,84 @@
+"""The words of secret masking (journal/redact.py): which names hold secrets, which values only
+refer to one, and the mask itself."""
+
+from __future__ import annotations
+
+import re
+
+MASK = "***"
+
+# Dict keys whose scalar values are secrets ({"env": {"API_TOKEN": ...}}, {"password": ...}).
+SECRET_KEYS = re.compile(
+    r"(pass(word|wd|phrase)?|secret|token|api[_-]?key|(^|[_-])key$|auth|credential|private[_-]?key|cookie)", re.I
+)
+
+# Words that make a variable name secret when they are one of its segments (split at `_`, `-`
+# and camel case): API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, X-Api-Key, accessToken,
+# Authorization, password, and a password with a short prefix glued on (PGPASSWORD); never
+# MONKEY, KEYBOARD or PWD. A segment is matched whole and case-insensitively, as the patterns
+# are (`ſ`, `ı`, the Kelvin sign).
+_SECRET_SEGMENT = re.compile(
+    r"keys?|apikey|tokens?|secrets?|passwd|pass|passphrase|credentials?|auth|authorization|[a-z0-9]{0,16}password",
+    re.I,
+)
+# a value that only refers to a secret kept elsewhere: `$VAR`, `${VAR}`, `$(cmd)`, a backquoted
+# command, a template's `${{ secrets.X }}` or `{{ .Values.password }}`
+REFERENCE = re.compile(
+    r"\$(?:[A-Za-z_][A-Za-z0-9_]*+|\{\{[^}\n]*+\}\}|\{[^}\n]*+\}|\([^)\n]*+\))|`[^`\n]*+`|\{\{[^}\n]*+\}\}"
+)
+
+# case-folded texts one of which a (case-insensitive) name match contains; none holds an `i`,
+# which re.IGNORECASE also matches with a dotless `ı` that case folding keeps apart
+NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth")
+
+
+# A name's segments: split at `_`, `-` and where a lower-case letter or digit meets a capital
+# (accessToken, clientSecret, dbPassword: JavaScript and JSON spell names so)
+_SEGMENT_SPLIT = re.compile(r"[_-]|(?<=[a-z0-9])(?=[A-Z])")
+# Names that hold a secret word but whose value is not a secret: where the secret is kept
+# (TOKEN_FILE, --password-file), how big or how long it is (max_tokens, TOKEN_TTL), where it is
+# sent (AUTH_URL), what it is called (SECRET_NAME: a Kubernetes secret's name), `pass-through`.
+_NOT_SECRET_LAST = frozenset(
+    {
+        *("file", "files", "path", "dir", "env"),
+        *("length", "len", "count", "size", "limit", "ttl", "timeout", "expiry", "expires", "type"),
+        *("url", "uri", "endpoint", "host", "port", "name", "names", "through"),
+    }
+)
+_NOT_SECRET_FIRST = frozenset({"max", "min", "num"})
+
+
+def segments(name: str) -> list[str]:
+    """A name's segments, case-folded."""
+    return [s.casefold() for s in _SEGMENT_SPLIT.split(name) if s]
+
+
+def secret_name(name: str) -> bool:
+    """Whether a variable name is a secret's: one of its segments is a secret word, or ends in
+    PASSWORD after a short prefix, and it does not name a secret's file, size or address."""
+    folded = name.casefold()
+    if not has(folded, NAME_NEEDLES):  # most names: no secret word in them at all
+        return False
+    parts = segments(name)
+    if names_no_secret(parts):
+        return False
+    return any(_SECRET_SEGMENT.fullmatch(part) for part in parts)
+
+
+def names_no_secret(parts: list[str]) -> bool:
+    """A name (its segments) whose value is about a secret, not the secret (see _NOT_SECRET_LAST)."""
+    return len(parts) > 1 and (parts[-1] in _NOT_SECRET_LAST or parts[0] in _NOT_SECRET_FIRST)
+
+
+def secret_key(key: str) -> bool:
+    """Whether a mapping's key names a secret value ({"password": ...}, {"Authorization": ...});
+    a key that names a secret's file, size or address ({"max_tokens": 4096}) does not."""
+    return bool(key) and SECRET_KEYS.search(key) is not None and not names_no_secret(segments(key))
+
+
+def has(text: str, needles: tuple[str, ...]) -> bool:
+    """Whether `text` holds one of `needles` (a step's guard)."""
+    for needle in needles:  # noqa: SIM110 - a loop, not any(<generator>): runs for every string journaled
+        if needle in text:
+            return True
+    return False
