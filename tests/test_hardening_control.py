@@ -280,6 +280,40 @@ SECRETS = [
     ("authorization subscript", 'headers["Authorization"] = "Basic dXNlcjpwYXNzd29yZA=="', "dXNlcjpwYXNz"),
     ("authorization key spaced", '{"Authorization" : "Basic dXNlcjpwYXNzd29yZA=="}', "dXNlcjpwYXNz"),
     ("negotiate", "curl -H 'Authorization: Negotiate YIIJvwYGKwYBBQUCoIIJszCCCa' https://x", "YIIJvwYGKwYB"),
+    ("a value starting with a scheme word", "DB_PASSWORD=Token2024 && export API_TOKEN=token-abc123", "2024"),
+    ("a key's line starting with a scheme word", "db:\n  password: Basic words S3cr3tWord", "S3cr3tWord"),
+    ("client in docker exec", "docker exec -it db mysql -uroot -pDx3cPw", "Dx3cPw"),
+    ("client in kubectl exec", "kubectl exec -it mysql-0 -- mysql -uroot -pKx3cPw", "Kx3cPw"),
+    ("client in a command substitution", "x=$(mysql -uroot -pSubPw9)", "SubPw9"),
+    ("client in bash -c", 'bash -c "mysql -uroot -pBshPw9"', "BshPw9"),
+    ("redis in docker exec", "docker exec r redis-cli -a R3disInPw", "R3disInPw"),
+    (
+        "escaped json in a shell string",
+        'curl -d "{\\"user\\": \\"a\\", \\"password\\": \\"EscPw9\\"}" https://x',
+        "EscPw9",
+    ),
+    ("kubernetes env pair", "env:\n- name: DB_PASSWORD\n  value: K8sPairPw", "K8sPairPw"),
+    ("json env pair", '[{"name": "DB_PASSWORD", "value": "JsonPairPw"}]', "JsonPairPw"),
+    ("xml pair", '<add key="ApiKey" value="XmlPairPw"/>', "XmlPairPw"),
+    ("template default", "password: \"{{ db_password | default('TplDefPw') }}\"", "TplDefPw"),
+    ("shell default", "POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:-ShDefPw}", "ShDefPw"),
+    ("helm block with a comment", "auth:\n  # -- on\n  enabled: true\n  postgresPassword: HelmPw9", "HelmPw9"),
+    ("bytes literal", 'password = b"BytesPw9"', "BytesPw9"),
+    ("escaped quote inside", '{"password":"Esc\\"InPw9"}', "InPw9"),
+    ("doubled single quote inside", "password: 'Dbl''InPw9'", "InPw9"),
+    ("npmrc", "//registry.npmjs.org/:_authToken=NpmTok9x", "NpmTok9x"),
+    ("inline object", '{ apiKey: "InlineKey9" }', "InlineKey9"),
+    ("php arrow", "'password' => 'PhpPw9x'", "PhpPw9x"),
+    ("go short assignment", 'password := "GoPw9x"', "GoPw9x"),
+    ("sql password", "ALTER USER app PASSWORD 'SqlPw9x'", "SqlPw9x"),
+    ("sql identified by", "CREATE USER x IDENTIFIED BY 'SqlIdPw9'", "SqlIdPw9"),
+    ("aws configure set", "aws configure set aws_secret_access_key AwsSetPw9", "AwsSetPw9"),
+    ("netrc", "machine h login u password NetrcPw9", "NetrcPw9"),
+    ("curl cookie", 'curl -b "session=CurlCk9x" https://x', "CurlCk9x"),
+    ("vault token", "vault login hvs.CAESIJabcdefghijklmnopqrstuv", "CAESIJabcdefghij"),
+    ("keytool", "keytool -list -storepass KeyStPw9", "KeyStPw9"),
+    ("zip", "zip -P ZipPw9x a.zip f", "ZipPw9x"),
+    ("7z", "7z a -pSevenPw9 a.7z f", "SevenPw9"),
 ]
 
 
@@ -327,6 +361,11 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         'API_KEY: "${{ secrets.API_KEY }}"\npassword: "{{ .Values.password }}"',
         "auth:\n  type: oauth\n  client_id: my-app\nsecretKeyRef:\n  name: db-creds\n",
         "password: # set by the operator\nuser: bob\n",
+        "docker run --name mysql -p3306:3306 mysql:8 && curl -b cookies.txt https://x",
+        "keys:\n\tcp a b\n\techo done",
+        "usage: {input_tokens: 10, output_tokens: 20, total_tokens: 30}",
+        "password: $DB_PW\ntoken: `cat /run/t`",
+        "cache[key] = compute(x)",
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:
@@ -361,12 +400,48 @@ def test_a_yaml_value_under_its_key_ends_where_the_next_key_begins() -> None:
     assert redact_text("api_keys:\n- Xk9vQ2mZ8pLa\n- Yk9vQ2mZ8pLb\nuser: bob") == "api_keys:\n***\nuser: bob"
     text = "db:\n  private_key: |\n    L1neOne\n\n    L1neTwo\n  user: bob\n"
     assert redact_text(text) == "db:\n  private_key: |\n    ***\n  user: bob\n"
+    # a mapping under a key (after a comment) is judged key by key
+    helm = "auth:\n  # -- on\n  enabled: true\n  postgresPassword: HelmPw9\n"
+    assert redact_text(helm) == "auth:\n  # -- on\n  enabled: true\n  postgresPassword: ***\n"
 
 
 def test_keys_about_a_secret_keep_their_values() -> None:
     """A key that names a secret's size, file or address is not a secret's key."""
     out = redact({"max_tokens": 4096, "token_file": "/run/t", "api_key": "k1", "Authorization": "Basic x"})
     assert out == {"max_tokens": 4096, "token_file": "/run/t", "api_key": "***", "Authorization": "***"}
+    usage = {"author": "bob", "input_tokens": 10, "total_tokens": 30, "passed": 3, "tokenizer": "bpe"}
+    assert redact(usage) == usage
+
+
+def test_secrets_under_a_secret_key_and_in_name_value_pairs_are_masked() -> None:
+    """A secret key's list and mapping are masked value by value; a pair whose name is a
+    secret's has its value masked; other pairs keep theirs."""
+    out = redact(
+        {
+            "passwords": ["p1", "p2"],
+            "auth": {"user": "u", "pass": "p"},
+            "env": [{"name": "DB_PASSWORD", "value": "s1"}, {"name": "HOME", "value": "/h"}],
+        }
+    )
+    assert out == {
+        "passwords": ["***", "***"],
+        "auth": {"user": "***", "pass": "***"},
+        "env": [{"name": "DB_PASSWORD", "value": "***"}, {"name": "HOME", "value": "/h"}],
+    }
+
+
+def test_deep_nesting_is_cut_not_a_crash() -> None:
+    """A hostile argument nested 600 deep (json.loads reads it) is journaled with its depth cut."""
+    import json
+
+    out = redact(json.loads("[" * 600 + '"x"' + "]" * 600))
+    assert "nested deeper than" in json.dumps(out)
+
+
+def test_a_shortened_text_holding_asterisks_keeps_what_it_may() -> None:
+    """Asterisks already in a long text are not taken for masks when the text is shortened."""
+    out = redact("build ok\n" + "*" * 70_000)
+    assert isinstance(out, str) and out.startswith("build ok\n***") and len(out) > 1_900
 
 
 def test_env_dicts_are_masked_by_name() -> None:

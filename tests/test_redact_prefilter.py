@@ -100,6 +100,22 @@ FRAGMENTS = [
     "-passin ",
     "${{ x }}",
     "@",
+    "value",
+    "name: ",
+    '\\"',
+    "{",
+    ",",
+    "=>",
+    ":=",
+    "IDENTIFIED BY ",
+    "machine h login u password ",
+    " -b ",
+    "configure set aws_session_token ",
+    "hvs.",
+    'b"',
+    "_auth",
+    "${A:-",
+    "\t",
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -173,6 +189,13 @@ HOSTILE = {
     "single quotes": "mysql " + "'" * 1_048_570,
     "command prefixes": "sudo " * 209_714 + "mysql -pX",
     "assignments before a client": "A=b " * 262_142 + "mysql -pX",
+    "name and value pairs": "- name: TOKEN\n  value: \n" * 41_943,
+    "escaped quoted keys": '\\"password\\": \\"a' * 61_680,
+    "option arguments before clients": "-name mysql " * 87_381 + "-pX",
+    "inline object keys": "{token: {token: " * 65_536,
+    "keys whose line is a default": "password: ${A:-" * 69_905,
+    "comments under a key": "password:\n" + "  # c\n" * 174_760,
+    "doubled single quotes": "password='" + "''" * 524_283,
 }
 LIVENESS = """
 import sys

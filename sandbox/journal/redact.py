@@ -10,16 +10,21 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from sandbox.journal.redact_assignments import ASSIGN_COLON, ASSIGN_EQ, PAIR, mask_assignments
 from sandbox.journal.redact_flags import (
+    AWS_SET,
     CLIENT_NAMES,
+    CURL_COOKIE,
     FLAG_VALUE,
+    NETRC,
     OPENSSL_PASS,
+    SQL_PASSWORD,
     USER_PASSWORD,
     mask_client_flags,
     masked_flag,
     masked_secret_flag,
 )
-from sandbox.journal.redact_names import MASK, NAME_NEEDLES, REFERENCE, has, secret_key, secret_name
+from sandbox.journal.redact_names import MASK, NAME_NEEDLES, has, secret_key, secret_name
 
 __all__ = ["MASK", "MAX_TEXT", "READ_MARGIN", "redact", "redact_text", "redact_text_unfiltered", "secret_key"]
 MAX_TEXT = 2000
@@ -27,20 +32,6 @@ MAX_TEXT = 2000
 # up to this length) is masked whole
 READ_MARGIN = 64 * 1024
 
-# A name is one whole word, taken possessively (never given back: each text is read in linear
-# time whatever it holds, `KEY-KEY-KEY-...` included), starting at a word's start (never inside
-# a hyphenated one); whether it is secret is decided on its segments (_secret_name).
-_WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
-# a value, read only after a secret's name and separator (_mask_assignments): quoted to the end
-# of its line (the other quote allowed inside: `"it's"`), or bare (a run of these characters,
-# not starting with `=`)
-_QUOTED = {q: re.compile(rf"{q}(?P<quoted>[^{q}\n]*+){q}") for q in ("'", '"')}
-_BARE_RUN = re.compile(r"""[^\s;&|'"`<>()]*+""")
-# NAME= anywhere (shell, URLs, flags, .env files), and a subscript's `['NAME'] =` (os.environ)
-_ASSIGN_EQ = re.compile(rf"""{_WORD}(?P<sep>(?:["']\])?[ \t]*=[ \t]*)""", re.I)
-# NAME: only where it is a key (line start: YAML, headers) or quoted (JSON); elsewhere a colon is
-# ordinary text (`echo PASS: done`)
-_ASSIGN_COLON = re.compile(rf"""(?P<lead>^[ \t-]*+["']?|["']){_WORD}(?P<sep>["']?[ \t]*:[ \t]*)""", re.I | re.M)
 # found from its `://` (a scheme read from every word start of `a.a.a...` was quadratic)
 _URL_PASSWORD = re.compile(r"(?P<pre>://[^\s:/@]*+:)(?P<pw>[^\s@/]+)(?=@)")
 # `Authorization:` with a scheme or none (a bare token), also as a quoted key (JSON, a Python
@@ -73,119 +64,11 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     (("glpat-",), re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),  # GitLab
     (("xox", "xapp-"), re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}")),  # Slack
     (("AIza",), re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),  # Google API key
+    (("hvs.", "hvb."), re.compile(r"\bhv[sb]\.[A-Za-z0-9_-]{20,}")),  # HashiCorp Vault
     # JWT: a header of at most 512 characters (`eyJ-eyJ-...` read to its end from every `eyJ`
     # was quadratic)
     (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,512}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]{8,}")),
 ]
-
-
-def _mask_assignments(pattern: re.Pattern[str], text: str) -> str:
-    """Every value after a secret's `name<sep>` of `pattern` in `text`, masked. The search goes
-    on right after each separator, so a value is read only after a secret's name, and text is
-    read a bounded number of times whatever it holds (`FOO=API_KEY=x`, `x=a=a=a...`)."""
-    out: list[str] = []
-    done = 0
-    run = _Run()
-    for m in pattern.finditer(text):  # name and separator only: one reading of the text, in C
-        pos = m.end()
-        if m.start() < done or not secret_name(m.group("name")):  # inside a masked value, or not a secret
-            continue
-        # a YAML key or a header: the first thing on its line (at most one such name a line)
-        keyed = pattern is _ASSIGN_COLON and (m.start() == 0 or text[m.start() - 1] == "\n")
-        quote = text[pos : pos + 1]
-        if quote in _QUOTED:
-            value = _QUOTED[quote].match(text, pos)
-            if value is None or not value.group("quoted") or REFERENCE.fullmatch(value.group("quoted")):
-                continue
-            end, masked = value.end(), f"{quote}{MASK}{quote}"
-        elif keyed and (below := _value_below(text, pos, m.start("name") - m.start())) is not None:
-            pos, end = below  # `password:` with its value on the lines under it
-            masked = MASK
-        else:
-            # a key's value is the rest of its line (YAML's `passphrase: correct horse battery`),
-            # less a comment; elsewhere the run of value characters
-            end = _line_value_end(text, pos) if keyed else run.end_from(text, pos)
-            # `$VAR` and `$(cmd)` are not secrets but references to one: left visible, and read
-            # on (`TOKEN=$X,PASSWORD=y`); a value that only holds one further on (`S$x`) is
-            # masked. `Authorization: Bearer ***`: the scheme stays, its token is masked apart
-            if end == pos or text[pos] in ("=$`#" if keyed else "=$`") or _scheme_first(text, pos, end):
-                continue
-            masked = MASK
-        out += (text[done:pos], masked)
-        done = end
-    out.append(text[done:])
-    return "".join(out)
-
-
-# HTTP authorization schemes, whose tokens _BEARER and _DIGEST mask
-_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate", "ntlm"})
-_FIRST_WORD = re.compile(r"[A-Za-z]{1,9}+(?![A-Za-z])")
-
-
-def _scheme_first(text: str, pos: int, end: int) -> bool:
-    word = _FIRST_WORD.match(text, pos, end)
-    return word is not None and word.group(0).casefold() in _SCHEMES
-
-
-def _line_value_end(text: str, pos: int) -> int:
-    """Where a key's value on its own line ends: before a ` #` comment, trailing blanks or `\r`."""
-    line_end = text.find("\n", pos)
-    line_end = len(text) if line_end < 0 else line_end
-    comment = text.find(" #", pos, line_end)
-    end = line_end if comment < 0 else comment
-    while end > pos and text[end - 1] in " \t\r":
-        end -= 1
-    return end
-
-
-# what may follow a YAML key whose value is on the lines under it: a block scalar's indicator
-# (`|`, `>-`, `|2+`), a comment, then the line's end
-_BELOW_HEADER = re.compile(r"(?:[|>][-+0-9]{0,3})?[ \t]*+(?:#[^\n]*+)?\r?\n")
-_INDENT = re.compile(r"[ \t]*+")
-# a line that is a mapping's key: the key's value is a mapping, whose own keys are judged each
-_KEY_LINE = re.compile(r"""["']?[^\s:'"#-][^\s:'"]*+["']?[ \t]*+:(?=[ \t\r\n]|\Z)""")
-
-
-def _value_below(text: str, pos: int, column: int) -> tuple[int, int] | None:
-    """A YAML value under its key at `column` (`password:` then the line's end, or `password:
-    |`): where the lines more indented than the key (or a list at its indentation) begin and
-    end; None when no such line follows, or the first is a key of its own. The key is the first
-    thing on its line, so each line is read once: the lines taken are past the next name."""
-    header = _BELOW_HEADER.match(text, pos)
-    if header is None:
-        return None
-    start = end = -1
-    line = header.end()
-    while line < len(text):
-        indent = _INDENT.match(text, line)
-        first = indent.end() if indent is not None else line
-        line_end = text.find("\n", line)
-        line_end = len(text) if line_end < 0 else line_end
-        if first < line_end and text[first] != "\r":  # a blank line neither ends nor starts the value
-            depth = first - line
-            if depth < column or (depth == column and text[first] != "-"):
-                break
-            if start < 0:
-                if _KEY_LINE.match(text, first):
-                    return None
-                start = first
-            end = line_end
-        line = line_end + 1
-    return (start, end) if start >= 0 else None
-
-
-class _Run:
-    """The bare value a position starts, found once per run of value characters: a bare value
-    ends at the same place from any start inside its run."""
-
-    def __init__(self) -> None:
-        self.start = self.end = -1
-
-    def end_from(self, text: str, pos: int) -> int:
-        if not self.start <= pos < self.end:
-            found = _BARE_RUN.match(text, pos)
-            self.start, self.end = pos, found.end() if found else pos
-        return self.end
 
 
 def _mask_pem(text: str) -> str:
@@ -236,6 +119,10 @@ _STEPS: list[tuple[Guard, Step]] = [
     (lambda _, folded: "author" in folded, lambda text: _DIGEST.sub(lambda m: m.group("pre") + MASK, text)),
     (lambda text, _: has(text, CLIENT_NAMES), mask_client_flags),
     (lambda text, _: "pass:" in text, lambda text: OPENSSL_PASS.sub(masked_flag, text)),
+    (lambda _, folded: "dent" in folded or "pass" in folded, lambda text: SQL_PASSWORD.sub(masked_flag, text)),
+    (lambda text, _: "configure" in text, lambda text: AWS_SET.sub(masked_flag, text)),
+    (lambda text, _: "machine" in text, lambda text: NETRC.sub(masked_flag, text)),
+    (lambda text, _: "-b" in text or "--cookie" in text, lambda text: CURL_COOKIE.sub(masked_flag, text)),
     # "cook": re.IGNORECASE matches `ı` and `İ` with `i`, which case folding keeps apart
     (lambda _, folded: "cook" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (
@@ -248,12 +135,16 @@ _STEPS: list[tuple[Guard, Step]] = [
     ),
     *(_token_step(needles, pattern) for needles, pattern in SECRET_VALUES),
     (
+        lambda text, folded: "value" in folded and has(folded, NAME_NEEDLES),
+        lambda text: mask_assignments(PAIR, text),
+    ),
+    (
         lambda text, folded: "=" in text and has(folded, NAME_NEEDLES),
-        lambda text: _mask_assignments(_ASSIGN_EQ, text),
+        lambda text: mask_assignments(ASSIGN_EQ, text),
     ),
     (
         lambda text, folded: ":" in text and has(folded, NAME_NEEDLES),
-        lambda text: _mask_assignments(_ASSIGN_COLON, text),
+        lambda text: mask_assignments(ASSIGN_COLON, text),
     ),
 ]
 
@@ -277,25 +168,57 @@ def redact_text_unfiltered(text: str) -> str:
     return text
 
 
-def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT) -> Any:
-    """A copy of `value` with secrets masked and (unless `max_text` is None) long text shortened."""
-    if secret_key(key) and not isinstance(value, dict | list | bool) and value is not None:
-        return MASK
+# nesting deeper than this is not read: a hostile argument of `[[[[...]]]]` must not exhaust the
+# stack (each level is two frames) where json.dumps would have written it
+MAX_DEPTH = 64
+
+
+def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT, _depth: int = 0) -> Any:
+    """A copy of `value` with secrets masked and (unless `max_text` is None) long text shortened.
+    A value under a secret's key is masked whole (a list of them too), a `{"name": "DB_PASSWORD",
+    "value": ...}` pair's value as well."""
+    if _depth > MAX_DEPTH:
+        return f"[nested deeper than {MAX_DEPTH} levels]"
+    if key and secret_key(key):
+        return _masked_under_key(value)
     if isinstance(value, dict):
-        return {k: redact(v, key=str(k), max_text=max_text) for k, v in value.items()}
+        masked = {k: redact(v, key=str(k), max_text=max_text, _depth=_depth + 1) for k, v in value.items()}
+        if _secret_pair(value):
+            masked["value"] = _masked_under_key(value["value"])
+        return masked
     if isinstance(value, list | tuple):
-        return [redact(v, max_text=max_text) for v in value]
+        return [redact(v, max_text=max_text, _depth=_depth + 1) for v in value]
     if isinstance(value, str):
         if max_text is not None and len(value) > max_text + READ_MARGIN:
             # only what is kept is read (a megabyte of arguments, journaled twice per call, was
             # read whole on the event loop); the last READ_MARGIN characters read are never kept:
             # a secret cut where the reading stopped is dropped, never half-shown
-            text = redact_text(value[: max_text + READ_MARGIN])
+            read = value[: max_text + READ_MARGIN]
+            text = redact_text(read)
             # a mask is longer than a one-character value: each moves the text's end up to 2 on
-            kept = max(0, min(max_text, len(text) - READ_MARGIN - 4 * text.count(MASK)))
+            inserted = max(0, text.count(MASK) - read.count(MASK))
+            kept = max(0, min(max_text, len(text) - READ_MARGIN - 4 * inserted))
             return text[:kept] + f"... [{len(value) - kept} more characters]"
         text = redact_text(value)
         if max_text is not None and len(text) > max_text:
             text = text[:max_text] + f"... [{len(text) - max_text} more characters]"
         return text
     return value
+
+
+def _masked_under_key(value: Any) -> Any:
+    """A secret key's value: a scalar masked, a list's scalars too (`{"passwords": [...]}`), a
+    mapping's values each (`{"password": {"value": ...}}`); booleans and nulls say nothing."""
+    if isinstance(value, dict):
+        return {k: _masked_under_key(v) for k, v in list(value.items())[:1000]}
+    if isinstance(value, list | tuple):
+        return [_masked_under_key(v) for v in list(value)[:1000]]
+    if isinstance(value, bool) or value is None:
+        return value
+    return MASK
+
+
+def _secret_pair(value: dict[Any, Any]) -> bool:
+    """`{"name": "DB_PASSWORD", "value": ...}` (an env list's entry, a header pair)."""
+    name = value.get("name", value.get("key"))
+    return "value" in value and isinstance(name, str) and len(name) <= 256 and secret_name(name)

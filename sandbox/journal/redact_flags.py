@@ -8,10 +8,11 @@ import re
 from sandbox.journal.redact_names import MASK, REFERENCE, names_no_secret, segments
 
 # a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`,
-# `--secret-key VALUE`; not a `$VAR`, and not a redirection or a pipe (`--with-token < file`)
+# `--secret-key VALUE`, keytool's `-storepass VALUE`; not a `$VAR`, and not a redirection or a
+# pipe (`--with-token < file`)
 FLAG_VALUE = re.compile(
-    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]++[-_])*?"
-    r"(?:token|password|passwd|passphrase|pass|secret|credentials?|(?:api|secret|private|access)[-_]?key)[ \t]++)"
+    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]++[-_])*?(?:(?:src|dest)?(?:store|key)pass|"
+    r"token|password|passwd|passphrase|pass|secret|credentials?|(?:api|secret|private|access)[-_]?key)[ \t]++)"
     r"(?P<val>\"[^\"\n]*+\"|'[^'\n]*+'|[^\s'\"$`<>|;&=-][^\s'\"]*+)",
     re.I,
 )
@@ -21,42 +22,50 @@ USER_PASSWORD = re.compile(
     r"(?P<pre>(?:(?<=\s)|^)(?:-u|--user)[ \t=]*+['\"]?[^\s:'\"]{1,256}:)(?P<pw>(?![0-9]+(?:[\s'\"]|$))[^\s'\"]++)",
     re.M,
 )
-# Database and registry clients that take a password glued to or after a short flag, within one
-# command (up to `;`, `&`, `|` or a line's end outside quotes; a `\` at a line's end goes on):
-# `mysql -uroot -pS`, `sshpass -p S ssh host`, `docker login -u me -p S`, `redis-cli -a S`,
-# `mongosh -u me -p S`. The flag means something else in other commands (`mkdir -p`, `ssh -p
-# 22`), so it is looked for only after the client's name, and a client is the command itself
-# (after `sudo`, `env`, `VAR=x` or a folder), never an argument (`find -name mysql -prune`),
-# except `login`, a subcommand (`docker login`, `az acr login`), never a host (`ssh me@login`).
-# OpenSSL's `-passin pass:S`.
+# Clients that take a password glued to or after a short flag, within one command (up to `;`,
+# `&`, `|` or a line's end outside quotes; a `\` at a line's end goes on): `mysql -uroot -pS`,
+# `sshpass -p S ssh host`, `docker login -u me -p S`, `redis-cli -a S`, `mongosh -u me -p S`,
+# `zip -P S`, `7z a -pS`. The flag means something else in other commands (`mkdir -p`, `ssh -p
+# 22`), so it is looked for only after the client's name (anywhere: `docker exec db mysql ...`,
+# `kubectl exec pod -- mysql ...`, `$(mysql ...)`), never a name inside a word, a path, a host,
+# an image (`mysql:8`) or an option's argument (`find -name mysql -prune`, `--name mysql`).
 _COMMAND = re.compile(r"""(?:'[^'\n]*+'?|"(?:[^"\\\n]|\\.)*+"?|\\\r?\n|\\.|[^;&|\n'"\\]++|\\)++""")
-_FLAG_SECRET = r"""(?P<val>'[^'\n]*+'|"[^"\n]*+"|[^\s'"]++)"""  # noqa: S105 - a pattern
+# a flag's value: quoted, or bare up to a blank, a quote or the `)` of a `$(...)` around the command
+_FLAG_SECRET = r"""(?P<val>'[^'\n]*+'|"[^"\n]*+"|[^\s'"`)]++)"""  # noqa: S105 - a pattern
 _BLANK = r"(?:[ \t]|\\\r?\n)"
-_AS_COMMAND = (
-    rf"\A{_BLANK}*+(?:(?:(?:sudo|doas|exec|env|nohup|time|nice|command)(?:[ \t]++(?:-[ug][ \t]*+[^\s-]\S*+|-\S++))*+"
-    rf"|[A-Za-z_][A-Za-z0-9_]*+=\S*+){_BLANK}++)*+(?:[^\s/'\"]*+/)*+"
-)
+_OPTION_ARGUMENT = re.compile(r"(?:^|\s)(?:-i?name|-i?path|-wholename|-i?regex|-lname|--name|--hostname)\s++\Z")
+
+
+def _client(names: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w.@-])(?:{names})(?![\w.@:/-])")
+
+
 _CLIENT_FLAGS: list[tuple[re.Pattern[str], re.Pattern[str], int]] = [  # (client, flag, how many: 0 all)
-    (
-        re.compile(rf"{_AS_COMMAND}(?:mysql\w*+|mariadb[\w-]*+)(?![\w.@-])"),
-        re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"),
-        0,
-    ),
+    (_client(r"mysql\w*+|mariadb[\w-]*+"), re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"), 0),
     (  # sshpass's own options only, before the command it runs (`sshpass -f pw ssh -p 22 h`)
-        re.compile(rf"{_AS_COMMAND}sshpass(?![\w.@-])"),
+        _client("sshpass"),
         re.compile(rf"\A(?P<pre>(?:{_BLANK}++-(?:[fdP][ \t]*+[^\s-]\S*+|[evhV]))*+{_BLANK}++-p[ \t]*+){_FLAG_SECRET}"),
         1,
     ),
-    (
-        re.compile(rf"{_AS_COMMAND}(?:mongosh|mongo)(?![\w.@-])"),
-        re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"),
-        1,
-    ),
-    (re.compile(rf"{_AS_COMMAND}redis-cli(?![\w.@-])"), re.compile(rf"(?<=\s)(?P<pre>-a[ \t]*+){_FLAG_SECRET}"), 1),
-    (re.compile(r"(?<![\w./@-])login(?![\w.@-])"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
+    (_client("mongosh|mongo"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
+    (_client("redis-cli"), re.compile(rf"(?<=\s)(?P<pre>-a[ \t]*+){_FLAG_SECRET}"), 1),
+    (_client("zip"), re.compile(rf"(?<=\s)(?P<pre>-P[ \t]++){_FLAG_SECRET}"), 1),
+    (_client("7z|7za|7zz"), re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"), 1),
+    (_client("login"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
 ]
-CLIENT_NAMES = ("mysql", "mariadb", "sshpass", "mongo", "redis-cli", "login")
+CLIENT_NAMES = ("mysql", "mariadb", "sshpass", "mongo", "redis-cli", "zip", "7z", "login")
 OPENSSL_PASS = re.compile(rf"(?P<pre>(?<![\w-])-pass(?:in|out)?[ \t]++pass:){_FLAG_SECRET}")
+# other commands that name their secret: SQL's `IDENTIFIED BY '...'` and `PASSWORD '...'`, `aws
+# configure set aws_secret_access_key ...`, a `.netrc` line, curl's `-b 'session=...'`
+SQL_PASSWORD = re.compile(r"(?P<pre>\b(?:identified[ \t]++by|password)[ \t]++)(?P<val>'(?:[^'\n]|'')*+')", re.I)
+AWS_SET = re.compile(
+    r"(?P<pre>\bconfigure[ \t]++set[ \t]++(?:[\w-]++\.)?(?:aws_secret_access_key|aws_session_token)[ \t]++)"
+    + _FLAG_SECRET
+)
+NETRC = re.compile(rf"(?P<pre>\bmachine[ \t]++\S++[ \t]++login[ \t]++\S++[ \t]++password[ \t]++){_FLAG_SECRET}")
+CURL_COOKIE = re.compile(
+    r"""(?P<pre>(?<=\s)(?:-b|--cookie)[ \t]++)(?P<val>"[^"\n=]*+=[^"\n]*+"|'[^'\n=]*+=[^'\n]*+'|[^\s'"=]*+=\S*+)"""
+)
 
 
 def mask_client_flags(text: str) -> str:
@@ -65,13 +74,21 @@ def mask_client_flags(text: str) -> str:
     def one(command: re.Match[str]) -> str:
         part = command.group(0)
         for client, flag, count in _CLIENT_FLAGS:
-            named = client.search(part)  # `\A`-anchored but `login`: one attempt at each other place
-            if named is not None:
-                rest = flag.sub(masked_flag, part[named.end() :], count=count)
-                part = part[: named.end()] + rest
+            named = _client_in(client, part)
+            if named >= 0:
+                part = part[:named] + flag.sub(masked_flag, part[named:], count=count)
         return part
 
     return _COMMAND.sub(one, text)
+
+
+def _client_in(client: re.Pattern[str], command: str) -> int:
+    """Where the first `client` in `command` that is not an option's argument ends (-1: none).
+    Each candidate looks back over at most 32 characters."""
+    for found in client.finditer(command):
+        if not _OPTION_ARGUMENT.search(command, max(0, found.start() - 32), found.start()):
+            return found.end()
+    return -1
 
 
 def masked_flag(m: re.Match[str]) -> str:

@@ -7,29 +7,27 @@ import re
 
 MASK = "***"
 
-# Dict keys whose scalar values are secrets ({"env": {"API_TOKEN": ...}}, {"password": ...}).
-SECRET_KEYS = re.compile(
-    r"(pass(word|wd|phrase)?|secret|token|api[_-]?key|(^|[_-])key$|auth|credential|private[_-]?key|cookie)", re.I
-)
-
 # Words that make a variable name secret when they are one of its segments (split at `_`, `-`
 # and camel case): API_TOKEN, FOO_SECRET, AWS_SECRET_ACCESS_KEY, X-Api-Key, accessToken,
 # Authorization, password, and a password with a short prefix glued on (PGPASSWORD); never
 # MONKEY, KEYBOARD or PWD. A segment is matched whole and case-insensitively, as the patterns
 # are (`ſ`, `ı`, the Kelvin sign).
 _SECRET_SEGMENT = re.compile(
-    r"keys?|apikey|tokens?|secrets?|passwd|pass|passphrase|credentials?|auth|authorization|[a-z0-9]{0,16}password",
+    r"keys?|apikey|tokens?|secrets?|passwd|pass|passphrase|credentials?|auth|authorization|cookies?"
+    r"|[a-z0-9]{0,16}passwords?",
     re.I,
 )
 # a value that only refers to a secret kept elsewhere: `$VAR`, `${VAR}`, `$(cmd)`, a backquoted
-# command, a template's `${{ secrets.X }}` or `{{ .Values.password }}`
+# command, a template's `${{ secrets.X }}` or `{{ .Values.password }}`; never one with a literal
+# in it (`${PW:-hunter2}`, `{{ pw | default('hunter2') }}`: no quotes in a template)
+_TEMPLATE = r"""\{\{[^}'"\n]*+\}\}"""
 REFERENCE = re.compile(
-    r"\$(?:[A-Za-z_][A-Za-z0-9_]*+|\{\{[^}\n]*+\}\}|\{[^}\n]*+\}|\([^)\n]*+\))|`[^`\n]*+`|\{\{[^}\n]*+\}\}"
+    rf"\$(?:[A-Za-z_][A-Za-z0-9_]*+|{_TEMPLATE}|\{{[A-Za-z_][A-Za-z0-9_]*+\}}|\([^)\n]*+\))|`[^`\n]*+`|{_TEMPLATE}"
 )
 
 # case-folded texts one of which a (case-insensitive) name match contains; none holds an `i`,
 # which re.IGNORECASE also matches with a dotless `ı` that case folding keeps apart
-NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth")
+NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth", "cook")
 
 
 # A name's segments: split at `_`, `-` and where a lower-case letter or digit meets a capital
@@ -45,7 +43,8 @@ _NOT_SECRET_LAST = frozenset(
         *("url", "uri", "endpoint", "host", "port", "name", "names", "through"),
     }
 )
-_NOT_SECRET_FIRST = frozenset({"max", "min", "num"})
+# LLM usage counts (input_tokens, total_tokens) and sizes (max_tokens)
+_NOT_SECRET_FIRST = frozenset({"max", "min", "num", "input", "output", "total", "prompt", "completion", "cached"})
 
 
 def segments(name: str) -> list[str]:
@@ -71,9 +70,10 @@ def names_no_secret(parts: list[str]) -> bool:
 
 
 def secret_key(key: str) -> bool:
-    """Whether a mapping's key names a secret value ({"password": ...}, {"Authorization": ...});
-    a key that names a secret's file, size or address ({"max_tokens": 4096}) does not."""
-    return bool(key) and SECRET_KEYS.search(key) is not None and not names_no_secret(segments(key))
+    """Whether a mapping's key names a secret value ({"password": ...}, {"Authorization": ...},
+    {"cookies": ...}): judged as a variable's name, so {"max_tokens": 4096}, {"author": ...} and
+    {"input_tokens": 10} keep their values."""
+    return len(key) <= 256 and secret_name(key)
 
 
 def has(text: str, needles: tuple[str, ...]) -> bool:

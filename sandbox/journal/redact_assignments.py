@@ -1,0 +1,170 @@
+"""Secrets given to a name (journal/redact.py's steps): `NAME=value`, `name: value`, a YAML value
+under its key, and `{"name": "DB_PASSWORD", "value": ...}` pairs.
+
+Every text is read in linear time whatever it holds: a name is read possessively, a value only
+after a secret's name, and a key's lines below it only for a key that is the first thing on its
+line (at most one a line).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sandbox.journal.redact_names import MASK, REFERENCE, secret_name
+
+# A name is one whole word (one leading `_` allowed: `.npmrc`'s `_authToken`), taken possessively
+# (never given back: `KEY-KEY-KEY-...` is read once), starting at a word's start (never inside a
+# hyphenated one); whether it is secret is decided on its segments (secret_name).
+_WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>_?+[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
+# NAME= anywhere (shell, URLs, flags, .env files), a subscript's `['NAME'] =` (os.environ), a
+# quoted name (`'password' => ...`), Go's `:=`, PHP's and Ruby's `=>`
+ASSIGN_EQ = re.compile(rf"""{_WORD}(?P<sep>(?:["']\]?)?[ \t]*+:?=>?[ \t]*+)""", re.I)
+# NAME: only where it is a key: at a line's start (YAML, headers), quoted (JSON, also escaped
+# inside a shell string: `-d "{\"password\": ...}"`), or after `{` or `,` (`{ apiKey: "..." }`);
+# elsewhere a colon is ordinary text (`echo PASS: done`)
+ASSIGN_COLON = re.compile(
+    rf"""(?P<lead>^[ \t-]*+\\?["']?|\\?["']|[{{,][ \t]*+){_WORD}(?P<sep>\\?["']?[ \t]*+:[ \t]*+)""", re.I | re.M
+)
+# `{"name": "DB_PASSWORD", "value": ...}`, `- name: DB_PASSWORD` then `value: ...` on the next
+# line, `<add key="ApiKey" value="..."/>`: the value of a pair whose name is a secret's
+PAIR = re.compile(
+    r"""\b(?:name|key)\\?["']?[ \t]*+[:=][ \t]*+\\?["']?(?P<name>[A-Za-z0-9_.-]{1,128}+)\\?["']?[ \t]*+,?[ \t]*+"""
+    r"""(?:\r?\n[ \t-]*+)?\\?["']?value\\?["']?[ \t]*+[:=][ \t]*+""",
+    re.I,
+)
+# a value: quoted to the end of its line (the other quote allowed inside: `"it's"`; `\"` inside
+# double quotes, `''` inside single ones), quoted with escaped quotes (`\"...\"`), after a
+# string prefix (`b"..."`, `f'...'`), or bare (a run of these characters, not starting with `=`)
+_QUOTED = {
+    '"': re.compile(r'"(?P<quoted>(?:[^"\\\n]|\\.)*+)"'),
+    "'": re.compile(r"'(?P<quoted>(?:[^'\n]|'')*+)'"),
+    "\\": re.compile(r"""\\(?P<q>["'])(?P<quoted>(?:[^"'\\\n]|\\[^"'\n])*+)\\(?P=q)"""),
+}
+_STRING_PREFIX = re.compile(r"""[bBrRuUfF]{1,2}+(?=["'])""")
+_BARE_RUN = re.compile(r"""[^\s;&|'"`<>()]*+""")
+# HTTP authorization schemes: `Authorization: Bearer ***` keeps its scheme (a token after it)
+_SCHEME = re.compile(r"(?:bearer|basic|token|digest|negotiate|ntlm)[ \t]++(?=\S)", re.I)
+
+
+def mask_assignments(pattern: re.Pattern[str], text: str) -> str:
+    """Every value after a secret's `name<sep>` of `pattern` (ASSIGN_EQ, ASSIGN_COLON, PAIR) in
+    `text`, masked. The search goes on right after each separator, so a value is read only after
+    a secret's name, and text is read a bounded number of times whatever it holds
+    (`FOO=API_KEY=x`, `x=a=a=a...`)."""
+    out: list[str] = []
+    done = 0
+    run = _Run()
+    for m in pattern.finditer(text):  # name and separator only: one reading of the text, in C
+        if m.start() < done or not secret_name(m.group("name")):  # inside a masked value, or not a secret
+            continue
+        # a YAML key or a header: the first thing on its line (at most one such name a line)
+        keyed = (
+            pattern is ASSIGN_COLON
+            and not m.group("lead").startswith(("{", ","))
+            and (m.start() == 0 or text[m.start() - 1] == "\n")
+        )
+        found = _value(text, m.end(), m, keyed, run)
+        if found is None:
+            continue
+        start, end, masked = found
+        out += (text[done:start], masked)
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _value(text: str, pos: int, m: re.Match[str], keyed: bool, run: _Run) -> tuple[int, int, str] | None:
+    """Where the value at `pos` of the name `m` found begins and ends, and what replaces it; None
+    when it is empty or only refers to a secret kept elsewhere."""
+    authorization = m.group("name").casefold().endswith("authorization")
+    prefix = _STRING_PREFIX.match(text, pos)
+    if prefix is not None:
+        pos = prefix.end()
+    opening = text[pos : pos + 1]
+    if opening in _QUOTED:
+        value = _QUOTED[opening].match(text, pos)
+        if value is None:
+            return None
+        inner, left, right = value.group("quoted"), value.start("quoted"), value.end("quoted")
+        if not inner or REFERENCE.fullmatch(inner):
+            return None
+        scheme = _SCHEME.match(inner) if authorization else None
+        return (left + scheme.end(), right, MASK) if scheme is not None else (left, right, MASK)
+    if keyed and (below := _value_below(text, pos, m.start("name") - m.start())) is not None:
+        return below[0], below[1], MASK  # `password:` with its value on the lines under it
+    # a key's value is the rest of its line (YAML's `passphrase: correct horse battery`), less a
+    # comment; elsewhere the run of value characters
+    end = _line_value_end(text, pos) if keyed else run.end_from(text, pos)
+    # `$VAR` and `$(cmd)` are not secrets but references to one: left visible, and read on
+    # (`TOKEN=$X,PASSWORD=y`); a value that only holds one further on (`S$x`) is masked
+    if end == pos or text[pos] in ("=#" if keyed else "=$`"):
+        return None
+    if keyed and REFERENCE.fullmatch(text, pos, end):  # a key's whole line: `${PW:-default}` is masked
+        return None
+    scheme = _SCHEME.match(text, pos) if authorization else None
+    if scheme is not None:  # `Authorization: Bearer ***`: its token is masked by the header's own step
+        return None
+    return pos, end, MASK
+
+
+def _line_value_end(text: str, pos: int) -> int:
+    """Where a key's value on its own line ends: before a ` #` comment, trailing blanks or `\r`."""
+    line_end = text.find("\n", pos)
+    line_end = len(text) if line_end < 0 else line_end
+    comment = text.find(" #", pos, line_end)
+    end = line_end if comment < 0 else comment
+    while end > pos and text[end - 1] in " \t\r":
+        end -= 1
+    return end
+
+
+# what may follow a YAML key whose value is on the lines under it: a block scalar's indicator
+# (`|`, `>-`, `|2+`), a comment, then the line's end
+_BELOW_HEADER = re.compile(r"(?:[|>][-+0-9]{0,3})?[ \t]*+(?:#[^\n]*+)?\r?\n")
+_INDENT = re.compile(r"[ \t]*+")
+# a line that is a mapping's key (or a list of mappings): the key's value is a mapping, whose
+# own keys are judged each
+_KEY_LINE = re.compile(r"""(?:-[ \t]++)?["']?[^\s:'"#-][^\s:'"]*+["']?[ \t]*+:(?=[ \t\r\n]|\Z)""")
+
+
+def _value_below(text: str, pos: int, column: int) -> tuple[int, int] | None:
+    """A YAML value under its key at `column` (`password:` then the line's end, or `password:
+    |`): where the lines more indented than the key (or a list at its indentation) begin and
+    end; None when no such line follows, the first is a key of its own, or it is indented with a
+    tab (not YAML: a Makefile's recipe). Comment lines neither begin nor end it. The key is the
+    first thing on its line, so each line is read once: the lines taken are past the next name."""
+    header = _BELOW_HEADER.match(text, pos)
+    if header is None:
+        return None
+    start = end = -1
+    line = header.end()
+    while line < len(text):
+        indent = _INDENT.match(text, line)
+        first = indent.end() if indent is not None else line
+        line_end = text.find("\n", line)
+        line_end = len(text) if line_end < 0 else line_end
+        if first < line_end and text[first] not in "\r#":  # blank and comment lines are passed over
+            depth = first - line
+            if depth < column or (depth == column and text[first] != "-"):
+                break
+            if start < 0:
+                if "\t" in text[line:first] or _KEY_LINE.match(text, first):
+                    return None
+                start = first
+            end = line_end
+        line = line_end + 1
+    return (start, end) if start >= 0 else None
+
+
+class _Run:
+    """The bare value a position starts, found once per run of value characters: a bare value
+    ends at the same place from any start inside its run."""
+
+    def __init__(self) -> None:
+        self.start = self.end = -1
+
+    def end_from(self, text: str, pos: int) -> int:
+        if not self.start <= pos < self.end:
+            found = _BARE_RUN.match(text, pos)
+            self.start, self.end = pos, found.end() if found else pos
+        return self.end
