@@ -28,8 +28,9 @@ from sandbox.state.protocol import BROADCAST_MAX_BYTES, EventStore
 
 GATHER_S = 0.05  # how long events gather before they go out together
 # an output chunk that ends inside a word keeps that word (up to this long) for the next chunk:
-# masking runs chunk by chunk, and a secret split over two chunks would go out in two halves
-CARRY_MAX = 256
+# masking runs chunk by chunk, and a secret split over two chunks would go out in two halves (an
+# OAuth provider's JWT is often 1-2 KiB; at most CARRIED_CALLS words are held, 8 MiB)
+CARRY_MAX = 2048
 CARRIED_CALLS = 4096  # calls with a held word at most (a call that never finishes is forgotten)
 BACKLOG = 10_000  # events waiting while the store is away; older ones are dropped past it
 MAX_TEXT = 2000  # a relayed event's strings (an output chunk) are cut to this
