@@ -314,6 +314,26 @@ SECRETS = [
     ("keytool", "keytool -list -storepass KeyStPw9", "KeyStPw9"),
     ("zip", "zip -P ZipPw9x a.zip f", "ZipPw9x"),
     ("7z", "7z a -pSevenPw9 a.7z f", "SevenPw9"),
+    ("joined secret words", "APITOKEN=JoinTok9 accesstoken=JoinTok8 PGPASS=JoinPw7", "JoinTok9"),
+    ("dotted name", "spring.datasource.password: DotPw9x", "DotPw9x"),
+    ("a tls secret's key", "data:\n  tls.key: LS0tLS1CRUdJTiBQUklWQVRF", "LS0tLS1CRUdJ"),
+    ("shell default in an assignment", "PASSWORD=${DB_PW:-ShDef9x} ./run", "ShDef9x"),
+    ("shell default after a flag", "deploy --password ${PW:-FlagDef9}", "FlagDef9"),
+    ("an env line of separators", "DB_PASSWORD=Xy7&kP(9)q;zSep9", "zSep9"),
+    ("ssm pair with members between", '{"Name": "DB_PASSWORD", "Type": "SecureString", "Value": "SsmPw9x"}', "SsmPw9x"),
+    ("pair with a comment between", "- name: API_TOKEN\n  # from the vault\n  value: CmtPw9x", "CmtPw9x"),
+    ("maven settings", "settings: <server><password>MvnPw9x</password></server>", "MvnPw9x"),
+    ("setenv call", 'os.Setenv("API_KEY", "CallPw9x")', "CallPw9x"),
+    ("environ default", 'os.environ.get("DB_PASSWORD", "GetDef9x")', "GetDef9x"),
+    ("setter", 'then ds.setPassword("SetPw9x")', "SetPw9x"),
+    ("authorization header call", 'req.Header.Set("Authorization", "Basic dXNlcjpwYXNzd29yZA==")', "dXNlcjpw"),
+    ("authorization assignment", "authorization=Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpw"),
+    ("redis requirepass", "redis-server --requirepass ReqPw9x", "ReqPw9x"),
+    ("sqlcmd", "sqlcmd -S db -U sa -P SqlCmd9x -Q x", "SqlCmd9x"),
+    ("ldapsearch", 'ldapsearch -x -b "dc=example,dc=com" -w LdapPw9x "(uid=j)"', "LdapPw9x"),
+    ("mysql pwd variable", "MYSQL_PWD=MyPwd9x mysqldump db", "MyPwd9x"),
+    ("unclosed quote on its line", 'password: "Uncl9x\\', "Uncl9x"),
+    ("triple quotes", 'password = """Trip9x"""', "Trip9x"),
 ]
 
 
@@ -366,6 +386,12 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         "usage: {input_tokens: 10, output_tokens: 20, total_tokens: 30}",
         "password: $DB_PW\ntoken: `cat /run/t`",
         "cache[key] = compute(x)",
+        "for _, key := range keys {\ntoken := lexer.Next()\nkeys.map(key => obj[key].id)",
+        "cp -b --suffix=.orig a b && hugo server -b http://localhost:1313/?draft=true",
+        "grep -rn password 'src/' && echo \"Your password 'is' wrong\"",
+        "deploy --token $DEPLOY_TOKEN && TOKEN=$(cat /t) && PASSWORD=${DB_PW} ./run",
+        "x = self.token\nPWD=/home/x OLDPWD=/tmp",
+        "jq '{key: .metadata.name, token: .spec.x}' pod.json",
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:
@@ -411,6 +437,9 @@ def test_keys_about_a_secret_keep_their_values() -> None:
     assert out == {"max_tokens": 4096, "token_file": "/run/t", "api_key": "***", "Authorization": "***"}
     usage = {"author": "bob", "input_tokens": 10, "total_tokens": 30, "passed": 3, "tokenizer": "bpe"}
     assert redact(usage) == usage
+    joined = {"APITOKEN": "s", "accesstoken": "s", "clientsecret": "s", "dbpass": "s", "setcookie": "s"}
+    assert redact(joined) == dict.fromkeys(joined, "***")
+    assert redact({"Name": "DB_PASSWORD", "Value": "s"}) == {"Name": "DB_PASSWORD", "Value": "***"}
 
 
 def test_secrets_under_a_secret_key_and_in_name_value_pairs_are_masked() -> None:
@@ -436,6 +465,8 @@ def test_deep_nesting_is_cut_not_a_crash() -> None:
 
     out = redact(json.loads("[" * 600 + '"x"' + "]" * 600))
     assert "nested deeper than" in json.dumps(out)
+    under_a_key = redact(json.loads('{"password": ' + "[" * 600 + "]" * 600 + "}"))
+    assert "nested deeper than" in json.dumps(under_a_key)
 
 
 def test_a_shortened_text_holding_asterisks_keeps_what_it_may() -> None:

@@ -116,6 +116,15 @@ FRAGMENTS = [
     "_auth",
     "${A:-",
     "\t",
+    ".",
+    "<password>",
+    "</password>",
+    '("API_KEY", ',
+    "setPassword(",
+    "_PWD=",
+    "Basic ",
+    "curl",
+    '"""',
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -196,6 +205,15 @@ HOSTILE = {
     "keys whose line is a default": "password: ${A:-" * 69_905,
     "comments under a key": "password:\n" + "  # c\n" * 174_760,
     "doubled single quotes": "password='" + "''" * 524_283,
+    "dotted chain of secret words": "password." * 116_508 + "=x",
+    "open elements": "<password>a" * 95_325,
+    "calls with a secret's name": '("API_KEY", "a' * 74_898,
+    "setters": 'setPassword("' * 80_659,
+    "pairs with members between": '{"name": "TOKEN", "a": "b", "c": 1, ' * 29_127,
+    "an env line of separators": "PASSWORD=" + "x&" * 524_283,
+    "unclosed quotes under keys": 'password: "a\\\n' * 74_898,
+    "cookies after a client": "curl" + " -b a=" * 174_762,
+    "one-letter commands after a client": "mysql " + "a;" * 524_285,
 }
 LIVENESS = """
 import sys

@@ -10,11 +10,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.journal.redact_assignments import ASSIGN_COLON, ASSIGN_EQ, PAIR, mask_assignments
+from sandbox.journal.redact_assignments import ASSIGN_COLON, ASSIGN_EQ, PAIR, mask_assignments, mask_named_literals
 from sandbox.journal.redact_flags import (
     AWS_SET,
     CLIENT_NAMES,
-    CURL_COOKIE,
     FLAG_VALUE,
     NETRC,
     OPENSSL_PASS,
@@ -122,7 +121,6 @@ _STEPS: list[tuple[Guard, Step]] = [
     (lambda _, folded: "dent" in folded or "pass" in folded, lambda text: SQL_PASSWORD.sub(masked_flag, text)),
     (lambda text, _: "configure" in text, lambda text: AWS_SET.sub(masked_flag, text)),
     (lambda text, _: "machine" in text, lambda text: NETRC.sub(masked_flag, text)),
-    (lambda text, _: "-b" in text or "--cookie" in text, lambda text: CURL_COOKIE.sub(masked_flag, text)),
     # "cook": re.IGNORECASE matches `ı` and `İ` with `i`, which case folding keeps apart
     (lambda _, folded: "cook" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (
@@ -137,6 +135,10 @@ _STEPS: list[tuple[Guard, Step]] = [
     (
         lambda text, folded: "value" in folded and has(folded, NAME_NEEDLES),
         lambda text: mask_assignments(PAIR, text),
+    ),
+    (
+        lambda text, folded: ("</" in text or "(" in text) and has(folded, NAME_NEEDLES),
+        mask_named_literals,
     ),
     (
         lambda text, folded: "=" in text and has(folded, NAME_NEEDLES),
@@ -180,11 +182,12 @@ def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT, _depth
     if _depth > MAX_DEPTH:
         return f"[nested deeper than {MAX_DEPTH} levels]"
     if key and secret_key(key):
-        return _masked_under_key(value)
+        return _masked_under_key(value, _depth)
     if isinstance(value, dict):
         masked = {k: redact(v, key=str(k), max_text=max_text, _depth=_depth + 1) for k, v in value.items()}
-        if _secret_pair(value):
-            masked["value"] = _masked_under_key(value["value"])
+        pair = _secret_pair(value)
+        if pair is not None:
+            masked[pair] = _masked_under_key(value[pair], _depth)
         return masked
     if isinstance(value, list | tuple):
         return [redact(v, max_text=max_text, _depth=_depth + 1) for v in value]
@@ -206,19 +209,26 @@ def redact(value: Any, *, key: str = "", max_text: int | None = MAX_TEXT, _depth
     return value
 
 
-def _masked_under_key(value: Any) -> Any:
+def _masked_under_key(value: Any, depth: int) -> Any:
     """A secret key's value: a scalar masked, a list's scalars too (`{"passwords": [...]}`), a
     mapping's values each (`{"password": {"value": ...}}`); booleans and nulls say nothing."""
+    if depth > MAX_DEPTH:
+        return f"[nested deeper than {MAX_DEPTH} levels]"
     if isinstance(value, dict):
-        return {k: _masked_under_key(v) for k, v in list(value.items())[:1000]}
+        return {k: _masked_under_key(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_masked_under_key(v) for v in list(value)[:1000]]
+        return [_masked_under_key(v, depth + 1) for v in value]
     if isinstance(value, bool) or value is None:
         return value
     return MASK
 
 
-def _secret_pair(value: dict[Any, Any]) -> bool:
-    """`{"name": "DB_PASSWORD", "value": ...}` (an env list's entry, a header pair)."""
-    name = value.get("name", value.get("key"))
-    return "value" in value and isinstance(name, str) and len(name) <= 256 and secret_name(name)
+def _secret_pair(value: dict[Any, Any]) -> Any:
+    """The value key of `{"name": "DB_PASSWORD", "value": ...}` (an env list's entry, a header
+    pair, SSM's `{"Name": ..., "Value": ...}`), or None."""
+    if len(value) > 64:
+        return None
+    keys = {str(k).casefold(): k for k in value}
+    name = value.get(keys.get("name", keys.get("key")))
+    found = keys.get("value")
+    return found if found is not None and isinstance(name, str) and len(name) <= 256 and secret_name(name) else None

@@ -12,10 +12,11 @@ import re
 
 from sandbox.journal.redact_names import MASK, REFERENCE, secret_name
 
-# A name is one whole word (one leading `_` allowed: `.npmrc`'s `_authToken`), taken possessively
-# (never given back: `KEY-KEY-KEY-...` is read once), starting at a word's start (never inside a
-# hyphenated one); whether it is secret is decided on its segments (secret_name).
-_WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9]-)(?P<name>_?+[A-Za-z0-9]++(?:[_-][A-Za-z0-9]++)*+)"
+# A name is one whole word (one leading `_` allowed: `.npmrc`'s `_authToken`; dotted:
+# `spring.datasource.password`), taken possessively (never given back: `KEY-KEY-KEY-...` is read
+# once), starting at a word's start (never inside a hyphenated or dotted one: `a.a.a...` read
+# from each dot was quadratic); whether it is secret is decided on its segments (secret_name).
+_WORD = r"(?<![A-Za-z0-9_])(?<![A-Za-z0-9][.-])(?P<name>_?+[A-Za-z0-9]++(?:[_.-][A-Za-z0-9]++)*+)"
 # NAME= anywhere (shell, URLs, flags, .env files), a subscript's `['NAME'] =` (os.environ), a
 # quoted name (`'password' => ...`), Go's `:=`, PHP's and Ruby's `=>`
 ASSIGN_EQ = re.compile(rf"""{_WORD}(?P<sep>(?:["']\]?)?[ \t]*+:?=>?[ \t]*+)""", re.I)
@@ -28,10 +29,42 @@ ASSIGN_COLON = re.compile(
 # `{"name": "DB_PASSWORD", "value": ...}`, `- name: DB_PASSWORD` then `value: ...` on the next
 # line, `<add key="ApiKey" value="..."/>`: the value of a pair whose name is a secret's
 PAIR = re.compile(
-    r"""\b(?:name|key)\\?["']?[ \t]*+[:=][ \t]*+\\?["']?(?P<name>[A-Za-z0-9_.-]{1,128}+)\\?["']?[ \t]*+,?[ \t]*+"""
-    r"""(?:\r?\n[ \t-]*+)?\\?["']?value\\?["']?[ \t]*+[:=][ \t]*+""",
+    r"""\b(?:name|key)\\?["']?[ \t]*+[:=][ \t]*+\\?["']?(?P<name>[A-Za-z0-9_./-]{1,128}+)\\?["']?[ \t]*+,?[ \t]*+"""
+    # up to four members between (`"Type": "SecureString",`), a comment line, a line's end
+    r"""(?:\\?["'][A-Za-z0-9_]{1,32}+\\?["'][ \t]*+:[ \t]*+"""
+    r"""(?:"[^"\n]{0,256}+"|[A-Za-z0-9_.-]{1,64}+)[ \t]*+,[ \t]*+){0,4}+"""
+    r"""(?:\r?\n[ \t]*+#[^\n]*+)?(?:\r?\n[ \t-]*+)?\\?["']?value\\?["']?[ \t]*+[:=][ \t]*+""",
     re.I,
 )
+# `<password>...</password>` (Maven's settings.xml), and a call given a secret's name then its
+# value: `setenv("API_KEY", "...")`, `os.environ.get("PW", "...")`, `req.Header.Set("Authorization",
+# "Basic ...")`, `ds.setPassword("...")`
+ELEMENT = re.compile(r"<(?P<name>[A-Za-z][\w.:-]{0,63}+)>(?P<val>[^<\n]{1,4096}+)</(?P=name)>")
+CALL = re.compile(
+    r"""(?:\(\s*+["'](?P<name>[\w./-]{1,64}+)["']\s*+,\s*+|\bset(?P<setter>[A-Z]\w{0,63}+)\(\s*+)"""
+    r"""(?P<val>"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+')"""
+)
+
+
+def mask_named_literals(text: str) -> str:
+    """The values of ELEMENT and CALL whose name is a secret's (a quoted value's quotes stay; an
+    Authorization value keeps its scheme)."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group("name") or m.groupdict().get("setter") or ""
+        if not secret_name(name):
+            return m.group(0)
+        start, end = m.start("val") - m.start(), m.end("val") - m.start()
+        whole = m.group(0)
+        if whole[start] in "\"'":
+            start, end = start + 1, end - 1
+        scheme = _SCHEME.match(whole, start, end) if name.casefold().endswith("authorization") else None
+        start = scheme.end() if scheme is not None else start
+        return whole[:start] + MASK + whole[end:] if end > start else whole
+
+    return CALL.sub(one, ELEMENT.sub(one, text))
+
+
 # a value: quoted to the end of its line (the other quote allowed inside: `"it's"`; `\"` inside
 # double quotes, `''` inside single ones), quoted with escaped quotes (`\"...\"`), after a
 # string prefix (`b"..."`, `f'...'`), or bare (a run of these characters, not starting with `=`)
@@ -42,6 +75,9 @@ _QUOTED = {
 }
 _STRING_PREFIX = re.compile(r"""[bBrRuUfF]{1,2}+(?=["'])""")
 _BARE_RUN = re.compile(r"""[^\s;&|'"`<>()]*+""")
+_UNCLOSED = re.compile(r"""[^\s'"]*+""")
+_BLANK_IN = re.compile(r"[ \t]")
+_TOKEN = re.compile(r"""[^\s'"]*+""")
 # HTTP authorization schemes: `Authorization: Bearer ***` keeps its scheme (a token after it)
 _SCHEME = re.compile(r"(?:bearer|basic|token|digest|negotiate|ntlm)[ \t]++(?=\S)", re.I)
 
@@ -57,13 +93,17 @@ def mask_assignments(pattern: re.Pattern[str], text: str) -> str:
     for m in pattern.finditer(text):  # name and separator only: one reading of the text, in C
         if m.start() < done or not secret_name(m.group("name")):  # inside a masked value, or not a secret
             continue
-        # a YAML key or a header: the first thing on its line (at most one such name a line)
-        keyed = (
-            pattern is ASSIGN_COLON
-            and not m.group("lead").startswith(("{", ","))
-            and (m.start() == 0 or text[m.start() - 1] == "\n")
-        )
-        found = _value(text, m.end(), m, keyed, run)
+        first_on_line = m.start() == 0 or text[m.start() - 1] == "\n"
+        # code's `:=`, `=>` and an object's `{ key: ...`: only a quoted value is a secret's
+        # (`token := lexer.Next()`, `key => obj[key]` are code)
+        sep = m.group("sep") if pattern is not PAIR else ""
+        literal = "=>" in sep or ":=" in sep
+        if pattern is ASSIGN_COLON:
+            literal = literal or m.group("lead").startswith(("{", ","))
+            keyed = first_on_line and not literal  # a YAML key or a header (one such name a line)
+        else:
+            keyed = False
+        found = _value(text, m.end(), m, keyed, run, literal=literal, line_start=first_on_line)
         if found is None:
             continue
         start, end, masked = found
@@ -73,37 +113,59 @@ def mask_assignments(pattern: re.Pattern[str], text: str) -> str:
     return "".join(out)
 
 
-def _value(text: str, pos: int, m: re.Match[str], keyed: bool, run: _Run) -> tuple[int, int, str] | None:
+def _value(
+    text: str, pos: int, m: re.Match[str], keyed: bool, run: _Run, *, literal: bool = False, line_start: bool = False
+) -> tuple[int, int, str] | None:
     """Where the value at `pos` of the name `m` found begins and ends, and what replaces it; None
-    when it is empty or only refers to a secret kept elsewhere."""
+    when it is empty or only refers to a secret kept elsewhere (or is code, where only a
+    `literal` counts)."""
     authorization = m.group("name").casefold().endswith("authorization")
     prefix = _STRING_PREFIX.match(text, pos)
     if prefix is not None:
         pos = prefix.end()
     opening = text[pos : pos + 1]
+    if text.startswith(('"""', "'''"), pos):  # a triple-quoted string, read up to 64 KiB
+        close = text.find(text[pos : pos + 3], pos + 3, pos + 65_536)
+        return None if close <= pos + 3 else (pos + 3, close, MASK)
     if opening in _QUOTED:
         value = _QUOTED[opening].match(text, pos)
-        if value is None:
-            return None
+        if value is None:  # not closed on its line (`"S\`): masked to the line's end, or a blank
+            end = _line_value_end(text, pos + 1) if keyed else _UNCLOSED.match(text, pos + 1).end()  # type: ignore[union-attr]
+            return (pos + 1, end, MASK) if end > pos + 1 else None
         inner, left, right = value.group("quoted"), value.start("quoted"), value.end("quoted")
         if not inner or REFERENCE.fullmatch(inner):
             return None
         scheme = _SCHEME.match(inner) if authorization else None
         return (left + scheme.end(), right, MASK) if scheme is not None else (left, right, MASK)
+    if literal:
+        return None
     if keyed and (below := _value_below(text, pos, m.start("name") - m.start())) is not None:
         return below[0], below[1], MASK  # `password:` with its value on the lines under it
     # a key's value is the rest of its line (YAML's `passphrase: correct horse battery`), less a
-    # comment; elsewhere the run of value characters
-    end = _line_value_end(text, pos) if keyed else run.end_from(text, pos)
-    # `$VAR` and `$(cmd)` are not secrets but references to one: left visible, and read on
-    # (`TOKEN=$X,PASSWORD=y`); a value that only holds one further on (`S$x`) is masked
-    if end == pos or text[pos] in ("=#" if keyed else "=$`"):
+    # comment; so is an .env or INI line's when it holds no blank (`DB_PASSWORD=Xy7&kP(9)q;z`);
+    # elsewhere the run of value characters
+    if keyed:
+        end = _line_value_end(text, pos)
+    else:
+        end = run.end_from(text, pos)
+        if line_start and end > pos:
+            line_end = _line_value_end(text, pos)
+            if not _BLANK_IN.search(text, pos, line_end):
+                end = line_end
+    if end == pos or text[pos] in ("=#" if keyed else "="):
         return None
-    if keyed and REFERENCE.fullmatch(text, pos, end):  # a key's whole line: `${PW:-default}` is masked
+    # `$VAR` and `$(cmd)` are not secrets but references to one: left visible, and read on
+    # (`TOKEN=$X,PASSWORD=y`); a value with a literal in it (`S$x`, `${PW:-default}`) is masked
+    if keyed and REFERENCE.fullmatch(text, pos, end):
+        return None
+    if not keyed and (text.startswith(("$(", "`"), pos) or (text[pos] == "$" and REFERENCE.match(text, pos))):
         return None
     scheme = _SCHEME.match(text, pos) if authorization else None
-    if scheme is not None:  # `Authorization: Bearer ***`: its token is masked by the header's own step
-        return None
+    if scheme is not None:  # `Authorization: Bearer ***`: the scheme stays, its token goes
+        token = _TOKEN.match(text, scheme.end())
+        if token is None or token.end() == scheme.end() or REFERENCE.fullmatch(token.group(0)):
+            return None  # `Bearer $T`: a reference
+        return scheme.end(), token.end(), MASK
     return pos, end, MASK
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import re
 
-from sandbox.journal.redact_names import MASK, REFERENCE, names_no_secret, segments
+from sandbox.journal.redact_names import MASK, REFERENCE, has, names_no_secret, segments
 
 # a secret given as a command-line flag's next word: `--token VALUE`, `--password 'x y'`,
-# `--secret-key VALUE`, keytool's `-storepass VALUE`; not a `$VAR`, and not a redirection or a
-# pipe (`--with-token < file`)
+# `--secret-key VALUE`, keytool's `-storepass VALUE`, `redis-server --requirepass VALUE`; not a
+# `$VAR` (masked_flag), and not a redirection or a pipe (`--with-token < file`)
 FLAG_VALUE = re.compile(
-    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]++[-_])*?(?:(?:src|dest)?(?:store|key)pass|"
-    r"token|password|passwd|passphrase|pass|secret|credentials?|(?:api|secret|private|access)[-_]?key)[ \t]++)"
-    r"(?P<val>\"[^\"\n]*+\"|'[^'\n]*+'|[^\s'\"$`<>|;&=-][^\s'\"]*+)",
+    r"(?P<pre>(?<![A-Za-z0-9_-])--?(?:[A-Za-z0-9]++[-_])*?(?:(?:src|dest)?(?:store|key)pass|requirepass|"
+    r"secret-string|token|password|passwd|passphrase|pass|secret|credentials?|(?:api|secret|private|access)[-_]?key)"
+    r"[ \t]++)(?P<val>\"[^\"\n]*+\"|'[^'\n]*+'|[^\s'\"`<>|;&=-][^\s'\"]*+)",
     re.I,
 )
 # curl's and wget's credentials: `-u user:password`, `--user=user:password` (the password may
@@ -25,10 +25,11 @@ USER_PASSWORD = re.compile(
 # Clients that take a password glued to or after a short flag, within one command (up to `;`,
 # `&`, `|` or a line's end outside quotes; a `\` at a line's end goes on): `mysql -uroot -pS`,
 # `sshpass -p S ssh host`, `docker login -u me -p S`, `redis-cli -a S`, `mongosh -u me -p S`,
-# `zip -P S`, `7z a -pS`. The flag means something else in other commands (`mkdir -p`, `ssh -p
-# 22`), so it is looked for only after the client's name (anywhere: `docker exec db mysql ...`,
-# `kubectl exec pod -- mysql ...`, `$(mysql ...)`), never a name inside a word, a path, a host,
-# an image (`mysql:8`) or an option's argument (`find -name mysql -prune`, `--name mysql`).
+# `zip -P S`, `7z a -pS`, `sqlcmd -P S`, `ldapsearch -w S`, `curl -b 'session=S'`. The flag
+# means something else in other commands (`mkdir -p`, `ssh -p 22`, `cp -b`), so it is looked for
+# only after the client's name (anywhere: `docker exec db mysql ...`, `kubectl exec pod --
+# mysql ...`, `$(mysql ...)`), never a name inside a word, a path, a host, an image (`mysql:8`)
+# or an option's argument (`find -name mysql -prune`, `--name mysql`).
 _COMMAND = re.compile(r"""(?:'[^'\n]*+'?|"(?:[^"\\\n]|\\.)*+"?|\\\r?\n|\\.|[^;&|\n'"\\]++|\\)++""")
 # a flag's value: quoted, or bare up to a blank, a quote or the `)` of a `$(...)` around the command
 _FLAG_SECRET = r"""(?P<val>'[^'\n]*+'|"[^"\n]*+"|[^\s'"`)]++)"""  # noqa: S105 - a pattern
@@ -50,22 +51,47 @@ _CLIENT_FLAGS: list[tuple[re.Pattern[str], re.Pattern[str], int]] = [  # (client
     (_client("mongosh|mongo"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
     (_client("redis-cli"), re.compile(rf"(?<=\s)(?P<pre>-a[ \t]*+){_FLAG_SECRET}"), 1),
     (_client("zip"), re.compile(rf"(?<=\s)(?P<pre>-P[ \t]++){_FLAG_SECRET}"), 1),
+    (_client("sqlcmd|bcp"), re.compile(rf"(?<=\s)(?P<pre>-P[ \t]*+){_FLAG_SECRET}"), 1),
+    (_client(r"ldap\w++"), re.compile(rf"(?<=\s)(?P<pre>-w[ \t]++){_FLAG_SECRET}"), 1),
+    (  # a cookie given on curl's or wget's command line (a value with `=`; a bare word is a file)
+        _client("curl|wget"),
+        re.compile(
+            r"""(?P<pre>(?<=\s)(?:-b|--cookie)[ \t]++)"""
+            r"""(?P<val>"[^"\n=]*+=[^"\n]*+"|'[^'\n=]*+=[^'\n]*+'|[^\s'"=]*+=[^\s'"`)]*+)"""
+        ),
+        0,
+    ),
     (_client("7z|7za|7zz"), re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"), 1),
     (_client("login"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
 ]
-CLIENT_NAMES = ("mysql", "mariadb", "sshpass", "mongo", "redis-cli", "zip", "7z", "login")
+CLIENT_NAMES = (
+    "mysql",
+    "mariadb",
+    "sshpass",
+    "mongo",
+    "redis-cli",
+    "zip",
+    "7z",
+    "sqlcmd",
+    "bcp",
+    "ldap",
+    "curl",
+    "wget",
+    "login",
+)
 OPENSSL_PASS = re.compile(rf"(?P<pre>(?<![\w-])-pass(?:in|out)?[ \t]++pass:){_FLAG_SECRET}")
-# other commands that name their secret: SQL's `IDENTIFIED BY '...'` and `PASSWORD '...'`, `aws
-# configure set aws_secret_access_key ...`, a `.netrc` line, curl's `-b 'session=...'`
-SQL_PASSWORD = re.compile(r"(?P<pre>\b(?:identified[ \t]++by|password)[ \t]++)(?P<val>'(?:[^'\n]|'')*+')", re.I)
+# other commands that name their secret: SQL's `IDENTIFIED BY '...'` and `[WITH|LOGIN|ENCRYPTED|
+# USER name] PASSWORD '...'`, `aws configure set aws_secret_access_key ...`, a `.netrc` line
+SQL_PASSWORD = re.compile(
+    r"(?P<pre>\b(?:identified[ \t]++by|(?:(?:with|login|encrypted|unencrypted)[ \t]++|user[ \t]++\S++[ \t]++)password)"
+    r"[ \t]++)(?P<val>'(?:[^'\n]|'')*+')",
+    re.I,
+)
 AWS_SET = re.compile(
     r"(?P<pre>\bconfigure[ \t]++set[ \t]++(?:[\w-]++\.)?(?:aws_secret_access_key|aws_session_token)[ \t]++)"
     + _FLAG_SECRET
 )
 NETRC = re.compile(rf"(?P<pre>\bmachine[ \t]++\S++[ \t]++login[ \t]++\S++[ \t]++password[ \t]++){_FLAG_SECRET}")
-CURL_COOKIE = re.compile(
-    r"""(?P<pre>(?<=\s)(?:-b|--cookie)[ \t]++)(?P<val>"[^"\n=]*+=[^"\n]*+"|'[^'\n=]*+=[^'\n]*+'|[^\s'"=]*+=\S*+)"""
-)
 
 
 def mask_client_flags(text: str) -> str:
@@ -73,6 +99,8 @@ def mask_client_flags(text: str) -> str:
 
     def one(command: re.Match[str]) -> str:
         part = command.group(0)
+        if not has(part, CLIENT_NAMES):  # most commands: no client named (a one-letter one, `a;a;a...`)
+            return part
         for client, flag, count in _CLIENT_FLAGS:
             named = _client_in(client, part)
             if named >= 0:

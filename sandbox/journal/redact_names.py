@@ -13,26 +13,32 @@ MASK = "***"
 # MONKEY, KEYBOARD or PWD. A segment is matched whole and case-insensitively, as the patterns
 # are (`ſ`, `ı`, the Kelvin sign).
 _SECRET_SEGMENT = re.compile(
-    r"keys?|apikey|tokens?|secrets?|passwd|pass|passphrase|credentials?|auth|authorization|cookies?"
-    r"|[a-z0-9]{0,16}passwords?",
+    r"keys?|apikey|passwd|pass|passphrase|passcode|auth|authorization"
+    # a secret word with a short prefix glued on: PGPASSWORD, APITOKEN, accesstoken, JWTSECRET
+    r"|[a-z0-9]{0,16}(?:passwords?|tokens?|secrets?|credentials?|cookies?)"
+    # joined names whose last word alone would say nothing (PGPASS, secretaccesskey)
+    r"|(?:pg|db|user|admin|root|smtp|mail|ftp|redis|mysql|ldap|ssh)pass"
+    r"|(?:access|secret|private|api|app|client|master|signing|encryption|license|secretaccess)key",
     re.I,
 )
 # a value that only refers to a secret kept elsewhere: `$VAR`, `${VAR}`, `$(cmd)`, a backquoted
 # command, a template's `${{ secrets.X }}` or `{{ .Values.password }}`; never one with a literal
 # in it (`${PW:-hunter2}`, `{{ pw | default('hunter2') }}`: no quotes in a template)
-_TEMPLATE = r"""\{\{[^}'"\n]*+\}\}"""
+# (each read at most so far: a run of unclosed ones is read in linear time)
+_TEMPLATE = r"""\{\{[^}'"\n]{0,256}+\}\}"""
 REFERENCE = re.compile(
-    rf"\$(?:[A-Za-z_][A-Za-z0-9_]*+|{_TEMPLATE}|\{{[A-Za-z_][A-Za-z0-9_]*+\}}|\([^)\n]*+\))|`[^`\n]*+`|{_TEMPLATE}"
+    rf"\$(?:[A-Za-z_][A-Za-z0-9_]*+|{_TEMPLATE}|\{{[A-Za-z_][A-Za-z0-9_]*+\}}|\([^)\n]{{0,1024}}+\))"
+    rf"|`[^`\n]{{0,1024}}+`|{_TEMPLATE}"
 )
 
 # case-folded texts one of which a (case-insensitive) name match contains; none holds an `i`,
 # which re.IGNORECASE also matches with a dotless `ı` that case folding keeps apart
-NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth", "cook")
+NAME_NEEDLES = ("key", "token", "secret", "pass", "credent", "auth", "cook", "pwd")
 
 
-# A name's segments: split at `_`, `-` and where a lower-case letter or digit meets a capital
-# (accessToken, clientSecret, dbPassword: JavaScript and JSON spell names so)
-_SEGMENT_SPLIT = re.compile(r"[_-]|(?<=[a-z0-9])(?=[A-Z])")
+# A name's segments: split at `_`, `-`, `.`, `/` (spring.datasource.password, /prod/db/password)
+# and where a lower-case letter or digit meets a capital (accessToken, clientSecret: JavaScript)
+_SEGMENT_SPLIT = re.compile(r"[_./-]|(?<=[a-z0-9])(?=[A-Z])")
 # Names that hold a secret word but whose value is not a secret: where the secret is kept
 # (TOKEN_FILE, --password-file), how big or how long it is (max_tokens, TOKEN_TTL), where it is
 # sent (AUTH_URL), what it is called (SECRET_NAME: a Kubernetes secret's name), `pass-through`.
@@ -61,7 +67,8 @@ def secret_name(name: str) -> bool:
     parts = segments(name)
     if names_no_secret(parts):
         return False
-    return any(_SECRET_SEGMENT.fullmatch(part) for part in parts)
+    # MYSQL_PWD, DB_PWD: `pwd` after a prefix (alone it is the working directory)
+    return any(_SECRET_SEGMENT.fullmatch(part) for part in parts) or (len(parts) > 1 and parts[-1] == "pwd")
 
 
 def names_no_secret(parts: list[str]) -> bool:
