@@ -323,6 +323,7 @@ SECRETS = [
     ("ssm pair with members between", '{"Name": "DB_PASSWORD", "Type": "SecureString", "Value": "SsmPw9x"}', "SsmPw9x"),
     ("pair with a comment between", "- name: API_TOKEN\n  # from the vault\n  value: CmtPw9x", "CmtPw9x"),
     ("maven settings", "settings: <server><password>MvnPw9x</password></server>", "MvnPw9x"),
+    ("an element opening with a quote", 'settings: <password>"hunter2</password>', "2<"),
     ("setenv call", 'os.Setenv("API_KEY", "CallPw9x")', "CallPw9x"),
     ("environ default", 'os.environ.get("DB_PASSWORD", "GetDef9x")', "GetDef9x"),
     ("setter", 'then ds.setPassword("SetPw9x")', "SetPw9x"),

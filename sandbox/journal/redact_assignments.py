@@ -56,8 +56,8 @@ def mask_named_literals(text: str) -> str:
             return m.group(0)
         start, end = m.start("val") - m.start(), m.end("val") - m.start()
         whole = m.group(0)
-        if whole[start] in "\"'":
-            start, end = start + 1, end - 1
+        if end - start >= 2 and whole[start] in "\"'" and whole[end - 1] == whole[start]:
+            start, end = start + 1, end - 1  # a quoted value's quotes stay
         scheme = _SCHEME.match(whole, start, end) if name.casefold().endswith("authorization") else None
         start = scheme.end() if scheme is not None else start
         return whole[:start] + MASK + whole[end:] if end > start else whole
