@@ -75,9 +75,8 @@ _QUOTED = {
 }
 _STRING_PREFIX = re.compile(r"""[bBrRuUfF]{1,2}+(?=["'])""")
 _BARE_RUN = re.compile(r"""[^\s;&|'"`<>()]*+""")
-_UNCLOSED = re.compile(r"""[^\s'"]*+""")
+_UNQUOTED_RUN = re.compile(r"""[^\s'"]*+""")  # an unclosed quote's value, a scheme's token
 _BLANK_IN = re.compile(r"[ \t]")
-_TOKEN = re.compile(r"""[^\s'"]*+""")
 # HTTP authorization schemes: `Authorization: Bearer ***` keeps its scheme (a token after it)
 _SCHEME = re.compile(r"(?:bearer|basic|token|digest|negotiate|ntlm)[ \t]++(?=\S)", re.I)
 
@@ -130,7 +129,7 @@ def _value(
     if opening in _QUOTED:
         value = _QUOTED[opening].match(text, pos)
         if value is None:  # not closed on its line (`"S\`): masked to the line's end, or a blank
-            end = _line_value_end(text, pos + 1) if keyed else _UNCLOSED.match(text, pos + 1).end()  # type: ignore[union-attr]
+            end = _line_value_end(text, pos + 1) if keyed else _UNQUOTED_RUN.match(text, pos + 1).end()  # type: ignore[union-attr]
             return (pos + 1, end, MASK) if end > pos + 1 else None
         inner, left, right = value.group("quoted"), value.start("quoted"), value.end("quoted")
         if not inner or REFERENCE.fullmatch(inner):
@@ -162,7 +161,7 @@ def _value(
         return None
     scheme = _SCHEME.match(text, pos) if authorization else None
     if scheme is not None:  # `Authorization: Bearer ***`: the scheme stays, its token goes
-        token = _TOKEN.match(text, scheme.end())
+        token = _UNQUOTED_RUN.match(text, scheme.end())
         if token is None or token.end() == scheme.end() or REFERENCE.fullmatch(token.group(0)):
             return None  # `Bearer $T`: a reference
         return scheme.end(), token.end(), MASK
