@@ -393,6 +393,7 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         "deploy --token $DEPLOY_TOKEN && TOKEN=$(cat /t) && PASSWORD=${DB_PW} ./run",
         "x = self.token\nPWD=/home/x OLDPWD=/tmp",
         "jq '{key: .metadata.name, token: .spec.x}' pod.json",
+        'os.Setenv("API_KEY", "$API_KEY") && <password>${{ secrets.PW }}</password>',
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:

@@ -58,6 +58,8 @@ def mask_named_literals(text: str) -> str:
         whole = m.group(0)
         if end - start >= 2 and whole[start] in "\"'" and whole[end - 1] == whole[start]:
             start, end = start + 1, end - 1  # a quoted value's quotes stay
+        if REFERENCE.fullmatch(whole, start, end):  # `setenv("API_KEY", "$KEY")`: a reference stays
+            return whole
         scheme = _SCHEME.match(whole, start, end) if name.casefold().endswith("authorization") else None
         start = scheme.end() if scheme is not None else start
         return whole[:start] + MASK + whole[end:] if end > start else whole

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import psycopg
 
 CONNECT_TIMEOUT_S = 5
+# the server's clock (epoch seconds): the one every replica's prune cutoffs are taken on
+DATABASE_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
 
 
 def psycopg_module() -> Any:

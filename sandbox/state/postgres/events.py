@@ -32,6 +32,7 @@ import anyio
 from sandbox.journal.fair_share import fair_cuts
 from sandbox.journal.prune_steps import in_batches_async
 from sandbox.journal.queries import Event, EventPage, check_limit, event_of, make_cursor, parse_cursor
+from sandbox.state.postgres.connect import DATABASE_NOW
 from sandbox.state.protocol import SharedPrune
 
 COLUMNS = "id, ts, trace_id, call_id, session, tenant, agent, tool, stage, duration_ms, data"
@@ -151,7 +152,7 @@ async def size(conn: Any) -> tuple[int, int]:
 
 async def database_now(conn: Any) -> float:
     """The server's clock (epoch seconds): the one every replica's cutoffs are taken on."""
-    cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+    cur = await conn.execute(DATABASE_NOW)
     row = await cur.fetchone()
     return float(row[0])
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from sandbox.config.state import StateUrl
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, KEEPALIVES, psycopg_module, unreachable
+from sandbox.state.postgres.connect import CONNECT_TIMEOUT_S, DATABASE_NOW, KEEPALIVES, psycopg_module, unreachable
 
 LINEAGE = (
     "key, tenant, agent, parent, depth, name, task, tools, parent_view, parent_source, created_by_call, "
@@ -74,7 +74,7 @@ class PgRegistry:
     def database_now(self) -> float:
         """The server's clock (epoch seconds)."""
         with self._conn() as conn:
-            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+            row = conn.execute(DATABASE_NOW).fetchone()
         return float(row[0])
 
     def rows(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
