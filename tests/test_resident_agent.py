@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -299,6 +300,27 @@ def test_the_session_tmpdir_is_made_700_and_never_its_parent(agent: LocalAgent, 
     assert not private.exists()
     agent.run(2, ["true"], env={"SBX_TMPDIR": str(tmp_path / "tmp")})
     assert (tmp_path / "tmp").stat().st_mode & 0o777 == 0o700
+
+
+def test_the_pid_files_folder_is_made_with_its_mode_and_never_through_a_link(agent: LocalAgent, tmp_path: Path) -> None:
+    """A command's first run makes its pid file's folder (1777 shared, 700 a session's own) in the
+    agent, not in a mkdir process of the wrapper: only the last folder, only with one of those two
+    modes, and never through a link planted where the folder goes (the link's target keeps its mode)."""
+    agent.run(1, ["true"], pid_file=str(tmp_path / "shared" / "c1.pid"), pid_dir_mode=0o1777)
+    assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o1777
+    agent.run(2, ["true"], pid_file=str(tmp_path / "own" / "c2.pid"), pid_dir_mode=0o700)
+    assert stat.S_IMODE((tmp_path / "own").stat().st_mode) == 0o700
+    agent.run(3, ["true"], pid_file=str(tmp_path / "missing" / "own" / "c3.pid"), pid_dir_mode=0o700)
+    assert not (tmp_path / "missing").exists()
+    for rid, mode in enumerate([0o777, True, "1777", 1023.0, None], start=4):
+        agent.run(rid, ["true"], pid_file=str(tmp_path / f"odd{rid}" / "c.pid"), pid_dir_mode=mode)
+        assert not (tmp_path / f"odd{rid}").exists(), mode
+    target = tmp_path / "target"
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)
+    (tmp_path / "planted").symlink_to(target)
+    agent.run(10, ["true"], pid_file=str(tmp_path / "planted" / "c.pid"), pid_dir_mode=0o1777)
+    assert (tmp_path / "planted").is_symlink() and stat.S_IMODE(target.stat().st_mode) == 0o755
 
 
 # -- file operations beneath a root (what serves a workspace on a volume) ---------------------

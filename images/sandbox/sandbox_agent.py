@@ -193,14 +193,16 @@ class Agent:
             and "\0" not in pid_file
         ):
             raise ValueError("pid_file must be an absolute path ending in .pid")
+        # What the command's wrapper would do first (`mkdir -m MODE`, then its own checks of
+        # owner and links), without a mkdir process: a sandbox's (or a session's) first command
+        # is about a process faster. Its pid file's folder (1777 shared, 700 a session's own)
+        # and the session's TMPDIR (700)
+        pid_dir_mode = request.get("pid_dir_mode")
+        if pid_file is not None and type(pid_dir_mode) is int and pid_dir_mode in (0o700, 0o1777):
+            make_folder(os.path.dirname(pid_file), pid_dir_mode)
         tmpdir = env.get("SBX_TMPDIR")
-        if tmpdir and not os.path.isdir(tmpdir):
-            # what the command's wrapper would do first (mkdir -m 700, then its own checks of
-            # owner and links), without a mkdir process: a session's first command is faster.
-            # Only the last folder: a missing parent (a session's private record folder) is the
-            # wrapper's to make, with its own mode and checks
-            with contextlib.suppress(OSError):
-                os.mkdir(tmpdir, 0o700)
+        if tmpdir:
+            make_folder(tmpdir, 0o700)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -758,6 +760,24 @@ def accepted_by(sock: socket.socket, port: int) -> int | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def make_folder(path: str, mode: int) -> None:
+    """Make the last folder of `path` with `mode` (the umask aside, as `mkdir -m` does), when it
+    is missing. Only the last one: a missing parent (a session's private record folder) is the
+    wrapper's to make, with its own mode and checks. The mode is set only on the folder this call
+    made, never through a link (one planted in its place makes the mkdir fail: nothing changes)."""
+    try:
+        os.mkdir(path, 0o700)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def health() -> int:

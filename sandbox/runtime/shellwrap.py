@@ -196,8 +196,12 @@ def wrapped_argv(command: str, call_id: str, pid_dir: str = PID_DIR) -> list[str
     The caller must start it as a process group leader (docker exec does; on the host use a
     new session).
     """
-    mode = "700" if is_private(pid_dir) else "1777"
-    return ["/bin/sh", "-lc", _WRAP, pid_file(call_id, pid_dir), command, mode]
+    return ["/bin/sh", "-lc", _WRAP, pid_file(call_id, pid_dir), command, f"{pid_dir_mode(pid_dir):o}"]
+
+
+def pid_dir_mode(pid_dir: str) -> int:
+    """The mode a pid file's folder is made with: 700 a caller's own, 1777 the shared one."""
+    return 0o700 if is_private(pid_dir) else 0o1777
 
 
 def pid_file(call_id: str, pid_dir: str = PID_DIR) -> str:

@@ -153,13 +153,15 @@ class AgentLink:
         capture: OutputCapture | None = None,
         tag: str | None = None,
         pid_file: str | None = None,
+        pid_dir_mode: int | None = None,
     ) -> ExecResult:
         """Run argv through the agent, like `exec_stream` does through the engine.
 
         Stopping the wait (timeout, cancellation, output past the capture's maximum) does not
         stop the command: callers that own a call id kill it (`tag`: the call id, so
         :meth:`signal_tagged` can reach the command's process group). `pid_file`: the command's
-        wrapper's, which the agent removes once the command is over and its group empty.
+        wrapper's, which the agent removes once the command is over and its group empty;
+        `pid_dir_mode`: the mode the agent makes its folder with when it is missing.
         """
         capture = capture or OutputCapture()
         start = time.perf_counter()
@@ -174,6 +176,8 @@ class AgentLink:
         }  # fmt: skip
         if pid_file is not None:
             request["pid_file"] = pid_file
+            if pid_dir_mode is not None:
+                request["pid_dir_mode"] = pid_dir_mode
         timed_out = False
         try:
             await self._send(request)

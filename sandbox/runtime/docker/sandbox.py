@@ -82,6 +82,7 @@ class DockerSandbox(shellwrap.InSandbox):
                 on_output=request.on_output,
                 capture=request.capture,
                 pid_file=shellwrap.pid_file(call_id, pid_dir or shellwrap.PID_DIR),
+                pid_dir_mode=shellwrap.pid_dir_mode(pid_dir or shellwrap.PID_DIR),
             )
 
         # the caller gave up, the agent that ran it died, or it outlived its bounds: the work dies
@@ -144,7 +145,10 @@ class DockerSandbox(shellwrap.InSandbox):
     async def _exec_once(self, argv: list[str], **kwargs: Any) -> ExecResult:
         link = await self._backend.agents.link(self._id, self._spec, kwargs.get("user"))
         if link is None:
-            kwargs.pop("pid_file", None)  # docker exec: the file stays (only the agent removes it, at no cost)
+            # docker exec: the file stays (only the agent removes it, at no cost), and the wrapper
+            # makes its folder
+            kwargs.pop("pid_file", None)
+            kwargs.pop("pid_dir_mode", None)
             return await exec_stream(self._backend, self._id, argv, **kwargs)
         kwargs.pop("user", None)  # the link runs as its user
         try:

@@ -104,6 +104,7 @@ class KubernetesSandbox(shellwrap.InSandbox):
                 capture=request.capture,
                 tag=request.call_id,
                 pid_file=shellwrap.pid_file(request.call_id, request.pid_dir or shellwrap.PID_DIR),
+                pid_dir_mode=shellwrap.pid_dir_mode(request.pid_dir or shellwrap.PID_DIR),
             )
 
         return await run_then_stop(
