@@ -335,6 +335,32 @@ SECRETS = [
     ("mysql pwd variable", "MYSQL_PWD=MyPwd9x mysqldump db", "MyPwd9x"),
     ("unclosed quote on its line", 'password: "Uncl9x\\', "Uncl9x"),
     ("triple quotes", 'password = """Trip9x"""', "Trip9x"),
+    (
+        "ssm parameter value",
+        "aws ssm put-parameter --name /prod/db/password --type SecureString --value SsmPw9x",
+        "SsmPw9x",
+    ),
+    ("key vault secret", "az keyvault secret set --vault-name v --name db --value AzPw9x", "AzPw9x"),
+    ("gh secret body", "gh secret set DEPLOY --body GhPw9x --repo o/r", "GhPw9x"),
+    ("gh secret -b", "gh secret set DEPLOY -b'GhB9x'", "GhB9x"),
+    ("gh secret body=", 'gh secret set X --body="Gh Eq9x"', "Eq9x"),
+    ("twine -p", "twine upload -u me -p TwinePw9x dist/*", "TwinePw9x"),
+    ("kubectl literal", "kubectl create secret generic db --from-literal=password=KubePw9x", "KubePw9x"),
+    ("kubectl quoted literal", "kubectl create secret generic db --from-literal 'pw=Kube Q9x'", "Q9x"),
+    ("odbc pwd", 'sqlcmd -Q q "Driver={ODBC Driver 18};Server=db;Uid=sa;Pwd=OdbcPw9x;"', "OdbcPw9x"),
+    ("odbc pwd first", 'conn = "Pwd={Odbc;Br9x};Uid=sa"', "Odbc;Br9x"),
+    ("pypi token", "twine upload --password pypi-AgEIcHlwaS5vcmcCJGE0ZjM2 dist/*", "AgEIcHlwaS5vcmcCJGE0ZjM2"),
+    ("pypi token alone", "TWINE_TOKEN_V pypi-AgEIcHlwaS5vcmcCJGE0ZjM2", "AgEIcHlwaS5vcmcCJGE0ZjM2"),
+    ("npm token", "echo npm_abcdefghijABCDEFGHIJ0123456789abcdef", "abcdefghijABCDEFGHIJ"),
+    ("hugging face token", "echo hf_abcdefghijABCDEFGHIJ0123456789abcd", "abcdefghijABCDEFGHIJ"),
+    (
+        "sendgrid key",
+        "echo SG.abcdefghijABCDEFGHIJ01.abcdefghijABCDEFGHIJ0123456789abcdefghijABC",
+        "abcdefghijABCDEFGHIJ01",
+    ),
+    ("digitalocean token", "echo dop_v1_" + "a1" * 32, "a1a1a1a1a1"),
+    ("json list under a key", '{"api_keys": [\n  "KeyOne9x",\n  "KeyTwo9x"\n]}', "KeyTwo9x"),
+    ("python list under a name", 'API_TOKENS = [\n    "TokOne9x",\n    "TokTwo9x",\n]\nn = 1', "TokOne9x"),
 ]
 
 
@@ -394,6 +420,11 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         "x = self.token\nPWD=/home/x OLDPWD=/tmp",
         "jq '{key: .metadata.name, token: .spec.x}' pod.json",
         'os.Setenv("API_KEY", "$API_KEY") && <password>${{ secrets.PW }}</password>',
+        "cd /x; PWD=/tmp ls && export PWD=/home/x; ls && x;Pwd=$PW;y=1",
+        "aws ssm get-parameter --name /prod/db/password --with-decryption && gh secret list",
+        "gh secret set DEPLOY --body $DEPLOY_TOKEN && kubectl create secret generic x --from-file=./pw",
+        "twine upload -p $TWINE_PASSWORD dist/* && git log -p HEAD && hf_hub_download(repo, file)",
+        'tokens: [\n  process.env.A,\n  true,\n  "$T"\n]\nkeys: [\n]',
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:
@@ -459,6 +490,17 @@ def test_secrets_under_a_secret_key_and_in_name_value_pairs_are_masked() -> None
         "auth": {"user": "***", "pass": "***"},
         "env": [{"name": "DB_PASSWORD", "value": "***"}, {"name": "HOME", "value": "/h"}],
     }
+
+
+def test_a_list_under_a_secrets_name_masks_each_element_line() -> None:
+    """Elements one a line are masked each, their quotes and commas kept; the list ends at its
+    closing line or at the first line that is not one element, and what follows is read as ever."""
+    text = '{"api_keys": [\n  "KeyOne9x",\n  12345,\n  "${{ secrets.K }}"\n],\n "user": "bob", "token": "T9x"}'
+    assert redact_text(text) == (
+        '{"api_keys": [\n  "***",\n  ***,\n  "${{ secrets.K }}"\n],\n "user": "bob", "token": "***"}'
+    )
+    nested = 'password: [\n  [ "a" ],\n]'
+    assert '[ "a" ]' in redact_text(nested)
 
 
 def test_deep_nesting_is_cut_not_a_crash() -> None:

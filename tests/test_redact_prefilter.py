@@ -125,6 +125,22 @@ FRAGMENTS = [
     "Basic ",
     "curl",
     '"""',
+    "put-parameter",
+    " --value ",
+    "secret set ",
+    " --body=",
+    "create secret ",
+    "--from-literal=",
+    "twine",
+    ";Pwd=",
+    "pwd=",
+    "[\n",
+    ",\n",
+    "pypi-AgE",
+    "npm_",
+    "hf_",
+    "SG.",
+    "dop_v1_",
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -214,6 +230,13 @@ HOSTILE = {
     "unclosed quotes under keys": 'password: "a\\\n' * 74_898,
     "cookies after a client": "curl" + " -b a=" * 174_762,
     "one-letter commands after a client": "mysql " + "a;" * 524_285,
+    "lists opened under keys": '"password": [\n' * 87_381,
+    "unclosed lists of elements": 'password: [\n "a",\n' * 58_254,
+    "lists of elements under every key": 'password: [\n"a",\npassword: [\n' * 34_952,
+    "odbc passwords": ";pwd=" * 209_715,
+    "odbc passwords before keys": "pwd=a;b=" * 131_072,
+    "secret-set values": "gh secret set -b " * 61_680,
+    "literals of a secret": "create secret --from-literal='a=" * 32_768,
 }
 LIVENESS = """
 import sys

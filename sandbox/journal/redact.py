@@ -16,11 +16,13 @@ from sandbox.journal.redact_flags import (
     CLIENT_NAMES,
     FLAG_VALUE,
     NETRC,
+    ODBC_PWD,
     OPENSSL_PASS,
     SQL_PASSWORD,
     USER_PASSWORD,
     mask_client_flags,
     masked_flag,
+    masked_odbc_password,
     masked_secret_flag,
 )
 from sandbox.journal.redact_names import MASK, NAME_NEEDLES, has, secret_key, secret_name
@@ -66,6 +68,11 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     (("hvs.", "hvb."), re.compile(r"\bhv[sb]\.[A-Za-z0-9_-]{20,}")),  # HashiCorp Vault
     # JWT: a header of at most 512 characters (`eyJ-eyJ-...` read to its end from every `eyJ`
     # was quadratic)
+    (("pypi-AgE",), re.compile(r"\bpypi-AgE[A-Za-z0-9_-]{16,}")),  # PyPI API token
+    (("npm_",), re.compile(r"\bnpm_[A-Za-z0-9]{36}\b")),  # npm access token
+    (("hf_",), re.compile(r"\bhf_[A-Za-z0-9]{34,}")),  # Hugging Face
+    (("SG.",), re.compile(r"\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}")),  # SendGrid
+    (("_v1_",), re.compile(r"\bdo[por]_v1_[a-f0-9]{64}")),  # DigitalOcean
     (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,512}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]{8,}")),
 ]
 
@@ -121,6 +128,7 @@ _STEPS: list[tuple[Guard, Step]] = [
     (lambda _, folded: "dent" in folded or "pass" in folded, lambda text: SQL_PASSWORD.sub(masked_flag, text)),
     (lambda text, _: "configure" in text, lambda text: AWS_SET.sub(masked_flag, text)),
     (lambda text, _: "machine" in text, lambda text: NETRC.sub(masked_flag, text)),
+    (lambda _, folded: "pwd" in folded, lambda text: ODBC_PWD.sub(masked_odbc_password, text)),
     # "cook": re.IGNORECASE matches `ı` and `İ` with `i`, which case folding keeps apart
     (lambda _, folded: "cook" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (

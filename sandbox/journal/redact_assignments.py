@@ -125,6 +125,8 @@ def _value(
     if prefix is not None:
         pos = prefix.end()
     opening = text[pos : pos + 1]
+    if opening == "[" and _OPENED.match(text, pos + 1) is not None:
+        return _list_below(text, pos + 1)  # `"api_keys": [` then one element a line (or none: `[`)
     if text.startswith(('"""', "'''"), pos):  # a triple-quoted string, read up to 64 KiB
         close = text.find(text[pos : pos + 3], pos + 3, pos + 65_536)
         return None if close <= pos + 3 else (pos + 3, close, MASK)
@@ -168,6 +170,42 @@ def _value(
             return None  # `Bearer $T`: a reference
         return scheme.end(), token.end(), MASK
     return pos, end, MASK
+
+
+# a list opened at its line's end, then one element a line: a quoted string or a bare word
+_OPENED = re.compile(r"[ \t]*+\r?\n")
+_ELEMENT_LINE = re.compile(
+    r"""[ \t]*+(?P<el>"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+'|[^\s,\[\]{}"'#]++)[ \t]*+,?[ \t]*+(?:\r?\n|\Z)"""
+)
+# a bare element that is code or a constant (`process.env.KEY`, `true`), not a secret
+_IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*+(?:\.[A-Za-z_$][\w$]*+)*+")
+
+
+def _list_below(text: str, pos: int) -> tuple[int, int, str] | None:
+    """The elements of a list under a secret's name (`"api_keys": [` or `API_KEYS = [` at a line's
+    end), one a line, each masked (its quotes and commas stay; a bare identifier or constant
+    stays): up to the line that closes the list or the first that is not one element (a nested
+    list or mapping). None when no element line follows."""
+    head = _OPENED.match(text, pos)
+    if head is None:
+        return None
+    out: list[str] = []
+    first = done = -1
+    line = head.end()
+    while line < len(text) and (element := _ELEMENT_LINE.match(text, line)) is not None:
+        start, end = element.span("el")
+        first = start if first < 0 else first
+        out.append(text[done:start] if done >= 0 else "")
+        inner = (start + 1, end - 1) if text[start] in "\"'" else (start, end)
+        keep = (
+            inner[0] >= inner[1]
+            or REFERENCE.fullmatch(text, *inner) is not None
+            or (text[start] not in "\"'" and _IDENTIFIER.fullmatch(text, start, end) is not None)
+        )
+        out.append(text[start:end] if keep else text[start : inner[0]] + MASK + text[inner[1] : end])
+        done = end
+        line = element.end()
+    return (first, done, "".join(out)) if first >= 0 else None
 
 
 def _line_value_end(text: str, pos: int) -> int:

@@ -63,6 +63,22 @@ _CLIENT_FLAGS: list[tuple[re.Pattern[str], re.Pattern[str], int]] = [  # (client
     ),
     (_client("7z|7za|7zz"), re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"), 1),
     (_client("login"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
+    (_client("twine"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
+    (  # commands that store the secret given to a flag of an ordinary name: `aws ssm put-parameter
+        # --value S`, `az keyvault secret set --value S`, `gh secret set NAME --body S` (`-b S`)
+        _client(r"put-parameter|secret[ \t]++set"),
+        re.compile(rf"(?<=\s)(?P<pre>(?:--value|--body)(?:[ \t]++|=)|-b[ \t]*+){_FLAG_SECRET}"),
+        1,
+    ),
+    (  # `kubectl create secret generic NAME --from-literal=user=app --from-literal=password=S`:
+        # each literal's value (its key stays)
+        _client(r"create[ \t]++secret"),
+        re.compile(
+            r"""(?<=\s)(?P<pre>--from-literal(?:[ \t]++|=)(?P<q>['"])?+[^\s='"]++=)"""
+            r"""(?P<val>(?(q)[^'"\n]*+|[^\s'"`)]++))"""
+        ),
+        0,
+    ),
 ]
 CLIENT_NAMES = (
     "mysql",
@@ -78,6 +94,9 @@ CLIENT_NAMES = (
     "curl",
     "wget",
     "login",
+    "twine",
+    "put-parameter",
+    "secret",
 )
 OPENSSL_PASS = re.compile(rf"(?P<pre>(?<![\w-])-pass(?:in|out)?[ \t]++pass:){_FLAG_SECRET}")
 # other commands that name their secret: SQL's `IDENTIFIED BY '...'` and `[WITH|LOGIN|ENCRYPTED|
@@ -91,6 +110,10 @@ AWS_SET = re.compile(
     r"(?P<pre>\bconfigure[ \t]++set[ \t]++(?:[\w-]++\.)?(?:aws_secret_access_key|aws_session_token)[ \t]++)"
     + _FLAG_SECRET
 )
+# ODBC's `Pwd=` in a connection string (`Driver={...};Server=db;Uid=sa;Pwd=S;`): after a `;`, or
+# before one that another key follows; `PWD` alone is the working directory (`PWD=/x; ls`)
+ODBC_PWD = re.compile(r"""(?P<pre>(?<![\w$.-])pwd[ \t]*+=[ \t]*+)(?P<val>\{[^}\n]{0,1024}+\}|[^;'"\s{}]++)""", re.I)
+_NEXT_KEY = re.compile(r";[ \t]*+[A-Za-z][A-Za-z ]{0,31}+=")
 NETRC = re.compile(rf"(?P<pre>\bmachine[ \t]++\S++[ \t]++login[ \t]++\S++[ \t]++password[ \t]++){_FLAG_SECRET}")
 
 
@@ -133,3 +156,12 @@ def masked_secret_flag(m: re.Match[str]) -> str:
     if names_no_secret(segments(m.group("pre").strip(" \t-"))):
         return m.group(0)
     return masked_flag(m)
+
+
+def masked_odbc_password(m: re.Match[str]) -> str:
+    """ODBC_PWD's value masked where it is a connection string's (see ODBC_PWD), unless it is a
+    path (`cd; PWD=/tmp ls`)."""
+    if m.group("val")[0] in "/~.":
+        return m.group(0)
+    after_separator = m.string[max(0, m.start() - 2) : m.start()].rstrip(" \t").endswith(";")
+    return masked_flag(m) if after_separator or _NEXT_KEY.match(m.string, m.end()) else m.group(0)
