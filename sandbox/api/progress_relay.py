@@ -31,7 +31,7 @@ GATHER_S = 0.05  # how long events gather before they go out together
 # masking runs chunk by chunk, and a secret split over two chunks would go out in two halves (an
 # OAuth provider's JWT is often 1-2 KiB; at most CARRIED_CALLS words are held, 8 MiB)
 CARRY_MAX = 2048
-CARRIED_CALLS = 4096  # calls with a held word at most (a call that never finishes is forgotten)
+CARRIED_CALLS = 4096  # calls with a held word at most (past it, the oldest held word goes out)
 BACKLOG = 10_000  # events waiting while the store is away; older ones are dropped past it
 MAX_TEXT = 2000  # a relayed event's strings (an output chunk) are cut to this
 
@@ -45,7 +45,8 @@ class ProgressRelay:
         self.origin = secrets.token_hex(8)  # this process: its own events come back and are skipped
         self._waiting: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
         self._ready = anyio.Event()
-        self._carry: dict[str, str] = {}  # call id -> the word its last output chunk ended in
+        # call id -> an output event of the word its last output chunk ended in
+        self._carry: dict[str, ProgressEvent] = {}
 
     def _local(self, event: ProgressEvent) -> None:
         if event.origin:  # a relayed event is never sent on
@@ -57,20 +58,24 @@ class ProgressRelay:
     def _at_word_ends(self, event: ProgressEvent) -> list[ProgressEvent]:
         """Output chunks joined so that each ends between two words: a secret split over two
         chunks is masked whole. The held word goes out with the next chunk, or before the
-        call's `finished`; heartbeats leave it held."""
+        call's `finished`; heartbeats leave it held. Past CARRIED_CALLS calls holding a word (calls
+        that never finish, or a flood of them), the oldest held word goes out as it is: the held
+        words stay bounded (CARRIED_CALLS x CARRY_MAX) and none is lost."""
         chunk = event.detail.get("chunk") if event.kind == "output" else None
         if not isinstance(chunk, str):
-            held = self._carry.pop(event.call_id, "") if event.kind == "finished" else ""
-            return [replace(event, kind="output", detail={"chunk": held}), event] if held else [event]
-        text = self._carry.pop(event.call_id, "") + chunk
+            held = self._carry.pop(event.call_id, None) if event.kind == "finished" else None
+            return [held, event] if held is not None else [event]
+        before = self._carry.pop(event.call_id, None)
+        text = (str(before.detail["chunk"]) if before is not None else "") + chunk
         end = max(text.rfind(space) for space in " \n\r\t") + 1
         if len(text) - end > CARRY_MAX:  # one word too long to hold: it goes as it is
             end = len(text)
+        out = [replace(event, detail={**event.detail, "chunk": text[:end]})] if end else []
         if end < len(text):
-            self._carry[event.call_id] = text[end:]
+            self._carry[event.call_id] = replace(event, detail={"chunk": text[end:]})
             while len(self._carry) > CARRIED_CALLS:
-                self._carry.pop(next(iter(self._carry)))
-        return [replace(event, detail={**event.detail, "chunk": text[:end]})] if end else []
+                out.insert(0, self._carry.pop(next(iter(self._carry))))
+        return out
 
     def _remote(self, payload: str) -> None:
         if not payload:  # the listener connected again: nothing to replay (progress is for watching)
