@@ -4,6 +4,7 @@ behind (a tenant writing a million distinct paths must not leave a million lock 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import multiprocessing
 import os
 from pathlib import Path
@@ -158,3 +159,37 @@ def test_sweep_removes_the_lock_files_nobody_holds(tmp_path: Path) -> None:
         os.close(held)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.lock", "not-a-lock"]
     assert locks.sweep(tmp_path / "missing") == 0
+
+
+def test_a_link_planted_at_a_lock_files_path_is_never_followed(tmp_path: Path) -> None:
+    """A symlink where a lock file goes (to a file of someone else's, or to nothing yet): taking
+    the lock fails closed, the file behind the link is neither written, truncated, locked nor
+    created, and the sweep leaves it alone."""
+    locks_at = tmp_path / "locks"
+    locks_at.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    victim.chmod(0o644)
+    name = hashlib.sha256(b"/ws/a").hexdigest()[:24]
+    (locks_at / f"{name}.lock").symlink_to(victim)
+    missing = tmp_path / "made-through-a-link"
+    other = hashlib.sha256(b"/ws/b").hexdigest()[:24]
+    (locks_at / f"{other}.lock").symlink_to(missing)
+
+    async def take(key: str) -> None:
+        async with file_lock(locks_at, key, timeout_s=1):
+            pytest.fail("locked through a link")
+
+    for key in ("/ws/a", "/ws/b"):
+        with pytest.raises(OSError):
+            anyio.run(take, key)
+    assert victim.read_text() == "precious" and victim.stat().st_mode & 0o777 == 0o644
+    assert not missing.exists()
+    held = os.open(victim, os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody left it locked
+    finally:
+        os.close(held)
+    assert locks.sweep(locks_at) == 0
+    assert sorted(p.name for p in locks_at.iterdir()) == sorted([f"{name}.lock", f"{other}.lock"])
+    assert locks._local == {}
