@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+import pytest
+
+from sandbox.api import progress_relay
 from sandbox.api.progress_relay import CARRIED_CALLS, CARRY_MAX, ProgressRelay
 from sandbox.engine.progress import ProgressBus, ProgressEvent
 
@@ -71,20 +74,24 @@ def test_a_word_longer_than_the_hold_goes_out_as_it_is() -> None:
     assert len(sent) == 1 and sent[0]["detail"]["chunk"].startswith("x" * 1_900)  # sent now (cut as relayed text is)
 
 
-def test_a_flood_of_calls_holding_words_stays_bounded_and_loses_no_word() -> None:
-    """Twice CARRIED_CALLS calls each end a chunk inside a word of CARRY_MAX characters and never
-    finish (a tenant's flood): at most CARRIED_CALLS words are held, and each evicted one goes out
-    as it is, before the chunk that evicted it."""
+def test_a_flood_of_calls_holding_words_stays_bounded_and_loses_no_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twice the bound of calls each end a chunk inside a word of CARRY_MAX characters and never
+    finish (a tenant's flood): at most the bound's words are held, and each evicted one goes out
+    as it is, before the chunk that evicted it. (The bound is made 256 here, for the quick loop's
+    sake; the real one holds at most 8 MiB.)"""
+    assert CARRIED_CALLS * CARRY_MAX <= 8 * 2**20
+    monkeypatch.setattr(progress_relay, "CARRIED_CALLS", 256)
+    bound = progress_relay.CARRIED_CALLS
     relay = ProgressRelay(ProgressBus(), cast(Any, None))
-    calls = 2 * CARRIED_CALLS
+    calls = 2 * bound
     for n in range(calls):
         relay._local(event("output", f"head {n:05d}" + "w" * (CARRY_MAX - 5), call=f"c{n}"))
     held = relay._carry
-    assert len(held) == CARRIED_CALLS
-    assert sum(len(str(e.detail["chunk"])) for e in held.values()) <= CARRIED_CALLS * CARRY_MAX
-    assert set(held) == {f"c{n}" for n in range(CARRIED_CALLS, calls)}  # the newest are held
+    assert len(held) == bound
+    assert sum(len(str(e.detail["chunk"])) for e in held.values()) <= bound * CARRY_MAX
+    assert set(held) == {f"c{n}" for n in range(bound, calls)}  # the newest are held
     sent = list(relay._waiting)
     words = [item for item in sent if item["detail"]["chunk"].startswith(("0", "1", "2", "3", "4", "5", "6", "7", "8"))]
-    assert [item["call_id"] for item in words] == [f"c{n}" for n in range(CARRIED_CALLS)]  # none lost, in order
+    assert [item["call_id"] for item in words] == [f"c{n}" for n in range(bound)]  # none lost, in order
     first = sent.index(words[0])
-    assert sent[first + 1]["call_id"] == f"c{CARRIED_CALLS}" and sent[first + 1]["detail"]["chunk"] == "head "
+    assert sent[first + 1]["call_id"] == f"c{bound}" and sent[first + 1]["detail"]["chunk"] == "head "
