@@ -360,6 +360,8 @@ SECRETS = [
     ),
     ("digitalocean token", "echo dop_v1_" + "a1" * 32, "a1a1a1a1a1"),
     ("json list under a key", '{"api_keys": [\n  "KeyOne9x",\n  "KeyTwo9x"\n]}', "KeyTwo9x"),
+    ("helm default", 'password: "{{ .Values.pw | default "HelmPw9x" }}"', "HelmPw9x"),
+    ("helm default escaped", 'apiKey: "{{ .Values.k | default \\"HelmEsc9x\\" }}"', "HelmEsc9x"),
     ("python list under a name", 'API_TOKENS = [\n    "TokOne9x",\n    "TokTwo9x",\n]\nn = 1', "TokOne9x"),
 ]
 

@@ -141,6 +141,8 @@ FRAGMENTS = [
     "hf_",
     "SG.",
     "dop_v1_",
+    '"{{ ',
+    ' }}"',
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -237,6 +239,7 @@ HOSTILE = {
     "odbc passwords before keys": "pwd=a;b=" * 131_072,
     "secret-set values": "gh secret set -b " * 61_680,
     "literals of a secret": "create secret --from-literal='a=" * 32_768,
+    "templates opened in quotes": 'password: "{{ "' * 69_905,
 }
 LIVENESS = """
 import sys

@@ -130,6 +130,8 @@ def _value(
     if text.startswith(('"""', "'''"), pos):  # a triple-quoted string, read up to 64 KiB
         close = text.find(text[pos : pos + 3], pos + 3, pos + 65_536)
         return None if close <= pos + 3 else (pos + 3, close, MASK)
+    if opening == '"' and (template := _quoted_template(text, pos + 1)) is not None:
+        return pos + 1, template, MASK  # `"{{ .Values.pw | default "S" }}"`: quotes inside quotes
     if opening in _QUOTED:
         value = _QUOTED[opening].match(text, pos)
         if value is None:  # not closed on its line (`"S\`): masked to the line's end, or a blank
@@ -206,6 +208,17 @@ def _list_below(text: str, pos: int) -> tuple[int, int, str] | None:
         done = end
         line = element.end()
     return (first, done, "".join(out)) if first >= 0 else None
+
+
+def _quoted_template(text: str, pos: int) -> int | None:
+    """Where a template that holds quotes of its own ends (`{{ .Values.pw | default "S" }}` inside
+    a double-quoted value): after its `}}`, looked for up to 512 characters on its line; None when
+    it is no such template (a reference without quotes inside is one: REFERENCE keeps it)."""
+    if not text.startswith("{{", pos):
+        return None
+    line_end = text.find("\n", pos, pos + 512)
+    close = text.find("}}", pos + 2, line_end if line_end >= 0 else pos + 512)
+    return close + 2 if close >= 0 and '"' in text[pos:close] else None
 
 
 def _line_value_end(text: str, pos: int) -> int:
