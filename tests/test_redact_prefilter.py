@@ -143,6 +143,12 @@ FRAGMENTS = [
     "dop_v1_",
     '"{{ ',
     ' }}"',
+    "  # c\n",
+    "]",
+    "Uid=u;",
+    "-n ns ",
+    "\\\n",
+    "$'",
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
@@ -240,6 +246,11 @@ HOSTILE = {
     "secret-set values": "gh secret set -b " * 61_680,
     "literals of a secret": "create secret --from-literal='a=" * 32_768,
     "templates opened in quotes": 'password: "{{ "' * 69_905,
+    "commented-out lists": "# password = [\n" * 65_536,
+    "lists over blank lines": "password = [\n\n" * 74_898,
+    "headers inside elements": 'API_KEYS = [\n"a", API_KEYS = [\n' * 37_449,
+    "odbc braces near keys": "server=;pwd={" * 80_659,
+    "kubectl literals after flags": 'create -n a secret --from-literal=a="b' * 27_594,
 }
 LIVENESS = """
 import sys

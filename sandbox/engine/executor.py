@@ -89,6 +89,8 @@ async def execute(
             # the caller went away or the service is stopping: the runtime killed what the call
             # started; the journal says so now, so the call is never left open for a live owner
             logger.info("tool_call_cancelled")
+            # watchers learn it ended (and the relay lets go of a word it held for it)
+            call.event("finished", ok=False, cancelled=True)
             if engine.handover is None or not engine.handover.kept(call.task.call_id):
                 call.journal("abandoned", reason=CANCELLED_REASON)  # synchronous: nothing to shield
             raise

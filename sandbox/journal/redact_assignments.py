@@ -126,7 +126,10 @@ def _value(
         pos = prefix.end()
     opening = text[pos : pos + 1]
     if opening == "[" and _OPENED.match(text, pos + 1) is not None:
-        return _list_below(text, pos + 1)  # `"api_keys": [` then one element a line (or none: `[`)
+        # `"api_keys": [` then its elements on the lines below (or none: `[` alone is no secret)
+        return _list_below(text, pos + 1, bare_values=keyed)
+    if keyed and (typed := _ANNOTATION.match(text, pos)) is not None and _OPENED.match(text, typed.end()):
+        return _list_below(text, typed.end(), bare_values=False)  # `API_KEYS: list[str] = [`
     if text.startswith(('"""', "'''"), pos):  # a triple-quoted string, read up to 64 KiB
         close = text.find(text[pos : pos + 3], pos + 3, pos + 65_536)
         return None if close <= pos + 3 else (pos + 3, close, MASK)
@@ -174,40 +177,88 @@ def _value(
     return pos, end, MASK
 
 
-# a list opened at its line's end, then one element a line: a quoted string or a bare word
-_OPENED = re.compile(r"[ \t]*+\r?\n")
-_ELEMENT_LINE = re.compile(
-    r"""[ \t]*+(?P<el>"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+'|[^\s,\[\]{}"'#]++)[ \t]*+,?[ \t]*+(?:\r?\n|\Z)"""
+# a list opened at its line's end (a comment may follow), then its elements: quoted strings
+# (with a string prefix: `b"..."`) or bare words, any number a line, each followed by a comma or
+# by the `]` that closes the list, a line ending in a comment; blank and comment lines between
+_OPENED = re.compile(r"[ \t]*+(?:(?:#|//)[^\n]*+)?\r?\n")
+_ELEMENT = re.compile(
+    r"""(?P<prefix>[bBrRuUfF]{0,2}+)(?P<el>"(?:[^"\\\n]|\\.)*+"|'(?:[^'\\\n]|\\.)*+'|[^\s,\[\]{}()"'#]++)"""
+    r"""[ \t]*+(?P<sep>,|(?=\]))?+[ \t]*+"""
 )
+_LINE_REST = re.compile(r"(?:(?:#|//)[^\n]*+)?(?:\r?\n|\Z)")
+_SKIPPED_LINE = re.compile(r"[ \t]*+(?:(?:#|//)[^\n]*+)?\r?\n")
 # a bare element that is code or a constant (`process.env.KEY`, `true`), not a secret
 _IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*+(?:\.[A-Za-z_$][\w$]*+)*+")
+_CONSTANT = frozenset({"true", "false", "null", "none", "yes", "no", "~"})
+# a typed name before the list: `API_KEYS: list[str] = [`, `API_KEYS: Final = [`
+_ANNOTATION = re.compile(r"[\w.\[\], |]{1,64}+=[ \t]*+\[")
 
 
-def _list_below(text: str, pos: int) -> tuple[int, int, str] | None:
-    """The elements of a list under a secret's name (`"api_keys": [` or `API_KEYS = [` at a line's
-    end), one a line, each masked (its quotes and commas stay; a bare identifier or constant
-    stays): up to the line that closes the list or the first that is not one element (a nested
-    list or mapping). None when no element line follows."""
+def _list_below(text: str, pos: int, *, bare_values: bool) -> tuple[int, int, str] | None:
+    """The elements of a list under a secret's name (`"api_keys": [` or `API_TOKENS = [` at a
+    line's end), each masked (quotes, commas and comments stay; a bare identifier stays unless
+    `bare_values`: YAML's flow list, where a bare word is a value, a dotted name still code's;
+    a constant always stays): up
+    to the `]` that closes it, or the first line that is not elements (a nested list or mapping).
+    Each line is read once. None when no element follows."""
     head = _OPENED.match(text, pos)
     if head is None:
         return None
     out: list[str] = []
     first = done = -1
     line = head.end()
-    while line < len(text) and (element := _ELEMENT_LINE.match(text, line)) is not None:
-        start, end = element.span("el")
-        first = start if first < 0 else first
-        out.append(text[done:start] if done >= 0 else "")
-        inner = (start + 1, end - 1) if text[start] in "\"'" else (start, end)
-        keep = (
-            inner[0] >= inner[1]
-            or REFERENCE.fullmatch(text, *inner) is not None
-            or (text[start] not in "\"'" and _IDENTIFIER.fullmatch(text, start, end) is not None)
-        )
-        out.append(text[start:end] if keep else text[start : inner[0]] + MASK + text[inner[1] : end])
-        done = end
-        line = element.end()
+    skips = 0  # blank and comment lines in a row: a few at most (a run of commented-out lists,
+    # each read on to the next element, was read once per list: quadratic)
+    while line < len(text):
+        skipped = _SKIPPED_LINE.match(text, line)
+        if skipped is not None:
+            skips += 1
+            if skips > _MAX_SKIPPED:
+                break
+            line = skipped.end()
+            continue
+        skips = 0
+        at = _INDENT_RUN.match(text, line).end()  # type: ignore[union-attr]
+        found: list[tuple[int, int]] = []
+        closed = False
+        while (element := _ELEMENT.match(text, at)) is not None:
+            found.append(element.span("el"))
+            at = element.end()
+            if text.startswith("]", at):
+                closed = True
+                break
+            if element.group("sep") is None:
+                break
+        rest = _LINE_REST.match(text, at) if not closed else None
+        if not found or (not closed and rest is None):
+            break  # not a line of elements: the list ends above it
+        for start, end in found:
+            first = start if first < 0 else first
+            out.append(text[done:start] if done >= 0 else "")
+            out.append(_masked_element(text, start, end, bare_values=bare_values))
+            done = end
+        if closed or rest is None:
+            break
+        line = rest.end()
     return (first, done, "".join(out)) if first >= 0 else None
+
+
+def _masked_element(text: str, start: int, end: int, *, bare_values: bool) -> str:
+    quoted = text[start] in "\"'"
+    inner = (start + 1, end - 1) if quoted else (start, end)
+    if inner[0] >= inner[1] or REFERENCE.fullmatch(text, *inner) is not None:
+        return text[start:end]
+    word = text[start:end]
+    if not quoted and (
+        word.casefold() in _CONSTANT
+        or (_IDENTIFIER.fullmatch(word) is not None and (not bare_values or "." in word))  # code's
+    ):
+        return word
+    return text[start : inner[0]] + MASK + text[inner[1] : end]
+
+
+_INDENT_RUN = re.compile(r"[ \t]*+")
+_MAX_SKIPPED = 4
 
 
 def _quoted_template(text: str, pos: int) -> int | None:

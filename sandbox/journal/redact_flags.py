@@ -32,7 +32,9 @@ USER_PASSWORD = re.compile(
 # or an option's argument (`find -name mysql -prune`, `--name mysql`).
 _COMMAND = re.compile(r"""(?:'[^'\n]*+'?|"(?:[^"\\\n]|\\.)*+"?|\\\r?\n|\\.|[^;&|\n'"\\]++|\\)++""")
 # a flag's value: quoted, or bare up to a blank, a quote or the `)` of a `$(...)` around the command
-_FLAG_SECRET = r"""(?P<val>'[^'\n]*+'|"[^"\n]*+"|[^\s'"`)]++)"""  # noqa: S105 - a pattern
+# (also escaped inside a quoted `bash -c "..."`, and ANSI-C quoted: `$'...'`)
+_FLAG_VALUE = r"""'[^'\n]*+'|"[^"\n]*+"|\\"(?:[^"\\\n]|\\[^"\n])*+\\"|\$'[^'\n]*+'|[^\s'"`)]++"""
+_FLAG_SECRET = rf"(?P<val>{_FLAG_VALUE})"
 _BLANK = r"(?:[ \t]|\\\r?\n)"
 _OPTION_ARGUMENT = re.compile(r"(?:^|\s)(?:-i?name|-i?path|-wholename|-i?regex|-lname|--name|--hostname)\s++\Z")
 
@@ -63,19 +65,20 @@ _CLIENT_FLAGS: list[tuple[re.Pattern[str], re.Pattern[str], int]] = [  # (client
     ),
     (_client("7z|7za|7zz"), re.compile(rf"(?<=\s)(?P<pre>-p){_FLAG_SECRET}"), 1),
     (_client("login"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
-    (_client("twine"), re.compile(rf"(?<=\s)(?P<pre>-p[ \t]*+){_FLAG_SECRET}"), 1),
+    (_client("twine"), re.compile(rf"(?<=\s)(?P<pre>-p{_BLANK}*+){_FLAG_SECRET}"), 1),
     (  # commands that store the secret given to a flag of an ordinary name: `aws ssm put-parameter
-        # --value S`, `az keyvault secret set --value S`, `gh secret set NAME --body S` (`-b S`)
+        # --value S` (any parameter's: a SecureString's type may be given elsewhere), `az keyvault
+        # secret set --value S`, `gh secret set NAME --body S` (`-b S`)
         _client(r"put-parameter|secret[ \t]++set"),
-        re.compile(rf"(?<=\s)(?P<pre>(?:--value|--body)(?:[ \t]++|=)|-b[ \t]*+){_FLAG_SECRET}"),
+        re.compile(rf"(?<=\s)(?P<pre>(?:--value|--body)(?:{_BLANK}++|=)|-b{_BLANK}*+){_FLAG_SECRET}"),
         1,
     ),
-    (  # `kubectl create secret generic NAME --from-literal=user=app --from-literal=password=S`:
-        # each literal's value (its key stays)
-        _client(r"create[ \t]++secret"),
+    (  # `kubectl create [-n NS] secret generic NAME --from-literal=user=app --from-literal=pw=S`:
+        # each literal's value (its key stays), quoted whole or after its key
+        _client(r"create(?:[ \t]++\S++){0,4}?[ \t]++secret"),
         re.compile(
             r"""(?<=\s)(?P<pre>--from-literal(?:[ \t]++|=)(?P<q>['"])?+[^\s='"]++=)"""
-            r"""(?P<val>(?(q)[^'"\n]*+|[^\s'"`)]++))"""
+            rf"""(?P<val>(?(q)[^'"\n]*+|(?:{_FLAG_VALUE})))"""
         ),
         0,
     ),
@@ -110,10 +113,19 @@ AWS_SET = re.compile(
     r"(?P<pre>\bconfigure[ \t]++set[ \t]++(?:[\w-]++\.)?(?:aws_secret_access_key|aws_session_token)[ \t]++)"
     + _FLAG_SECRET
 )
-# ODBC's `Pwd=` in a connection string (`Driver={...};Server=db;Uid=sa;Pwd=S;`): after a `;`, or
-# before one that another key follows; `PWD` alone is the working directory (`PWD=/x; ls`)
-ODBC_PWD = re.compile(r"""(?P<pre>(?<![\w$.-])pwd[ \t]*+=[ \t]*+)(?P<val>\{[^}\n]{0,1024}+\}|[^;'"\s{}]++)""", re.I)
-_NEXT_KEY = re.compile(r";[ \t]*+[A-Za-z][A-Za-z ]{0,31}+=")
+# ODBC's `Pwd=` in a connection string (`Driver={...};Server=db;Uid=sa;Pwd=S;`, also split over
+# string literals): its value up to a `;`, a quote or the line's end (blanks inside), or braced
+# (`{a;b}}c}`: `}}` is a brace); only with another connection-string key near it (`PWD` alone is
+# the working directory: `cd x; PWD=/x make`)
+ODBC_PWD = re.compile(
+    r"""(?P<pre>(?<![\w$.-])pwd[ \t]*+=[ \t]*+)(?P<val>\{(?:[^}\n]|\}\}){0,128}+\}|[^;'"\n{}]*[^;'"\s{}])""",
+    re.I,
+)
+_ODBC_KEY = re.compile(
+    r"(?<![\w.-])(?:uid|user id|server|driver|database|dsn|data source|initial catalog|trusted_connection)[ \t]*+=",
+    re.I,
+)
+_ODBC_NEAR = 256  # how far from `Pwd=` another key is looked for
 NETRC = re.compile(rf"(?P<pre>\bmachine[ \t]++\S++[ \t]++login[ \t]++\S++[ \t]++password[ \t]++){_FLAG_SECRET}")
 
 
@@ -144,7 +156,7 @@ def _client_in(client: re.Pattern[str], command: str) -> int:
 
 def masked_flag(m: re.Match[str]) -> str:
     """A flag's value masked, unless it only refers to a secret kept elsewhere (`-p"$PW"`)."""
-    value = m.group("val").strip("'\"")
+    value = m.group("val").strip("'\"\\")
     if not value or REFERENCE.fullmatch(value):
         return m.group(0)
     return m.group("pre") + MASK
@@ -159,9 +171,9 @@ def masked_secret_flag(m: re.Match[str]) -> str:
 
 
 def masked_odbc_password(m: re.Match[str]) -> str:
-    """ODBC_PWD's value masked where it is a connection string's (see ODBC_PWD), unless it is a
-    path (`cd; PWD=/tmp ls`)."""
-    if m.group("val")[0] in "/~.":
-        return m.group(0)
-    after_separator = m.string[max(0, m.start() - 2) : m.start()].rstrip(" \t").endswith(";")
-    return masked_flag(m) if after_separator or _NEXT_KEY.match(m.string, m.end()) else m.group(0)
+    """ODBC_PWD's value masked where it is a connection string's: another of its keys within
+    _ODBC_NEAR characters (a bounded look: any text is read in linear time)."""
+    near = _ODBC_KEY.search(m.string, max(0, m.start() - _ODBC_NEAR), m.start()) or _ODBC_KEY.search(
+        m.string, m.end(), m.end() + _ODBC_NEAR
+    )
+    return masked_flag(m) if near else m.group(0)

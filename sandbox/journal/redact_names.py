@@ -46,6 +46,7 @@ _NOT_SECRET_LAST = frozenset(
     {
         *("file", "files", "path", "dir", "env"),
         *("length", "len", "count", "size", "limit", "ttl", "timeout", "expiry", "expires", "type"),
+        *("lengths", "counts", "sizes", "limits", "types", "method", "methods", "hashers", "validators"),
         *("url", "uri", "endpoint", "host", "port", "name", "names", "through"),
     }
 )
