@@ -210,6 +210,33 @@ async def test_progress_events(config: Any) -> None:
     assert chunks == "one\ntwo\n" and {e.call_id for e in events} == {r.call_id, echoed.call_id}
 
 
+async def test_a_cancelled_call_ends_its_progress_with_finished(config: Any) -> None:
+    """A call whose caller went away says so to its watchers: `finished`, not ok, cancelled (a
+    stream watching it, or the relay holding a word of its output, would otherwise wait for good)."""
+    bus = ProgressBus()
+    events: list[ProgressEvent] = []
+    bus.subscribe(events.append)
+    reg = make_registry()
+    started = anyio.Event()
+
+    @reg.tool(category="custom")
+    async def forever(ctx: Any) -> str:
+        """Never returns by itself."""
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    async with Orchestrator(config, registry=reg, progress=bus) as orch:
+        sess = orch.session("agent:a:main")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sess.call, "forever", {})
+            await started.wait()
+            tg.cancel_scope.cancel()
+    last = events[-1]
+    assert (last.kind, last.detail) == ("finished", {"ok": False, "cancelled": True})
+    assert [e.kind for e in events if e.call_id == last.call_id][:2] == ["queued", "started"]
+
+
 @pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     """A tool's timeout is clamped to limits.timeouts; every log line carries the call context."""
