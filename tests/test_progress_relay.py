@@ -38,7 +38,7 @@ def test_a_secret_split_over_two_chunks_goes_out_masked_whole() -> None:
     assert TOKEN[:14] not in wire and TOKEN[14:] not in wire and "***" in wire
     chunks = "".join(item["detail"].get("chunk", "") for item in sent if item["kind"] == "output")
     assert chunks == "export GITHUB_TOKEN=*** done\n"
-    assert [item["kind"] for item in sent] == ["output", "running", "output", "finished"]
+    assert [item["kind"] for item in sent] == ["running", "output", "finished"]  # the line, once ended
 
 
 def test_a_long_token_split_over_two_chunks_goes_out_masked_whole() -> None:
@@ -60,11 +60,27 @@ def test_a_held_word_goes_out_before_the_calls_end_and_calls_are_kept_apart() ->
     )
     by_call = [(item["call_id"], item["kind"], item["detail"].get("chunk")) for item in sent]
     assert by_call == [
-        ("a", "output", "one "),
-        ("a", "output", "two"),
+        ("a", "output", "one two"),  # a line not ended: held whole, until the call's end
         ("a", "finished", None),
         ("b", "output", "other words\n"),
     ]
+
+
+def test_a_secret_split_between_its_name_and_its_value_goes_out_masked() -> None:
+    """A chunk that ends after `password: ` (or a flag, or `Bearer`) holds its line: the value in
+    the next chunk is masked with its name, and a line longer than the hold keeps only its word."""
+    for name, value in (
+        ("password: ", "hunter2hunter2"),
+        ("--password ", "S3cr3tPw"),
+        ('{"api_key": ', '"S3cr3tPwX"}'),
+    ):
+        sent = relayed(event("output", f"ok\n{name}"), event("output", f"{value}\nnext\n"), event("finished"))
+        chunks = [item["detail"].get("chunk") for item in sent if item["kind"] == "output"]
+        assert value.strip('"}') not in json.dumps(sent) and "***" in "".join(chunks), name
+        assert chunks[0] == "ok\n"
+    relay = ProgressRelay(ProgressBus(), cast(Any, None))
+    relay._local(event("output", "x " * (CARRY_MAX // 2 + 10) + "tail"))
+    assert len(relay._waiting) == 1 and relay._carry["c1"].detail["chunk"] == "tail"  # only its word is held
 
 
 def test_a_word_longer_than_the_hold_goes_out_as_it_is() -> None:

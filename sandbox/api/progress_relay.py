@@ -27,11 +27,14 @@ from sandbox.journal.redact import redact
 from sandbox.state.protocol import BROADCAST_MAX_BYTES, EventStore
 
 GATHER_S = 0.05  # how long events gather before they go out together
-# an output chunk that ends inside a word keeps that word (up to this long) for the next chunk:
-# masking runs chunk by chunk, and a secret split over two chunks would go out in two halves (an
-# OAuth provider's JWT is often 1-2 KiB; at most CARRIED_CALLS words are held, 8 MiB)
+# an output chunk that ends inside a line keeps that line (up to this long; a longer one its last
+# word) for the next chunk: masking runs chunk by chunk, and a secret split over two chunks would
+# go out in two halves, whether inside a token (an OAuth provider's JWT is often 1-2 KiB) or
+# between its name and its value (`password: ` then `hunter2`)
 CARRY_MAX = 2048
-CARRIED_CALLS = 4096  # calls with a held word at most (past it, the oldest held word goes out)
+# calls holding a line or word at most (past it, the oldest held text goes out): 8 MiB of ASCII,
+# at most 32 MiB of wider characters as Python holds them
+CARRIED_CALLS = 4096
 BACKLOG = 10_000  # events waiting while the store is away; older ones are dropped past it
 MAX_TEXT = 2000  # a relayed event's strings (an output chunk) are cut to this
 
@@ -45,7 +48,7 @@ class ProgressRelay:
         self.origin = secrets.token_hex(8)  # this process: its own events come back and are skipped
         self._waiting: deque[dict[str, Any]] = deque(maxlen=BACKLOG)
         self._ready = anyio.Event()
-        # call id -> an output event of the word its last output chunk ended in
+        # call id -> an output event of the line (or word) its last output chunk ended in
         self._carry: dict[str, ProgressEvent] = {}
 
     def _local(self, event: ProgressEvent) -> None:
@@ -56,20 +59,23 @@ class ProgressRelay:
             self._ready.set()
 
     def _at_word_ends(self, event: ProgressEvent) -> list[ProgressEvent]:
-        """Output chunks joined so that each ends between two words: a secret split over two
-        chunks is masked whole. The held word goes out with the next chunk, or before the
-        call's `finished`; heartbeats leave it held. Past CARRIED_CALLS calls holding a word (calls
-        that never finish, or a flood of them), the oldest held word goes out as it is: the held
-        words stay bounded (CARRIED_CALLS x CARRY_MAX) and none is lost."""
+        """Output chunks joined so that each ends at a line's end (or, for a line longer than
+        CARRY_MAX, between two words): a secret split over two chunks is masked whole. The held
+        text goes out with the next chunk, or before the call's `finished`; heartbeats leave it
+        held. Past CARRIED_CALLS calls holding text (calls that never finish, or a flood of them),
+        the oldest held text goes out as it is: what is held stays bounded (CARRIED_CALLS x
+        CARRY_MAX characters) and nothing is lost."""
         chunk = event.detail.get("chunk") if event.kind == "output" else None
         if not isinstance(chunk, str):
             held = self._carry.pop(event.call_id, None) if event.kind == "finished" else None
             return [held, event] if held is not None else [event]
         before = self._carry.pop(event.call_id, None)
         text = (str(before.detail["chunk"]) if before is not None else "") + chunk
-        end = max(text.rfind(space) for space in " \n\r\t") + 1
-        if len(text) - end > CARRY_MAX:  # one word too long to hold: it goes as it is
-            end = len(text)
+        end = max(text.rfind("\n"), text.rfind("\r")) + 1
+        if len(text) - end > CARRY_MAX:  # a line too long to hold: its last word
+            end = max(text.rfind(space) for space in " \t") + 1
+            if len(text) - end > CARRY_MAX:  # one word too long to hold: it goes as it is
+                end = len(text)
         out = [replace(event, detail={**event.detail, "chunk": text[:end]})] if end else []
         if end < len(text):
             self._carry[event.call_id] = replace(event, detail={"chunk": text[end:]})
