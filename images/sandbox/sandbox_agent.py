@@ -765,8 +765,10 @@ def accepted_by(sock: socket.socket, port: int) -> int | None:
 def make_folder(path: str, mode: int) -> None:
     """Make the last folder of `path` with `mode` (the umask aside, as `mkdir -m` does), when it
     is missing. Only the last one: a missing parent (a session's private record folder) is the
-    wrapper's to make, with its own mode and checks. The mode is set only on the folder this call
-    made, never through a link (one planted in its place makes the mkdir fail: nothing changes)."""
+    wrapper's to make, with its own mode and checks. The mode is set on the folder this call made,
+    never through a link (one planted in its place makes the mkdir fail: nothing changes); only a
+    process of the agent's own user could swap another folder in between, and that user may chmod
+    its folders anyway."""
     try:
         os.mkdir(path, 0o700)
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
