@@ -237,6 +237,34 @@ async def test_a_cancelled_call_ends_its_progress_with_finished(config: Any) -> 
     assert [e.kind for e in events if e.call_id == last.call_id][:2] == ["queued", "started"]
 
 
+async def test_a_call_that_crashes_after_its_handler_ends_its_progress_with_finished(config: Any) -> None:
+    """An after hook that raises (or a journal that cannot be written) fails the call: its watchers
+    get `finished` too, with the call's error code."""
+    from sandbox.engine.hooks import Hooks
+
+    hooks = Hooks()
+
+    async def broken(ctx: Any, tool: str, params: dict[str, Any], result: Any) -> Any:
+        raise RuntimeError("a hook's bug")
+
+    hooks.add_after(broken)
+    bus = ProgressBus()
+    events: list[ProgressEvent] = []
+    bus.subscribe(events.append)
+    reg = make_registry()
+
+    @reg.tool(category="custom")
+    async def quick(ctx: Any) -> str:
+        """Returns at once."""
+        return "done"
+
+    async with Orchestrator(config, registry=reg, progress=bus, hooks=hooks) as orch:
+        r = await orch.session("agent:a:main").call("quick", {})
+    assert not r.ok and r.error is not None
+    last = [e for e in events if e.call_id == r.call_id][-1]
+    assert (last.kind, last.detail) == ("finished", {"ok": False, "code": r.error.code})
+
+
 @pytest.mark.slow  # real waits or schema loads: the full tier, not the quick loop
 async def test_timeouts_clamped_and_logs_carry_context(config: Any) -> None:
     """A tool's timeout is clamped to limits.timeouts; every log line carries the call context."""

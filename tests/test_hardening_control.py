@@ -381,6 +381,30 @@ SECRETS = [
     ("list with a prefixed string", 'API_KEYS = [\n b"LiPre9x",\n]', "LiPre9x"),
     ("typed list", 'API_KEYS: list[str] = [\n  "LiTyp9x",\n]', "LiTyp9x"),
     ("yaml flow list of bare words", "passwords: [\n  hunter2,\n  LiYam9x\n]", "LiYam9x"),
+    ("pyodbc keyword", "pyodbc.connect(driver='{ODBC Driver 18}', server='db', uid='sa', pwd='PyOdbc9x')", "PyOdbc9x"),
+    (
+        "r odbc keyword",
+        'dbConnect(odbc(), Driver = "SQL Server", Server = "db", UID = "sa", PWD = "ROdbc9x")',
+        "ROdbc9x",
+    ),
+    ("odbc quoted value", 'Server=db;Uid=sa;Pwd="OdbcQ9x";', "OdbcQ9x"),
+    ("odbc long braced value", "Server=db;Pwd={" + "OdbcLong9x" * 20 + "};", "OdbcLong9xOdbcLong9x"),
+    ("odbc brace inside a bare value", "Server=db;Pwd=a}OdbcBr9x;", "OdbcBr9x"),
+    (
+        "kubectl many flags first",
+        "kubectl create --namespace prod --dry-run=client -o yaml secret generic db --from-literal=pw=KubeMany9x",
+        "KubeMany9x",
+    ),
+    ("kubectl quote inside the other", "kubectl create secret generic x --from-literal='pw=Kube\"DQ9x'", "DQ9x"),
+    (
+        "kubectl escaped whole",
+        'bash -c "kubectl create secret generic x --from-literal=\\"pw=KubeEsc9x y\\""',
+        "KubeEsc9x",
+    ),
+    ("kubectl escaped blank", "kubectl create secret generic x --from-literal=pw=Kube\\ Sp9x", "Sp9x"),
+    ("list from its opening line", 'API_KEYS = ["k1",\n "ListSame9x",\n]', "ListSame9x"),
+    ("tuple under a name", 'API_KEYS = (\n "Tuple9x",\n)', "Tuple9x"),
+    ("list after many blank lines", "API_KEYS = [\n\n\n\n\n\n\n 'ListGap9x',\n]", "ListGap9x"),
     ("python list under a name", 'API_TOKENS = [\n    "TokOne9x",\n    "TokTwo9x",\n]\nn = 1', "TokOne9x"),
 ]
 
@@ -449,6 +473,9 @@ def test_a_long_secret_across_the_journals_cut_is_masked_whole() -> None:
         "cd build; PWD=build make && x = 1; pwd = os.getcwd() && ls;pwd=foo;cat x",
         "key_sizes = [\n  2048,\n]\nAUTH_METHODS = [\n  'password',\n]\nPASSWORD_HASHERS = [\n  'x.Y',\n]",
         'API_KEYS = [\n  os.environ["A"],\n  KEY_FROM_ENV,\n]\ngh secret set X --body \\"$T\\"',
+        "server = 'db.example.com'\npwd = os.getcwd()\nDATABASE=app\nPWD=/home/user/project",
+        "kubectl create configmap x --from-literal=a=1 -l app=no --from-literal=mode=debug",
+        "token = (a, b)",
     ],
 )
 def test_ordinary_text_is_not_masked(text: str) -> None:

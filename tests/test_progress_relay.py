@@ -80,7 +80,27 @@ def test_a_secret_split_between_its_name_and_its_value_goes_out_masked() -> None
         assert chunks[0] == "ok\n"
     relay = ProgressRelay(ProgressBus(), cast(Any, None))
     relay._local(event("output", "x " * (CARRY_MAX // 2 + 10) + "tail"))
-    assert len(relay._waiting) == 1 and relay._carry["c1"].detail["chunk"] == "tail"  # only its word is held
+    kept = str(relay._carry["c1"].detail["chunk"])  # as much of the line's end as fits, from a word
+    assert len(relay._waiting) == 1 and kept.endswith(" x tail") and kept.startswith("x ") and len(kept) <= CARRY_MAX
+    long_value = "a" * 3000 + " 'password': " + "'Hunter2Secret', 'x': 1}\n"
+    cut = long_value.index("Hunter2")
+    sent = relayed(event("output", long_value[:cut]), event("output", long_value[cut:]))
+    assert "Hunter2Secret" not in json.dumps(sent)
+
+
+def test_text_held_through_two_heartbeats_goes_out() -> None:
+    """Output with no line's end (a prompt, a progress bar) is held through one heartbeat and goes
+    out at the second; new output in between starts the wait again."""
+    sent = relayed(event("output", "Continue? [y/N] "), event("running"))
+    assert [item["kind"] for item in sent] == ["running"]
+    sent = relayed(event("output", "Continue? [y/N] "), event("running"), event("running"))
+    assert [(item["kind"], item["detail"].get("chunk")) for item in sent] == [
+        ("running", None),
+        ("output", "Continue? [y/N] "),
+        ("running", None),
+    ]
+    sent = relayed(event("output", " 10%\r 20"), event("running"), event("output", "%"), event("running"))
+    assert [item["detail"].get("chunk") for item in sent if item["kind"] == "output"] == [" 10%\r"]
 
 
 def test_a_word_longer_than_the_hold_goes_out_as_it_is() -> None:
@@ -91,23 +111,21 @@ def test_a_word_longer_than_the_hold_goes_out_as_it_is() -> None:
 
 
 def test_a_flood_of_calls_holding_words_stays_bounded_and_loses_no_word(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Twice the bound of calls each end a chunk inside a word of CARRY_MAX characters and never
-    finish (a tenant's flood): at most the bound's words are held, and each evicted one goes out
-    as it is, before the chunk that evicted it. (The bound is made 256 here, for the quick loop's
-    sake; the real one holds at most 8 MiB.)"""
+    """Twice the bound of calls each end a chunk inside a line of CARRY_MAX characters and never
+    finish (a tenant's flood): at most the bound's lines are held, and each evicted one goes out
+    whole, in order. (The bound is made 256 here, for the quick loop's sake; the real one holds
+    at most 8 MiB of ASCII.)"""
     assert CARRIED_CALLS * CARRY_MAX <= 8 * 2**20
     monkeypatch.setattr(progress_relay, "CARRIED_CALLS", 256)
     bound = progress_relay.CARRIED_CALLS
     relay = ProgressRelay(ProgressBus(), cast(Any, None))
     calls = 2 * bound
-    for n in range(calls):
-        relay._local(event("output", f"head {n:05d}" + "w" * (CARRY_MAX - 5), call=f"c{n}"))
+    lines = [f"head {n:05d} " + "w" * (CARRY_MAX - 11) for n in range(calls)]
+    for n, line in enumerate(lines):
+        relay._local(event("output", line, call=f"c{n}"))
     held = relay._carry
     assert len(held) == bound
     assert sum(len(str(e.detail["chunk"])) for e in held.values()) <= bound * CARRY_MAX
     assert set(held) == {f"c{n}" for n in range(bound, calls)}  # the newest are held
-    sent = list(relay._waiting)
-    words = [item for item in sent if item["detail"]["chunk"].startswith(("0", "1", "2", "3", "4", "5", "6", "7", "8"))]
-    assert [item["call_id"] for item in words] == [f"c{n}" for n in range(bound)]  # none lost, in order
-    first = sent.index(words[0])
-    assert sent[first + 1]["call_id"] == f"c{bound}" and sent[first + 1]["detail"]["chunk"] == "head "
+    sent = [(item["call_id"], item["detail"]["chunk"]) for item in relay._waiting]
+    assert sent == [(f"c{n}", lines[n][:2000] + f"... [{len(lines[n]) - 2000} more characters]") for n in range(bound)]

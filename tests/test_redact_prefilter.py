@@ -251,6 +251,10 @@ HOSTILE = {
     "headers inside elements": 'API_KEYS = [\n"a", API_KEYS = [\n' * 37_449,
     "odbc braces near keys": "server=;pwd={" * 80_659,
     "kubectl literals after flags": 'create -n a secret --from-literal=a="b' * 27_594,
+    "lists opened before a comment": "key=[ #" * 149_796,
+    "keys of lists before a comment": ",password:[#" * 87_381,
+    "odbc passwords and keys": "pwd=a;" * 174_762,
+    "lists opened on their line": 'password=["a", ' * 69_905,
 }
 LIVENESS = """
 import sys

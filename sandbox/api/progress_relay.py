@@ -50,6 +50,7 @@ class ProgressRelay:
         self._ready = anyio.Event()
         # call id -> an output event of the line (or word) its last output chunk ended in
         self._carry: dict[str, ProgressEvent] = {}
+        self._waited: set[str] = set()  # calls whose held text a heartbeat has seen already
 
     def _local(self, event: ProgressEvent) -> None:
         if event.origin:  # a relayed event is never sent on
@@ -67,20 +68,34 @@ class ProgressRelay:
         CARRY_MAX characters) and nothing is lost."""
         chunk = event.detail.get("chunk") if event.kind == "output" else None
         if not isinstance(chunk, str):
-            held = self._carry.pop(event.call_id, None) if event.kind == "finished" else None
-            return [held, event] if held is not None else [event]
+            held = self._carry.get(event.call_id)
+            if held is not None and (
+                event.kind == "finished" or (event.kind == "running" and event.call_id in self._waited)
+            ):
+                # the call's end, or a second heartbeat with the text still held: output without
+                # a line's end (a prompt, a progress bar) reaches watchers a heartbeat or two late
+                del self._carry[event.call_id]
+                self._waited.discard(event.call_id)
+                return [held, event]
+            if held is not None and event.kind == "running":
+                self._waited.add(event.call_id)  # held through one heartbeat
+            return [event]
         before = self._carry.pop(event.call_id, None)
+        self._waited.discard(event.call_id)
         text = (str(before.detail["chunk"]) if before is not None else "") + chunk
         end = max(text.rfind("\n"), text.rfind("\r")) + 1
-        if len(text) - end > CARRY_MAX:  # a line too long to hold: its last word
-            end = max(text.rfind(space) for space in " \t") + 1
-            if len(text) - end > CARRY_MAX:  # one word too long to hold: it goes as it is
-                end = len(text)
+        if len(text) - end > CARRY_MAX:  # a line too long to hold: as much of its end as fits,
+            # from a word's start (a name and its value are kept together where they fit)
+            window = len(text) - CARRY_MAX
+            blanks = [found for found in (text.find(" ", window), text.find("\t", window)) if found >= 0]
+            end = min(blanks) + 1 if blanks else len(text)  # one word too long to hold: it goes
         out = [replace(event, detail={**event.detail, "chunk": text[:end]})] if end else []
         if end < len(text):
             self._carry[event.call_id] = replace(event, detail={"chunk": text[end:]})
             while len(self._carry) > CARRIED_CALLS:
-                out.insert(0, self._carry.pop(next(iter(self._carry))))
+                evicted = next(iter(self._carry))
+                self._waited.discard(evicted)
+                out.insert(0, self._carry.pop(evicted))
         return out
 
     def _remote(self, payload: str) -> None:

@@ -96,11 +96,15 @@ async def execute(
             raise
         except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
             logger.bind(code=exc.code.value, reason=exc.message[:500]).error("tool_call_not_journaled")
-            return call.failed(unrecorded(exc))
+            failed = call.failed(unrecorded(exc))
+            call.event("finished", ok=False, code=failed.error.code if failed.error else "")
+            return failed
         except Exception as exc:
             # the one place a foreign exception becomes the call's error (a full disk: retryable)
             logger.exception("tool_call_crashed")
-            return call.failed(unavailable_when_full(exc))
+            failed = call.failed(unavailable_when_full(exc))
+            call.event("finished", ok=False, code=failed.error.code if failed.error else "")
+            return failed
         finally:
             if engine.journal is not None:
                 engine.journal.forget_pending(call.task.call_id)

@@ -16,13 +16,12 @@ from sandbox.journal.redact_flags import (
     CLIENT_NAMES,
     FLAG_VALUE,
     NETRC,
-    ODBC_PWD,
     OPENSSL_PASS,
     SQL_PASSWORD,
     USER_PASSWORD,
     mask_client_flags,
+    mask_odbc_passwords,
     masked_flag,
-    masked_odbc_password,
     masked_secret_flag,
 )
 from sandbox.journal.redact_names import MASK, NAME_NEEDLES, has, secret_key, secret_name
@@ -128,7 +127,7 @@ _STEPS: list[tuple[Guard, Step]] = [
     (lambda _, folded: "dent" in folded or "pass" in folded, lambda text: SQL_PASSWORD.sub(masked_flag, text)),
     (lambda text, _: "configure" in text, lambda text: AWS_SET.sub(masked_flag, text)),
     (lambda text, _: "machine" in text, lambda text: NETRC.sub(masked_flag, text)),
-    (lambda _, folded: "pwd" in folded, lambda text: ODBC_PWD.sub(masked_odbc_password, text)),
+    (lambda _, folded: "pwd" in folded, mask_odbc_passwords),
     # "cook": re.IGNORECASE matches `ı` and `İ` with `i`, which case folding keeps apart
     (lambda _, folded: "cook" in folded, lambda text: _COOKIE.sub(lambda m: m.group("pre") + MASK, text)),
     (

@@ -125,11 +125,14 @@ def _value(
     if prefix is not None:
         pos = prefix.end()
     opening = text[pos : pos + 1]
-    if opening == "[" and _OPENED.match(text, pos + 1) is not None:
-        # `"api_keys": [` then its elements on the lines below (or none: `[` alone is no secret)
-        return _list_below(text, pos + 1, bare_values=keyed)
+    if opening in _CLOSERS:
+        # `"api_keys": [` then its elements, on its line or the lines below (or none: `[` alone
+        # at a line's end is no secret)
+        elements = _list_below(text, pos + 1, _CLOSERS[opening], bare_values=keyed)
+        if elements is not None or _OPENED.match(text, pos + 1) is not None:
+            return elements
     if keyed and (typed := _ANNOTATION.match(text, pos)) is not None and _OPENED.match(text, typed.end()):
-        return _list_below(text, typed.end(), bare_values=False)  # `API_KEYS: list[str] = [`
+        return _list_below(text, typed.end(), "]", bare_values=False)  # `API_KEYS: list[str] = [`
     if text.startswith(('"""', "'''"), pos):  # a triple-quoted string, read up to 64 KiB
         close = text.find(text[pos : pos + 3], pos + 3, pos + 65_536)
         return None if close <= pos + 3 else (pos + 3, close, MASK)
@@ -177,16 +180,20 @@ def _value(
     return pos, end, MASK
 
 
-# a list opened at its line's end (a comment may follow), then its elements: quoted strings
-# (with a string prefix: `b"..."`) or bare words, any number a line, each followed by a comma or
-# by the `]` that closes the list, a line ending in a comment; blank and comment lines between
-_OPENED = re.compile(r"[ \t]*+(?:(?:#|//)[^\n]*+)?\r?\n")
+# a list (or a tuple) of elements: quoted strings (with a string prefix: `b"..."`) or bare words,
+# any number a line, each followed by a comma or by the bracket that closes it; on the line that
+# opens it and the lines below, a line ending in a comment, blank and comment lines between. A
+# comment is read at most 128 characters (a secret's name inside one, read again to its end by
+# each, was quadratic)
+_CLOSERS = {"[": "]", "(": ")"}
+_COMMENT = r"(?:(?:#|//)[^\n]{0,128}+)?"
+_OPENED = re.compile(rf"[ \t]*+{_COMMENT}\r?\n")
 _ELEMENT = re.compile(
     r"""(?P<prefix>[bBrRuUfF]{0,2}+)(?P<el>"(?:[^"\\\n]|\\.)*+"|'(?:[^'\\\n]|\\.)*+'|[^\s,\[\]{}()"'#]++)"""
-    r"""[ \t]*+(?P<sep>,|(?=\]))?+[ \t]*+"""
+    r"""[ \t]*+(?P<sep>,|(?=[\])]))?+[ \t]*+"""
 )
-_LINE_REST = re.compile(r"(?:(?:#|//)[^\n]*+)?(?:\r?\n|\Z)")
-_SKIPPED_LINE = re.compile(r"[ \t]*+(?:(?:#|//)[^\n]*+)?\r?\n")
+_LINE_REST = re.compile(rf"{_COMMENT}(?:\r?\n|\Z)")
+_SKIPPED_LINE = re.compile(rf"[ \t]*+{_COMMENT}\r?\n")
 # a bare element that is code or a constant (`process.env.KEY`, `true`), not a secret
 _IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*+(?:\.[A-Za-z_$][\w$]*+)*+")
 _CONSTANT = frozenset({"true", "false", "null", "none", "yes", "no", "~"})
@@ -194,19 +201,17 @@ _CONSTANT = frozenset({"true", "false", "null", "none", "yes", "no", "~"})
 _ANNOTATION = re.compile(r"[\w.\[\], |]{1,64}+=[ \t]*+\[")
 
 
-def _list_below(text: str, pos: int, *, bare_values: bool) -> tuple[int, int, str] | None:
-    """The elements of a list under a secret's name (`"api_keys": [` or `API_TOKENS = [` at a
-    line's end), each masked (quotes, commas and comments stay; a bare identifier stays unless
+def _list_below(text: str, pos: int, closer: str, *, bare_values: bool) -> tuple[int, int, str] | None:
+    """The elements of a list under a secret's name (`"api_keys": [`, `API_TOKENS = ["a",`,
+    `API_KEYS = (`), each masked (quotes, commas and comments stay; a bare identifier stays unless
     `bare_values`: YAML's flow list, where a bare word is a value, a dotted name still code's;
-    a constant always stays): up
-    to the `]` that closes it, or the first line that is not elements (a nested list or mapping).
-    Each line is read once. None when no element follows."""
+    a constant always stays): up to the `closer`, or the first line that is not elements (a
+    nested list or mapping). Each line is read once. None when no element follows."""
     head = _OPENED.match(text, pos)
-    if head is None:
-        return None
     out: list[str] = []
     first = done = -1
-    line = head.end()
+    line = head.end() if head is not None else pos  # elements on the opening line, then below
+    quoted = False
     skips = 0  # blank and comment lines in a row: a few at most (a run of commented-out lists,
     # each read on to the next element, was read once per list: quadratic)
     while line < len(text):
@@ -224,7 +229,7 @@ def _list_below(text: str, pos: int, *, bare_values: bool) -> tuple[int, int, st
         while (element := _ELEMENT.match(text, at)) is not None:
             found.append(element.span("el"))
             at = element.end()
-            if text.startswith("]", at):
+            if text.startswith(closer, at):
                 closed = True
                 break
             if element.group("sep") is None:
@@ -233,6 +238,7 @@ def _list_below(text: str, pos: int, *, bare_values: bool) -> tuple[int, int, st
         if not found or (not closed and rest is None):
             break  # not a line of elements: the list ends above it
         for start, end in found:
+            quoted = quoted or text[start] in "\"'"
             first = start if first < 0 else first
             out.append(text[done:start] if done >= 0 else "")
             out.append(_masked_element(text, start, end, bare_values=bare_values))
@@ -240,7 +246,9 @@ def _list_below(text: str, pos: int, *, bare_values: bool) -> tuple[int, int, st
         if closed or rest is None:
             break
         line = rest.end()
-    return (first, done, "".join(out)) if first >= 0 else None
+    if first < 0 or (head is None and not quoted):
+        return None  # on its opening line, only quoted elements make a list (`[x for x in y]`)
+    return first, done, "".join(out)
 
 
 def _masked_element(text: str, start: int, end: int, *, bare_values: bool) -> str:
@@ -258,7 +266,7 @@ def _masked_element(text: str, start: int, end: int, *, bare_values: bool) -> st
 
 
 _INDENT_RUN = re.compile(r"[ \t]*+")
-_MAX_SKIPPED = 4
+_MAX_SKIPPED = 16
 
 
 def _quoted_template(text: str, pos: int) -> int | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from sandbox.journal.redact_names import MASK, REFERENCE, has, names_no_secret, segments
@@ -33,7 +34,7 @@ USER_PASSWORD = re.compile(
 _COMMAND = re.compile(r"""(?:'[^'\n]*+'?|"(?:[^"\\\n]|\\.)*+"?|\\\r?\n|\\.|[^;&|\n'"\\]++|\\)++""")
 # a flag's value: quoted, or bare up to a blank, a quote or the `)` of a `$(...)` around the command
 # (also escaped inside a quoted `bash -c "..."`, and ANSI-C quoted: `$'...'`)
-_FLAG_VALUE = r"""'[^'\n]*+'|"[^"\n]*+"|\\"(?:[^"\\\n]|\\[^"\n])*+\\"|\$'[^'\n]*+'|[^\s'"`)]++"""
+_FLAG_VALUE = r"""'[^'\n]*+'|"[^"\n]*+"|\\"(?:[^"\\\n]|\\[^"\n])*+\\"|\$'[^'\n]*+'|(?:\\[^\n]|[^\s'"`)\\])++"""
 _FLAG_SECRET = rf"(?P<val>{_FLAG_VALUE})"
 _BLANK = r"(?:[ \t]|\\\r?\n)"
 _OPTION_ARGUMENT = re.compile(r"(?:^|\s)(?:-i?name|-i?path|-wholename|-i?regex|-lname|--name|--hostname)\s++\Z")
@@ -75,10 +76,10 @@ _CLIENT_FLAGS: list[tuple[re.Pattern[str], re.Pattern[str], int]] = [  # (client
     ),
     (  # `kubectl create [-n NS] secret generic NAME --from-literal=user=app --from-literal=pw=S`:
         # each literal's value (its key stays), quoted whole or after its key
-        _client(r"create(?:[ \t]++\S++){0,4}?[ \t]++secret"),
+        _client(r"create(?:[ \t]++\S++){0,8}?[ \t]++secret(?=[ \t])"),
         re.compile(
-            r"""(?<=\s)(?P<pre>--from-literal(?:[ \t]++|=)(?P<q>['"])?+[^\s='"]++=)"""
-            rf"""(?P<val>(?(q)[^'"\n]*+|(?:{_FLAG_VALUE})))"""
+            r"""(?<=\s)(?P<pre>--from-literal(?:[ \t]++|=)(?:(?P<q1>')|(?P<q2>")|(?P<q3>\\"))?+[^\s='"\\]++=)"""
+            r"""(?P<val>(?(q1)[^'\n]*+|(?(q2)[^"\n]*+|(?(q3)(?:[^"\\\n]|\\[^"\n])*+|(?:""" + _FLAG_VALUE + r""")))))"""
         ),
         0,
     ),
@@ -114,11 +115,14 @@ AWS_SET = re.compile(
     + _FLAG_SECRET
 )
 # ODBC's `Pwd=` in a connection string (`Driver={...};Server=db;Uid=sa;Pwd=S;`, also split over
-# string literals): its value up to a `;`, a quote or the line's end (blanks inside), or braced
-# (`{a;b}}c}`: `}}` is a brace); only with another connection-string key near it (`PWD` alone is
-# the working directory: `cd x; PWD=/x make`)
+# string literals, and as a keyword: `pyodbc.connect(..., uid='sa', pwd='S')`): its value quoted,
+# braced (`{a;b}}c}`: `}}` is a brace; a brace not closed within 128 characters goes on to a `;`),
+# or up to a `;`, a quote or the line's end (blanks inside); only with another connection-string
+# key near it (`PWD` alone is the working directory: `cd x; PWD=/x make`), and never an absolute
+# path (`PWD=/home/me`) or a call (`pwd = os.getcwd()`)
 ODBC_PWD = re.compile(
-    r"""(?P<pre>(?<![\w$.-])pwd[ \t]*+=[ \t]*+)(?P<val>\{(?:[^}\n]|\}\}){0,128}+\}|[^;'"\n{}]*[^;'"\s{}])""",
+    r"""(?P<pre>(?<![\w$.-])pwd[ \t]*+=[ \t]*+)"""
+    r"""(?P<val>'[^'\n]*+'|"[^"\n]*+"|\{(?:[^}\n]|\}\}){0,128}+(?:\}|[^;'"\n]*+)|[^;'"\s{/](?:[^;'"\n]*[^;'"\s])?)""",
     re.I,
 )
 _ODBC_KEY = re.compile(
@@ -126,6 +130,7 @@ _ODBC_KEY = re.compile(
     re.I,
 )
 _ODBC_NEAR = 256  # how far from `Pwd=` another key is looked for
+_CALL = re.compile(r"[\w.]{1,64}+\([^()\n]{0,64}+\)")
 NETRC = re.compile(rf"(?P<pre>\bmachine[ \t]++\S++[ \t]++login[ \t]++\S++[ \t]++password[ \t]++){_FLAG_SECRET}")
 
 
@@ -170,10 +175,17 @@ def masked_secret_flag(m: re.Match[str]) -> str:
     return masked_flag(m)
 
 
-def masked_odbc_password(m: re.Match[str]) -> str:
-    """ODBC_PWD's value masked where it is a connection string's: another of its keys within
-    _ODBC_NEAR characters (a bounded look: any text is read in linear time)."""
-    near = _ODBC_KEY.search(m.string, max(0, m.start() - _ODBC_NEAR), m.start()) or _ODBC_KEY.search(
-        m.string, m.end(), m.end() + _ODBC_NEAR
-    )
-    return masked_flag(m) if near else m.group(0)
+def mask_odbc_passwords(text: str) -> str:
+    """ODBC_PWD's values masked where they are a connection string's: another of its keys within
+    _ODBC_NEAR characters. The keys are found once for the whole text (looked for around each
+    `Pwd=`, a line of `pwd=a;` was read 500 times over)."""
+    keys = [found.start() for found in _ODBC_KEY.finditer(text)]
+    if not keys:
+        return text
+
+    def one(m: re.Match[str]) -> str:
+        index = bisect.bisect_left(keys, m.start() - _ODBC_NEAR)
+        near = index < len(keys) and keys[index] <= m.end() + _ODBC_NEAR
+        return masked_flag(m) if near and not _CALL.fullmatch(m.group("val")) else m.group(0)
+
+    return ODBC_PWD.sub(one, text)
