@@ -405,6 +405,7 @@ SECRETS = [
     ("list from its opening line", 'API_KEYS = ["k1",\n "ListSame9x",\n]', "ListSame9x"),
     ("tuple under a name", 'API_KEYS = (\n "Tuple9x",\n)', "Tuple9x"),
     ("list after many blank lines", "API_KEYS = [\n\n\n\n\n\n\n 'ListGap9x',\n]", "ListGap9x"),
+    ("list with a one-letter element", 'API_KEYS = [\n    b,\n    "LiLet9x",\n]', "LiLet9x"),
     ("python list under a name", 'API_TOKENS = [\n    "TokOne9x",\n    "TokTwo9x",\n]\nn = 1', "TokOne9x"),
 ]
 

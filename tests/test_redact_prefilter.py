@@ -255,6 +255,9 @@ HOSTILE = {
     "keys of lists before a comment": ",password:[#" * 87_381,
     "odbc passwords and keys": "pwd=a;" * 174_762,
     "lists opened on their line": 'password=["a", ' * 69_905,
+    "unquoted lists with names in comments": "a, #password=[a,\n" * 61_680,
+    "unquoted lists, short lines": "a#key=[a\n" * 116_508,
+    "unquoted tuples with names in comments": "a, #,password:(a,\n" * 58_254,
 }
 LIVENESS = """
 import sys

@@ -189,7 +189,7 @@ _CLOSERS = {"[": "]", "(": ")"}
 _COMMENT = r"(?:(?:#|//)[^\n]{0,128}+)?"
 _OPENED = re.compile(rf"[ \t]*+{_COMMENT}\r?\n")
 _ELEMENT = re.compile(
-    r"""(?P<prefix>[bBrRuUfF]{0,2}+)(?P<el>"(?:[^"\\\n]|\\.)*+"|'(?:[^'\\\n]|\\.)*+'|[^\s,\[\]{}()"'#]++)"""
+    r"""(?P<prefix>[bBrRuUfF]{1,2}+(?=["']))?+(?P<el>"(?:[^"\\\n]|\\.)*+"|'(?:[^'\\\n]|\\.)*+'|[^\s,\[\]{}()"'#]++)"""
     r"""[ \t]*+(?P<sep>,|(?=[\])]))?+[ \t]*+"""
 )
 _LINE_REST = re.compile(rf"{_COMMENT}(?:\r?\n|\Z)")
@@ -243,12 +243,15 @@ def _list_below(text: str, pos: int, closer: str, *, bare_values: bool) -> tuple
             out.append(text[done:start] if done >= 0 else "")
             out.append(_masked_element(text, start, end, bare_values=bare_values))
             done = end
+        if head is None and not quoted:
+            # on its opening line, only quoted elements make a list (`[x for x in y]`); nothing
+            # below it is read (read and given up, those lines were read again from each secret
+            # name in their comments: quadratic)
+            return None
         if closed or rest is None:
             break
         line = rest.end()
-    if first < 0 or (head is None and not quoted):
-        return None  # on its opening line, only quoted elements make a list (`[x for x in y]`)
-    return first, done, "".join(out)
+    return (first, done, "".join(out)) if first >= 0 else None
 
 
 def _masked_element(text: str, start: int, end: int, *, bare_values: bool) -> str:
