@@ -96,18 +96,21 @@ async def execute(
             raise
         except SandboxError as exc:  # the journal could not be written (or a hook raised): nothing ran unrecorded
             logger.bind(code=exc.code.value, reason=exc.message[:500]).error("tool_call_not_journaled")
-            failed = call.failed(unrecorded(exc))
-            call.event("finished", ok=False, code=failed.error.code if failed.error else "")
-            return failed
+            return _ended_in_failure(call, unrecorded(exc))
         except Exception as exc:
             # the one place a foreign exception becomes the call's error (a full disk: retryable)
             logger.exception("tool_call_crashed")
-            failed = call.failed(unavailable_when_full(exc))
-            call.event("finished", ok=False, code=failed.error.code if failed.error else "")
-            return failed
+            return _ended_in_failure(call, unavailable_when_full(exc))
         finally:
             if engine.journal is not None:
                 engine.journal.forget_pending(call.task.call_id)
+
+
+def _ended_in_failure(call: Call, error: SandboxError) -> ToolResult:
+    """A call that failed outside its stages (its journal, a hook's crash): its result, and its
+    watchers told it ended."""
+    call.event("finished", ok=False, code=error.code.value)
+    return call.failed(error)
 
 
 async def _stages(

@@ -65,13 +65,13 @@ SECRET_VALUES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     (("xox", "xapp-"), re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}")),  # Slack
     (("AIza",), re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),  # Google API key
     (("hvs.", "hvb."), re.compile(r"\bhv[sb]\.[A-Za-z0-9_-]{20,}")),  # HashiCorp Vault
-    # JWT: a header of at most 512 characters (`eyJ-eyJ-...` read to its end from every `eyJ`
-    # was quadratic)
     (("pypi-AgE",), re.compile(r"\bpypi-AgE[A-Za-z0-9_-]{16,}")),  # PyPI API token
     (("npm_",), re.compile(r"\bnpm_[A-Za-z0-9]{36}\b")),  # npm access token
     (("hf_",), re.compile(r"\bhf_[A-Za-z0-9]{34,}")),  # Hugging Face
     (("SG.",), re.compile(r"\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}")),  # SendGrid
     (("_v1_",), re.compile(r"\bdo[por]_v1_[a-f0-9]{64}")),  # DigitalOcean
+    # JWT: a header of at most 512 characters (`eyJ-eyJ-...` read to its end from every `eyJ`
+    # was quadratic)
     (("eyJ",), re.compile(r"\beyJ[A-Za-z0-9_-]{8,512}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]{8,}")),
 ]
 
