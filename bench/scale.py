@@ -41,6 +41,7 @@ IDLE_S = float(sys.argv[3]) if len(sys.argv) > 3 else 150.0
 HEALTH_S = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 IMAGE = "sandbox-exec:latest"
 LABEL = "io.agent-sandbox.bench-scale"
+PARTS = ("agents", "shims", "storage", "engine", "orchestrator")
 
 
 def mem_available_mib() -> float:
@@ -62,10 +63,11 @@ def _anon_mib(pid: str) -> float:
 
 def anon_by_part() -> dict[str, float]:
     """Anonymous memory (MiB) of the processes that make up the cost, by part: the resident
-    agents, the shims, the engine (dockerd, containerd) and this orchestrator process; what
+    agents, the shims, the engine (dockerd, containerd), the storage driver's own processes
+    (fuse-overlayfs runs one per container; overlay2 none) and this orchestrator process; what
     MemAvailable loses beyond them is the kernel's (page tables, stacks, cgroups, pipes) and the
     sandboxes' own keep-alive (tini, sleep)."""
-    parts = {"agents": 0.0, "shims": 0.0, "engine": 0.0, "orchestrator": 0.0}
+    parts = dict.fromkeys(PARTS, 0.0)
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -82,10 +84,24 @@ def anon_by_part() -> dict[str, float]:
             part = "shims"
         elif name in (b"dockerd", b"containerd"):
             part = "engine"
+        elif name == b"fuse-overlayfs":
+            part = "storage"
         else:
             continue
         parts[part] += _anon_mib(proc.name)
     return parts
+
+
+def shim_count() -> int:
+    """How many containerd shim processes run on the host."""
+    count = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            name = (proc / "cmdline").read_bytes().split(b"\0")[0].rsplit(b"/", 1)[-1]
+        except OSError:  # not a process, or gone meanwhile
+            continue
+        count += name.startswith(b"containerd-shim")
+    return count
 
 
 def settle() -> float:
@@ -126,6 +142,7 @@ async def main() -> None:
         await manager.sandbox_for(agent, "agent:main:warmup")  # image checks, thread pool
         before = settle()
         parts_before = anon_by_part()
+        shims_before = shim_count()
 
         def make(i: int):  # type: ignore[no-untyped-def]
             async def job() -> None:
@@ -136,6 +153,7 @@ async def main() -> None:
         ours_s = await in_parallel([make(i) for i in range(COUNT)], PARALLEL)
         after = settle()
         parts_after = anon_by_part()
+        shims = shim_count() - shims_before
         per_sandbox_mib = (before - after) / COUNT
 
         def first_command(i: int):  # type: ignore[no-untyped-def]
@@ -165,6 +183,7 @@ async def main() -> None:
         remove_s = time.perf_counter() - start
 
         before_raw = settle()
+        shims_before_raw = shim_count()
 
         def raw(i: int):  # type: ignore[no-untyped-def]
             async def job() -> None:
@@ -178,22 +197,28 @@ async def main() -> None:
 
         raw_s = await in_parallel([raw(i) for i in range(COUNT)], PARALLEL)
         after_raw = settle()
+        raw_shims = shim_count() - shims_before_raw
         raw_per_mib = (before_raw - after_raw) / COUNT
         for container in client.containers.list(all=True, filters={"label": LABEL}):
             container.remove(force=True)
         await backend.aclose()
 
-    print(f"{COUNT} idle sandboxes, {PARALLEL} creations in flight (2 cores)\n")
+    engine = client.version()
+    print(
+        f"{COUNT} idle sandboxes, {PARALLEL} creations in flight (2 cores); Docker {engine['Version']} "
+        f"(API {engine['ApiVersion']}), docker.shim: {agent.sandbox.docker.shim}\n"
+    )
     print(f"{'operation':<52} {'ours':>10} {'raw SDK':>10} {'ratio':>7}")
     print(f"{'create all (wall s)':<52} {ours_s:>10.1f} {raw_s:>10.1f} {ours_s / raw_s:>7.2f}")
     print(
         f"{'create, per sandbox (ms, wall / count)':<52} {ours_s / COUNT * 1000:>10.0f} {raw_s / COUNT * 1000:>10.0f}"
     )
+    print(f"{'containerd shim processes for them':<52} {shims:>10} {raw_shims:>10}")
     print(f"{'host memory per idle sandbox (MiB)':<52} {per_sandbox_mib:>10.1f} {raw_per_mib:>10.1f}")
     print(f"{'+ its resident agent, started (MiB)':<52} {agent_mib:>10.1f}")
     print(f"{'= per idle sandbox with its agent (MiB)':<52} {per_sandbox_mib + agent_mib:>10.1f}")
     print("  where it goes, per sandbox (anonymous MiB; sandbox / its agent):")
-    for part in ("agents", "shims", "engine", "orchestrator"):
+    for part in PARTS:
         made = (parts_after[part] - parts_before[part]) / COUNT
         started = (parts_agents[part] - parts_after[part]) / COUNT
         print(f"{'    ' + part:<52} {made:>10.2f} {started:>10.2f}")

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox.config import effective_agent, load_config_text
-from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.create import SHIM_GROUP, create_kwargs, groups_shims
+from sandbox.runtime.docker.doctor import shim_check
 from sandbox.runtime.naming import Labels, container_name
 from sandbox.runtime.seccomp import strict_profile_json
 from sandbox.runtime.spec import build_spec, volume_name
@@ -117,5 +118,54 @@ def test_hash_changes_with_what_matters_only(tmp_path: Path) -> None:
         "agents: {defaults: {sandbox: {docker: {runtime: runsc}}}}",
         "agents: {defaults: {sandbox: {docker: {setup_command: 'true'}}}}",
         "agents: {defaults: {sandbox: {workspace_access: ro}}}",
+        "agents: {defaults: {sandbox: {docker: {shim: container}}}}",
     ):
         assert spec_for(change, tmp=tmp_path).config_hash != base, change
+
+
+def group_of(tenant: str, runtime: str | None = None, **docker: str) -> str | None:
+    config = load_config_text(
+        "state_dir: /tmp/sbx-spec\n"
+        f"agents: {{list: [{{id: main, tenant: '{tenant}', sandbox: {{docker: {dict(docker, runtime=runtime)!r}}}}}]}}"
+    )
+    annotations = create_kwargs(build_spec(effective_agent(config, "main"), "agent:main:s", "inst1")).get("annotations")
+    return None if annotations is None else str(annotations[SHIM_GROUP])
+
+
+def test_a_shim_group_is_one_per_tenant_and_runtime_and_never_two_tenants() -> None:
+    """By default a sandbox names its tenant's shim group; a tenant's sessions share it, another
+    tenant (even one whose name another's would run into if joined) and another runtime never do;
+    `shim: container` names none."""
+    group = group_of("acme")
+    assert group is not None and group.startswith("sbx-inst1-shim-") and "acme" not in group
+    assert group == group_of("acme") != group_of("globex")
+    assert group_of("acme", "runsc") not in (group, group_of("globex", "runsc"))
+    assert group_of("acmer", None) != group_of("acme", "r")  # [tenant, runtime] is encoded, not glued
+    assert group_of("acme", shim="container") is None
+
+
+def test_groups_shims_only_from_api_1_43() -> None:
+    """Engine 24.0 speaks API 1.43; anything older, or unreadable, gets a shim per container."""
+    for version, groups in {
+        "1.43": True,
+        "1.45": True,
+        "1.100": True,
+        "2.0": True,
+        "1.41": False,
+        "1.9": False,
+        "0.99": False,
+        "": False,
+        "1": False,
+        "x.y": False,
+    }.items():
+        assert groups_shims(version) is groups, version
+
+
+def test_doctor_says_whether_a_tenants_sandboxes_share_a_shim() -> None:
+    """doctor: shared per tenant from API 1.43; before, one each and what would share them; none asked, none."""
+    config = load_config_text("state_dir: /tmp/sbx-spec\nagents: {list: [{id: a}, {id: b}]}")
+    assert "per tenant" in shim_check("1.45", config).detail
+    old = shim_check("1.41", config)
+    assert old.status == "ok" and "its own" in old.detail and "scripts/docker-engine" in old.detail
+    off = load_config_text("state_dir: /tmp/sbx-spec\nagents: {defaults: {sandbox: {docker: {shim: container}}}}")
+    assert "per sandbox" in shim_check("1.45", off).detail

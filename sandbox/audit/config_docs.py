@@ -46,6 +46,7 @@ def inspect_of(config: Config, agent_id: str, session: str) -> dict[str, Any]:
             "Tmpfs": kw["tmpfs"],
             "RestartPolicy": kw["restart_policy"],
             "PortBindings": {},
+            "Annotations": kw.get("annotations"),
         },
         "Mounts": [
             {

@@ -216,6 +216,11 @@ class DockerConfig(StrictModel):
     # 5.27); N runs the image's check (the agent's --health, an exec) every N seconds: 1,000
     # sandboxes at 60 s are 17 execs a second
     health_interval_s: int = Field(0, ge=0, le=86400)
+    # containerd's shim (one process per container by default, about 2.3 MiB each): `tenant`
+    # runs one shim for all of a tenant's sandboxes on one runtime (the OCI annotation
+    # io.containerd.runc.v2.group; honoured by Docker Engine 24.0 and later, ignored before);
+    # `container`, one each. Never shared across tenants: a shim that dies takes its group
+    shim: Literal["tenant", "container"] = "tenant"
 
     @field_validator("health_interval_s")
     @classmethod

@@ -348,6 +348,7 @@ def build_spec(
         ],
         "dns": [docker.dns, docker.extra_hosts],
         "health": docker.health_interval_s,
+        "shim": docker.shim,
         "egress": egress,
         "layout": MOUNT_LAYOUT_VERSION,
         "session_users": session_users,

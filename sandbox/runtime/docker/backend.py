@@ -30,7 +30,7 @@ from sandbox.runtime.docker.agent_links import AgentLinkFolders, folder_in
 from sandbox.runtime.docker.agent_stream import DockerAgents
 from sandbox.runtime.docker.browser import BrowserManager
 from sandbox.runtime.docker.client import CONTROL_TIMEOUT_S, connect
-from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.create import create_container, create_kwargs
 from sandbox.runtime.docker.egress_log import DockerEgressLogs
 from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.docker.freeze import DockerFreezer
@@ -259,11 +259,11 @@ class DockerBackend:
 
         def create_and_start() -> str:
             try:
-                container = self.client.containers.create(**kwargs)
+                container = create_container(self.client, kwargs)
             except docker.errors.APIError as exc:
                 if not self.links.unseen(exc, kwargs):
                     raise
-                container = self.client.containers.create(**kwargs)  # without it: the agents keep the stream
+                container = create_container(self.client, kwargs)  # without it: the agents keep the stream
             try:
                 container.start()
             except Exception:

@@ -6,14 +6,26 @@ for sockets happen here, when a container is about to be made (or shown by expla
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.config.binds import CONTAINER_WORKDIR, refuse_sockets
 from sandbox.fs.quota import parse_size
+from sandbox.runtime.naming import short_hash
 from sandbox.runtime.seccomp import ENGINE_DEFAULT, STRICT, strict_profile_json
 from sandbox.runtime.spec import SandboxSpec
+
+if TYPE_CHECKING:  # explain and audit read create_kwargs without loading the SDK (test_startup.py)
+    import docker
+    from docker.models.containers import Container
+
+# containerd's runc v2 shim serves every container whose OCI spec carries the same value here
+# from one process (what Kubernetes' pods use); Docker copies HostConfig.Annotations into the
+# spec from Engine 24.0 (API 1.43) and ignores the field before
+SHIM_GROUP = "io.containerd.runc.v2.group"
+ANNOTATIONS_API = (1, 43)
 
 
 def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
@@ -63,8 +75,44 @@ def create_kwargs(spec: SandboxSpec) -> dict[str, Any]:
         "extra_hosts": dict(h.split(":", 1) for h in d.extra_hosts) or None,
         "runtime": d.runtime,
         "healthcheck": health_check(d.health_interval_s),
+        "annotations": {SHIM_GROUP: shim_group(spec)} if d.shim == "tenant" else None,
     }
     return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def shim_group(spec: SandboxSpec) -> str:
+    """The shim group of a sandbox: one per instance, tenant and runtime, never two tenants'.
+
+    The runtime is part of it so that one shim never drives both runc and runsc containers.
+    """
+    runtime = spec.docker.runtime or ""
+    return f"sbx-{spec.instance}-shim-{short_hash(json.dumps([spec.tenant, runtime]), 24)}"
+
+
+def create_container(client: docker.DockerClient, kwargs: dict[str, Any]) -> Container:
+    """`containers.create(**kwargs)`, with what docker-py has no argument for: `annotations`
+    (HostConfig.Annotations). The SDK's own conversion of the rest is reused, not redone."""
+    from docker.models.containers import _create_container_args
+
+    rest = dict(kwargs)
+    annotations = rest.pop("annotations", None)
+    if not annotations:
+        return client.containers.create(**rest)
+    rest["version"] = client.api._version
+    rest.setdefault("command", None)
+    args = _create_container_args(rest)
+    args["host_config"]["Annotations"] = dict(annotations)
+    made = client.api.create_container(**args)
+    return client.containers.get(made["Id"])
+
+
+def groups_shims(api_version: str) -> bool:
+    """Whether an engine that speaks `api_version` honours the shim group (Engine 24.0+)."""
+    try:
+        major, minor = (int(part) for part in api_version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= ANNOTATIONS_API
 
 
 def health_check(interval_s: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from sandbox.policy.resolver import ResolvedPolicy
 from sandbox.runtime import link_folders
 from sandbox.runtime.agent.exec_path import path_from_labels
 from sandbox.runtime.agent.fifo_link import INSIDE
-from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.create import SHIM_GROUP, create_kwargs
 from sandbox.runtime.naming import instance_id
 from sandbox.runtime.seccomp import describe_security_opts
 from sandbox.runtime.spec import SandboxSpec, spec_from_config
@@ -56,6 +56,8 @@ def container_facts(config: Config, policy: ResolvedPolicy, *, agent: EffectiveA
             "cpus": docker.cpus,
             "init": kwargs["init"],
             "runtime": docker.runtime or "runc (engine default)",
+            # the group's id, or none: a shim of its own (engines before 24.0 give every one its own)
+            "shim_group": kwargs.get("annotations", {}).get(SHIM_GROUP),
         },
         "egress": (
             {

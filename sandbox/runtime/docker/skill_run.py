@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from docker.types import Mount as DockerMount
 
-from sandbox.runtime.docker.create import create_kwargs
+from sandbox.runtime.docker.create import create_container, create_kwargs
 from sandbox.runtime.docker.exec import exec_stream
 from sandbox.runtime.output import OutputCapture
 from sandbox.runtime.protocol import ExecResult
@@ -41,7 +41,7 @@ async def run_in_container(
     ]
 
     def create_and_start() -> str:
-        container = backend.client.containers.create(**kwargs)
+        container = create_container(backend.client, kwargs)
         try:
             container.start()
         except Exception:

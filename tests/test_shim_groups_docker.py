@@ -1,0 +1,143 @@
+"""One containerd shim per tenant (`sandbox.docker.shim: tenant`), against the real engine.
+
+Each sandbox's init process is a child of the shim that serves it, so the shim is read from
+/proc: the parent of the container's State.Pid. Needs Docker Engine 24.0 or later (API 1.43), the
+first that passes a container's annotations to containerd (scripts/docker-engine; CI runs it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import Orchestrator
+from sandbox.runtime.docker.create import SHIM_GROUP, groups_shims
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
+
+AGENTS = """
+agents:
+  defaults: {sandbox: {mode: all, scope: session}}
+  list:
+    - {id: a, tenant: t1}
+    - {id: b, tenant: t1}
+    - {id: c, tenant: t2}
+"""
+
+
+@pytest.fixture
+def grouping_engine(docker_client: Any) -> Any:
+    version = docker_client.version()
+    if not groups_shims(version["ApiVersion"]):
+        pytest.skip(f"Docker Engine {version['Version']} (API {version['ApiVersion']}) gives every container a shim")
+    return docker_client
+
+
+def parent_of(pid: int) -> int:
+    # the field after the command's closing parenthesis (a command may hold spaces and parentheses)
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def shim_of(client: Any, container_id: str) -> int:
+    pid = int(client.api.inspect_container(container_id)["State"]["Pid"])
+    assert pid > 0, f"{container_id} is not running"
+    shim = parent_of(pid)
+    command = Path(f"/proc/{shim}/cmdline").read_bytes().split(b"\0")[0]
+    assert command.endswith(b"containerd-shim-runc-v2"), (shim, command)
+    return shim
+
+
+async def box_of(orch: Orchestrator, session: str) -> str:
+    result = await orch.session(session).call("exec", {"command": "echo up"})
+    assert result.ok and "up" in result.output["output"], result
+    return (await orch.session(session).sandbox()).id
+
+
+def gone(pid: int, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        # a zombie has been killed; only its parent's wait is missing
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+async def test_a_tenants_sandboxes_share_one_shim_and_another_tenants_never(
+    grouping_engine: Any, make_config: Any
+) -> None:
+    """Two agents of t1, three sessions: one shim; t2's session: another. The group outlives the
+    container that started its shim, and a later sandbox of t1 joins it."""
+    client = grouping_engine
+    async with Orchestrator(make_config(AGENTS), journal=False) as orch:
+        first = await box_of(orch, "agent:a:one")
+        second = await box_of(orch, "agent:a:two")
+        third = await box_of(orch, "agent:b:one")
+        other = await box_of(orch, "agent:c:one")
+        shim = shim_of(client, first)
+        assert shim_of(client, second) == shim_of(client, third) == shim
+        assert shim_of(client, other) != shim
+        groups = {
+            box: client.api.inspect_container(box)["HostConfig"]["Annotations"][SHIM_GROUP]
+            for box in (first, second, third, other)
+        }
+        assert groups[first] == groups[second] == groups[third] != groups[other]
+
+        # the container whose start made the shim goes (as `sandbox prune` would remove it)
+        client.containers.get(first).remove(force=True)
+        assert os.path.exists(f"/proc/{shim}"), "the shim went with the first container of its group"
+        again = await orch.session("agent:a:two").call("exec", {"command": "echo still"})
+        assert (
+            again.ok
+            and "still" in again.output["output"]
+            and (await orch.session("agent:a:two").sandbox()).id == second
+        )
+        later = await box_of(orch, "agent:b:two")
+        assert shim_of(client, later) == shim
+
+
+async def test_a_shim_killed_takes_only_its_tenants_sandboxes_which_are_made_again(
+    grouping_engine: Any, make_config: Any
+) -> None:
+    """SIGKILL to t1's shim: t2's sandbox never notices; t1's container processes are gone (not
+    orphaned on the host), and t1's next call runs in a new sandbox."""
+    client = grouping_engine
+    async with Orchestrator(make_config(AGENTS), journal=False) as orch:
+        mine = await box_of(orch, "agent:a:one")
+        other = await box_of(orch, "agent:c:one")
+        started = await orch.session("agent:c:one").call("exec", {"command": "echo before > t2.txt"})
+        assert started.ok
+        shim, other_shim = shim_of(client, mine), shim_of(client, other)
+        init = int(client.api.inspect_container(mine)["State"]["Pid"])
+
+        os.kill(shim, signal.SIGKILL)
+        assert gone(shim)
+        assert gone(init), "the killed shim's container kept running on the host"
+
+        kept = await orch.session("agent:c:one").call("exec", {"command": "cat t2.txt"})
+        assert kept.ok and kept.output["output"].strip() == "before", kept
+        assert (await orch.session("agent:c:one").sandbox()).id == other and shim_of(client, other) == other_shim
+
+        again = await orch.session("agent:a:one").call("exec", {"command": "echo back"})
+        assert again.ok and "back" in again.output["output"], again
+        remade = (await orch.session("agent:a:one").sandbox()).id
+        assert remade != mine
+        assert shim_of(client, remade) not in (shim, other_shim)
+
+
+async def test_shim_container_gives_each_sandbox_its_own(docker_client: Any, make_config: Any) -> None:
+    """`shim: container`: no annotation, and (on any engine) two sessions of one tenant, two shims."""
+    config = make_config(
+        "agents: {defaults: {sandbox: {mode: all, scope: session, docker: {shim: container}}}, list: [{id: a}]}"
+    )
+    async with Orchestrator(config, journal=False) as orch:
+        one, two = await box_of(orch, "agent:a:one"), await box_of(orch, "agent:a:two")
+        assert not docker_client.api.inspect_container(one)["HostConfig"].get("Annotations")
+        assert shim_of(docker_client, one) != shim_of(docker_client, two)
