@@ -313,23 +313,14 @@ async def test_sandbox_logs_collects_what_the_proxy_saw(make_config: Any, lab: L
         await session.close()
 
 
-async def test_the_host_is_out_of_reach_through_the_gateway(make_config: Any, lab: Lab) -> None:
+async def test_the_host_is_out_of_reach_through_the_gateway(make_config: Any, lab: Lab, docker_client: Any) -> None:
     host_canary = Canary()  # listens on every host address, the egress bridge's gateway too
     try:
         async with Orchestrator(egress_config(make_config, lab)) as orch:
             session = orch.session(agent="main", key="s-gw")
-            script = f"""
-import socket, struct
-for line in open("/proc/net/route").read().splitlines()[1:]:
-    f = line.split()
-    if f[1] == "00000000":
-        gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
-try:
-    socket.create_connection((gw, {host_canary.port}), timeout=3); print("connected to", gw)
-except OSError as exc:
-    print("refused", gw, type(exc).__name__)
-"""
-            out = await _sh(session, f"python3 -c '{script}'")
+            out = await _sh(
+                session, f"python3 -c '{await gateway_probe(docker_client, orch, session, host_canary.port)}'"
+            )
             assert "refused" in out["output"] and "connected" not in out["output"], out
             await session.close()
     finally:
@@ -338,19 +329,28 @@ except OSError as exc:
 
 
 GATEWAY_PROBE = """
-import socket, struct
-for line in open("/proc/net/route").read().splitlines()[1:]:
-    f = line.split()
-    if f[1] == "00000000":
-        gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+import socket
 try:
-    socket.create_connection((gw, PORT), timeout=3); print("connected to", gw)
+    socket.create_connection(("GW", PORT), timeout=3); print("connected to GW")
 except OSError as exc:
-    print("refused", gw, type(exc).__name__)
+    print("refused GW", type(exc).__name__)
 """
 
 
-async def test_bridge_rules_removed_behind_a_live_sandbox_are_put_back(make_config: Any, lab: Lab) -> None:
+async def gateway_probe(docker_client: Any, orch: Orchestrator, session: Any, port: int) -> str:
+    """A script that connects to the host's side of the session's egress bridge. Its address is
+    read from the host: since Engine 26 a sandbox on an internal network has no default route to
+    name it, but the address stays on its link, one ARP away."""
+    assert (await _sh(session, "true"))["exit_code"] == 0  # the sandbox and its network exist
+    network = egress.names(orch.manager.spec_for(session.agent, session.key).name).network
+    gateway = docker_client.networks.get(network).attrs["IPAM"]["Config"][0]["Gateway"]
+    assert gateway, network
+    return GATEWAY_PROBE.replace("GW", gateway).replace("PORT", str(port))
+
+
+async def test_bridge_rules_removed_behind_a_live_sandbox_are_put_back(
+    make_config: Any, lab: Lab, docker_client: Any
+) -> None:
     """Whatever removes an egress bridge's host rules while its sandbox lives (a race, an
     operator's flush), the next orchestrator to adopt the sandbox puts them back before using it:
     the sandbox still cannot reach the host through its gateway, and the canary hears nothing."""
@@ -368,8 +368,9 @@ async def test_bridge_rules_removed_behind_a_live_sandbox_are_put_back(make_conf
         assert not hostfirewall.rules_present(bridge)
         async with Orchestrator(config) as orch:
             session = orch.session(agent="main", key="s-gw-lost")
-            probe = GATEWAY_PROBE.replace("PORT", str(host_canary.port))
-            out = await _sh(session, f"python3 -c '{probe}'")
+            out = await _sh(
+                session, f"python3 -c '{await gateway_probe(docker_client, orch, session, host_canary.port)}'"
+            )
             assert "refused" in out["output"] and "connected" not in out["output"], out
             assert hostfirewall.rules_present(bridge)
             await session.close()
