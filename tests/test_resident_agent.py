@@ -42,7 +42,9 @@ AGENT = Path(__file__).resolve().parents[1] / "images/sandbox/sandbox_agent.py"
 class LocalAgent:
     """The agent as a child process of the test, spoken to with the orchestrator's frame code."""
 
-    def __init__(self, env: dict[str, str] | None = None, max_file_bytes: int | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str] | None = None, max_file_bytes: int | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> None:
         def limit() -> None:
             if max_file_bytes is not None:
                 import resource
@@ -55,6 +57,7 @@ class LocalAgent:
             stdout=subprocess.PIPE,
             env={**os.environ, **(env or {})},
             preexec_fn=limit if max_file_bytes is not None else None,
+            pass_fds=pass_fds,
         )
         self.reader = FrameReader()
         self.backlog: list[tuple[Any, bytes]] = []
@@ -211,6 +214,59 @@ def test_the_agent_ends_with_its_stdin() -> None:
 
 def test_health_check_passes_where_commands_can_start() -> None:
     assert subprocess.run([sys.executable, "-I", "-S", str(AGENT), "--health"], timeout=30).returncode == 0
+
+
+def test_a_command_starts_as_popen_started_it(tmp_path: Path) -> None:
+    """os.posix_spawn in place of subprocess.Popen, with Popen's guarantees: stdin /dev/null; no
+    descriptor of the agent, not even one it inherited open across exec; SIGPIPE (which the
+    agent ignores) back to default; the program found on the request's PATH, past a file there
+    that cannot run; and the agent's own working directory unchanged by a command's."""
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_w, True)  # what the agent's own parent might hand it
+    bin_a, bin_b = tmp_path / "a", tmp_path / "b"
+    for folder in (bin_a, bin_b):
+        folder.mkdir()
+    (bin_a / "tool").write_text("#!/bin/sh\necho wrong\n")  # not executable: skipped, as Popen skips it
+    (bin_b / "tool").write_text("#!/bin/sh\necho found\n")
+    (bin_b / "tool").chmod(0o755)
+    a = LocalAgent(pass_fds=(leak_w,))
+    os.close(leak_w)
+    try:
+        a.next()
+        inherited = Path(f"/proc/{a.proc.pid}/fd/{leak_w}")
+        assert inherited.exists(), "the agent did not get the descriptor the test meant to leak"
+        done, out, _ = a.run(
+            1, ["/bin/sh", "-c", "readlink /proc/$$/fd/0; ls /proc/$$/fd; grep SigIgn /proc/$$/status"]
+        )
+        lines = out[1].decode().split("\n")
+        assert done.code == 0 and lines[0] == "/dev/null", out
+        assert sorted(lines[1:-2], key=int) == ["0", "1", "2"], out  # none of the agent's
+        assert int(lines[-2].split()[1], 16) & (1 << (signal.SIGPIPE - 1)) == 0, out
+        found, out, _ = a.run(2, ["tool"], env={"PATH": f"{bin_a}:{bin_b}"})
+        assert (found.code, out[1]) == (0, b"found\n"), out
+        before = os.readlink(f"/proc/{a.proc.pid}/cwd")
+        assert a.run(3, ["true"], cwd=str(tmp_path))[0].code == 0
+        assert a.run(4, ["true"], cwd=str(tmp_path / "gone"))[0].code == 126
+        assert os.readlink(f"/proc/{a.proc.pid}/cwd") == before
+        _, out, _ = a.run(5, ["pwd"])
+        assert out[1].decode().strip() == before
+        nothing = a.run(6, ["tool"], env={"PATH": f"{bin_a}:{tmp_path / 'none'}"})[0]
+        assert nothing.code == 126, "a file found that cannot run is a shell's 126, not a missing one's 127"
+    finally:
+        a.close()
+        os.close(leak_r)
+
+
+def test_the_agent_holds_neither_subprocess_nor_socket() -> None:
+    """What keeps an idle agent small (docs/benchmarks.md, density): modules it does not import."""
+    probe = (
+        "import sys, runpy; runpy.run_path(sys.argv[1], run_name='agent');"
+        "print(' '.join(m for m in ('subprocess', 'socket', 'threading') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe, str(AGENT)], capture_output=True, text=True, timeout=30
+    )
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "", loaded
 
 
 # -- the orchestrator's reader, fed hostile bytes -----------------------------------------

@@ -24,16 +24,20 @@ agent exits.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import selectors
 import signal
-import socket
 import stat
 import struct
-import subprocess
 import sys
 import time
+
+# Not imported here: subprocess (with the threading it needs) and socket held about 1.2 MiB more of
+# every agent's memory, and an idle sandbox's agent is most of what a sandbox costs
+# (docs/benchmarks.md, density). Commands start with os.posix_spawn (Process, below); socket is
+# imported by the port relay when a preview first connects.
 
 PROTOCOL = 1
 HEAD = struct.Struct(">II")
@@ -206,15 +210,7 @@ class Agent:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                env={**os.environ, **env},
-                cwd=cwd if isinstance(cwd, str) and cwd else None,
-                start_new_session=True,  # its own session and process group, as docker exec does
-            )
+            proc = Process(argv, {**os.environ, **env}, cwd if isinstance(cwd, str) and cwd else None, out_w, err_w)
         except OSError as exc:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -240,11 +236,95 @@ class Agent:
         self.send({"t": "started", "id": rid, "pid": proc.pid})
 
 
+# what subprocess.Popen's restore_signals puts back to default in a child (the agent ignores SIGPIPE)
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+_home: int | None = None  # the agent's own working directory, to come back to after a spawn
+
+
+class Process:
+    """A command started as subprocess.Popen(argv, env=env, cwd=cwd, stdin=DEVNULL,
+    stdout=stdout, stderr=stderr, start_new_session=True) starts it (close_fds and
+    restore_signals as by default), with os.posix_spawn: its pid and, once reaped, its return
+    code (negative: the signal that ended it).
+
+    Raises:
+        OSError: it cannot start. The working directory's error names `cwd` (a shell's 126); a
+            program not found is FileNotFoundError naming the program (127).
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None, stdout: int, stderr: int) -> None:
+        global _home
+        self.returncode: int | None = None
+        actions: list[tuple[object, ...]] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in ((stdout, 1), (stderr, 2)) if fd != target]
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds(exclude=(stdout, stderr))]
+        program = argv[0]
+        paths = [program] if "/" in program else [os.path.join(d, program) for d in os.get_exec_path(env)]
+        if cwd is not None:
+            if _home is None:
+                _home = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.chdir(cwd)  # the child starts in it; single-threaded, the agent comes back at once
+        try:
+            telling: OSError | None = None  # as Popen: the first that starts, else the first
+            missing: OSError | None = None  # error other than "not there", else "not there"
+            for path in paths:
+                try:
+                    self.pid = os.posix_spawn(
+                        path, argv, env, file_actions=actions, setsid=True, setsigdef=DEFAULT_SIGNALS
+                    )
+                    return
+                except OSError as exc:
+                    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                        missing = missing or exc
+                    elif telling is None:
+                        telling = exc
+            raise telling or missing or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        finally:
+            if cwd is not None and _home is not None:
+                os.fchdir(_home)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._wait(os.WNOHANG)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self._wait(0)
+        return self.returncode
+
+    def _wait(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped elsewhere: Popen reports 0 then too
+            self.returncode = 0
+            return
+        if pid == self.pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+
+def _inheritable_fds(exclude: tuple[int, ...]) -> list[int]:
+    """The agent's descriptors above 2 that a command would inherit (Popen's close_fds): none
+    while every one is opened close-on-exec, as Python opens them; checked all the same."""
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc here: close-on-exec is what holds
+        return found
+    for name in names:
+        fd = int(name)
+        if fd > 2 and fd not in exclude:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                if os.get_inheritable(fd):
+                    found.append(fd)
+    return found
+
+
 class Child:
     """One running command: its pipes, its exit watch."""
 
     def __init__(
-        self, rid: int, proc: subprocess.Popen[bytes], out_r: int, err_r: int, pid_file: str | None = None
+        self, rid: int, proc: Process, out_r: int, err_r: int, pid_file: str | None = None
     ) -> None:
         self.rid = rid
         self.proc = proc
@@ -566,7 +646,7 @@ PORT_WINDOW = 256 << 10  # bytes sent and not yet acknowledged, per stream and d
 MAX_PORT_STREAMS = 64
 CONNECT_S = 5.0  # a server that has not accepted by then (its backlog full) is refused, not waited for
 TCP_ESTABLISHED = "01"
-LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
+LOOPBACKS = ((2, "127.0.0.1"), (10, "::1"))  # AF_INET, AF_INET6 (Linux)
 
 
 class PortStream:
@@ -624,6 +704,8 @@ class PortRelay:
         if index >= len(LOOPBACKS):
             self.refuse(rid, "not_listening", f"nothing listens on port {port} of the sandbox's loopback")
             return
+        import socket  # here, not at the top: an agent that relays no port never holds it
+
         family, host = LOOPBACKS[index]
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
@@ -645,6 +727,8 @@ class PortRelay:
 
     def connected(self, stream: PortStream) -> None:
         """The connect of `stream` finished: keep it if our own user's server accepted it."""
+        import socket  # imported by connect already: a lookup
+
         error = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         self.agent.sel.unregister(stream.sock)
         stream.events = 0
@@ -786,9 +870,18 @@ def health() -> int:
     """The container's health check: this agent can start a command here (exec works, the pids
     limit is not used up, the filesystem answers)."""
     try:
-        return subprocess.run(["true"], check=False, timeout=5).returncode
-    except (OSError, subprocess.SubprocessError):
+        proc = Process(["true"], dict(os.environ), None, 1, 2)
+    except OSError:
         return 1
+    deadline = time.monotonic() + 5
+    while proc.poll() is None:
+        if time.monotonic() > deadline:  # a command that cannot finish starting: unhealthy
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return 1
+        time.sleep(0.01)
+    return proc.returncode
 
 
 def read_line(fd: int, limit: int = 4096) -> str:
