@@ -1,7 +1,7 @@
 """Benchmark: many idle sandboxes on one host.
 
-Run: python bench/scale.py [count] [parallelism] [idle_s] [health_interval_s]   (defaults 200,
-8, 150 and 0; needs the engine and `sandbox images build`; removes everything it made)
+Run: python bench/scale.py [count] [parallelism] [idle_s] [health_interval_s] [shim]   (defaults
+200, 8, 150, 0 and tenant; needs the engine and `sandbox images build`; removes everything it made)
 
 Creates `count` session-scoped sandboxes through the orchestrator with `parallelism` creations
 in flight, then the same number of raw `containers.run` of the same image with the same
@@ -39,6 +39,7 @@ COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 PARALLEL = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 IDLE_S = float(sys.argv[3]) if len(sys.argv) > 3 else 150.0
 HEALTH_S = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+SHIM = sys.argv[5] if len(sys.argv) > 5 else "tenant"  # docker.shim: tenant (the default) or container
 IMAGE = "sandbox-exec:latest"
 LABEL = "io.agent-sandbox.bench-scale"
 PARTS = ("agents", "shims", "storage", "engine", "orchestrator")
@@ -134,7 +135,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config_text(
             f"state_dir: {tmp}/state\ninstance: scale\n"
-            f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{health_interval_s: {HEALTH_S}}}}}}}}}\n"
+            f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{health_interval_s: {HEALTH_S}, shim: {SHIM}}}}}}}}}\n"
         )
         agent = effective_agent(config, "main")
         backend = DockerBackend(max_threads=max(32, PARALLEL * 2))

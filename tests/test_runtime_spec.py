@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox.config import effective_agent, load_config_text
-from sandbox.runtime.docker.create import SHIM_GROUP, create_kwargs, groups_shims
+from sandbox.runtime.docker.create import SHIM_GROUP, SHIM_SHARDS, create_kwargs, groups_shims
 from sandbox.runtime.docker.doctor import shim_check
 from sandbox.runtime.naming import Labels, container_name
 from sandbox.runtime.seccomp import strict_profile_json
@@ -123,25 +123,31 @@ def test_hash_changes_with_what_matters_only(tmp_path: Path) -> None:
         assert spec_for(change, tmp=tmp_path).config_hash != base, change
 
 
-def group_of(tenant: str, runtime: str | None = None, **docker: str) -> str | None:
+def group_of(tenant: str, runtime: str | None = None, session: str = "agent:main:s", **docker: str) -> str | None:
     config = load_config_text(
         "state_dir: /tmp/sbx-spec\n"
-        f"agents: {{list: [{{id: main, tenant: '{tenant}', sandbox: {{docker: {dict(docker, runtime=runtime)!r}}}}}]}}"
+        f"agents: {{list: [{{id: main, tenant: '{tenant}', sandbox: {{scope: session, docker: {dict(docker, runtime=runtime)!r}}}}}]}}"
     )
-    annotations = create_kwargs(build_spec(effective_agent(config, "main"), "agent:main:s", "inst1")).get("annotations")
+    spec = build_spec(effective_agent(config, "main"), session, "inst1")
+    annotations = create_kwargs(spec).get("annotations")
     return None if annotations is None else str(annotations[SHIM_GROUP])
 
 
-def test_a_shim_group_is_one_per_tenant_and_runtime_and_never_two_tenants() -> None:
-    """By default a sandbox names its tenant's shim group; a tenant's sessions share it, another
-    tenant (even one whose name another's would run into if joined) and another runtime never do;
-    `shim: container` names none."""
+def test_a_shim_group_is_one_of_a_few_per_tenant_and_runtime_and_never_two_tenants() -> None:
+    """By default a sandbox names one of its tenant's SHIM_SHARDS shim groups, picked by its
+    session; another tenant (even one whose name another's would run into if joined) and another
+    runtime never share one; `shim: container` names none."""
     group = group_of("acme")
     assert group is not None and group.startswith("sbx-inst1-shim-") and "acme" not in group
     assert group == group_of("acme") != group_of("globex")
     assert group_of("acme", "runsc") not in (group, group_of("globex", "runsc"))
     assert group_of("acmer", None) != group_of("acme", "r")  # [tenant, runtime] is encoded, not glued
     assert group_of("acme", shim="container") is None
+    sessions = [f"agent:main:s{n}" for n in range(64)]
+    mine = {group_of("acme", session=s) for s in sessions}
+    theirs = {group_of("globex", session=s) for s in sessions}
+    assert len(mine) == len(theirs) == SHIM_SHARDS and not mine & theirs
+    assert len({str(g).rsplit("-", 1)[0] for g in mine}) == 1  # one tenant's shards, one prefix
 
 
 def test_groups_shims_only_from_api_1_43() -> None:

@@ -1,4 +1,4 @@
-"""One containerd shim per tenant (`sandbox.docker.shim: tenant`), against the real engine.
+"""A tenant's own containerd shims (`sandbox.docker.shim: tenant`), against the real engine.
 
 Each sandbox's init process is a child of the shim that serves it, so the shim is read from
 /proc: the parent of the container's State.Pid. Needs Docker Engine 24.0 or later (API 1.43), the
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sandbox import Orchestrator
-from sandbox.runtime.docker.create import SHIM_GROUP, groups_shims
+from sandbox.runtime.docker.create import SHIM_GROUP, SHIM_SHARDS, groups_shims, shim_shard
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
@@ -70,37 +70,46 @@ def gone(pid: int, timeout_s: float = 20.0) -> bool:
     return False
 
 
-async def test_a_tenants_sandboxes_share_one_shim_and_another_tenants_never(
+def keys_in_shard(shard: int, prefix: str, count: int) -> list[str]:
+    """`count` session keys `<prefix><n>` whose sandboxes join shard `shard` of their tenant."""
+    return [key for key in (f"{prefix}{n}" for n in range(256)) if shim_shard(key) == shard][:count]
+
+
+async def test_a_tenants_sandboxes_share_its_shims_and_another_tenants_never(
     grouping_engine: Any, make_config: Any
 ) -> None:
-    """Two agents of t1, three sessions: one shim; t2's session: another. The group outlives the
-    container that started its shim, and a later sandbox of t1 joins it."""
+    """Two agents of t1: sessions in one shard share one shim, a session in another shard has
+    another; t2's session has its own. The group outlives the container that started its shim,
+    and a later sandbox of t1 in that shard joins it."""
     client = grouping_engine
+    shard = shim_shard("agent:a:x0")
+    first, second = keys_in_shard(shard, "agent:a:x", 2)
+    (third,) = keys_in_shard(shard, "agent:b:x", 1)
+    (elsewhere,) = keys_in_shard((shard + 1) % SHIM_SHARDS, "agent:a:x", 1)
     async with Orchestrator(make_config(AGENTS), journal=False) as orch:
-        first = await box_of(orch, "agent:a:one")
-        second = await box_of(orch, "agent:a:two")
-        third = await box_of(orch, "agent:b:one")
-        other = await box_of(orch, "agent:c:one")
-        shim = shim_of(client, first)
-        assert shim_of(client, second) == shim_of(client, third) == shim
-        assert shim_of(client, other) != shim
+        boxes = {key: await box_of(orch, key) for key in (first, second, third, elsewhere, "agent:c:one")}
+        shims = {key: shim_of(client, box) for key, box in boxes.items()}
         groups = {
-            box: client.api.inspect_container(box)["HostConfig"]["Annotations"][SHIM_GROUP]
-            for box in (first, second, third, other)
+            key: client.api.inspect_container(box)["HostConfig"]["Annotations"][SHIM_GROUP]
+            for key, box in boxes.items()
         }
-        assert groups[first] == groups[second] == groups[third] != groups[other]
+        assert shims[first] == shims[second] == shims[third] and groups[first] == groups[second] == groups[third]
+        assert shims[elsewhere] != shims[first] and groups[elsewhere] != groups[first]
+        assert groups[elsewhere].rsplit("-", 1)[0] == groups[first].rsplit("-", 1)[0]  # the tenant's other shard
+        assert shims["agent:c:one"] not in (shims[first], shims[elsewhere])
+        assert groups["agent:c:one"].rsplit("-", 1)[0] != groups[first].rsplit("-", 1)[0]
 
         # the container whose start made the shim goes (as `sandbox prune` would remove it)
-        client.containers.get(first).remove(force=True)
-        assert os.path.exists(f"/proc/{shim}"), "the shim went with the first container of its group"
-        again = await orch.session("agent:a:two").call("exec", {"command": "echo still"})
+        client.containers.get(boxes[first]).remove(force=True)
+        assert os.path.exists(f"/proc/{shims[first]}"), "the shim went with the first container of its group"
+        again = await orch.session(second).call("exec", {"command": "echo still"})
         assert (
             again.ok
             and "still" in again.output["output"]
-            and (await orch.session("agent:a:two").sandbox()).id == second
+            and (await orch.session(second).sandbox()).id == boxes[second]
         )
-        later = await box_of(orch, "agent:b:two")
-        assert shim_of(client, later) == shim
+        (later,) = keys_in_shard(shard, "agent:b:y", 1)
+        assert shim_of(client, await box_of(orch, later)) == shims[first]
 
 
 async def test_a_shim_killed_takes_only_its_tenants_sandboxes_which_are_made_again(
