@@ -6,11 +6,13 @@ container, through Docker's exec socket, is in test_resident_agent_docker.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +45,12 @@ class LocalAgent:
     """The agent as a child process of the test, spoken to with the orchestrator's frame code."""
 
     def __init__(
-        self, env: dict[str, str] | None = None, max_file_bytes: int | None = None, pass_fds: tuple[int, ...] = ()
+        self,
+        env: dict[str, str] | None = None,
+        max_file_bytes: int | None = None,
+        pass_fds: tuple[int, ...] = (),
+        prefix: tuple[str, ...] = (),
+        cwd: str | None = None,
     ) -> None:
         def limit() -> None:
             if max_file_bytes is not None:
@@ -52,12 +59,13 @@ class LocalAgent:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(AGENT)],
+            [*prefix, sys.executable, "-I", "-S", str(AGENT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, **(env or {})},
             preexec_fn=limit if max_file_bytes is not None else None,
             pass_fds=pass_fds,
+            cwd=cwd,
         )
         self.reader = FrameReader()
         self.backlog: list[tuple[Any, bytes]] = []
@@ -218,11 +226,9 @@ def test_health_check_passes_where_commands_can_start() -> None:
 
 def test_a_command_starts_as_popen_started_it(tmp_path: Path) -> None:
     """os.posix_spawn in place of subprocess.Popen, with Popen's guarantees: stdin /dev/null; no
-    descriptor of the agent, not even one it inherited open across exec; SIGPIPE (which the
-    agent ignores) back to default; the program found on the request's PATH, past a file there
+    descriptor of the agent's; SIGPIPE (which the agent ignores) back to default; the program found on the request's PATH, past a file there
     that cannot run; and the agent's own working directory unchanged by a command's."""
     leak_r, leak_w = os.pipe()
-    os.set_inheritable(leak_w, True)  # what the agent's own parent might hand it
     bin_a, bin_b = tmp_path / "a", tmp_path / "b"
     for folder in (bin_a, bin_b):
         folder.mkdir()
@@ -233,8 +239,6 @@ def test_a_command_starts_as_popen_started_it(tmp_path: Path) -> None:
     os.close(leak_w)
     try:
         a.next()
-        inherited = Path(f"/proc/{a.proc.pid}/fd/{leak_w}")
-        assert inherited.exists(), "the agent did not get the descriptor the test meant to leak"
         done, out, _ = a.run(
             1, ["/bin/sh", "-c", "readlink /proc/$$/fd/0; ls /proc/$$/fd; grep SigIgn /proc/$$/status"]
         )
@@ -252,9 +256,84 @@ def test_a_command_starts_as_popen_started_it(tmp_path: Path) -> None:
         assert out[1].decode().strip() == before
         nothing = a.run(6, ["tool"], env={"PATH": f"{bin_a}:{tmp_path / 'none'}"})[0]
         assert nothing.code == 126, "a file found that cannot run is a shell's 126, not a missing one's 127"
+        fds = len(os.listdir(f"/proc/{a.proc.pid}/fd"))
+        for rid in range(7, 17):  # what posix_spawn refuses and Popen did not: 126, nothing held
+            odd, out, _ = a.run(rid, ["" if rid % 2 else "true"], env={} if rid % 2 else {"": "x"})
+            assert odd.code == 126 and out[2], out
+        assert len(os.listdir(f"/proc/{a.proc.pid}/fd")) == fds
+        assert a.run(17, ["true"])[0].code == 0
     finally:
         a.close()
         os.close(leak_r)
+
+
+HIDDEN_PROC = ("unshare", "-m", "sh", "-c", 'mount -t tmpfs none /proc && exec "$@"', "sh")
+
+
+@pytest.mark.parametrize("proc", ["mounted", "hidden"])
+def test_no_descriptor_handed_to_the_agent_reaches_a_command(proc: str) -> None:
+    """A descriptor the agent's parent left open across exec (as its FIFOs to the orchestrator
+    would be, were they inheritable) never reaches a command: forged frames could go up it. Also
+    where /proc is not mounted, which the agent's check of its descriptors reads."""
+    if proc == "hidden" and (os.geteuid() != 0 or shutil.which("unshare") is None):
+        pytest.skip("needs root and unshare to hide /proc from the agent")
+    read_end, write_end = os.pipe()
+    a = LocalAgent(pass_fds=(write_end,), prefix=HIDDEN_PROC if proc == "hidden" else ())
+    os.close(write_end)
+    try:
+        a.next()
+        assert Path(f"/proc/{a.proc.pid}/fd/{write_end}").exists(), "the agent was not handed the descriptor"
+        probe = f"import os\ntry:\n    os.write({write_end}, b'forged')\n    print('open')\nexcept OSError:\n    print('closed')"
+        done, out, _ = a.run(1, [sys.executable, "-I", "-S", "-c", probe])
+        assert (done.code, out[1]) == (0, b"closed\n"), out
+    finally:
+        a.close()
+    os.set_blocking(read_end, False)
+    assert os.read(read_end, 100) == b"", "a frame was forged up the descriptor"  # every writer gone
+    os.close(read_end)
+
+
+def test_an_agent_whose_own_folder_turns_unsearchable_still_reports_what_ran() -> None:
+    """The sandbox's user (the agent's own) takes search permission off the agent's folder: a
+    command given a folder still runs and is reported as it ended (never as not started, never
+    left unreaped), and one given none runs in /."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the agent as another user")
+    base = Path(tempfile.mkdtemp(prefix="sbx-agent-home-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        home, other = base / "home", base / "other"
+        for folder in (home, other):
+            folder.mkdir()
+            os.chown(folder, 65534, 65534)
+        nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+        a = LocalAgent(prefix=nobody, cwd=str(home))
+        try:
+            a.next()
+            assert a.run(1, ["chmod", "a-x", str(home)])[0].code == 0
+            codes = [a.run(rid, ["sh", "-c", f"echo {rid} >> log"], cwd=str(other))[0].code for rid in range(2, 7)]
+            assert codes == [0] * 5 and (other / "log").read_text().split() == [str(r) for r in range(2, 7)]
+            assert a.run(7, ["pwd"])[1][1] == b"/\n"
+            assert not [pid for pid in live_or_zombie_children(a.proc.pid) if pid[1] == "Z"]
+        finally:
+            a.close()
+    finally:
+        home.chmod(0o755)
+        shutil.rmtree(base)
+
+
+def live_or_zombie_children(parent: int) -> list[tuple[int, str]]:
+    """(pid, state) of every process whose parent is `parent`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                found.append((int(entry.name), fields[0]))
+    return found
 
 
 def test_the_agent_holds_neither_subprocess_nor_socket() -> None:

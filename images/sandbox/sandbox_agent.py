@@ -211,15 +211,16 @@ class Agent:
         err_r, err_w = os.pipe()
         try:
             proc = Process(argv, {**os.environ, **env}, cwd if isinstance(cwd, str) and cwd else None, out_w, err_w)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: an empty program name or env key, a NUL
             for fd in (out_r, err_r):
                 os.close(fd)
             # what a shell reports for a command that cannot start: 127 when it is missing, else
             # 126 (a working directory that is not there included)
             missing = isinstance(exc, FileNotFoundError) and exc.filename != cwd
             code = 127 if missing else 126
+            reason = getattr(exc, "strerror", None) or exc
             self.send({"t": "started", "id": rid, "pid": 0})
-            self.send({"t": "out", "id": rid, "stream": 2}, f"{argv[0]}: {exc.strerror or exc}\n".encode())
+            self.send({"t": "out", "id": rid, "stream": 2}, f"{argv[0]}: {reason}\n".encode())
             self.send({"t": "exit", "id": rid, "code": code, "signal": 0})
             return
         finally:
@@ -236,33 +237,33 @@ class Agent:
         self.send({"t": "started", "id": rid, "pid": proc.pid})
 
 
-# what subprocess.Popen's restore_signals puts back to default in a child (the agent ignores SIGPIPE)
+# what subprocess.Popen's restore_signals puts back to default in a child (the agent ignores
+# SIGPIPE). Unlike Popen, glibc's posix_spawn leaves its two internal signals (32 and 33, below
+# SIGRTMIN) ignored in the command; nothing but glibc itself uses them.
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
-_home: int | None = None  # the agent's own working directory, to come back to after a spawn
+_home: int | None = None  # the agent's own working directory (O_PATH), opened at its start
 
 
 class Process:
     """A command started as subprocess.Popen(argv, env=env, cwd=cwd, stdin=DEVNULL,
-    stdout=stdout, stderr=stderr, start_new_session=True) starts it (close_fds and
-    restore_signals as by default), with os.posix_spawn: its pid and, once reaped, its return
-    code (negative: the signal that ended it).
+    stdout=stdout, stderr=stderr, start_new_session=True) starts it (restore_signals as by
+    default; what close_fds did is done once, at the agent's start: keep_descriptors_to_itself),
+    with os.posix_spawn: its pid and, once reaped, its return code (negative: the signal that
+    ended it).
 
     Raises:
         OSError: it cannot start. The working directory's error names `cwd` (a shell's 126); a
             program not found is FileNotFoundError naming the program (127).
+        ValueError: an empty program name, an empty environment name, a NUL byte.
     """
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None, stdout: int, stderr: int) -> None:
-        global _home
         self.returncode: int | None = None
         actions: list[tuple[object, ...]] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
         actions += [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in ((stdout, 1), (stderr, 2)) if fd != target]
-        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds(exclude=(stdout, stderr))]
         program = argv[0]
         paths = [program] if "/" in program else [os.path.join(d, program) for d in os.get_exec_path(env)]
         if cwd is not None:
-            if _home is None:
-                _home = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             os.chdir(cwd)  # the child starts in it; single-threaded, the agent comes back at once
         try:
             telling: OSError | None = None  # as Popen: the first that starts, else the first
@@ -280,8 +281,8 @@ class Process:
                         telling = exc
             raise telling or missing or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
         finally:
-            if cwd is not None and _home is not None:
-                os.fchdir(_home)
+            if cwd is not None:
+                go_home()  # never raises: a command that started is never reported as not started
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -303,21 +304,32 @@ class Process:
             self.returncode = os.waitstatus_to_exitcode(status)
 
 
-def _inheritable_fds(exclude: tuple[int, ...]) -> list[int]:
-    """The agent's descriptors above 2 that a command would inherit (Popen's close_fds): none
-    while every one is opened close-on-exec, as Python opens them; checked all the same."""
-    found: list[int] = []
+def go_home() -> None:
+    """Back to the agent's own working directory; to / when it cannot be entered any more (the
+    sandbox's user, the agent's own, may take its search permission away)."""
     try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:  # no /proc here: close-on-exec is what holds
-        return found
-    for name in names:
-        fd = int(name)
-        if fd > 2 and fd not in exclude:
-            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
-                if os.get_inheritable(fd):
-                    found.append(fd)
-    return found
+        if _home is None:
+            raise OSError("not opened")
+        os.fchdir(_home)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.chdir("/")
+
+
+def keep_descriptors_to_itself() -> None:
+    """At start: no descriptor the agent was handed (beyond 0, 1, 2) may pass to a command, as
+    Popen's close_fds made sure; its own are opened close-on-exec. Also opens `_home`."""
+    global _home
+    with contextlib.suppress(OSError):
+        _home = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every number a descriptor can have here
+        fds = list(range(3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16)))
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):  # not open (or the listing's own, closed by now)
+                os.set_inheritable(fd, False)
 
 
 class Child:
@@ -896,6 +908,7 @@ def read_line(fd: int, limit: int = 4096) -> str:
 
 
 def main() -> int:
+    keep_descriptors_to_itself()
     if sys.argv[1:] == ["--health"]:
         return health()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
