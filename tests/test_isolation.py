@@ -345,3 +345,16 @@ def test_workspace_inside_a_workspace_root_is_refused(tmp_path: Path) -> None:
     )
     (found,) = problems(text, tmp_path)
     assert "agents.list[0].workspace" in found and f"lies inside the workspace_root {tmp_path}/s/sandboxes" in found
+
+
+def test_exec_env_names_that_no_command_could_start_with_are_invalid_arguments() -> None:
+    """An empty name, one holding `=` or NUL, a value holding NUL: refused with the name, before
+    any sandbox is asked (the agent could only answer that the command did not start)."""
+    from pydantic import ValidationError
+
+    from sandbox.tools.builtin import ExecArgs
+
+    for env in ({"": "x"}, {"A=B": "x"}, {"A\0": "x"}, {"A": "x\0y"}):
+        with pytest.raises(ValidationError, match="environment name"):
+            ExecArgs.model_validate({"command": "true", "env": env})
+    assert ExecArgs.model_validate({"command": "true", "env": {"A_1": "x=y", "B": ""}}).env == {"A_1": "x=y", "B": ""}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field, field_validator
 
 from sandbox.policy.sessions import SessionKeyArg
 from sandbox.tools.spec import SIDE_EFFECTS, RetryPolicy, ToolArgs, ToolSpec
@@ -18,6 +18,18 @@ class ExecArgs(ToolArgs):
     background: bool = Field(False, description="Start and return a process id at once.")
     yield_ms: int | None = Field(None, ge=0, description="Run up to this long, then background.")
     merge_output: bool = Field(True, description="Interleave stdout and stderr in order.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        # what execve can carry: a name before its `=`, no NUL anywhere (else the command could
+        # not start, and the model would not learn why)
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ValueError(
+                    f"an environment name must be non-empty, without '=' or NUL, its value without NUL: {name!r}"
+                )
+        return env
 
 
 class ProcessArgs(ToolArgs):
