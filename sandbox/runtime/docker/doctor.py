@@ -21,7 +21,7 @@ from sandbox.runtime import link_folders
 from sandbox.runtime.agent.exec_path import path_from_labels
 from sandbox.runtime.checks import Check
 from sandbox.runtime.docker import procfs
-from sandbox.runtime.docker.create import groups_shims
+from sandbox.runtime.docker.create import SHIM_SHARDS, groups_shims
 from sandbox.runtime.docker.errors import mapped
 from sandbox.runtime.docker.images import ImageTarget, image_current, provenance
 from sandbox.runtime.naming import Labels
@@ -161,7 +161,8 @@ def shim_check(api_version: str, config: Config) -> Check:
     if not grouped:
         return Check("ok", "shims", "one containerd shim per sandbox (docker.shim: container)")
     if groups_shims(api_version):
-        return Check("ok", "shims", f"one containerd shim per tenant and runtime (API {api_version})")
+        detail = f"{SHIM_SHARDS} containerd shims per tenant and runtime, never shared across tenants"
+        return Check("ok", "shims", f"{detail} (API {api_version})")
     return Check(
         "ok",
         "shims",
