@@ -141,7 +141,10 @@ async def _rounds(
                 }
                 for round_ in range(rounds + 3):  # three warm-up rounds, not kept
                     for name, (ours, baseline) in pairs.items():
-                        mine, theirs = await ours(), await baseline()
+                        if round_ % 2:  # who goes first alternates: the one after a heavy step pays for its tail
+                            theirs, mine = await baseline(), await ours()
+                        else:
+                            mine, theirs = await ours(), await baseline()
                         if round_ >= 3:
                             samples[name][0].append(mine)
                             samples[name][1].append(theirs)
