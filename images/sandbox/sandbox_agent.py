@@ -307,13 +307,12 @@ class Process:
 def go_home() -> None:
     """Back to the agent's own working directory; to / when it cannot be entered any more (the
     sandbox's user, the agent's own, may take its search permission away)."""
-    try:
-        if _home is None:
-            raise OSError("not opened")
-        os.fchdir(_home)
-    except OSError:
+    if _home is not None:
         with contextlib.suppress(OSError):
-            os.chdir("/")
+            os.fchdir(_home)
+            return
+    with contextlib.suppress(OSError):
+        os.chdir("/")
 
 
 def keep_descriptors_to_itself() -> None:
