@@ -5,7 +5,7 @@ Run: python bench/scale.py [count] [parallelism] [idle_s] [health_interval_s] [s
 
 Creates `count` session-scoped sandboxes through the orchestrator with `parallelism` creations
 in flight, then the same number of raw `containers.run` of the same image with the same
-parallelism (the baseline, same run). Reports the wall time of each, the memory one idle
+parallelism (the baseline, same run, with the same health checking as ours: none at 0). Reports the wall time of each, the memory one idle
 sandbox costs the host (MemAvailable before and after, divided by the count: container, shim,
 its tini and sleep), what its resident agent adds once started (one command in each), the
 host's load average once they have all sat idle for `idle_s` (with `docker.health_interval_s`
@@ -186,11 +186,21 @@ async def main() -> None:
         before_raw = settle()
         shims_before_raw = shim_count()
 
+        # the same health checking as ours: the image's own check (a python3 exec a minute) at
+        # 1,000 raw containers drove this host's load past 280 on 2026-12-07, and ours has none
+        test = (client.images.get(IMAGE).attrs["Config"].get("Healthcheck") or {}).get("Test")
+        raw_health = {"test": ["NONE"]} if not HEALTH_S or not test else {"test": test, "interval": HEALTH_S * 10**9}
+
         def raw(i: int):  # type: ignore[no-untyped-def]
             async def job() -> None:
                 await anyio.to_thread.run_sync(
                     lambda: client.containers.run(
-                        IMAGE, ["sleep", "infinity"], detach=True, init=True, labels={LABEL: "1"}
+                        IMAGE,
+                        ["sleep", "infinity"],
+                        detach=True,
+                        init=True,
+                        labels={LABEL: "1"},
+                        healthcheck=raw_health,
                     )
                 )
 
