@@ -77,6 +77,28 @@ def test_list_recreate_prune(cfg: Path) -> None:
     assert cli(cfg, "recreate").returncode == 2
 
 
+def test_prune_applies_each_agents_own_rules(tmp_path: Path, instance: str) -> None:
+    """prune judges a sandbox by its own agent's rules: one whose agent prunes after a moment is
+    named, one whose agent never prunes is kept, whatever the defaults say."""
+    cfg = tmp_path / "agents.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path}/state\ninstance: {instance}\n"
+        "agents: {defaults: {sandbox: {mode: all, scope: session, prune: {idle_hours: 0.0001}}}, "
+        "list: [{id: quick}, {id: keeper, sandbox: {prune: {idle_hours: 0, max_age_days: 0}}}]}\n"
+    )
+    for session in ("agent:quick:p1", "agent:keeper:p2"):
+        assert cli(cfg, "call", "--session", session, "exec", '{"command": "true"}').returncode == 0
+    listed = {row["agent"]: row for row in json.loads(cli(cfg, "list", "--json").stdout)}
+    assert set(listed) == {"quick", "keeper"} and all(row["config_match"] for row in listed.values())
+    import time
+
+    time.sleep(1.0)
+    dry = json.loads(cli(cfg, "prune", "--dry-run", "--json").stdout)
+    assert [p["name"] for p in dry["pruned"]] == [listed["quick"]["name"]]
+    assert len(json.loads(cli(cfg, "list", "--json").stdout)) == 2  # a dry run removes nothing
+    assert cli(cfg, "recreate", "--all").returncode == 0
+
+
 def test_prune_removes_leftover_file_locks_but_not_a_held_one(cfg: Path, tmp_path: Path) -> None:
     """Lock files an older version left (or a process that died holding one) go with prune."""
     import fcntl

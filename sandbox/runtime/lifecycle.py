@@ -38,10 +38,12 @@ def _seconds_since(iso: str | None) -> float:
         return 0.0
 
 
-async def rows(manager: SandboxManager) -> list[SandboxRow]:
+async def rows(manager: SandboxManager, *, matching: bool = True) -> list[SandboxRow]:
     """Every sandbox of this instance with age, idle time and whether its config still matches:
     a session's against its agent as that session runs it (a spawned child's own sandbox, with
-    its parent's view), a free pool member's against its pool's config."""
+    its parent's view), a free pool member's against its pool's config. With `matching` False
+    the match and role stay None (prune and pause need neither, and the match is most of a
+    listing's time: a spec made again per sandbox)."""
     last_used = manager.last_used()
     out = []
     known = set(agent_ids(manager.config))
@@ -51,7 +53,7 @@ async def rows(manager: SandboxManager) -> list[SandboxRow]:
             match: bool | None = None
             role: str | None = None
             agent_id = info.agent if info.agent in known else _shared_agent(manager, info)
-            if info.kind == "exec" and agent_id is not None:
+            if matching and info.kind == "exec" and agent_id is not None:
                 agent = effective_agent(manager.config, agent_id)
                 if unclaimed(info):
                     role = "pool"
@@ -165,13 +167,12 @@ async def prune(manager: SandboxManager, *, dry_run: bool = False) -> list[tuple
             await pool.remove_member(info)
         out.append((info.name, why))
     gone = {info.id for info, _ in stale_pool}
-    for row in await rows(manager):
+    known = set(agent_ids(config))
+    rules = {agent_id: effective_agent(config, agent_id).sandbox.prune for agent_id in known}
+    for row in await rows(manager, matching=False):
         if row.info.id in gone or unclaimed(row.info):
             continue  # pool containers are the pool's: stale ones went above, free ones stay
-        agent_id = row.info.agent if row.info.agent in agent_ids(config) else None
-        prune_cfg = (
-            effective_agent(config, agent_id).sandbox.prune if agent_id else config.agents.defaults.sandbox.prune
-        )
+        prune_cfg = rules.get(row.info.agent) or config.agents.defaults.sandbox.prune
         reason = None
         if prune_cfg.idle_hours and row.idle_s > prune_cfg.idle_hours * 3600:
             reason = f"idle {row.idle_s / 3600:.1f} h > {prune_cfg.idle_hours} h"
@@ -197,7 +198,7 @@ async def pause_idle(manager: SandboxManager) -> list[tuple[str, str]]:
     config = manager.config
     now = time.monotonic()
     out = []
-    for row in await rows(manager):
+    for row in await rows(manager, matching=False):
         info = row.info
         if info.status != "running" or info.kind != "exec" or unclaimed(info) or info.name in manager.in_use:
             continue
