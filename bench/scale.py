@@ -5,10 +5,10 @@ Run: python bench/scale.py [count] [parallelism] [idle_s] [health_interval_s] [s
 
 Creates `count` session-scoped sandboxes through the orchestrator with `parallelism` creations
 in flight, then the same number of raw `containers.run` of the same image with the same
-parallelism (the baseline, same run, with the same health checking as ours: none at 0). Reports the wall time of each, the memory one idle
-sandbox costs the host (MemAvailable before and after, divided by the count: container, shim,
-its tini and sleep), what its resident agent adds once started (one command in each), the
-host's load average once they have all sat idle for `idle_s` (with `docker.health_interval_s`
+parallelism (the baseline, same run, with the same health checking as ours: none at 0).
+Reports the wall time of each, the memory one idle sandbox costs the host (MemAvailable before
+and after, divided by the count: container, shim, its tini and sleep), what its resident agent
+adds once started (one command in each), the host's load average once they have all sat idle for `idle_s` (with `docker.health_interval_s`
 as given: 0, the default, runs no Docker health check; 60 was the image's old every-minute
 exec), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with all of them
 present.

@@ -228,8 +228,8 @@ def test_health_check_passes_where_commands_can_start() -> None:
 
 def test_a_command_starts_as_popen_started_it(tmp_path: Path) -> None:
     """os.posix_spawn in place of subprocess.Popen, with Popen's guarantees: stdin /dev/null; no
-    descriptor of the agent's; SIGPIPE (which the agent ignores) back to default; the program found on the request's PATH, past a file there
-    that cannot run; and the agent's own working directory unchanged by a command's."""
+    descriptor of the agent's; SIGPIPE (which the agent ignores) back to default; the program
+    found on the request's PATH, past a file there that cannot run; and the agent's own working directory unchanged by a command's."""
     leak_r, leak_w = os.pipe()
     bin_a, bin_b = tmp_path / "a", tmp_path / "b"
     for folder in (bin_a, bin_b):

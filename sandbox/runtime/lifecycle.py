@@ -52,8 +52,10 @@ async def rows(manager: SandboxManager, *, matching: bool = True) -> list[Sandbo
         for info in await manager.list():
             match: bool | None = None
             role: str | None = None
-            agent_id = info.agent if info.agent in known else _shared_agent(manager, info)
-            if matching and info.kind == "exec" and agent_id is not None:
+            agent_id = None
+            if matching and info.kind == "exec":
+                agent_id = info.agent if info.agent in known else _shared_agent(manager, info)
+            if agent_id is not None:
                 agent = effective_agent(manager.config, agent_id)
                 if unclaimed(info):
                     role = "pool"
@@ -167,8 +169,7 @@ async def prune(manager: SandboxManager, *, dry_run: bool = False) -> list[tuple
             await pool.remove_member(info)
         out.append((info.name, why))
     gone = {info.id for info, _ in stale_pool}
-    known = set(agent_ids(config))
-    rules = {agent_id: effective_agent(config, agent_id).sandbox.prune for agent_id in known}
+    rules = {agent_id: effective_agent(config, agent_id).sandbox.prune for agent_id in agent_ids(config)}
     for row in await rows(manager, matching=False):
         if row.info.id in gone or unclaimed(row.info):
             continue  # pool containers are the pool's: stale ones went above, free ones stay
