@@ -1,12 +1,18 @@
-"""The journal's files on disk: private to the orchestrator's user, never through a link."""
+"""SQLite files on disk (the journal's, the session registry's, the state store's): private to the
+orchestrator's user, never through a link, in WAL mode even when several processes make one at once."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import sqlite3
 import stat
 from pathlib import Path
+
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
+
+SQLITE_BUSY = 5
 
 
 def private_files(path: Path) -> None:
@@ -33,3 +39,19 @@ def private_files(path: Path) -> None:
             raise OSError(errno.ELOOP, "the journal or one of its files is a symbolic link", name)
         if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != 0o600 and info.st_uid == os.geteuid():
             os.chmod(name, 0o600)
+
+
+def use_wal(db: sqlite3.Connection, wait_s: float) -> None:
+    """Put the file in WAL mode, waiting up to `wait_s` for another process that holds it.
+
+    SQLite answers SQLITE_BUSY to the switch at once, without calling the busy handler, while
+    another connection holds the file: several processes opening one new journal at the same
+    moment (a journal already in WAL mode stays so, and its switch takes no lock).
+    """
+    busy = retry_if_exception(
+        lambda exc: isinstance(exc, sqlite3.OperationalError) and getattr(exc, "sqlite_errorcode", 0) == SQLITE_BUSY
+    )
+    wait = wait_random_exponential(multiplier=0.002, max=0.05)
+    for attempt in Retrying(retry=busy, stop=stop_after_delay(wait_s), wait=wait, reraise=True):
+        with attempt:
+            db.execute("PRAGMA journal_mode=WAL")

@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.approvals import Approval, ApprovalStore
 from sandbox.journal.calls import CallRecord, CallRecords, State
-from sandbox.journal.files import private_files
+from sandbox.journal.files import private_files, use_wal
 from sandbox.journal.loops import LoopHistory
 from sandbox.journal.notes import NotesMixin
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive
@@ -103,7 +103,7 @@ class Journal(ReadsMixin, NotesMixin):
             )
             if fresh:  # only before the first page is written: lets retention give space back in steps
                 self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            self._db.execute("PRAGMA journal_mode=WAL")
+            use_wal(self._db, busy_timeout_s)
             self._db.execute("PRAGMA synchronous=NORMAL")  # a process crash loses nothing committed
             # the log is truncated back to this after a checkpoint (a big prune would leave it large)
             self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")

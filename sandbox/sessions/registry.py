@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ErrorCode, SandboxError
+from sandbox.journal.files import private_files, use_wal
 from sandbox.journal.prune_steps import in_batches
 
 SCHEMA = """
@@ -117,16 +117,14 @@ class Registry:
     """
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not path.exists():
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         self._lock = threading.Lock()
         try:
+            private_files(path)  # two processes making the file at once both go on
             self._db = sqlite3.connect(str(path), timeout=10, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            use_wal(self._db, 10)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise SandboxError(ErrorCode.INTERNAL, f"the session registry at {path} cannot be opened: {exc}") from exc
 
     def close(self) -> None:

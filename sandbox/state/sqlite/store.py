@@ -18,7 +18,7 @@ import anyio
 from loguru import logger
 
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.journal.files import private_files
+from sandbox.journal.files import private_files, use_wal
 from sandbox.state.migrate import check_version
 from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
 from sandbox.state.sqlite import approvals, quotas
@@ -38,7 +38,7 @@ def connect(path: Path, *, busy_timeout_s: float = 5.0) -> sqlite3.Connection:
     try:
         private_files(path)
         db = sqlite3.connect(str(path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
+        use_wal(db, busy_timeout_s)
         db.execute("PRAGMA synchronous=NORMAL")
         private_files(path)  # the -wal and -shm files exist now
     except (sqlite3.Error, OSError) as exc:
