@@ -35,7 +35,7 @@ class AnswersBusy:
         self.calls += 1
         if self.calls <= self.times:
             exc = sqlite3.OperationalError("database is locked")
-            exc.sqlite_errorcode = self.code  # type: ignore[attr-defined]
+            exc.sqlite_errorcode = self.code
             raise exc
 
 

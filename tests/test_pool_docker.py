@@ -489,3 +489,25 @@ async def test_a_claim_file_goes_when_another_process_removed_its_container(
             path.write_text(json.dumps({**record, "claimed_at": record["claimed_at"] - CLAIM_GRACE_S - 1}))
         assert await pool.drop_lost_claims() == 1
         assert sorted(pool.claims.ids()) == [kept]
+
+
+async def test_the_pool_lists_its_own_members_only(make_config: Any) -> None:
+    """The pool asks the engine for containers with its label only (the engine filters; at 1,000
+    sandboxes that is 10 ms, not 300): members free or handed out, never a sandbox made cold, and
+    each pool's free members by its own key."""
+    async with Orchestrator(pool_config(make_config, size=1)) as orch:
+        assert await orch.fill_pools() == 1
+        warm = await orch.session("agent:main:w").sandbox()
+        cold = await orch.session("agent:main:c").sandbox()  # the pool is empty now: made cold
+        assert await orch.fill_pools() == 1
+        pool: Any = orch.manager.pool
+        listed = {i.id: i for i in await orch.manager.list()}
+        members_now = {i.id for i in await pool._all_members()}
+        assert warm.id in members_now and cold.id not in members_now
+        assert members_now == {i for i, info in listed.items() if Labels.POOL in info.labels}
+        free = [i for i in members_now if unclaimed(listed[i])]
+        assert len(free) == 1
+        key = listed[free[0]].labels[Labels.POOL]
+        assert {i.id for i in await pool._members(key)} == {warm.id, free[0]}
+        assert await pool._members("no-such-pool") == []
+        assert await pool.stale() == []

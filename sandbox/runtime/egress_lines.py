@@ -9,9 +9,10 @@ call (`egress:...`), so a line is journaled once even when two processes collect
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandbox.journal.store import Journal
+if TYPE_CHECKING:
+    from sandbox.journal.store import Journal
 
 TOOL = "egress"
 MAX_LINE = 4096  # a longer log line is not one the addon wrote (it caps its fields)

@@ -17,13 +17,13 @@ import anyio.to_thread
 import docker.errors
 
 from sandbox._log import logger
-from sandbox.journal.store import Journal
 from sandbox.runtime.bounded import remember
 from sandbox.runtime.docker import egress
 from sandbox.runtime.egress_lines import journal_lines, parse_lines
 from sandbox.runtime.naming import Labels
 
 if TYPE_CHECKING:
+    from sandbox.journal.store import Journal
     from sandbox.runtime.docker.backend import DockerBackend
 
 

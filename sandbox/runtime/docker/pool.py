@@ -270,9 +270,12 @@ class WarmPool:
         maker died is removed by cleanup_orphans, by its creator's liveness."""
         return under_pool_name(info) and CREATING_MARK not in info.name
 
+    async def _all_members(self) -> list[SandboxInfo]:
+        """Every container made as a pool member, free or handed out (its pool label stays)."""
+        return await self.backend.list(instance=self.manager.instance, kind="exec", label=Labels.POOL)
+
     async def _members(self, key: str) -> list[SandboxInfo]:
-        found = await self.backend.list(instance=self.manager.instance, kind="exec")
-        return [i for i in found if i.labels.get(Labels.POOL) == key]
+        return await self.backend.list(instance=self.manager.instance, kind="exec", label=f"{Labels.POOL}={key}")
 
     # -- filling -------------------------------------------------------------------------------
 
@@ -317,7 +320,7 @@ class WarmPool:
         """Pool containers of this instance that will never be handed out, and why."""
         wanted = await pool_plan.wanted_keys(self)
         out = []
-        for info in await self.backend.list(instance=self.manager.instance, kind="exec"):
+        for info in await self._all_members():
             key = info.labels.get(Labels.POOL)
             if not key or info.id in self._claiming or not self._free_name(info):
                 continue  # a renamed one is a session's sandbox, whatever became of its claim file
@@ -347,7 +350,7 @@ class WarmPool:
         """Drop the claim files whose container the engine no longer has (removed by a CLI prune, a
         replica, by hand: this process's own removals drop theirs); how many went. One older than
         CLAIM_GRACE_S only: a younger one may belong to a hand-over under way elsewhere."""
-        listed = {i.id for i in await self.backend.list(instance=self.manager.instance, kind="exec")}
+        listed = {i.id for i in await self._all_members()}  # a claim is only ever of a pool member
         dropped = 0
         looked = 0
         # in no fixed order: claims this instance cannot see (another instance's, on this state
