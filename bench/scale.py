@@ -10,13 +10,15 @@ Reports the wall time of each, the memory one idle sandbox costs the host (MemAv
 and after, divided by the count: container, shim, its tini and sleep), what its resident agent
 adds once started (one command in each), the host's load average once they have all sat idle for `idle_s` (with `docker.health_interval_s`
 as given: 0, the default, runs no Docker health check; 60 was the image's old every-minute
-exec), and the time of `sandbox list` (lifecycle.rows) and `prune --dry-run` with all of them
-present.
+exec) and the host's CPU busy share over that time, and the time of `sandbox list` and
+`prune --dry-run` with all of them present: in this process (lifecycle.rows, lifecycle.prune) and
+as the CLI commands (their own process: start, imports, config, the listing; best of 3).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -110,6 +112,24 @@ def settle() -> float:
     return mem_available_mib()
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """The host's CPU time so far (all, idle) in ticks, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def cli_seconds(config_file: Path, *argv: str) -> float:
+    """The best of 3 wall times of a `sandbox` CLI command in its own process."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "sandbox", "--config", str(config_file), *argv], check=True, capture_output=True
+        )
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def load_average() -> float:
     """The host's 1-minute load average."""
     return float(Path("/proc/loadavg").read_text().split()[0])
@@ -133,10 +153,13 @@ async def in_parallel(jobs: list, parallel: int) -> float:
 async def main() -> None:
     client = docker.from_env()
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config_text(
+        text = (
             f"state_dir: {tmp}/state\ninstance: scale\n"
             f"agents: {{defaults: {{sandbox: {{mode: all, scope: session, docker: {{health_interval_s: {HEALTH_S}, shim: {SHIM}}}}}}}}}\n"
         )
+        config = load_config_text(text)
+        config_file = Path(tmp) / "scale.yaml"  # the same config, for the CLI commands
+        config_file.write_text(text)
         agent = effective_agent(config, "main")
         backend = DockerBackend(max_threads=max(32, PARALLEL * 2))
         manager = SandboxManager(config, backend)
@@ -170,14 +193,19 @@ async def main() -> None:
         parts_agents = anon_by_part()
         agent_mib = (after - after_agents) / COUNT
         load_before = load_average()
+        ticks = cpu_ticks()
         await anyio.sleep(IDLE_S)  # all idle: what they cost now is their keep-alive (and any health check)
         load_idle = load_average()
+        now = cpu_ticks()
+        busy_pct = 100 * (1 - (now[1] - ticks[1]) / max(1, now[0] - ticks[0]))
         start = time.perf_counter()
         listed = await lifecycle.rows(manager)
         list_s = time.perf_counter() - start
         start = time.perf_counter()
         pruned = await lifecycle.prune(manager, dry_run=True)
         prune_s = time.perf_counter() - start
+        cli_list_s = cli_seconds(config_file, "list")
+        cli_prune_s = cli_seconds(config_file, "prune", "--dry-run")
         start = time.perf_counter()
         for info in await manager.list():
             await manager.remove(info)
@@ -237,10 +265,13 @@ async def main() -> None:
     rest_agent = agent_mib - sum(parts_agents[p] - parts_after[p] for p in parts_after) / COUNT
     print(f"{'    the rest (kernel, tini and sleep, page cache)':<52} {rest:>10.2f} {rest_agent:>10.2f}")
     print(f"{f'load average (1 min) after {IDLE_S:.0f} s idle (before)':<52} {load_idle:>10.2f} {load_before:>10.2f}")
+    print(f"{f'host CPU busy over those {IDLE_S:.0f} s (%, 2 cores)':<52} {busy_pct:>10.1f}")
     print(f"{'docker.health_interval_s (0: none)':<52} {HEALTH_S:>10}")
     print(f"{'first command in all, agents starting (wall s)':<52} {agents_s:>10.1f}")
     print(f"{'sandbox list with all present (s, rows)':<52} {list_s:>10.2f} {len(listed):>10}")
     print(f"{'prune --dry-run with all present (s)':<52} {prune_s:>10.2f} {len(pruned):>10}")
+    print(f"{'  the CLI: sandbox list (s, best of 3)':<52} {cli_list_s:>10.2f}")
+    print(f"{'  the CLI: sandbox prune --dry-run (s, best of 3)':<52} {cli_prune_s:>10.2f}")
     print(f"{'remove all, one at a time (s)':<52} {remove_s:>10.1f}")
 
 
