@@ -4,8 +4,9 @@ The public surface, and nothing else: everything behind it is private. Names loa
 use (PEP 562), so `import sandbox` and the CLI's start stay cheap.
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from sandbox._lazy import lazy_names as _lazy_names
 
 if _typing.TYPE_CHECKING:
     from sandbox.config import Config, load_config, load_config_text
@@ -54,13 +55,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> _typing.Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(home), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = _lazy_names(__name__, _HOMES, globals())
 
 
 def __dir__() -> list[str]:

@@ -4,8 +4,9 @@ Names load on first use (PEP 562): a module that needs only a small part of this
 owners' ids, the file rules) does not pay for the store, its SQLite and its models.
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from sandbox._lazy import lazy_names as _lazy_names
 
 if _typing.TYPE_CHECKING:
     from sandbox.journal.queries import EventPage
@@ -23,10 +24,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> _typing.Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'sandbox.journal' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(home), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = _lazy_names(__name__, _HOMES, globals())
