@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import binds
-from sandbox.config.binds import check_source, credential_paths_read_once, validate_binds
+from sandbox.config.binds import validate_binds
 from sandbox.config.models import DockerConfig
 from sandbox.errors import BindRefused
 
@@ -184,20 +183,3 @@ def test_socket_scan_is_bounded(tmp_path: Path) -> None:
         (tmp_path / f"f{i}").write_text("")
     assert find_sockets([str(tmp_path)], max_entries=10).complete is False
     assert find_sockets([str(tmp_path)]).complete is True
-
-
-def test_homes_read_once_hold_only_inside_their_block(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A listing reads the host's homes once; outside such a block every check reads them again,
-    so a home that appears later is protected at the next create."""
-    homes = [str(tmp_path / "alice")]
-    monkeypatch.setattr(binds, "home_dirs", lambda: list(homes))
-    bob_ssh = str(tmp_path / "bob" / ".ssh")
-    with credential_paths_read_once():
-        homes.append(str(tmp_path / "bob"))  # a user made while the listing runs
-        assert check_source(bob_ssh, DockerConfig()) == bob_ssh  # the listing's reading: alice only
-        with credential_paths_read_once():  # nested: the outer reading
-            assert str(tmp_path / "alice" / ".ssh") in binds.credential_paths()
-            assert bob_ssh not in binds.credential_paths()
-    with pytest.raises(BindRefused) as refused:  # after the block: read again, bob is protected
-        check_source(bob_ssh, DockerConfig())
-    assert refused.value.rule == "credential-path"

@@ -13,8 +13,7 @@ import os
 import pwd
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import PurePosixPath
@@ -132,24 +131,8 @@ def home_dirs() -> list[str]:
 
 
 def credential_paths() -> list[str]:
-    """Every protected credential directory (existing or not): as the host has them now, or as
-    they were when the enclosing :func:`credential_paths_read_once` block began."""
-    found = _READ_ONCE.get()
-    return found if found is not None else [os.path.join(h, name) for h in home_dirs() for name in CREDENTIAL_DIRS]
-
-
-_READ_ONCE: ContextVar[list[str] | None] = ContextVar("credential_paths", default=None)
-
-
-@contextlib.contextmanager
-def credential_paths_read_once() -> Iterator[None]:
-    """Read the host's homes once for the whole block: for work that only looks, over many specs
-    (a listing that checks 1,000 sandboxes' configs read /home 1,000 times), never around a create."""
-    token = _READ_ONCE.set(credential_paths())  # inside another such block: that block's reading
-    try:
-        yield
-    finally:
-        _READ_ONCE.reset(token)
+    """Every protected credential directory (existing or not)."""
+    return [os.path.join(home, name) for home in home_dirs() for name in CREDENTIAL_DIRS]
 
 
 def parse_bind(text: str) -> tuple[str, str, Mode]:

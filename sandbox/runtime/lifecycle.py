@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandbox.config.binds import credential_paths_read_once
 from sandbox.config.merge import EffectiveAgent, agent_ids, effective_agent
 from sandbox.config.models import Config
 from sandbox.runtime.manager import SandboxManager
@@ -51,34 +50,33 @@ async def rows(manager: SandboxManager, *, matching: bool = True) -> list[Sandbo
     merged = _Merged(manager.config)
     lineage = _Lineage(manager.config.state_dir)
     try:
-        with credential_paths_read_once():  # one reading of the host's homes, not one per sandbox
-            for info in await manager.list():
-                match: bool | None = None
-                role: str | None = None
-                agent_id = None
-                if matching and info.kind == "exec":
-                    agent_id = info.agent if info.agent in merged.known else _shared_agent(merged, info)
-                if agent_id is not None:
-                    agent = merged.agent(agent_id)
-                    if unclaimed(info):
-                        role = "pool"
-                        match = await _pool_matches(manager, agent, info)
-                    else:
-                        session = info.session or info.scope_key
-                        child = lineage.child(session, info.tenant)
-                        if child is not None:
-                            role, agent = "child", child_agent(manager.config, agent, child)
-                        match = await _config_matches(manager, agent, session, info)
-                created = info.labels.get(Labels.CREATED_AT)
-                out.append(
-                    SandboxRow(
-                        info=info,
-                        age_s=_seconds_since(created),
-                        idle_s=_seconds_since(last_used.get(info.name) or created),
-                        config_match=match,
-                        role=role,
-                    )
+        for info in await manager.list():
+            match: bool | None = None
+            role: str | None = None
+            agent_id = None
+            if matching and info.kind == "exec":
+                agent_id = info.agent if info.agent in merged.known else _shared_agent(merged, info)
+            if agent_id is not None:
+                agent = merged.agent(agent_id)
+                if unclaimed(info):
+                    role = "pool"
+                    match = await _pool_matches(manager, agent, info)
+                else:
+                    session = info.session or info.scope_key
+                    child = lineage.child(session, info.tenant)
+                    if child is not None:
+                        role, agent = "child", child_agent(manager.config, agent, child)
+                    match = await _config_matches(manager, agent, session, info)
+            created = info.labels.get(Labels.CREATED_AT)
+            out.append(
+                SandboxRow(
+                    info=info,
+                    age_s=_seconds_since(created),
+                    idle_s=_seconds_since(last_used.get(info.name) or created),
+                    config_match=match,
+                    role=role,
                 )
+            )
     finally:
         lineage.close()
     return out
