@@ -199,13 +199,13 @@ class FakeBackend:
         """Whether a sandbox of this name was made."""
         return name in self.sandboxes
 
-    async def list(self, *, instance: str | None) -> builtins.list[SandboxInfo]:
+    async def list(self, *, instance: str | None, tenant: str | None = None) -> builtins.list[SandboxInfo]:
         """The sandboxes made so far."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
         return [
             SandboxInfo.from_spec(box.spec, created_at=now)
             for box in self.sandboxes.values()
-            if instance is None or box.spec.instance == instance
+            if (instance is None or box.spec.instance == instance) and (tenant is None or box.spec.tenant == tenant)
         ]
 
     async def remove(self, name_or_id: str) -> None:

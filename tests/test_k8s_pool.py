@@ -290,3 +290,22 @@ def test_which_watch_events_free_a_place() -> None:
     assert frees_a_place("MODIFIED", claimed) and frees_a_place("MODIFIED", failed)
     assert frees_a_place("DELETED", free)
     assert not frees_a_place("DELETED", {"metadata": {"labels": {}}})  # not a pool Pod
+
+
+async def test_a_tenants_listing_reads_its_own_namespace_only(orchs: Orchestrators) -> None:
+    """`list(tenant=...)` (the quota admission, GET /v1/sandboxes) asks for that tenant's
+    namespace only: a neighbour's Pods are neither read nor returned."""
+    pool = orchs.pool()
+    acme = await orchs.member(pool, "main")
+    rival = await orchs.member(pool, "other")
+    backend = orchs.pool().backend
+    assert {i.id for i in await backend.list(instance="poolk8s")} == {
+        acme["metadata"]["name"],
+        rival["metadata"]["name"],
+    }
+    orchs.cluster.requests.clear()
+    listed = await backend.list(instance="poolk8s", tenant="acme")
+    assert [(i.id, i.tenant) for i in listed] == [(acme["metadata"]["name"], "acme")]
+    read = {path for method, path in orchs.cluster.requests if method == "GET"}
+    assert read and all(acme["metadata"]["namespace"] in path for path in read), read
+    assert [i.id for i in await backend.list(instance="poolk8s", tenant="rival")] == [rival["metadata"]["name"]]

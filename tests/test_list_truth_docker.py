@@ -88,3 +88,33 @@ async def test_a_spawned_childs_sandbox_matches_the_config(tmp_path: Path, insta
     assert all(r.config_match is True for r in found), found
     assert any(r["role"] == "child" and r["config_match"] is True for r in rows), rows
     assert all(r["config_match"] is True for r in rows), rows
+
+
+async def test_a_tenants_listing_holds_its_own_sandboxes_only(tmp_path: Path, instance: str) -> None:
+    """The engine is asked for one tenant's sandboxes (the quota admission and GET /v1/sandboxes
+    ask so: a neighbour's thousand sandboxes cost them nothing): tenant a's free pool member and
+    its handed-out one, never tenant b's sandbox, and the other way round."""
+    path = write_config(
+        tmp_path,
+        instance,
+        "tenants: [{id: a}, {id: b}]\n"
+        "agents:\n  list:\n"
+        "    - {id: alpha, tenant: a, sandbox: {mode: all, scope: session, pool: {size: 1}}}\n"
+        "    - {id: beta, tenant: b, sandbox: {mode: all, scope: session}}\n",
+    )
+    async with Orchestrator(load_config(path)) as orch:
+        assert await orch.fill_pools() == 1
+        assert (await orch.session("agent:alpha:s1").call("exec", {"command": "true"})).ok  # the member
+        assert (await orch.session("agent:beta:s1").call("exec", {"command": "true"})).ok
+        assert await orch.fill_pools() == 1
+        every = await orch.manager.list()
+        of_a = await orch.manager.list(tenant="a")
+        of_b = await orch.manager.list(tenant="b")
+        raw_b = await orch.backend.list(instance=orch.manager.instance, tenant="b")
+        nobody = await orch.manager.list(tenant="nobody")
+    assert {i.tenant for i in every} == {"a", "b"} and len(every) == 3
+    assert {i.tenant for i in of_a} == {"a"} and len(of_a) == 2
+    assert {i.session for i in of_a} == {"agent:alpha:s1", ""}  # the handed-out one shows its session
+    assert [(i.tenant, i.session) for i in of_b] == [("b", "agent:beta:s1")]
+    assert [i.id for i in raw_b] == [i.id for i in of_b]
+    assert nobody == []

@@ -79,9 +79,9 @@ class EngineLikeBackend(FakeBackend):
         await anyio.sleep(0.01)
         return await super().exists(name)
 
-    async def list(self, *, instance: str | None) -> Any:
+    async def list(self, *, instance: str | None, tenant: str | None = None) -> Any:
         await anyio.sleep(0.01)
-        return await super().list(instance=instance)
+        return await super().list(instance=instance, tenant=tenant)
 
 
 @pytest.fixture

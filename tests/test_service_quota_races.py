@@ -42,8 +42,8 @@ class HeldList(FakeBackend):
         self.go = anyio.Event()
         self.waiting = 0
 
-    async def list(self, *, instance: str | None) -> Any:
-        snapshot = await super().list(instance=instance)
+    async def list(self, *, instance: str | None, tenant: str | None = None) -> Any:
+        snapshot = await super().list(instance=instance, tenant=tenant)
         if self.hold:
             self.waiting += 1
             await self.go.wait()

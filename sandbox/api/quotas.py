@@ -328,9 +328,10 @@ class Admission:
         if self.makes is not None:
             await self._take_shared_sandbox(orch, who, spec, ticket)
             return
-        listed = await orch.manager.list()
+        # the tenant's own (the engine filters: a neighbour's thousand sandboxes cost it nothing);
         # the manager's list: a pool container handed to a session shows it (labels cannot); a
         # free pool container is no one's yet
+        listed = await orch.manager.list(tenant=who.tenant.id)
         live = {s.scope_key for s in listed if s.tenant == who.tenant.id and not unclaimed(s)}
         use = self._of(who.tenant.id)
         self._forget_gone(orch, use)
@@ -356,7 +357,8 @@ class Admission:
         # out carries its session's name, while its labels (and this process's claim files)
         # still say `pool`; one under its pool name is no one's yet
         async def live() -> set[str]:
-            return {s.name for s in await orch.manager.list() if s.tenant == tenant and not under_pool_name(s)}
+            listed = await orch.manager.list(tenant=tenant)
+            return {s.name for s in listed if s.tenant == tenant and not under_pool_name(s)}
 
         limit = who.tenant.quotas.max_sandboxes
         outcome = await self.makes.take_sandbox(tenant, spec.name, limit, live)

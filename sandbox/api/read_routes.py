@@ -145,7 +145,7 @@ def add_read_routes(
     @app.get("/v1/sandboxes")
     async def sandboxes(request: Request, who: CallerDep) -> list[dict[str, Any]]:
         o = reader(request, who)
-        found = await o.backend.list(instance=o.manager.instance)
+        found = await o.backend.list(instance=o.manager.instance, tenant=who.tenant.id)  # the engine filters
         return [
             {"name": s.name, "agent": s.agent, "scope": s.scope, "status": s.status, "created_at": s.created_at}
             for s in found

@@ -292,9 +292,10 @@ class SandboxManager:
             return 0
         return await egress.collect(self.journal, sandbox_name)
 
-    async def list(self) -> builtins.list[SandboxInfo]:
-        """This instance's sandboxes (pool containers handed to a session show that session)."""
-        found = await self.backend.list(instance=self.instance)
+    async def list(self, *, tenant: str | None = None) -> builtins.list[SandboxInfo]:
+        """This instance's sandboxes, or one tenant's (pool containers handed to a session show
+        that session)."""
+        found = await self.backend.list(instance=self.instance, tenant=tenant)
         if self.pool is None:
             return found
         return [self.pool.as_claimed(info) for info in found]

@@ -438,8 +438,9 @@ class Backend(Protocol):
         """Whether a sandbox of this name exists now (running or not)."""
         ...
 
-    async def list(self, *, instance: str | None) -> list[SandboxInfo]:
-        """Sandboxes of one instance (None: every managed sandbox on the engine)."""
+    async def list(self, *, instance: str | None, tenant: str | None = None) -> list[SandboxInfo]:
+        """Sandboxes of one instance (None: every managed sandbox on the engine); with `tenant`,
+        that tenant's only (asked of the engine, so it costs what the tenant has, not what all have)."""
         ...
 
     async def remove(self, name_or_id: str) -> None:

@@ -344,7 +344,7 @@ class DockerBackend:
             )
 
     async def list(
-        self, *, instance: str | None, kind: str | None = None, label: str | None = None
+        self, *, instance: str | None, tenant: str | None = None, kind: str | None = None, label: str | None = None
     ) -> builtins.list[SandboxInfo]:
         """Managed containers (of one instance, or all); with `label` (`key` or `key=value`) only
         those that carry it. The engine filters in memory: at 1,000 sandboxes a listing of the few
@@ -352,6 +352,8 @@ class DockerBackend:
         filters = [f"{Labels.MANAGED}=true"]
         if instance:
             filters.append(f"{Labels.INSTANCE}={instance}")
+        if tenant is not None:
+            filters.append(f"{Labels.TENANT}={tenant}")
         if kind:
             filters.append(f"{Labels.KIND}={kind}")
         if label:

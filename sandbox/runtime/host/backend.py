@@ -149,12 +149,12 @@ class HostBackend:
         """Whether this process made a sandbox of this name."""
         return name in self._sandboxes
 
-    async def list(self, *, instance: str | None) -> builtins.list[SandboxInfo]:
+    async def list(self, *, instance: str | None, tenant: str | None = None) -> builtins.list[SandboxInfo]:
         """The sandboxes this process made (host sandboxes leave nothing to adopt)."""
         return [
             SandboxInfo.from_spec(box.spec, created_at=box.created_at)
             for box in self._sandboxes.values()
-            if instance is None or box.spec.instance == instance
+            if (instance is None or box.spec.instance == instance) and (tenant is None or box.spec.tenant == tenant)
         ]
 
     async def remove(self, name_or_id: str) -> None:

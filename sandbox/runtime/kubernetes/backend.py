@@ -305,14 +305,16 @@ class KubernetesBackend:
                 return True
         return False
 
-    async def list(self, *, instance: str | None) -> builtins.list[SandboxInfo]:
-        """This orchestrator's sandbox Pods (or every managed one), in every tenant namespace."""
+    async def list(self, *, instance: str | None, tenant: str | None = None) -> builtins.list[SandboxInfo]:
+        """This orchestrator's sandbox Pods (or every managed one), in every tenant namespace (with
+        `tenant`, in that tenant's only: a tenant's namespace holds its Pods alone)."""
         api = await self.api()
         selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.SANDBOX}=true"
         if instance is not None:
             selector += f",{K8sLabels.INSTANCE}={instance}"
         found: builtins.list[SandboxInfo] = []
-        for namespace in self.namespaces():
+        namespaces = self.namespaces() if tenant is None else [namespace_for(self.cfg, tenant)]
+        for namespace in namespaces:
             for pod in await api.list("pods", namespace, selector):
                 info = info_of(pod)
                 self._namespace_of[info.id] = namespace
