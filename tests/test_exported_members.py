@@ -1,5 +1,9 @@
 """The public surface is exactly what __all__ says (httpx style)."""
 
+import importlib
+
+import pytest
+
 import sandbox
 
 
@@ -37,4 +41,15 @@ def test_unknown_names_raise_attribute_error() -> None:
     import pytest
 
     with pytest.raises(AttributeError):
-        sandbox.NotAThing  # noqa: B018
+        sandbox.NotAThing  # type: ignore[attr-defined]  # noqa: B018 - a misspelt name is a type error too
+
+
+@pytest.mark.parametrize("package", ["sandbox", "sandbox.journal"])
+def test_every_lazy_name_is_exported_and_every_export_loads(package: str) -> None:
+    """The names a package loads on first use are exactly its `__all__`, and each one loads."""
+    module = importlib.import_module(package)
+    assert set(module._HOMES) == set(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018 - the lookup is the test

@@ -88,3 +88,9 @@ def test_four_processes_open_one_new_file_at_once(kind: str, tmp_path: Path) -> 
         for process in processes:
             process.join(timeout=30)
     assert outcomes == ["opened"] * 20
+
+
+def test_an_extended_busy_code_is_tried_again() -> None:
+    db = AnswersBusy(times=2, code=5 | (2 << 8))  # SQLITE_BUSY_SNAPSHOT: busy all the same
+    use_wal(db, wait_s=5.0)  # type: ignore[arg-type]
+    assert db.calls == 3

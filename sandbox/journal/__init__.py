@@ -24,4 +24,5 @@ _HOMES = {
 }
 
 
-__getattr__ = _lazy_names(__name__, _HOMES, globals())
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above: a misspelt name stays an error
+    __getattr__ = _lazy_names(__name__, _HOMES, globals())

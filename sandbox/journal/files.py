@@ -42,14 +42,17 @@ def private_files(path: Path) -> None:
 
 
 def use_wal(db: sqlite3.Connection, wait_s: float) -> None:
-    """Put the file in WAL mode, waiting up to `wait_s` for another process that holds it.
+    """Put the file in WAL mode, trying again for `wait_s` while another process holds it.
 
-    SQLite answers SQLITE_BUSY to the switch at once, without calling the busy handler, while
-    another connection holds the file: several processes opening one new journal at the same
-    moment (a journal already in WAL mode stays so, and its switch takes no lock).
+    SQLite can answer SQLITE_BUSY to the switch without waiting its busy timeout while another
+    connection is switching the same new file: several processes opening one new journal at the
+    same moment (a journal already in WAL mode stays so, and its switch takes no lock). Each try
+    may still wait the connection's own busy timeout, so the worst case is about twice `wait_s`.
     """
     busy = retry_if_exception(
-        lambda exc: isinstance(exc, sqlite3.OperationalError) and getattr(exc, "sqlite_errorcode", 0) == SQLITE_BUSY
+        lambda exc: (
+            isinstance(exc, sqlite3.OperationalError) and getattr(exc, "sqlite_errorcode", 0) & 0xFF == SQLITE_BUSY
+        )
     )
     wait = wait_random_exponential(multiplier=0.002, max=0.05)
     for attempt in Retrying(retry=busy, stop=stop_after_delay(wait_s), wait=wait, reraise=True):

@@ -295,7 +295,12 @@ class SandboxManager:
     async def list(self, *, tenant: str | None = None) -> builtins.list[SandboxInfo]:
         """This instance's sandboxes, or one tenant's (pool containers handed to a session show
         that session)."""
-        found = await self.backend.list(instance=self.instance, tenant=tenant)
+        # a backend from before `tenant` is asked as it was when no tenant is named
+        found = await (
+            self.backend.list(instance=self.instance)
+            if tenant is None
+            else self.backend.list(instance=self.instance, tenant=tenant)
+        )
         if self.pool is None:
             return found
         return [self.pool.as_claimed(info) for info in found]

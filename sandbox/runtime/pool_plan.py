@@ -51,7 +51,7 @@ async def room(manager: SandboxManager, backend: Backend, agent: EffectiveAgent)
     cap = tenant.quotas.max_sandboxes if tenant is not None else 0
     if not cap:
         return 1 << 30
-    live = await backend.list(instance=manager.instance, tenant=agent.tenant)
+    live = [i for i in await backend.list(instance=manager.instance, tenant=agent.tenant) if i.tenant == agent.tenant]
     return cap - len(live)
 
 
