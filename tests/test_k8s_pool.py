@@ -309,3 +309,8 @@ async def test_a_tenants_listing_reads_its_own_namespace_only(orchs: Orchestrato
     read = {path for method, path in orchs.cluster.requests if method == "GET"}
     assert read and all(acme["metadata"]["namespace"] in path for path in read), read
     assert [i.id for i in await backend.list(instance="poolk8s", tenant="rival")] == [rival["metadata"]["name"]]
+    # a Pod of rival's in acme's namespace (a fixed, shared namespace; a renamed tenant's leftovers)
+    stray = copy.deepcopy(rival)
+    stray["metadata"].update(name="stray", namespace=acme["metadata"]["namespace"])
+    orchs.plant(stray)
+    assert [i.id for i in await backend.list(instance="poolk8s", tenant="acme")] == [acme["metadata"]["name"]]

@@ -51,8 +51,7 @@ async def room(manager: SandboxManager, backend: Backend, agent: EffectiveAgent)
     cap = tenant.quotas.max_sandboxes if tenant is not None else 0
     if not cap:
         return 1 << 30
-    live = [i for i in await backend.list(instance=manager.instance, tenant=agent.tenant) if i.tenant == agent.tenant]
-    return cap - len(live)
+    return cap - len(await backend.list(instance=manager.instance, tenant=agent.tenant))
 
 
 async def wanted_keys(pool: WarmPool) -> set[str]:

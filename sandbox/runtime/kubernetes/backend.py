@@ -307,7 +307,7 @@ class KubernetesBackend:
 
     async def list(self, *, instance: str | None, tenant: str | None = None) -> builtins.list[SandboxInfo]:
         """This orchestrator's sandbox Pods (or every managed one), in every tenant namespace (with
-        `tenant`, in that tenant's only: a tenant's namespace holds its Pods alone)."""
+        `tenant`, that tenant's only, read from its namespace alone)."""
         api = await self.api()
         selector = f"{MANAGED_BY[0]}={MANAGED_BY[1]},{K8sLabels.SANDBOX}=true"
         if instance is not None:
@@ -320,7 +320,8 @@ class KubernetesBackend:
                 self._namespace_of[info.id] = namespace
                 if info.name != info.id:  # a claimed pool Pod, listed under its session's sandbox name
                     self.claimed(info.name, info.id, namespace)
-                found.append(info)
+                if tenant is None or info.tenant == tenant:  # a shared namespace may hold others' Pods
+                    found.append(info)
         return found
 
     async def remove(self, name_or_id: str) -> None:
