@@ -7,6 +7,7 @@ engine's. test_service_docker.py runs sandboxed sessions of two tenants against 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +331,23 @@ def test_mcp_over_http_serves_the_tenants_session(shared: Any) -> None:
     assert httpx.post(f"{url}/mcp/", json={}).status_code == 401
 
 
+def read_response(sock: Any) -> str:
+    """One whole HTTP/1.1 response: the head and the body may come in separate segments."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length: *(\d+)", head)
+    assert length, head
+    while len(body) < int(length.group(1)):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 @pytest.mark.slow
 def test_slow_clients_do_not_hold_up_the_others(shared: Any) -> None:
     """Twenty connections that send their headers and then dribble (or stall) the body hold
@@ -366,7 +384,7 @@ def test_slow_clients_do_not_hold_up_the_others(shared: Any) -> None:
                 )
                 assert r.status_code == 200 and r.json()["error"]["code"] == "FILE_NOT_FOUND", r.text
             time.sleep(0.01)
-        answer = dribbler.recv(65536).decode()
+        answer = read_response(dribbler)
         assert answer.startswith("HTTP/1.1 200"), answer[:200]
         assert '"FILE_NOT_FOUND"' in answer
     finally:

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from sandbox import Orchestrator
+from sandbox.runtime.docker.backend import DockerBackend
 from sandbox.runtime.docker.create import SHIM_GROUP, SHIM_SHARDS, groups_shims, shim_shard
+from sandbox.runtime.docker.exec import SandboxGone, exec_stream
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.usefixtures("images")]
 
@@ -127,6 +129,17 @@ async def test_a_shim_killed_takes_only_its_tenants_sandboxes_which_are_made_aga
         init = int(client.api.inspect_container(mine)["State"]["Pid"])
 
         os.kill(shim, signal.SIGKILL)
+        # at once, while the engine still reports the container running (it learns of the dead
+        # shim 0.1-0.2 s later, more on a busy machine) and every exec in it fails with exit code
+        # 126 and "ttrpc: closed": that never reaches the model as the command's result. The call
+        # runs (the agent may outlive its shim a moment, in the old container or a new one), or
+        # it says the sandbox stopped under it, and the model may try again.
+        during = await orch.session("agent:a:one").call("exec", {"command": "echo during"})
+        if during.ok:
+            assert during.output["exit_code"] == 0 and "during" in during.output["output"], during
+        else:
+            assert during.error is not None and during.error.code == "SANDBOX_UNAVAILABLE", during
+            assert during.error.retryable and "container stopped" in during.error.message, during
         assert gone(shim)
         assert gone(init), "the killed shim's container kept running on the host"
 
@@ -150,3 +163,23 @@ async def test_shim_container_gives_each_sandbox_its_own(docker_client: Any, mak
         one, two = await box_of(orch, "agent:a:one"), await box_of(orch, "agent:a:two")
         assert not docker_client.api.inspect_container(one)["HostConfig"].get("Annotations")
         assert shim_of(docker_client, one) != shim_of(docker_client, two)
+
+
+async def test_an_exec_in_a_container_whose_shim_died_is_no_result(docker_client: Any, make_config: Any) -> None:
+    """Right after its shim dies, the engine still reports the container running but fails every
+    exec in it (exit code 126, "ttrpc: closed", no process): that is SandboxGone (the sandbox is
+    made again), never a command's exit code 126. Any engine: one shim per container here."""
+    backend = DockerBackend()
+    config = make_config(
+        "agents: {defaults: {sandbox: {mode: all, scope: session, docker: {shim: container}}}, list: [{id: a}]}"
+    )
+    async with Orchestrator(config, backend=backend, journal=False) as orch:
+        box = await box_of(orch, "agent:a:dies")
+        os.kill(shim_of(docker_client, box), signal.SIGKILL)
+        with pytest.raises(SandboxGone):
+            await exec_stream(backend, box, ["echo", "ran"], timeout_s=30)
+        assert docker_client.api.inspect_container(box)["State"]["Status"] != "running"
+        real = await exec_stream(  # a live container's own 126 stays the command's
+            backend, await box_of(orch, "agent:a:lives"), ["sh", "-c", "exit 126"], timeout_s=30
+        )
+        assert real.exit_code == 126

@@ -11,6 +11,7 @@ the payload. The same layout in both directions.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from typing import Annotated, Any, Literal
@@ -32,7 +33,8 @@ class FrameError(ValueError):
 
 
 class _Frame(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    # built on first use, not at import: a CLI command that starts no agent does not pay for it
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, defer_build=True)
 
 
 class Hello(_Frame):
@@ -130,7 +132,11 @@ Frame = Annotated[
     Hello | Started | Out | Exit | Reply | Failed | Data | FileInfo | FileRefused | PortFrame,
     Field(discriminator="t"),
 ]
-_FRAME: TypeAdapter[Frame] = TypeAdapter(Frame)
+
+
+@functools.cache
+def _frame_adapter() -> TypeAdapter[Frame]:
+    return TypeAdapter(Frame)
 
 
 def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -180,7 +186,7 @@ class FrameReader:
             payload = bytes(self._inbox[HEAD.size + head_len : end])
             del self._inbox[:end]
             try:
-                frame = _FRAME.validate_json(head)
+                frame = _frame_adapter().validate_json(head)
             except ValidationError as exc:
                 raise FrameError(f"the agent sent a frame that is not in the protocol: {_short(exc)}") from None
             if payload and not isinstance(frame, (Out, Data, PortData)):

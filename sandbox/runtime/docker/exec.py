@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     from sandbox.runtime.docker.backend import DockerBackend
 
 
+# what the engine says when it reached the container but could not start the command in it: runc
+# (1.1 and later; before) for a missing program, dockerd for a user not in the image's passwd
+REACHED_THE_CONTAINER = (
+    b"unable to start container process",
+    b"starting container process caused",
+    b"unable to find user",
+)
+ENGINE_SETTLE_S = 5.0
+
+
 class SandboxGone(SandboxUnavailable):
     """The container disappeared or stopped before a command could start in it."""
 
@@ -103,14 +113,39 @@ async def exec_stream(
     if not timed_out and not capture.overflowed:
         inspected = await backend.call("exec inspect", api.exec_inspect, exec_id)
         exit_code = inspected.get("ExitCode")
-    if exit_code == 126 and b"cannot exec in a stopped state" in capture.joined(0):
-        # the container stopped between exec create and start: the command never ran
-        attrs = await backend.find(container_id)
-        if attrs is None or attrs["State"]["Status"] != "running":
+        if never_started(inspected, capture.joined(0)) and await stopped_once_settled(backend, container_id):
+            # the container stopped between exec create and start, or its shim died (the engine
+            # answers "ttrpc: closed" before it reports the container stopped): nothing ran
             raise SandboxGone("the sandbox container stopped; it is recreated on next use")
     return ExecResult.from_capture(
         capture, exit_code=exit_code, duration_ms=(time.perf_counter() - start) * 1000, timed_out=timed_out
     )
+
+
+def never_started(inspected: Mapping[str, Any], output: bytes) -> bool:
+    """Whether the engine gave up on an exec before its process existed: exit code 126 without a
+    pid. Not when it said it reached the container and failed to start the command there
+    (:data:`REACHED_THE_CONTAINER`): the container is alive, and the message is the result."""
+    return (
+        inspected.get("ExitCode") == 126
+        and not inspected.get("Pid")
+        and not any(said in output for said in REACHED_THE_CONTAINER)
+    )
+
+
+async def stopped_once_settled(backend: DockerBackend, container_id: str) -> bool:
+    """Whether the container is gone or stopped, waiting up to :data:`ENGINE_SETTLE_S` for the
+    engine to notice: after a shim dies, it reports the container running for 0.1-0.2 s on an idle
+    machine (longer on a busy one) while every exec in it fails. Asked only after an exec the
+    engine could not start, so a live container costs this wait on that failure alone."""
+    deadline = time.monotonic() + ENGINE_SETTLE_S
+    while True:
+        attrs = await backend.find(container_id)
+        if attrs is None or attrs["State"]["Status"] != "running":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await anyio.sleep(0.05)
 
 
 async def create_exec(

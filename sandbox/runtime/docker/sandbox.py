@@ -154,12 +154,23 @@ class DockerSandbox(shellwrap.InSandbox):
         try:
             return await link.run(argv, **kwargs)
         except AgentUnavailable:
-            attrs = await self._backend.find(self._id)
-            if attrs is None or attrs["State"].get("Status") != "running":
+            if await self._stopped():
                 raise SandboxUnavailable(
                     "the sandbox container stopped during the call; it is recreated on next use"
                 ) from None
             raise
+
+    async def _stopped(self) -> bool:
+        """Whether the container stopped under its agent. The engine may still say it runs (its
+        shim just died), so when it does, a `true` is started beside: only a live container runs it."""
+        attrs = await self._backend.find(self._id)
+        if attrs is None or attrs["State"].get("Status") != "running":
+            return True
+        try:
+            await exec_stream(self._backend, self._id, ["true"], timeout_s=15)
+        except SandboxGone:
+            return True
+        return False
 
     async def kill(
         self, call_id: str, signal: str = "KILL", *, user: str | None = None, pid_dir: str | None = None
