@@ -94,3 +94,24 @@ def test_an_extended_busy_code_is_tried_again() -> None:
     db = AnswersBusy(times=2, code=5 | (2 << 8))  # SQLITE_BUSY_SNAPSHOT: busy all the same
     use_wal(db, wait_s=5.0)  # type: ignore[arg-type]
     assert db.calls == 3
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+@pytest.mark.parametrize("suffix", ["", "-wal", "-shm"])
+def test_a_link_planted_at_one_of_its_files_is_refused_and_its_target_untouched(
+    kind: str, suffix: str, tmp_path: Path
+) -> None:
+    """A symbolic link at the database, its -wal or its -shm path (planted by whoever could write
+    the state dir) is never followed: opening fails naming the file, and the file the link points
+    at keeps its bytes and its mode (SQLite would have written every call's arguments into it)."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me\n")
+    victim.chmod(0o644)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / f"file.db{suffix}").symlink_to(victim)
+    with pytest.raises(Exception) as info:
+        OPENERS[kind](state / "file.db")
+    assert f"file.db{suffix}" in str(info.value) and "symbolic link" in str(info.value), info.value
+    assert victim.read_bytes() == b"keep me\n" and victim.stat().st_mode & 0o777 == 0o644
+    assert (state / f"file.db{suffix}").is_symlink()
