@@ -18,7 +18,8 @@ from sandbox.runtime.docker.exec import never_started
         # the command itself exited 126 (its process existed)
         ({"ExitCode": 126, "Pid": 4242}, b"", False),
         ({"ExitCode": 126, "Pid": 4242}, b"ttrpc: closed", False),
-        # runc reached the container and could not start the program (Docker 26 and 20.10)
+        # the engine reached the container and could not start the program (runc on Docker 26 and
+        # 20.10, runsc, dockerd for the user)
         (
             {"ExitCode": 126, "Pid": 0},
             b'OCI runtime exec failed: exec failed: unable to start container process: exec: "/etc": permission denied',
@@ -28,6 +29,12 @@ from sandbox.runtime.docker.exec import never_started
             {"ExitCode": 126, "Pid": 0},
             b"OCI runtime exec failed: exec failed: container_linux.go:380: starting container process caused: "
             b'exec: "nonexist": executable file not found in $PATH: unknown',
+            False,
+        ),
+        (
+            {"ExitCode": 126, "Pid": 0},
+            b'OCI runtime exec failed: executing processes for container: executing command "nonexist" in '
+            b'sandbox: error finding executable "nonexist" in PATH [/usr/bin /bin]: no such file or directory',
             False,
         ),
         ({"ExitCode": 126, "Pid": 0}, b"unable to find user nosuchuser: no matching entries in passwd file", False),

@@ -37,6 +37,31 @@ def test_output_capture_keeps_head_and_tail_and_counts_the_cut() -> None:
     assert kept.total == 400 and kept.cut == 380 and capture.stream(0).total == 400
 
 
+def test_a_capture_forgets_the_engines_words_about_a_command_that_never_ran(tmp_path: Path) -> None:
+    """What an exec that never ran left in a fresh capture goes before the command runs elsewhere;
+    a capture that held earlier output, or spilled, keeps everything."""
+    from sandbox.runtime.output import OutputCapture
+
+    capture = OutputCapture(keep_bytes=100)
+    capture.add(1, b"OCI runtime exec failed: exec failed: cannot exec in a stopped state\r\n")
+    capture.clear_if_from(0)
+    capture.add(1, b"ran\n")
+    assert capture.joined(0) == capture.joined(1) == b"ran\n" and capture.total == 4
+
+    earlier = OutputCapture(keep_bytes=100)
+    earlier.add(1, b"before\n")
+    taken = earlier.total
+    earlier.add(2, b"engine\n")
+    earlier.clear_if_from(taken)
+    assert earlier.joined(0) == b"before\nengine\n"
+
+    spilled = OutputCapture(tmp_path / "s.txt", keep_bytes=10)
+    spilled.add(1, b"x" * 50)
+    spilled.clear_if_from(0)
+    spilled.close()
+    assert spilled.total == 50 and (tmp_path / "s.txt").read_bytes() == b"x" * 50
+
+
 def test_a_capture_never_spills_past_its_cap_and_goes_when_discarded(tmp_path: Path) -> None:
     """Past `spill_max_bytes` the spill file is removed at once (head and tail stay, a note says
     why); `discard` removes a spill file and hands its bytes back to the budget."""

@@ -233,6 +233,16 @@ class OutputCapture:
         self._spill_size = 0
         self._spilled = False
 
+    def clear_if_from(self, taken_before: int) -> None:
+        """Forget everything taken, when it was all taken since `taken_before` was 0 and none of
+        it reached the spill file: the engine's words about a command that never ran, before the
+        command runs elsewhere with this capture. Otherwise (earlier output, a spill) keep it all."""
+        with self._lock:
+            if taken_before != 0 or self._pending is None or self._file is not None or self.overflowed:
+                return
+            self._streams = {which: _Stream(self._keep) for which in (1, 2, 0)}
+            self._pending, self._pending_size = [], 0
+
     def discard(self) -> None:
         """The call is over: its spill file goes (copied into the workspace by now, or not kept
         at all) and its bytes go back to the tenant's budget. Safe to call more than once."""

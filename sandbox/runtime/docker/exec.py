@@ -30,17 +30,23 @@ if TYPE_CHECKING:
 
 
 # what the engine says when it reached the container but could not start the command in it: runc
-# (1.1 and later; before) for a missing program, dockerd for a user not in the image's passwd
+# (1.1 and later; before) and runsc for a missing program, dockerd for a user not in its passwd
 REACHED_THE_CONTAINER = (
     b"unable to start container process",
     b"starting container process caused",
+    b'executing command "',
     b"unable to find user",
 )
 ENGINE_SETTLE_S = 5.0
+STOPPED = frozenset({"exited", "dead", "removing"})
 
 
 class SandboxGone(SandboxUnavailable):
     """The container disappeared or stopped before a command could start in it."""
+
+
+class SandboxStopped(SandboxUnavailable):
+    """The container stopped while a command was starting in it (it may have run a moment)."""
 
 
 async def exec_stream(
@@ -61,6 +67,7 @@ async def exec_stream(
     the process: callers that own a call id kill it.
     """
     capture = capture or OutputCapture()
+    taken_before = capture.total
     api = backend.client.api
     start = time.perf_counter()
     params: dict[str, Any] = {
@@ -80,7 +87,11 @@ async def exec_stream(
 
     def pump() -> None:
         with mapped("exec output"):
-            raw = api.exec_start(exec_id, socket=True)
+            try:
+                raw = api.exec_start(exec_id, socket=True)
+            except docker.errors.APIError as exc:
+                raise_if_not_running(exc)  # it stopped between create and start: nothing ran
+                raise
             streams.append(raw)
             # the client's timeout (CONTROL_TIMEOUT_S) bounds this start, not the stream: frames_iter
             # polls the socket without a timeout, so a silent command runs as long as it is allowed
@@ -113,10 +124,20 @@ async def exec_stream(
     if not timed_out and not capture.overflowed:
         inspected = await backend.call("exec inspect", api.exec_inspect, exec_id)
         exit_code = inspected.get("ExitCode")
-        if never_started(inspected, capture.joined(0)) and await stopped_once_settled(backend, container_id):
-            # the container stopped between exec create and start, or its shim died (the engine
-            # answers "ttrpc: closed" before it reports the container stopped): nothing ran
-            raise SandboxGone("the sandbox container stopped; it is recreated on next use")
+        said = capture.joined(0)
+        if never_started(inspected, said) and await stopped_once_settled(backend, container_id):
+            if b"cannot exec in a stopped state" in said:
+                # runc found the container stopped and started nothing: the caller may run it
+                # again elsewhere, and the engine's words are no part of that run's output
+                capture.clear_if_from(taken_before)
+                raise SandboxGone("the sandbox container stopped; it is recreated on next use")
+            # its shim died ("ttrpc: closed"), perhaps while starting the command: it may have
+            # run a moment, so it is not run again for the model
+            raise SandboxStopped(
+                "the sandbox container stopped while the command was starting (the engine said: "
+                f"{said.decode(errors='replace').strip()[:200]}); it may have run briefly, and a new "
+                "sandbox is made on the next call"
+            )
     return ExecResult.from_capture(
         capture, exit_code=exit_code, duration_ms=(time.perf_counter() - start) * 1000, timed_out=timed_out
     )
@@ -140,12 +161,28 @@ async def stopped_once_settled(backend: DockerBackend, container_id: str) -> boo
     engine could not start, so a live container costs this wait on that failure alone."""
     deadline = time.monotonic() + ENGINE_SETTLE_S
     while True:
-        attrs = await backend.find(container_id)
-        if attrs is None or attrs["State"]["Status"] != "running":
+        if stopped(await backend.find(container_id)):
             return True
         if time.monotonic() >= deadline:
             return False
         await anyio.sleep(0.05)
+
+
+def stopped(attrs: Mapping[str, Any] | None) -> bool:
+    """Whether an inspected container is gone or stopped for good: not when it is paused (a
+    kill's freeze, which ends) or restarting."""
+    return attrs is None or attrs["State"].get("Status") in STOPPED
+
+
+def raise_if_not_running(exc: docker.errors.APIError) -> None:
+    """SandboxGone for the engine's answer that the container is gone (404) or not running
+    (409), to an exec's create or start: nothing ran."""
+    if isinstance(exc, docker.errors.NotFound):
+        raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
+    if exc.status_code == 409:  # container stopped or paused
+        raise SandboxGone(
+            f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
+        ) from exc
 
 
 async def create_exec(
@@ -157,13 +194,8 @@ async def create_exec(
     def create() -> str:
         try:
             return str(api.exec_create(container_id, argv, **params)["Id"])
-        except docker.errors.NotFound as exc:
-            raise SandboxGone("the sandbox container is gone; it is recreated on next use") from exc
         except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # container stopped or paused
-                raise SandboxGone(
-                    f"the sandbox container is not running ({exc.explanation}); it is recreated on next use"
-                ) from exc
+            raise_if_not_running(exc)
             raise
 
     return await backend.call("exec", create)

@@ -17,7 +17,7 @@ from sandbox.runtime.agent.link import AgentLink, AgentUnavailable
 from sandbox.runtime.call_stop import run_then_stop, stop_confirmed
 from sandbox.runtime.docker import kill as docker_kill
 from sandbox.runtime.docker import workspace as docker_workspace
-from sandbox.runtime.docker.exec import SandboxGone, exec_stream
+from sandbox.runtime.docker.exec import SandboxGone, SandboxStopped, exec_stream, stopped
 from sandbox.runtime.docker.skill_run import DockerOneShot
 from sandbox.runtime.protocol import ArgvOptions, ExecResult, RunRequest, argv_options
 from sandbox.runtime.spec import SandboxSpec
@@ -162,14 +162,19 @@ class DockerSandbox(shellwrap.InSandbox):
 
     async def _stopped(self) -> bool:
         """Whether the container stopped under its agent. The engine may still say it runs (its
-        shim just died), so when it does, a `true` is started beside: only a live container runs it."""
+        shim just died), so when it does, a `true` is started beside: only a live container runs
+        it. Paused (a kill's freeze) is not stopped, and an engine that fails says nothing."""
         attrs = await self._backend.find(self._id)
-        if attrs is None or attrs["State"].get("Status") != "running":
+        if stopped(attrs):
             return True
+        if attrs is None or attrs["State"].get("Status") != "running":
+            return False
         try:
             await exec_stream(self._backend, self._id, ["true"], timeout_s=15)
-        except SandboxGone:
+        except (SandboxGone, SandboxStopped):
             return True
+        except SandboxError:
+            return False
         return False
 
     async def kill(
