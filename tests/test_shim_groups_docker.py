@@ -236,3 +236,29 @@ async def test_a_program_missing_from_a_live_sandbox_is_the_result_at_once(
         box = await box_of(orch, "agent:a:missing")
         missing = await exec_stream(backend, box, ["no-such-program"], timeout_s=30)
         assert missing.exit_code == 126 and b"no-such-program" in missing.output, missing
+
+
+async def test_gvisor_sandboxes_never_share_a_shim_with_runc_ones(grouping_engine: Any, make_config: Any) -> None:
+    """Under runsc a sandbox's shim is the same containerd-shim-runc-v2 driving the runsc binary:
+    a tenant's gVisor sandboxes share theirs, and never one that drives runc for that tenant's
+    other sandboxes in the same shard (the runtime is part of the group)."""
+    client = grouping_engine
+    if "runsc" not in (client.info().get("Runtimes") or {}):
+        pytest.skip("the engine has no runsc runtime (scripts/runsc installs and registers it)")
+    config = make_config("""
+agents:
+  defaults: {sandbox: {mode: all, scope: session}}
+  list:
+    - {id: g, tenant: t1, sandbox: {docker: {runtime: runsc}}}
+    - {id: r, tenant: t1}
+""")
+    shard = shim_shard("agent:g:x0")
+    first, second = keys_in_shard(shard, "agent:g:x", 2)
+    (plain,) = keys_in_shard(shard, "agent:r:x", 1)
+    async with Orchestrator(config, journal=False) as orch:
+        boxes = {key: await box_of(orch, key) for key in (first, second, plain)}
+        assert client.api.inspect_container(boxes[first])["HostConfig"]["Runtime"] == "runsc"
+        assert client.api.inspect_container(boxes[plain])["HostConfig"]["Runtime"] != "runsc"
+        shims = {key: shim_of(client, box) for key, box in boxes.items()}
+        assert shims[first] == shims[second]
+        assert shims[plain] != shims[first]
