@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.journal.files import use_wal
+from sandbox._sqlite_files import use_wal
 from sandbox.journal.store import Journal
 from sandbox.sessions.registry import Registry
 from sandbox.state.sqlite.store import connect

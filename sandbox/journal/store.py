@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from sandbox._sqlite_files import private_files, use_wal
 from sandbox.errors import ErrorCode, SandboxError
 from sandbox.journal.approvals import Approval, ApprovalStore
 from sandbox.journal.calls import CallRecord, CallRecords, State
-from sandbox.journal.files import private_files, use_wal
 from sandbox.journal.loops import LoopHistory
 from sandbox.journal.notes import NotesMixin
 from sandbox.journal.owners import LEASE_S, current_owner, owner_alive

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox._sqlite_files import private_files, use_wal
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.journal.files import private_files, use_wal
 from sandbox.journal.prune_steps import in_batches
 
 SCHEMA = """

@@ -17,8 +17,8 @@ from typing import Literal, TypeVar
 import anyio
 from loguru import logger
 
+from sandbox._sqlite_files import private_files, use_wal
 from sandbox.errors import ErrorCode, SandboxError
-from sandbox.journal.files import private_files, use_wal
 from sandbox.state.migrate import check_version
 from sandbox.state.protocol import Approval, QuotaLimits, Refused, Reservation
 from sandbox.state.sqlite import approvals, quotas
