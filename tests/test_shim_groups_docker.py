@@ -179,7 +179,7 @@ async def test_an_exec_in_a_container_whose_shim_died_is_no_result(
     docker_client: Any, make_config: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Right after its shim dies, the engine still reports the container running but fails every
-    exec in it (exit code 126, "ttrpc: closed", no process): that is an error saying the sandbox
+    exec in it (exit code 126, "ttrpc: closed" or no words, no process): that is an error saying the sandbox
     container stopped (not run again: the shim may have died while starting it), never a
     command's exit code 126; a live container's own 126 is its result at once. Any engine: one
     shim per container here."""
@@ -205,7 +205,9 @@ async def test_an_exec_in_a_container_whose_shim_died_is_no_result(
                 break
             assert isinstance(info.value, SandboxGone), info.value  # it noticed first: refused at create
         assert settled == [box], "the engine noticed the dead shim before every exec, three times"
-        assert isinstance(info.value, SandboxStopped) and "ttrpc: closed" in info.value.message, info.value
+        # the engine's own words vary: "ttrpc: closed: unknown" from 26.1, nothing at all from 20.10
+        assert isinstance(info.value, SandboxStopped), info.value
+        assert "stopped while the command was starting" in info.value.message, info.value
         assert not isinstance(info.value, SandboxGone)  # which the sandbox would run again at once
         assert docker_client.api.inspect_container(box)["State"]["Status"] != "running"
 
