@@ -336,18 +336,6 @@ def live_or_zombie_children(parent: int) -> list[tuple[int, str]]:
     return [(pid, fields[0]) for pid, fields in processes() if int(fields[1]) == parent]
 
 
-def test_the_agent_holds_neither_subprocess_nor_socket() -> None:
-    """What keeps an idle agent small (docs/benchmarks.md, density): modules it does not import."""
-    probe = (
-        "import sys, runpy; runpy.run_path(sys.argv[1], run_name='agent');"
-        "print(' '.join(m for m in ('subprocess', 'socket', 'threading') if m in sys.modules))"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", probe, str(AGENT)], capture_output=True, text=True, timeout=30
-    )
-    assert loaded.returncode == 0 and loaded.stdout.strip() == "", loaded
-
-
 # -- the orchestrator's reader, fed hostile bytes -----------------------------------------
 
 

@@ -23,21 +23,24 @@ agent exits.
 
 from __future__ import annotations
 
-import contextlib
+import _signal as signal
 import errno
-import json
 import os
-import selectors
-import signal
+import select
 import stat
 import struct
 import sys
 import time
+from _json import encode_basestring_ascii, make_encoder, make_scanner
 
-# Not imported here: subprocess (with the threading it needs) and socket held about 1.2 MiB more of
-# every agent's memory, and an idle sandbox's agent is most of what a sandbox costs
-# (docs/benchmarks.md, density). Commands start with os.posix_spawn (Process, below); socket is
-# imported by the port relay when a preview first connects.
+# Only modules written in C, and a few small ones of Python. An idle sandbox's agent is most of
+# what a sandbox costs (docs/benchmarks.md, density), and Python's own modules held more of it
+# than the agent itself: subprocess (with threading) and socket about 1.2 MiB; json (with re),
+# selectors, contextlib (with collections and functools) and signal (with enum) 1.3 MiB more, and
+# ctypes 0.6. So commands start with os.posix_spawn (Process, below); socket is imported when a
+# preview first connects, ctypes at the first file request; and JSON, the selector, `suppress`
+# and the signals come from the C modules those wrap (the image's python3 is CPython: its .pyc
+# runs nowhere else). tests/test_resident_agent_stdlib.py checks what is imported.
 
 PROTOCOL = 1
 HEAD = struct.Struct(">II")
@@ -47,11 +50,116 @@ CHUNK = 64 << 10
 NO_PIDFD_POLL_S = 0.05  # without pidfd_open (old kernels), how often exits are looked for
 
 
+EVENT_READ, EVENT_WRITE = 1, 2  # as the selectors module's
+
+
+class Selector:
+    """What the agent used of selectors.EpollSelector, on select.epoll itself: the descriptors
+    (or objects with `fileno()`) it watches, each with the events wanted and a value of its own."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.data: dict[int, tuple[int, object]] = {}  # fd -> (events, data)
+
+    def register(self, file: int | socket.socket, events: int, data: object) -> None:
+        fd = file if isinstance(file, int) else file.fileno()
+        if fd in self.data:
+            raise KeyError(f"descriptor {fd} is registered already")
+        self.epoll.register(fd, epoll_mask(events))
+        self.data[fd] = (events, data)
+
+    def modify(self, file: int | socket.socket, events: int, data: object) -> None:
+        fd = file if isinstance(file, int) else file.fileno()
+        self.epoll.modify(fd, epoll_mask(events))
+        self.data[fd] = (events, data)
+
+    def unregister(self, file: int | socket.socket) -> None:
+        fd = file if isinstance(file, int) else file.fileno()
+        del self.data[fd]
+        with suppress(OSError):  # closed already: the kernel dropped it then
+            self.epoll.unregister(fd)
+
+    def select(self, timeout: float | None) -> list[tuple[int, object, int]]:
+        """(fd, data, events) of each descriptor ready within `timeout` seconds (None: wait)."""
+        ready = []
+        # epoll.poll rounds a timeout up to its milliseconds, and retries when a signal interrupts it
+        for fd, mask in self.epoll.poll(-1 if timeout is None else max(timeout, 0.0), max(len(self.data), 1)):
+            found = self.data.get(fd)
+            if found is not None:
+                # as selectors: a hang-up or an error wakes a reader and a writer alike
+                events = (EVENT_WRITE if mask & ~select.EPOLLIN else 0) | (EVENT_READ if mask & ~select.EPOLLOUT else 0)
+                ready.append((fd, found[1], events & found[0]))
+        return ready
+
+
+def epoll_mask(events: int) -> int:
+    if not events or events & ~(EVENT_READ | EVENT_WRITE):
+        raise ValueError(f"invalid events: {events!r}")
+    return (select.EPOLLIN if events & EVENT_READ else 0) | (select.EPOLLOUT if events & EVENT_WRITE else 0)
+
+
+class suppress:
+    """suppress: the exceptions named end the block quietly."""
+
+    def __init__(self, *errors: type[BaseException]) -> None:
+        self.errors = errors
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, value: object, traceback: object) -> bool:
+        return kind is not None and issubclass(kind, self.errors)
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _refuse_type(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+class _Parsing:
+    """What _json's scanner reads its settings from (json.JSONDecoder's, with NaN refused)."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int, parse_constant = float, int, staticmethod(_refuse_constant)
+
+
+_scan = make_scanner(_Parsing())
+# json.dumps(value, separators=(",", ":")), as json's own C encoder does it (no indent, ASCII only)
+_encode = make_encoder(None, _refuse_type, encode_basestring_ascii, None, ":", ",", False, False, True)
+
+
+def dumps(value: object) -> bytes:
+    """`value` as compact JSON."""
+    return "".join(_encode(value, 0)).encode()
+
+
+def loads(raw: bytes) -> object:
+    """The one JSON value in `raw` (UTF-8, whitespace around it allowed).
+
+    Raises:
+        ValueError: not UTF-8, not JSON, or more after the value. (_json builds the error of a
+            malformed value from the json package, which it imports then: only a broken request
+            costs that memory.)
+    """
+    text = raw.decode("utf-8").strip(" \t\n\r")
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("expecting a JSON value") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
+
+
 class Agent:
     """The request loop: stdin frames in, stdout frames out, commands as children."""
 
     def __init__(self, link: bool = False) -> None:
-        self.sel = selectors.DefaultSelector()
+        self.sel = Selector()
         self.inbox = bytearray()
         self.requests = 0  # where frames come from: stdin, or the link's `.down` FIFO
         self.stdout = self.out = os.fdopen(1, "wb", buffering=0)  # the life line keeps its stdout
@@ -61,10 +169,10 @@ class Agent:
         self.files = FileServer(self)
         self.ports = PortRelay(self)
         os.set_blocking(self.requests, False)
-        self.sel.register(self.requests, selectors.EVENT_READ, ("stdin", None))
+        self.sel.register(self.requests, EVENT_READ, ("stdin", None))
         if self.requests != 0:
             os.set_blocking(0, False)
-            self.sel.register(0, selectors.EVENT_READ, ("lifeline", None))
+            self.sel.register(0, EVENT_READ, ("lifeline", None))
 
     def open_link(self, name: str) -> None:
         """Move the frames to the FIFOs `name`.up (ours to write) and `name`.down (to read), and
@@ -91,7 +199,7 @@ class Agent:
             written = self.stdout.write(verdict) or 0
 
     def send(self, header: dict[str, object], payload: bytes = b"") -> None:
-        head = json.dumps(header, separators=(",", ":")).encode()
+        head = dumps(header)
         data = HEAD.pack(len(head), len(payload)) + head + payload
         view = memoryview(data)
         while view:  # the orchestrator reads as it pleases: a full pipe waits here
@@ -104,13 +212,12 @@ class Agent:
         while True:
             polled = [c for c in self.children.values() if c.pidfd is None and c.status is None]
             timeout = NO_PIDFD_POLL_S if polled else self.ports.next_deadline()
-            for key, events in self.sel.select(timeout):
-                kind, child = key.data
+            for fd, (kind, child), events in self.sel.select(timeout):
                 if kind == "stdin":
                     if not self.read_requests():
                         return  # the orchestrator went away; running commands are its to kill
                 elif kind == "lifeline":  # with the link, stdin carries nothing but its end
-                    with contextlib.suppress(BlockingIOError):
+                    with suppress(BlockingIOError):
                         if not os.read(0, CHUNK):
                             return
                 elif kind == "sock":
@@ -120,8 +227,8 @@ class Agent:
                 elif self.children.get(child.rid) is not child:
                     continue  # finished by an earlier event of this round: its fds are closed
                 elif kind == "pipe":
-                    if key.fd in child.streams:
-                        child.read(key.fd, self)
+                    if fd in child.streams:
+                        child.read(fd, self)
                 elif kind == "exit":
                     child.reap(self)
             for child in [c for c in self.children.values() if c.pidfd is None and c.status is None]:
@@ -152,7 +259,7 @@ class Agent:
 
     def handle(self, raw: bytes, payload: bytes = b"") -> None:
         try:
-            request = json.loads(raw)
+            request = loads(raw)
             kind, rid = request["t"], int(request["id"])
         except (ValueError, KeyError, TypeError):
             self.send({"t": "error", "id": 0, "message": "unreadable request"})
@@ -230,10 +337,10 @@ class Agent:
         self.children[rid] = child
         for fd, stream in ((out_r, 1), (err_r, 2)):
             os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, ("pipe", child))
+            self.sel.register(fd, EVENT_READ, ("pipe", child))
             child.streams[fd] = stream
         if child.pidfd is not None:
-            self.sel.register(child.pidfd, selectors.EVENT_READ, ("exit", child))
+            self.sel.register(child.pidfd, EVENT_READ, ("exit", child))
         self.send({"t": "started", "id": rid, "pid": proc.pid})
 
 
@@ -262,7 +369,10 @@ class Process:
         actions: list[tuple[object, ...]] = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
         actions += [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in ((stdout, 1), (stderr, 2)) if fd != target]
         program = argv[0]
-        paths = [program] if "/" in program else [os.path.join(d, program) for d in os.get_exec_path(env)]
+        # os.get_exec_path(env), which imports the warnings module on its first use
+        search = env.get("PATH")
+        search = os.defpath if search is None else search
+        paths = [program] if "/" in program else [os.path.join(d, program) for d in search.split(os.pathsep)]
         if cwd is not None:
             os.chdir(cwd)  # the child starts in it; single-threaded, the agent comes back at once
         try:
@@ -308,10 +418,10 @@ def go_home() -> None:
     """Back to the agent's own working directory; to / when it cannot be entered any more (the
     sandbox's user, the agent's own, may take its search permission away)."""
     if _home is not None:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.fchdir(_home)
             return
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.chdir("/")
 
 
@@ -319,7 +429,7 @@ def keep_descriptors_to_itself() -> None:
     """At start: no descriptor the agent was handed (beyond 0, 1, 2) may pass to a command, as
     Popen's close_fds made sure; its own are opened close-on-exec. Also opens `_home`."""
     global _home
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         _home = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
@@ -327,7 +437,7 @@ def keep_descriptors_to_itself() -> None:
         fds = list(range(3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16)))
     for fd in fds:
         if fd > 2:
-            with contextlib.suppress(OSError):  # not open (or the listing's own, closed by now)
+            with suppress(OSError):  # not open (or the listing's own, closed by now)
                 os.set_inheritable(fd, False)
 
 
@@ -390,7 +500,7 @@ class Child:
         self.forget_pid_file()  # after the answer: off the call's path
 
     def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        with suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
     def forget_pid_file(self) -> None:
@@ -402,7 +512,7 @@ class Child:
         try:
             os.killpg(self.proc.pid, 0)
         except ProcessLookupError:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.unlink(self.pid_file)
         except OSError:
             pass  # a member we may not signal: kept
@@ -445,7 +555,10 @@ class FileServer:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.writes: dict[int, tuple[int, int, str, str, int]] = {}  # id -> (dir fd, fd, tmp, name, mode)
-        self.openat2 = self._probe_openat2()
+        # found on the first file request: ctypes held 0.6 MiB of every agent, and most agents
+        # serve no file (a workspace the host can see is read there)
+        self.openat2: object = None
+        self.probed = False
         self.dir_mode = 0o755
 
     @staticmethod
@@ -462,6 +575,8 @@ class FileServer:
 
     def _open_beneath(self, dirfd: int, rel: str) -> int | None:
         """A folder beneath `dirfd` by openat2, or None where the kernel lacks it."""
+        if not self.probed:
+            self.openat2, self.probed = self._probe_openat2(), True
         if self.openat2 is None:
             return None
         import ctypes
@@ -500,7 +615,7 @@ class FileServer:
                     if not create:
                         raise
                     made = False
-                    with contextlib.suppress(FileExistsError):
+                    with suppress(FileExistsError):
                         os.mkdir(part, self._dir_mode(), dir_fd=fd)
                         made = True
                     nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
@@ -584,11 +699,11 @@ class FileServer:
         if found is None:
             return
         dfd, fd, tmp, _, _ = found
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.close(fd)
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.unlink(tmp, dir_fd=dfd)
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.close(dfd)
 
     def write(self, rid: int, root: str, parts: list[str], request: dict[str, object], payload: bytes) -> None:
@@ -644,7 +759,7 @@ class FileServer:
             self.writes.pop(rid, None)
             if fd >= 0:
                 os.close(fd)
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             os.close(dfd)
             raise
@@ -729,8 +844,8 @@ class PortRelay:
         self.streams[rid] = stream
         if code in (0, 115):  # connected, or EINPROGRESS: the selector says when
             stream.deadline = time.monotonic() + CONNECT_S
-            stream.events = selectors.EVENT_WRITE
-            self.agent.sel.register(sock, selectors.EVENT_WRITE, ("sock", stream))
+            stream.events = EVENT_WRITE
+            self.agent.sel.register(sock, EVENT_WRITE, ("sock", stream))
             return
         del self.streams[rid]
         sock.close()
@@ -778,8 +893,8 @@ class PortRelay:
 
     def watch(self, stream: PortStream) -> None:
         """Read while the window has room; write while something waits."""
-        events = (selectors.EVENT_READ if stream.unacked < PORT_WINDOW else 0) | (
-            selectors.EVENT_WRITE if stream.outbox else 0
+        events = (EVENT_READ if stream.unacked < PORT_WINDOW else 0) | (
+            EVENT_WRITE if stream.outbox else 0
         )
         if events == stream.events:
             return
@@ -795,9 +910,9 @@ class PortRelay:
         if stream.deadline is not None:
             self.connected(stream)
             return
-        if events & selectors.EVENT_WRITE:
+        if events & EVENT_WRITE:
             self.flush(stream)
-        if events & selectors.EVENT_READ and self.streams.get(stream.rid) is stream:
+        if events & EVENT_READ and self.streams.get(stream.rid) is stream:
             try:
                 data = stream.sock.recv(min(CHUNK, PORT_WINDOW - stream.unacked))
             except BlockingIOError:
@@ -887,7 +1002,7 @@ def health() -> int:
     deadline = time.monotonic() + 5
     while proc.poll() is None:
         if time.monotonic() > deadline:  # a command that cannot finish starting: unhealthy
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             return 1
@@ -911,7 +1026,7 @@ def main() -> int:
     if sys.argv[1:] == ["--health"]:
         return health()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the orchestrator closed the stream
+    with suppress(BrokenPipeError, ConnectionResetError):  # the orchestrator closed the stream
         Agent(link=sys.argv[1:] == ["--link"]).serve()
     return 0
 
