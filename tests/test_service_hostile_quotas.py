@@ -242,3 +242,29 @@ async def test_a_refused_request_gives_back_what_it_took(service: Any) -> None:
         assert (await client.post(path, json=body)).status_code == 200
         past = await client.post(path, json=body)
     assert past.status_code == 429 and "max_calls_per_minute" in past.text
+
+
+class BackendFromBeforeTenant(FakeBackend):
+    """A third-party backend written before `list` took `tenant`: it lists an instance's all."""
+
+    async def list(self, *, instance: str | None) -> Any:  # type: ignore[override]
+        return await super().list(instance=instance)
+
+
+@pytest.mark.slow  # a service started and stopped: 0.9 s
+async def test_max_sandboxes_holds_on_a_backend_that_cannot_list_one_tenant(make_config: Any) -> None:
+    """max_sandboxes asks the backend for one tenant's sandboxes; one that cannot be asked so is
+    asked for all and its answer filtered (it failed every call with a TypeError before), and
+    another tenant's sandboxes still do not count."""
+    backend: Any = BackendFromBeforeTenant()  # not the protocol of today: that is the point
+    config = make_config(config_text())
+    async with Orchestrator(config, backend=backend) as orch, serving(create_app(config, orch)) as url:
+        call = {"tool": "exec", "args": {"command": "true"}}
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            other = await client.post("/v1/sessions/agent:sess-agent:o1/calls", json=call, headers=H["sess"])
+            first = await client.post("/v1/sessions/agent:boxes-agent:b1/calls", json=call, headers=H["boxes"])
+            again = await client.post("/v1/sessions/agent:boxes-agent:b1/calls", json=call, headers=H["boxes"])
+            second = await client.post("/v1/sessions/agent:boxes-agent:b2/calls", json=call, headers=H["boxes"])
+        assert [other.status_code, first.status_code, again.status_code] == [200, 200, 200], (other.text, first.text)
+        assert second.status_code == 429 and "max_sandboxes is 1" in second.text, second.text
+        assert [s.tenant for s in await orch.manager.list(tenant="boxes")] == ["boxes"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import inspect
 import os
 import socket
 import time
@@ -295,12 +296,12 @@ class SandboxManager:
     async def list(self, *, tenant: str | None = None) -> builtins.list[SandboxInfo]:
         """This instance's sandboxes, or one tenant's (pool containers handed to a session show
         that session)."""
-        # a backend from before `tenant` is asked as it was when no tenant is named
-        found = await (
-            self.backend.list(instance=self.instance)
-            if tenant is None
-            else self.backend.list(instance=self.instance, tenant=tenant)
-        )
+        if tenant is None:
+            found = await self.backend.list(instance=self.instance)
+        elif _takes_tenant(self.backend.list):
+            found = await self.backend.list(instance=self.instance, tenant=tenant)
+        else:  # a backend written before `tenant`: it lists them all, and we keep the tenant's
+            found = [info for info in await self.backend.list(instance=self.instance) if info.tenant == tenant]
         if self.pool is None:
             return found
         return [self.pool.as_claimed(info) for info in found]
@@ -374,3 +375,12 @@ def _age_s(iso: str) -> float:
         return (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
     except ValueError:
         return float("inf")
+
+
+def _takes_tenant(method: Callable[..., object]) -> bool:
+    """Whether a backend's `list` takes `tenant` (third-party backends written before it do not)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: asked as the protocol says
+        return True
+    return any(p.name == "tenant" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -440,7 +440,9 @@ class Backend(Protocol):
 
     async def list(self, *, instance: str | None, tenant: str | None = None) -> list[SandboxInfo]:
         """Sandboxes of one instance (None: every managed sandbox on the engine); with `tenant`,
-        that tenant's only (asked of the engine, so it costs what the tenant has, not what all have)."""
+        that tenant's only (asked of the engine, so it costs what the tenant has, not what all have).
+        A backend whose `list` has no `tenant` parameter (written before it) is asked for all and
+        its answer filtered by the manager."""
         ...
 
     async def remove(self, name_or_id: str) -> None:
