@@ -20,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tests.property_budget import examples
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,7 +35,7 @@ def _load() -> ModuleType:
 
 
 scrub = _load()
-SETTINGS = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 VALUES = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=8, max_size=48)
 CONTEXT = st.binary(max_size=64)
 

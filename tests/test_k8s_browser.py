@@ -98,11 +98,13 @@ async def echo_cluster() -> AsyncIterator[tuple[FakeCluster, int]]:
     """A fake API whose Pod `web` forwards to an echo server on this host's loopback."""
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
+    # the relay ends once the echo server has closed its side (after our end of input): its
+    # reader thread has forwarded the last bytes then
     relay = f"import socket,sys,threading;s=socket.create_connection(('127.0.0.1',{port}))\n" + (
-        "threading.Thread(target=lambda:[sys.stdout.buffer.write(b) or sys.stdout.buffer.flush() "
-        "for b in iter(lambda:s.recv(65536),b'')],daemon=True).start()\n"
+        "t=threading.Thread(target=lambda:[sys.stdout.buffer.write(b) or sys.stdout.buffer.flush() "
+        "for b in iter(lambda:s.recv(65536),b'')],daemon=True);t.start()\n"
         "[s.sendall(b) for b in iter(lambda:sys.stdin.buffer.read1(65536),b'')]\ns.shutdown(socket.SHUT_WR)\n"
-        "import time;time.sleep(0.5)"
+        "t.join(10)"
     )
     import threading
 

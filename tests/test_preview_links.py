@@ -22,6 +22,7 @@ from sandbox.policy.resolver import Identity, PolicyResolver
 from sandbox.preview.closed import KEEP_S, closed_since, mark_closed
 from sandbox.preview.http_proxy import request_headers, response_headers
 from sandbox.preview.links import KEY_FILE, LinkRefused, PreviewLink, load_key, sign, verify
+from tests.property_budget import examples
 
 KEY = b"k" * 32
 NOW = 1_800_000_000
@@ -48,7 +49,7 @@ def test_another_key_an_expired_link_and_strangers_text_are_refused() -> None:
             verify(KEY, junk, now=NOW)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.data())
 def test_any_change_to_a_link_is_refused(data: st.DataObject) -> None:
     """Altering any character, or swapping in a payload of another grant, never yields a grant."""

@@ -122,10 +122,12 @@ async def test_bytes_cross_both_ways_whole_and_in_order_past_the_window(link: Ag
 async def test_a_slow_reader_holds_at_most_one_window(link: AgentLink, echo_port: int) -> None:
     async with await link.open_port(echo_port) as stream:
         await stream.write((0).to_bytes(4, "big") + (20 * PORT_WINDOW).to_bytes(4, "big"))
-        await anyio.sleep(0.5)  # the server wrote all it could; nobody read
+        with anyio.fail_after(10):  # nobody reads: the link takes in one window (read as it pings)
+            while len(stream._inbox) < PORT_WINDOW:
+                await link.ping()
         for _ in range(3):
-            await link.ping()  # the link reads the stream (and dispatches what arrived) meanwhile
-        assert len(stream._inbox) <= PORT_WINDOW
+            await link.ping()  # and no more, however long it goes on reading
+        assert len(stream._inbox) == PORT_WINDOW
         assert len(await read_exactly(stream, 32 + 20 * PORT_WINDOW)) == 32 + 20 * PORT_WINDOW
     assert link.dead is None
 
@@ -245,7 +247,9 @@ async def test_a_stalled_preview_does_not_stall_the_link(link: AgentLink, echo_p
     stalled = [await link.open_port(echo_port) for _ in range(3)]
     for stream in stalled:  # each server sends 2 MiB that nobody reads
         await stream.write((0).to_bytes(4, "big") + (2 << 20).to_bytes(4, "big"))
-    await anyio.sleep(0.5)
+    with anyio.fail_after(10):  # until each holds its window: the agent's output fills behind them
+        while any(len(stream._inbox) < PORT_WINDOW for stream in stalled):
+            await link.ping()
     header = {"t": "fwrite", "root": str(tmp_path), "parts": ["big.bin"], "mode": 0o600}
     with anyio.fail_after(20):
         wrote, _ = await link.file_request(header, [os.urandom(64 << 10) for _ in range(8)])

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandbox.journal.redact import MASK, redact_text, redact_text_unfiltered
+from tests.property_budget import examples
 
 # the pieces secrets and their names are made of, and the look-alikes case folding must catch
 FRAGMENTS = [
@@ -154,13 +155,13 @@ FRAGMENTS = [
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(texts)
 def test_the_prefilter_changes_nothing(text: str) -> None:
     assert redact_text(text) == redact_text_unfiltered(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200))
 def test_any_unicode_text_is_redacted_as_by_every_pattern(text: str) -> None:
     assert redact_text(text) == redact_text_unfiltered(text)
