@@ -216,6 +216,42 @@ def test_bad_requests_get_errors_and_the_agent_goes_on(agent: LocalAgent) -> Non
     assert isinstance(agent.next()[0], Reply)
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"t":"ping","id":1e999}',  # a number past a float: refused, not read as infinity
+        b'{"t":"ping","id":Infinity}',
+        b'{"t":"ping","id":NaN}',
+        b"[" * 100_000 + b"]" * 100_000,  # nested past the interpreter's stack
+        b'{"t":"ping","id":1}{"t":"ping","id":2}',
+        b"\xff\xfe",
+    ],
+    ids=["1e999", "infinity", "nan", "nested", "two-values", "not-utf8"],
+)
+def test_a_request_the_agent_cannot_use_is_answered_and_the_agent_goes_on(agent: LocalAgent, header: bytes) -> None:
+    """Each ended the agent (an OverflowError or a RecursionError nobody caught) or was read as
+    something it is not; each is an error frame now, and the agent answers the next request."""
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.write(frame(header))
+    agent.proc.stdin.flush()
+    answer, _ = agent.next()
+    assert answer.t == "error", answer
+    agent.send({"t": "ping", "id": 9})
+    assert isinstance(agent.next()[0], Reply)
+
+
+def test_a_signal_number_past_a_c_int_is_an_error_and_the_command_runs_on(agent: LocalAgent) -> None:
+    """os.killpg raised OverflowError for it, which ended the agent with its command running."""
+    agent.send({"t": "run", "id": 1, "argv": ["sleep", "30"], "env": {}, "cwd": None})
+    assert isinstance(agent.next()[0], Started)
+    agent.send({"t": "signal", "id": 2, "target": 1, "sig": 10**30})
+    answer, _ = agent.next()
+    assert answer.t == "error" and answer.id == 2 and "OverflowError" in answer.message, answer
+    agent.send({"t": "signal", "id": 3, "target": 1, "sig": signal.SIGKILL})
+    frames = [agent.next()[0] for _ in range(2)]
+    assert {f.t for f in frames} == {"done", "exit"}, frames
+
+
 def test_the_agent_ends_with_its_stdin() -> None:
     a = LocalAgent()
     a.next()

@@ -115,16 +115,30 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent; one too large for a float (1e999) is refused,
+    not read as infinity (an id or a signal of infinity would end the agent)."""
+    value = float(text)
+    if value in (_INFINITY, -_INFINITY):
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
+_INFINITY = float("inf")
+
+
 def _refuse_type(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class _Parsing:
-    """What _json's scanner reads its settings from (json.JSONDecoder's, with NaN refused)."""
+    """What _json's scanner reads its settings from (json.JSONDecoder's, with NaN and infinity
+    refused)."""
 
     strict = True
     object_hook = object_pairs_hook = None
-    parse_float, parse_int, parse_constant = float, int, staticmethod(_refuse_constant)
+    parse_int = int
+    parse_float, parse_constant = staticmethod(_finite_float), staticmethod(_refuse_constant)
 
 
 _scan = make_scanner(_Parsing())
@@ -261,7 +275,7 @@ class Agent:
         try:
             request = loads(raw)
             kind, rid = request["t"], int(request["id"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # nested past the stack
             self.send({"t": "error", "id": 0, "message": "unreadable request"})
             return
         try:
@@ -282,7 +296,7 @@ class Agent:
                 self.send({"t": "error", "id": rid, "message": f"unknown request {kind!r}"})
         except FileProblem as problem:
             self.send({"t": "ferror", "id": rid, **problem.fields})
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:  # a signal of 1e30
             self.send({"t": "error", "id": rid, "message": f"{type(exc).__name__}: {exc}"})
 
     def run(self, rid: int, request: dict[str, object]) -> None:
@@ -570,7 +584,7 @@ class FileServer:
 
             libc = ctypes.CDLL(None, use_errno=True)
             return libc.syscall
-        except (OSError, AttributeError):
+        except (ImportError, OSError, AttributeError):
             return None
 
     def _open_beneath(self, dirfd: int, rel: str) -> int | None:
