@@ -8,8 +8,9 @@ import os
 from hypothesis import settings
 
 
-def examples(thorough: int) -> int:
-    """`thorough` under HYPOTHESIS_PROFILE=thorough (`.ci/run`), else the loaded profile's own."""
+def examples(thorough: int, quick: int | None = None) -> int:
+    """`thorough` under HYPOTHESIS_PROFILE=thorough (`.ci/run`), else `quick` (a test whose
+    examples are costly, a request each) or the loaded profile's own."""
     if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
         return thorough
-    return int(settings.default.max_examples)
+    return quick if quick is not None else int(settings.default.max_examples)

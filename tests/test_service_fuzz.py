@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from tests.property_budget import examples
 from tests.service_helpers import TOKEN_A, serve, sha
 
 # a few examples per route in the quick loop, more in CI's thorough profile (bounded: each is a request)
-EXAMPLES = 3 if settings.default.max_examples <= 15 else 50
+EXAMPLES = examples(50, quick=3)
 STREAMING = "/v1/sessions/{key}/events"  # never ends by design; tested on its own in test_service.py
 # 503 is /readyz's documented answer while the engine lacks the images (a fresh machine before the
 # first build): a probe of the machine, not a handler that input can break; test_service*.py cover it

@@ -62,19 +62,19 @@ class Selector:
         self.data: dict[int, tuple[int, object]] = {}  # fd -> (events, data)
 
     def register(self, file: int | socket.socket, events: int, data: object) -> None:
-        fd = file if isinstance(file, int) else file.fileno()
+        fd = descriptor(file)
         if fd in self.data:
             raise KeyError(f"descriptor {fd} is registered already")
         self.epoll.register(fd, epoll_mask(events))
         self.data[fd] = (events, data)
 
     def modify(self, file: int | socket.socket, events: int, data: object) -> None:
-        fd = file if isinstance(file, int) else file.fileno()
+        fd = descriptor(file)
         self.epoll.modify(fd, epoll_mask(events))
         self.data[fd] = (events, data)
 
     def unregister(self, file: int | socket.socket) -> None:
-        fd = file if isinstance(file, int) else file.fileno()
+        fd = descriptor(file)
         del self.data[fd]
         with suppress(OSError):  # closed already: the kernel dropped it then
             self.epoll.unregister(fd)
@@ -90,6 +90,10 @@ class Selector:
                 events = (EVENT_WRITE if mask & ~select.EPOLLIN else 0) | (EVENT_READ if mask & ~select.EPOLLOUT else 0)
                 ready.append((fd, found[1], events & found[0]))
         return ready
+
+
+def descriptor(file: int | socket.socket) -> int:
+    return file if isinstance(file, int) else file.fileno()
 
 
 def epoll_mask(events: int) -> int:
